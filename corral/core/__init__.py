@@ -1,0 +1,81 @@
+"""corral's policy core: pure, synchronous, with its clock and randomness injected. Imports nothing of
+corral outside itself, and no I/O."""
+
+from corral.core.admission import (
+    DEFAULT_POLICY,
+    AdmissionPolicy,
+    admittable_mb,
+    charge_mb,
+    cpu_fits,
+    fits,
+    host_fits,
+    request_charge_mb,
+    reserve_mb,
+)
+from corral.core.clock import Clock, ManualClock, SystemClock
+from corral.core.filters import DEFAULT_FILTERS, Filter, FilterContext, Reason, first_failure
+from corral.core.ledger import Ledger, Reservation
+from corral.core.placement import Decision, Placer, Scheduler
+from corral.core.pressure import PressureGate
+from corral.core.refusals import NoCapacity, NoHealthyHosts, Refusal
+from corral.core.scoring import Scorer, ScoreWeights, Strategy
+from corral.core.selection import FullScan, Jitter, Naive, PowerOfK, Selector
+from corral.core.timeouts import ConfigError, Timeouts
+from corral.core.touch import TouchModel, TouchProfile
+from corral.core.types import (
+    AdmissionMode,
+    CreateRequest,
+    FleetView,
+    HostState,
+    HostView,
+    Pending,
+    SandboxUsage,
+)
+
+__all__ = [
+    "DEFAULT_FILTERS",
+    "DEFAULT_POLICY",
+    "AdmissionMode",
+    "AdmissionPolicy",
+    "Clock",
+    "ConfigError",
+    "CreateRequest",
+    "Decision",
+    "Filter",
+    "FilterContext",
+    "FleetView",
+    "FullScan",
+    "HostState",
+    "HostView",
+    "Jitter",
+    "Ledger",
+    "ManualClock",
+    "Naive",
+    "NoCapacity",
+    "NoHealthyHosts",
+    "Pending",
+    "Placer",
+    "PowerOfK",
+    "PressureGate",
+    "Reason",
+    "Refusal",
+    "Reservation",
+    "SandboxUsage",
+    "Scheduler",
+    "ScoreWeights",
+    "Scorer",
+    "Selector",
+    "Strategy",
+    "SystemClock",
+    "Timeouts",
+    "TouchModel",
+    "TouchProfile",
+    "admittable_mb",
+    "charge_mb",
+    "cpu_fits",
+    "first_failure",
+    "fits",
+    "host_fits",
+    "request_charge_mb",
+    "reserve_mb",
+]

@@ -1,0 +1,107 @@
+"""Admission arithmetic: the one rule that the agent publishes, its gate enforces, the scheduler checks
+and the simulator runs (DESIGN.md, "Admission arithmetic").
+
+- committed: configured memory of live sandboxes + pending + request <= total - headroom.
+- working-set: resident memory of live sandboxes + reserve of unmeasured ones + pending + reserve(request)
+  <= total - headroom, where reserve(r) = max(floor, frac * r).
+- stateful sandboxes are charged their full configured memory in either mode.
+
+The rule is split into ``admittable_mb`` (what the host can still take, before pending reservations; the
+number an agent publishes) and ``fits`` (does one request fit, given that number and what is pending).
+Both sides call the same two functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from corral.core.types import AdmissionMode, CreateRequest, HostView, Pending, SandboxUsage
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionPolicy:
+    headroom_mb: int = 2048
+    reserve_floor_mb: int = 512
+    reserve_frac: float = 0.25
+    # CPU degrades rather than kills, so it may be overcommitted by this factor.
+    cpu_overcommit: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.headroom_mb < 0 or self.reserve_floor_mb < 0:
+            raise ValueError("headroom_mb and reserve_floor_mb must not be negative")
+        if not 0.0 < self.reserve_frac <= 1.0:
+            raise ValueError("reserve_frac must be in (0, 1]")
+        if self.cpu_overcommit < 1.0:
+            raise ValueError("cpu_overcommit must be >= 1")
+
+
+DEFAULT_POLICY = AdmissionPolicy()
+
+
+def reserve_mb(memory_mb: int, policy: AdmissionPolicy = DEFAULT_POLICY) -> int:
+    """The feed-forward charge for a sandbox nobody has measured yet, never more than it asked for."""
+    return min(memory_mb, max(policy.reserve_floor_mb, math.ceil(policy.reserve_frac * memory_mb)))
+
+
+def charge_mb(
+    memory_mb: int,
+    stateful: bool,
+    mode: AdmissionMode,
+    resident_mb: int | None = None,
+    policy: AdmissionPolicy = DEFAULT_POLICY,
+) -> int:
+    """Memory one sandbox is charged on a host in ``mode``.
+
+    A new request has ``resident_mb=None`` and is charged its reserve under working-set admission;
+    a measured sandbox is charged what it actually holds.
+    """
+    if stateful or mode is AdmissionMode.COMMITTED:
+        return memory_mb
+    if resident_mb is None:
+        return reserve_mb(memory_mb, policy)
+    return resident_mb
+
+
+def request_charge_mb(
+    request: CreateRequest, mode: AdmissionMode, policy: AdmissionPolicy = DEFAULT_POLICY
+) -> int:
+    return charge_mb(request.memory_mb, request.stateful, mode, None, policy)
+
+
+def admittable_mb(
+    memory_mb_total: int,
+    sandboxes: Iterable[SandboxUsage],
+    mode: AdmissionMode,
+    policy: AdmissionPolicy = DEFAULT_POLICY,
+) -> int:
+    """Memory a host can still admit, before pending reservations. May be negative (over-admitted)."""
+    charged = sum(charge_mb(s.memory_mb, s.stateful, mode, s.resident_mb, policy) for s in sandboxes)
+    return memory_mb_total - policy.headroom_mb - charged
+
+
+def fits(
+    admittable: int,
+    pending_mb: int,
+    request: CreateRequest,
+    mode: AdmissionMode,
+    policy: AdmissionPolicy = DEFAULT_POLICY,
+) -> bool:
+    """The gate: does ``request`` fit into ``admittable`` once ``pending_mb`` is set aside?"""
+    return admittable - pending_mb >= request_charge_mb(request, mode, policy)
+
+
+def cpu_fits(
+    host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
+) -> bool:
+    return host.cpu_used + pending.cpu + request.cpu <= host.cpu_total * policy.cpu_overcommit
+
+
+def host_fits(
+    host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
+) -> bool:
+    """The scheduler's view of the gate: the host's published verdict minus what is still pending."""
+    return fits(
+        host.memory_mb_admittable, pending.memory_mb, request, host.memory_admission, policy
+    ) and cpu_fits(host, pending, request, policy)

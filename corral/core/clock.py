@@ -1,0 +1,44 @@
+"""Clocks are injected, never read from a global. ``ManualClock`` is the test double, shipped here."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds, monotonic within one process."""
+        ...
+
+
+class SystemClock:
+    """Wall-clock seconds (heartbeats cross processes, so they compare wall time)."""
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        return time.time()
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    __slots__ = ("_now",)
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError("time does not go backwards")
+        self._now += seconds
+        return self._now
+
+    def set(self, when: float) -> None:
+        if when < self._now:
+            raise ValueError("time does not go backwards")
+        self._now = when

@@ -1,0 +1,201 @@
+"""How a decision walks the fleet. Each selector filters and scores; they differ in which hosts they look
+at and how they break ties:
+
+- ``PowerOfK``: sample K hosts, filter only those, keep the best. O(K) per decision whatever the fleet
+  size, with a bounded number of extra probes when samples are infeasible, and a full scan only on the
+  path that is about to refuse (a refusal must be true of the whole fleet, not of a sample).
+- ``FullScan``: every host, best score, ties broken at random (K = all).
+- ``Naive``: every host, the first best score wins. The seeds' deterministic argmax, kept as a baseline:
+  over a frozen view it sends every decision to the same host.
+- ``Jitter``: every host, scores perturbed by a small random factor, ties broken at random.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from corral.core.filters import Filter, FilterContext, first_failure
+from corral.core.scoring import Scorer
+from corral.core.types import CreateRequest, HostView
+
+
+@dataclass(slots=True)
+class Choice:
+    host: HostView | None
+    score: float = 0.0
+    # reason -> hosts that failed on it, among the hosts this decision looked at
+    reasons: dict[str, int] = field(default_factory=dict)
+    checked: int = 0
+    oldest_heartbeat_at: float | None = None
+
+
+class Selector(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def select(
+        self,
+        hosts: Sequence[HostView],
+        req: CreateRequest,
+        ctx: FilterContext,
+        filters: Sequence[Filter],
+        scorer: Scorer,
+        rng: random.Random,
+    ) -> Choice: ...
+
+
+def _scan(
+    hosts: Sequence[HostView],
+    req: CreateRequest,
+    ctx: FilterContext,
+    filters: Sequence[Filter],
+) -> tuple[list[HostView], dict[str, int]]:
+    feasible: list[HostView] = []
+    reasons: dict[str, int] = {}
+    for h in hosts:
+        r = first_failure(h, req, ctx, filters)
+        if r is None:
+            feasible.append(h)
+        else:
+            reasons[r] = reasons.get(r, 0) + 1
+    return feasible, reasons
+
+
+def _best(
+    candidates: Sequence[HostView],
+    req: CreateRequest,
+    ctx: FilterContext,
+    scorer: Scorer,
+    rng: random.Random | None,
+    jitter: float = 0.0,
+) -> tuple[HostView | None, float, float | None]:
+    """Highest score; ties broken uniformly at random when ``rng`` is given, else the first wins."""
+    best: HostView | None = None
+    best_score = float("-inf")
+    ties = 0
+    oldest: float | None = None
+    for h in candidates:
+        s = scorer.score(h, ctx.pending(h.id), req)
+        if jitter and rng is not None:
+            s *= 1.0 + rng.uniform(-jitter, jitter)
+        if oldest is None or h.heartbeat_at < oldest:
+            oldest = h.heartbeat_at
+        if s > best_score:
+            best, best_score, ties = h, s, 1
+        elif s == best_score and rng is not None:
+            ties += 1
+            if rng.random() * ties < 1.0:  # reservoir: each tied host wins with probability 1/ties
+                best = h
+    return best, best_score, oldest
+
+
+@dataclass(frozen=True, slots=True)
+class PowerOfK(Selector):
+    k: int = 2
+    # Probes spent looking for K feasible hosts before falling back to a full scan.
+    max_probes: int = 32
+    name: str = "power_of_k"
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError("k must be >= 1")
+
+    def select(
+        self,
+        hosts: Sequence[HostView],
+        req: CreateRequest,
+        ctx: FilterContext,
+        filters: Sequence[Filter],
+        scorer: Scorer,
+        rng: random.Random,
+    ) -> Choice:
+        n = len(hosts)
+        if self.k >= n:
+            return FullScan().select(hosts, req, ctx, filters, scorer, rng)
+        feasible: list[HostView] = []
+        reasons: dict[str, int] = {}
+        seen: set[int] = set()
+        probes = 0
+        limit = max(self.max_probes, 2 * self.k)
+        draw = rng.random
+        while len(feasible) < self.k and probes < limit:
+            probes += 1
+            i = int(draw() * n)
+            if i in seen:
+                continue
+            seen.add(i)
+            h = hosts[i]
+            r = first_failure(h, req, ctx, filters)
+            if r is None:
+                feasible.append(h)
+            else:
+                reasons[r] = reasons.get(r, 0) + 1
+        checked = len(seen)
+        if not feasible:
+            # Most of the fleet is infeasible: look at all of it, then still choose among K at random.
+            feasible, reasons = _scan(hosts, req, ctx, filters)
+            checked = n
+            if len(feasible) > self.k:
+                feasible = rng.sample(feasible, self.k)
+        best, score, oldest = _best(feasible, req, ctx, scorer, rng)
+        return Choice(best, score, reasons, checked, oldest)
+
+
+@dataclass(frozen=True, slots=True)
+class FullScan(Selector):
+    name: str = "full_scan"
+
+    def select(
+        self,
+        hosts: Sequence[HostView],
+        req: CreateRequest,
+        ctx: FilterContext,
+        filters: Sequence[Filter],
+        scorer: Scorer,
+        rng: random.Random,
+    ) -> Choice:
+        feasible, reasons = _scan(hosts, req, ctx, filters)
+        best, score, oldest = _best(feasible, req, ctx, scorer, rng)
+        return Choice(best, score, reasons, len(hosts), oldest)
+
+
+@dataclass(frozen=True, slots=True)
+class Naive(Selector):
+    name: str = "naive"
+
+    def select(
+        self,
+        hosts: Sequence[HostView],
+        req: CreateRequest,
+        ctx: FilterContext,
+        filters: Sequence[Filter],
+        scorer: Scorer,
+        rng: random.Random,
+    ) -> Choice:
+        feasible, reasons = _scan(hosts, req, ctx, filters)
+        best, score, oldest = _best(feasible, req, ctx, scorer, None)
+        return Choice(best, score, reasons, len(hosts), oldest)
+
+
+@dataclass(frozen=True, slots=True)
+class Jitter(Selector):
+    # Multiplicative noise on each score. Small enough to keep the policy, so it rarely breaks a real
+    # gap between hosts: seed 000's point, reproduced rather than hidden.
+    amplitude: float = 0.02
+    name: str = "jitter"
+
+    def select(
+        self,
+        hosts: Sequence[HostView],
+        req: CreateRequest,
+        ctx: FilterContext,
+        filters: Sequence[Filter],
+        scorer: Scorer,
+        rng: random.Random,
+    ) -> Choice:
+        feasible, reasons = _scan(hosts, req, ctx, filters)
+        best, score, oldest = _best(feasible, req, ctx, scorer, rng, self.amplitude)
+        return Choice(best, score, reasons, len(hosts), oldest)

@@ -1,0 +1,106 @@
+"""The values the policy core reasons about: a host as last observed, and a create request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class AdmissionMode(StrEnum):
+    """How a host charges memory: promises (committed) or measurements (working-set)."""
+
+    COMMITTED = "committed"
+    WORKING_SET = "working-set"
+
+
+class HostState(StrEnum):
+    READY = "ready"
+    DRAINING = "draining"
+
+
+@dataclass(frozen=True, slots=True)
+class HostView:
+    """A host as its last heartbeat described it. Positive facts only; never mutated in place.
+
+    ``memory_mb_admittable`` is the agent's own verdict, computed with
+    :func:`corral.core.admission.admittable_mb`; the scheduler subtracts only the reservations the
+    agent cannot know about yet.
+    """
+
+    id: str
+    heartbeat_at: float
+    cpu_total: float
+    cpu_used: float
+    memory_mb_total: int
+    memory_mb_used: int
+    memory_mb_admittable: int
+    memory_admission: AdmissionMode = AdmissionMode.WORKING_SET
+    # None: the host accepts any template (templates need no local artefact there).
+    templates: frozenset[str] | None = None
+    runtime: str = "sim"
+    gpu: str | None = None
+    role: str = "worker"
+    state: HostState = HostState.READY
+    stream_restore: bool = False
+
+    @property
+    def cpu_free(self) -> float:
+        return self.cpu_total - self.cpu_used
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """What one sandbox asks of a host."""
+
+    memory_mb: int
+    cpu: float = 1.0
+    stateful: bool = False
+    template: str | None = None
+    runtime: str | None = None
+    gpu: str | None = None
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_mb <= 0:
+            raise ValueError("memory_mb must be positive")
+        if self.cpu < 0:
+            raise ValueError("cpu must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxUsage:
+    """One live sandbox as its host accounts for it.
+
+    ``resident_mb`` is None until a measurement has seen the sandbox: until then working-set
+    admission charges it the reserve, not zero (the blind window of seed 001).
+    """
+
+    memory_mb: int
+    resident_mb: int | None = None
+    stateful: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Outstanding reserved capacity on one host."""
+
+    memory_mb: int = 0
+    cpu: float = 0.0
+
+
+NO_PENDING = Pending()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """A read-only snapshot of the fleet, indexable for O(1) random sampling."""
+
+    hosts: tuple[HostView, ...]
+    read_at: float
+    by_id: dict[str, HostView] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_id", {h.id: h for h in self.hosts})
+
+    def __len__(self) -> int:
+        return len(self.hosts)
