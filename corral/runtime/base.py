@@ -1,0 +1,72 @@
+"""The runtime interface: how a host starts, inspects and stops a sandbox. Deliberately small."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    id: str
+    memory_mb: int
+    cpus: float = 1.0
+    template: str = "default"
+    stateful: bool = False
+    hostname: str | None = None  # defaults to the sandbox id
+    env: Mapping[str, str] = field(default_factory=dict)
+    network: bool = False  # loopback only unless asked
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxHandle:
+    id: str
+    spec: SandboxSpec
+    started_at: float
+    # Runtime-specific locator (a pid, a cgroup path); opaque to callers.
+    ref: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: float
+    truncated: bool = False
+    timed_out: bool = False
+
+
+class RuntimeError_(Exception):
+    """A runtime could not do what was asked (start failed, sandbox gone)."""
+
+
+class SandboxNotFound(RuntimeError_):
+    pass
+
+
+class Runtime(Protocol):
+    name: str
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle: ...
+
+    async def stop(self, sandbox_id: str) -> None: ...
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult: ...
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        """Measured resident memory (working set), or None when it cannot be measured yet."""
+        ...
+
+    async def list(self) -> list[SandboxHandle]:
+        """What is running now; an agent restarted while sandboxes run re-adopts these."""
+        ...
