@@ -38,11 +38,11 @@ class ExecResult:
     timed_out: bool = False
 
 
-class RuntimeError_(Exception):
+class RuntimeFailure(Exception):
     """A runtime could not do what was asked (start failed, sandbox gone)."""
 
 
-class SandboxNotFound(RuntimeError_):
+class SandboxNotFound(RuntimeFailure):
     pass
 
 
