@@ -1,14 +1,21 @@
-"""``corral ...``: the command line. Each sub-application lives beside what it starts."""
+"""``corral ...``: the command line. Each sub-command lives beside what it starts; this module only
+registers them."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from corral import __version__
+from corral.agent.cli import agent_command, host_memory_mb
+from corral.client.cli import burst_command, exec_command, hosts_command, kill_command, ps_command
+from corral.core import AdmissionMode
+from corral.sim.cli import sim_app
 
-app = typer.Typer(
-    no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets."
-)
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets.")
 
 
 @app.callback()
@@ -20,6 +27,96 @@ def main() -> None:
 def version() -> None:
     """Print corral's version."""
     typer.echo(__version__)
+
+
+@app.command()
+def serve(
+    hosts: Annotated[int, typer.Option("--hosts", min=1, max=1000, help="Local hosts (agents in this process).")] = 12,
+    runtime: Annotated[
+        str | None, typer.Option("--runtime", help="process | sim (default: process where bubblewrap works).")
+    ] = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8700,
+    store: Annotated[str, typer.Option("--store", help="sqlite:///path.db or postgresql://...")] = "sqlite:///corral.db",
+    host_memory_mb: Annotated[int | None, typer.Option("--host-memory-mb", min=1024)] = None,
+    host_cpus: Annotated[float | None, typer.Option("--host-cpus", min=0.1)] = None,
+    admission: Annotated[AdmissionMode, typer.Option("--admission")] = AdmissionMode.WORKING_SET,
+    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
+    k: Annotated[int, typer.Option("--k", min=0, help="Power-of-K choices (0: scan every host).")] = 2,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Process runtime state.")] = None,
+    max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
+) -> None:
+    """Run everything on this machine: API, embedded store and a local fleet."""
+    from corral.api.server import ServeOptions, run, serve as serve_
+    from corral.control.localfleet import process_runtime_available
+
+    kind = runtime or ("process" if process_runtime_available() else "sim")
+    if kind not in ("process", "sim"):
+        raise typer.BadParameter("one of: process, sim", param_hint="--runtime")
+    if kind == "process":
+        # A process host is a slice of this machine, not a 32 GiB fiction.
+        mem = host_memory_mb or max(2048, (host_memory_mb() or 8192) // hosts)
+        cpus = host_cpus or max(1.0, (os.cpu_count() or 1) / hosts)
+    else:
+        mem = host_memory_mb or 32768
+        cpus = host_cpus or 16.0
+    opts = ServeOptions(
+        host=host,
+        port=port,
+        store=store,
+        hosts=hosts,
+        runtime=kind,
+        host_memory_mb=mem,
+        host_cpus=cpus,
+        admission=admission,
+        admin_token=os.environ.get("CORRAL_TOKEN") or None,
+        agent_token=os.environ.get("CORRAL_AGENT_TOKEN") or None,
+        heartbeat_interval_s=heartbeat_interval,
+        k=k,
+        state_dir=state_dir,
+        headroom_mb=min(2048, mem // 8),
+        max_concurrent_starts=max_concurrent_starts,
+    )
+    run(serve_(opts))
+
+
+@app.command()
+def api(
+    store: Annotated[str, typer.Option("--store", help="postgresql://user@host:port/db (or sqlite:///...)")],
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8700,
+    k: Annotated[int, typer.Option("--k", min=0)] = 2,
+    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
+    replica_id: Annotated[str | None, typer.Option("--replica-id")] = None,
+) -> None:
+    """Run one control-plane replica against a shared store; agents join over HTTP."""
+    from corral.api.server import api as api_
+    from corral.api.server import run
+
+    agent_token = os.environ.get("CORRAL_AGENT_TOKEN")
+    if not agent_token:
+        raise typer.BadParameter("set CORRAL_AGENT_TOKEN: the token agents present", param_hint="CORRAL_AGENT_TOKEN")
+    run(
+        api_(
+            host,
+            port,
+            store,
+            os.environ.get("CORRAL_TOKEN") or None,
+            agent_token,
+            k=k,
+            heartbeat_interval_s=heartbeat_interval,
+            replica_id=replica_id,
+        )
+    )
+
+
+app.command("agent")(agent_command)
+app.command("burst")(burst_command)
+app.command("ps")(ps_command)
+app.command("hosts")(hosts_command)
+app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_command)
+app.command("kill")(kill_command)
+app.add_typer(sim_app, name="sim")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,7 +15,7 @@ from corral.core.ledger import Ledger, Reservation
 from corral.core.refusals import NoCapacity, NoHealthyHosts
 from corral.core.scoring import Scorer
 from corral.core.selection import PowerOfK, Selector
-from corral.core.types import CreateRequest, HostView
+from corral.core.types import CreateRequest, HostView, Pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +83,28 @@ class Scheduler:
         *,
         now: float,
         exclude: frozenset[str] = frozenset(),
+        base_pending: PendingFn | None = None,
     ) -> tuple[Decision, Reservation | None]:
+        """Place, then reserve. ``base_pending`` is what is pending outside this scheduler's ledger
+        (another decider's claims, read from shared state); the ledger's claims are added to it."""
         ledger = self.ledger
-        pending = ledger.pending if ledger is not None else no_pending
+        pending: PendingFn
+        if ledger is None:
+            pending = base_pending or no_pending
+        elif base_pending is None:
+            pending = ledger.pending
+        else:
+            pending = _sum_pending(base_pending, ledger.pending)
         decision = self.placer.place(hosts, req, now=now, rng=self.rng, pending=pending, exclude=exclude)
         if ledger is None:
             return decision, None
         res = ledger.reserve(decision.host.id, decision.charge_mb, req.cpu, self.owner)
         return decision, res
+
+
+def _sum_pending(a: PendingFn, b: PendingFn) -> PendingFn:
+    def pending(host_id: str) -> Pending:
+        x, y = a(host_id), b(host_id)
+        return Pending(x.memory_mb + y.memory_mb, x.cpu + y.cpu)
+
+    return pending

@@ -1,0 +1,36 @@
+"""The ASGI application: one control plane behind FastAPI. Tests plug this callable into an httpx
+transport; servers hand it to uvicorn."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from corral import __version__
+from corral.api import errors
+from corral.api.routes import router
+from corral.control.plane import ControlPlane
+
+
+def create_app(
+    plane: ControlPlane, *, admin_token: str | None = None, agent_token: str | None = None, manage: bool = True
+) -> FastAPI:
+    """``manage``: start and stop the control plane with the app's lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage:
+            await plane.start(admin_token=admin_token, agent_token=agent_token)
+        try:
+            yield
+        finally:
+            if manage:
+                await plane.stop()
+
+    app = FastAPI(title="corral", version=__version__, lifespan=lifespan)
+    app.state.plane = plane
+    errors.install(app, plane.store_unavailable)
+    app.include_router(router)
+    return app

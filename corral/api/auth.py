@@ -1,0 +1,69 @@
+"""Bearer tokens -> principals. Tokens are stored hashed; roles decide which routes answer."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from corral.control.errors import Forbidden
+from corral.control.plane import ControlPlane
+from corral.store import Principal, Role
+
+
+def plane_of(request: Request) -> ControlPlane:
+    plane: ControlPlane = request.app.state.plane
+    return plane
+
+
+Plane = Annotated[ControlPlane, Depends(plane_of)]
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+async def principal(request: Request, plane: Plane) -> Principal:
+    return await plane.authenticate(_bearer(request))
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
+async def user(p: Caller) -> Principal:
+    """A tenant or an admin: who may own sandboxes."""
+    if p.role is Role.AGENT:
+        raise Forbidden("agent tokens may only heartbeat")
+    return p
+
+
+async def admin(p: Caller) -> Principal:
+    if p.role is not Role.ADMIN:
+        raise Forbidden("this route needs an admin token")
+    return p
+
+
+async def agent(p: Caller) -> Principal:
+    if p.role not in (Role.AGENT, Role.ADMIN):
+        raise Forbidden("this route needs an agent token")
+    return p
+
+
+User = Annotated[Principal, Depends(user)]
+Admin = Annotated[Principal, Depends(admin)]
+Agent = Annotated[Principal, Depends(agent)]
+
+
+def scope(p: Principal) -> str | None:
+    """The tenant whose sandboxes ``p`` may see: all of them for an admin."""
+    return None if p.role is Role.ADMIN else p.tenant_id
+
+
+def owner(p: Principal, plane: ControlPlane) -> str:
+    """The tenant a new sandbox belongs to."""
+    tenant = p.tenant_id or plane.default_tenant_id
+    if tenant is None:
+        raise Forbidden("this token belongs to no tenant")
+    return tenant

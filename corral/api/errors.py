@@ -1,0 +1,84 @@
+"""Every error leaves the API in DESIGN.md's one body shape, with a stable code; every 503 carries
+Retry-After. No input produces a 500: validation, store and agent failures all have their own code."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from corral.agent.errors import AgentError
+from corral.control.errors import ControlError
+from corral.store import InvalidRecord, StoreError, StoreUnavailable
+
+log = logging.getLogger("corral.api")
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
+
+
+def error_response(
+    status: int, code: str, message: str, *, retry_after_s: float | None = None, details: dict[str, Any] | None = None
+) -> JSONResponse:
+    headers = {}
+    if status == 503 and retry_after_s is None:
+        retry_after_s = 1
+    if retry_after_s is not None:
+        retry_after_s = max(1, math.ceil(retry_after_s))
+        headers["Retry-After"] = str(int(retry_after_s))
+    body = {"error": {"code": code, "message": message, "retry_after_s": retry_after_s, "details": details or {}}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI, store_unavailable_retry: Any) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+        field = _field(tuple(first.get("loc", ())))
+        return error_response(
+            422,
+            "invalid_request",
+            f"{field}: {first.get('msg', 'invalid')}",
+            details={"field": field, "errors": [{"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors[:20]]},
+        )
+
+    @app.exception_handler(ControlError)
+    async def _control(_: Request, exc: ControlError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, retry_after_s=exc.retry_after_s, details=exc.details)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        err = store_unavailable_retry(exc)
+        return error_response(err.status, err.code, err.message, retry_after_s=err.retry_after_s)
+
+    @app.exception_handler(InvalidRecord)
+    async def _invalid_record(_: Request, exc: InvalidRecord) -> JSONResponse:
+        return error_response(422, "invalid_request", str(exc), details={"field": "cursor" if "cursor" in str(exc) else "body"})
+
+    @app.exception_handler(StoreError)
+    async def _store(_: Request, exc: StoreError) -> JSONResponse:
+        return error_response(409, exc.code, str(exc))
+
+    @app.exception_handler(AgentError)
+    async def _agent(_: Request, exc: AgentError) -> JSONResponse:
+        status = 503 if exc.retryable else 502
+        return error_response(status, exc.code, exc.message, retry_after_s=exc.retry_after_s if status == 503 else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error_response(500, "internal", "internal error")

@@ -1,0 +1,177 @@
+"""The public HTTP routes: sandboxes, hosts, templates, tenants, the agents' heartbeat, health and
+metrics. Each handler only translates between HTTP and the control plane."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from corral.agent.protocol import ExecRequest
+from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.api.auth import Admin, Agent, Plane, User, owner, scope
+from corral.api.schemas import (
+    BatchBody,
+    BatchOut,
+    ExecBody,
+    ExecOut,
+    HostList,
+    HostOut,
+    SandboxList,
+    SandboxOut,
+    SandboxSpecBody,
+    TemplateBody,
+    TemplateOut,
+    TenantBody,
+    TenantOut,
+)
+from corral.control.create import CreateSpec
+from corral.control.errors import InvalidRequest
+from corral.store import SandboxState, TemplateRecord
+
+router = APIRouter()
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=256)]
+
+
+def _spec(body: SandboxSpecBody) -> CreateSpec:
+    return CreateSpec(
+        template=body.template,
+        memory_mb=body.memory_mb,
+        cpus=body.cpus,
+        stateful=body.stateful,
+        ttl_seconds=body.ttl_seconds,
+        name=body.name,
+        metadata=body.metadata,
+        env=body.env,
+    )
+
+
+@router.post("/v1/sandboxes", status_code=201, response_model=SandboxOut)
+async def create_sandbox(
+    body: SandboxSpecBody, p: User, plane: Plane, response: Response, idempotency_key: IdempotencyKey = None
+) -> SandboxOut:
+    record, replayed = await plane.creates.create(owner(p, plane), _spec(body), idempotency_key=idempotency_key)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    await plane.sandboxes.remember(record)
+    return SandboxOut.of(record)
+
+
+@router.post("/v1/sandboxes/batch", status_code=201, response_model=BatchOut)
+async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchOut:
+    if body.count > plane.config.max_batch:
+        raise InvalidRequest("count", f"at most {plane.config.max_batch} per batch")
+    records = await plane.creates.create_batch(owner(p, plane), _spec(body.spec), body.count)
+    for r in records:
+        await plane.sandboxes.remember(r)
+    return BatchOut(sandboxes=[SandboxOut.of(r) for r in records])
+
+
+@router.get("/v1/sandboxes/{sandbox_id}", response_model=SandboxOut)
+async def get_sandbox(sandbox_id: str, p: User, plane: Plane) -> SandboxOut:
+    return SandboxOut.of(await plane.sandboxes.get(sandbox_id, scope(p)))
+
+
+@router.get("/v1/sandboxes", response_model=SandboxList)
+async def list_sandboxes(
+    p: User,
+    plane: Plane,
+    state: SandboxState | None = None,
+    host_id: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=1024)] = None,
+) -> SandboxList:
+    page = await plane.sandboxes.list(scope(p), state=state, host_id=host_id, limit=limit, cursor=cursor)
+    return SandboxList(sandboxes=[SandboxOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+
+
+@router.delete("/v1/sandboxes/{sandbox_id}", status_code=204)
+async def delete_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
+    await plane.sandboxes.delete(sandbox_id, scope(p))
+    return Response(status_code=204)
+
+
+@router.post("/v1/sandboxes/{sandbox_id}/exec", response_model=ExecOut)
+async def exec_in_sandbox(sandbox_id: str, body: ExecBody, p: User, plane: Plane) -> ExecOut:
+    req = ExecRequest(command=body.argv(), timeout_s=body.timeout_s, env=body.env, cwd=body.cwd)
+    out = await plane.sandboxes.exec(sandbox_id, scope(p), req)
+    return ExecOut(
+        exit_code=out.exit_code,
+        stdout=out.stdout,
+        stderr=out.stderr,
+        duration_ms=out.duration_ms,
+        truncated=out.truncated,
+        timed_out=out.timed_out,
+    )
+
+
+@router.get("/v1/hosts", response_model=HostList)
+async def list_hosts(_: Admin, plane: Plane) -> HostList:
+    return HostList(hosts=[HostOut.of(h.record, h.heartbeat_age_s) for h in await plane.hosts()])
+
+
+@router.post("/v1/hosts/{host_id}/drain", response_model=HostOut)
+async def drain_host(host_id: str, _: Admin, plane: Plane) -> HostOut:
+    rec = await plane.drain(host_id, True)
+    return HostOut.of(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
+
+
+@router.post("/v1/hosts/{host_id}/undrain", response_model=HostOut)
+async def undrain_host(host_id: str, _: Admin, plane: Plane) -> HostOut:
+    rec = await plane.drain(host_id, False)
+    return HostOut.of(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
+
+
+@router.post("/v1/templates", status_code=201, response_model=TemplateOut)
+async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> TemplateOut:
+    tpl = await plane.create_template(
+        TemplateRecord(
+            name=body.name,
+            cpus=body.cpus,
+            memory_mb=body.memory_mb,
+            stateful=body.stateful,
+            description=body.description,
+        )
+    )
+    return TemplateOut.of(tpl)
+
+
+@router.get("/v1/templates")
+async def list_templates(_: User, plane: Plane) -> dict[str, list[TemplateOut]]:
+    return {"templates": [TemplateOut.of(t) for t in await plane.store.list_templates()]}
+
+
+@router.post("/v1/tenants", status_code=201, response_model=TenantOut)
+async def create_tenant(body: TenantBody, _: Admin, plane: Plane) -> TenantOut:
+    tenant, token = await plane.create_tenant(body.name, body.max_sandboxes, body.max_memory_mb)
+    return TenantOut.of(tenant, token)
+
+
+@router.get("/v1/tenants")
+async def list_tenants(_: Admin, plane: Plane) -> dict[str, list[TenantOut]]:
+    return {"tenants": [TenantOut.of(t) for t in await plane.store.list_tenants()]}
+
+
+@router.post("/v1/agent/heartbeat")
+async def heartbeat(hb: WireHeartbeat, _: Agent, plane: Plane) -> dict[str, object]:
+    result = await plane.heartbeat(hb)
+    return {"accepted": result.accepted, "confirmed": result.confirmed, "state": result.host.state.value}
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(plane: Plane) -> JSONResponse:
+    await plane.ready()
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics")
+async def metrics(plane: Plane) -> PlainTextResponse:
+    return PlainTextResponse(generate_latest(plane.metrics.registry), media_type=CONTENT_TYPE_LATEST)

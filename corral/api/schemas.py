@@ -1,0 +1,204 @@
+"""The public API's bodies (pydantic v2). Bad input is refused here with the field named, before any
+state is touched."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from corral.store import HostRecord, SandboxRecord, SandboxState, TemplateRecord, TenantRecord
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+TEMPLATE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+MAX_MEMORY_MB = 1024 * 1024  # 1 TiB
+MAX_CPUS = 1024.0
+MAX_TTL_S = 30 * 24 * 3600.0
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SandboxSpecBody(_Body):
+    template: str = Field(default="default", pattern=TEMPLATE_PATTERN)
+    memory_mb: int | None = Field(default=None, gt=0, le=MAX_MEMORY_MB, strict=True)
+    cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
+    stateful: bool | None = Field(default=None, strict=True)
+    ttl_seconds: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
+    name: str | None = Field(default=None, pattern=NAME_PATTERN)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_sizes(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not 0 < len(k) <= 128 or len(val) > 1024:
+                raise ValueError("metadata keys are 1-128 characters, values at most 1024")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for k, val in v.items():
+            if not re.match(ENV_KEY_PATTERN, k) or len(val) > 32768 or "\x00" in val:
+                raise ValueError(f"bad environment variable {k!r}")
+        return v
+
+
+class BatchBody(_Body):
+    count: int = Field(gt=0, le=500, strict=True)
+    spec: SandboxSpecBody = Field(default_factory=SandboxSpecBody)
+
+
+class ExecBody(_Body):
+    command: list[str] | str = Field(min_length=1)
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    cwd: str | None = Field(default=None, pattern=r"^/", max_length=4096)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and (len(v) > 4096 or not v[0]):
+            raise ValueError("command must be a non-empty list of at most 4096 arguments")
+        if any("\x00" in a for a in ([v] if isinstance(v, str) else v)):
+            raise ValueError("command must not contain NUL bytes")
+        return v
+
+    def argv(self) -> list[str]:
+        return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else list(self.command)
+
+
+class TemplateBody(_Body):
+    name: str = Field(pattern=TEMPLATE_PATTERN)
+    cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)
+    memory_mb: int = Field(default=512, gt=0, le=MAX_MEMORY_MB, strict=True)
+    stateful: bool = Field(default=False, strict=True)
+    description: str = Field(default="", max_length=1024)
+
+
+class TenantBody(_Body):
+    name: str = Field(pattern=NAME_PATTERN)
+    max_sandboxes: int = Field(default=1000, ge=0, le=10_000_000, strict=True)
+    max_memory_mb: int = Field(default=1024 * 1024, ge=0, le=1 << 40, strict=True)
+
+
+class SandboxOut(BaseModel):
+    id: str
+    name: str | None
+    tenant: str
+    template: str
+    host_id: str | None
+    state: SandboxState
+    memory_mb: int
+    cpus: float
+    stateful: bool
+    metadata: dict[str, str]
+    created_at: str | None
+    expires_at: str | None
+
+    @classmethod
+    def of(cls, r: SandboxRecord) -> SandboxOut:
+        return cls(
+            id=r.id,
+            name=r.name,
+            tenant=r.tenant_id,
+            template=r.template,
+            host_id=r.host_id,
+            state=r.state,
+            memory_mb=r.memory_mb,
+            cpus=r.cpus,
+            stateful=r.stateful,
+            metadata=dict(r.metadata),
+            created_at=iso(r.created_at),
+            expires_at=iso(r.expires_at),
+        )
+
+
+class SandboxList(BaseModel):
+    sandboxes: list[SandboxOut]
+    next_cursor: str | None
+
+
+class BatchOut(BaseModel):
+    sandboxes: list[SandboxOut]
+
+
+class ExecOut(BaseModel):
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_ms: float
+    truncated: bool = False
+    timed_out: bool = False
+
+
+class HostOut(BaseModel):
+    id: str
+    state: str
+    heartbeat_age_s: float
+    cpu_total: float
+    cpu_used: float
+    memory_mb_total: int
+    memory_mb_used: int
+    memory_mb_admittable: int
+    memory_admission: str
+    reserved_mb: int
+    sandboxes: int
+    runtime: str
+    address: str
+
+    @classmethod
+    def of(cls, r: HostRecord, age: float) -> HostOut:
+        return cls(
+            id=r.id,
+            state=r.state.value,
+            heartbeat_age_s=round(age, 3),
+            cpu_total=r.cpu_total,
+            cpu_used=r.cpu_used,
+            memory_mb_total=r.memory_mb_total,
+            memory_mb_used=r.memory_mb_used,
+            memory_mb_admittable=r.memory_mb_admittable,
+            memory_admission=r.memory_admission.value,
+            reserved_mb=r.reserved_mb,
+            sandboxes=len(r.sandbox_ids),
+            runtime=r.runtime,
+            address=r.address,
+        )
+
+
+class HostList(BaseModel):
+    hosts: list[HostOut]
+
+
+class TemplateOut(BaseModel):
+    name: str
+    cpus: float
+    memory_mb: int
+    stateful: bool
+    description: str
+
+    @classmethod
+    def of(cls, t: TemplateRecord) -> TemplateOut:
+        return cls(name=t.name, cpus=t.cpus, memory_mb=t.memory_mb, stateful=t.stateful, description=t.description)
+
+
+class TenantOut(BaseModel):
+    id: str
+    name: str
+    max_sandboxes: int
+    max_memory_mb: int
+    token: str | None = None
+
+    @classmethod
+    def of(cls, t: TenantRecord, token: str | None = None) -> TenantOut:
+        return cls(id=t.id, name=t.name, max_sandboxes=t.max_sandboxes, max_memory_mb=t.max_memory_mb, token=token)

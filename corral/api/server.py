@@ -1,0 +1,134 @@
+"""Starting servers: ``corral serve`` (everything in one process on embedded SQLite) and ``corral api``
+(one stateless replica of many, on PostgreSQL, with agents elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+
+from corral.api.app import create_app
+from corral.control.agents import HttpAgents, LocalAgents
+from corral.control.config import ControlConfig
+from corral.control.localfleet import build_local_fleet
+from corral.control.plane import ControlPlane
+from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
+from corral.store import open_store
+
+log = logging.getLogger("corral")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8700
+    store: str = "sqlite:///corral.db"
+    hosts: int = 12
+    runtime: str = "sim"
+    host_memory_mb: int = 32768
+    host_cpus: float = 16.0
+    admission: AdmissionMode = AdmissionMode.WORKING_SET
+    admin_token: str | None = None
+    agent_token: str | None = None
+    heartbeat_interval_s: float = 2.0
+    k: int = 2
+    state_dir: Path | None = None
+    headroom_mb: int = 2048
+    max_concurrent_starts: int = 8
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _uvicorn(app: object, host: str, port: int) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def _timeouts(heartbeat_interval_s: float) -> Timeouts:
+    return Timeouts(
+        heartbeat_interval_s=heartbeat_interval_s,
+        stale_after_s=max(10.0, 5 * heartbeat_interval_s),
+        dead_after_s=max(60.0, 30 * heartbeat_interval_s),
+    )
+
+
+def token_or_new(token: str | None) -> tuple[str, bool]:
+    return (token, False) if token else (secrets.token_urlsafe(24), True)
+
+
+async def serve(opts: ServeOptions) -> None:
+    """All in one: SQLite, the API, and ``opts.hosts`` agents in this process."""
+    admin, generated = token_or_new(opts.admin_token)
+    policy = AdmissionPolicy(headroom_mb=opts.headroom_mb)
+    config = ControlConfig(timeouts=_timeouts(opts.heartbeat_interval_s), policy=policy, k=opts.k)
+    store = open_store(opts.store)
+    remote = HttpAgents(opts.agent_token) if opts.agent_token else None
+    directory = LocalAgents(remote)
+    plane = ControlPlane(store, directory, config)
+    fleet = build_local_fleet(
+        plane,
+        directory,
+        hosts=opts.hosts,
+        runtime=opts.runtime,
+        memory_mb=opts.host_memory_mb,
+        cpus=opts.host_cpus,
+        admission=opts.admission,
+        policy=policy,
+        heartbeat_interval_s=opts.heartbeat_interval_s,
+        max_concurrent_starts=opts.max_concurrent_starts,
+        state_root=opts.state_dir,
+    )
+    app = create_app(plane, admin_token=admin, agent_token=opts.agent_token, manage=False)
+    await plane.start(admin_token=admin, agent_token=opts.agent_token)
+    await fleet.start()
+    server = _uvicorn(app, opts.host, opts.port)
+    url = f"http://{opts.host}:{opts.port}"
+    print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
+    if generated:
+        print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
+    print(f"try:  CORRAL_URL={url} CORRAL_TOKEN=... corral burst -n 50", flush=True)
+    try:
+        await server.serve()
+    finally:
+        await fleet.stop(stop_sandboxes=opts.runtime == "process")
+        await plane.stop()
+        await store.close()
+
+
+async def api(host: str, port: int, store_url: str, admin_token: str | None, agent_token: str, k: int = 2,
+              heartbeat_interval_s: float = 2.0, replica_id: str | None = None) -> None:
+    """One replica: stateless, all state in the store; agents reached at their published addresses."""
+    admin, generated = token_or_new(admin_token)
+    kwargs = {"replica_id": replica_id} if replica_id else {}
+    config = ControlConfig(timeouts=_timeouts(heartbeat_interval_s), k=k, **kwargs)  # type: ignore[arg-type]
+    store = open_store(store_url)
+    plane = ControlPlane(store, HttpAgents(agent_token), config)
+    app = create_app(plane, admin_token=admin, agent_token=agent_token, manage=True)
+    server = _uvicorn(app, host, port)
+    print(f"corral api replica {config.replica_id} on http://{host}:{port}, store {store_url}", flush=True)
+    if generated:
+        print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
+    try:
+        await server.serve()
+    finally:
+        await store.close()
+
+
+def run(coro: Coroutine[object, object, None]) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # uvicorn turns SIGINT/SIGTERM into a graceful shutdown of its server; the finally blocks above
+    # then stop the fleet and the control plane.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(coro)

@@ -1,0 +1,43 @@
+"""How one control-plane replica is tuned. Orderings between timeouts are checked at start-up."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from corral.core import AdmissionPolicy, ConfigError, Timeouts
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    replica_id: str = field(default_factory=default_replica_id)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    # Power-of-K: 0 means K = all (a full scan).
+    k: int = 2
+    # Placement attempts per create: a conflict at reserve or a retryable agent refusal costs one.
+    max_attempts: int = 6
+    replica_lease_s: float = 15.0
+    reconcile_interval_s: float = 1.0
+    # How long a refused create waits before the client should try again, at least and at most.
+    retry_after_min_s: float = 1.0
+    retry_after_max_s: float = 30.0
+    # Per-tenant defaults for a tenant created implicitly (the built-in "default" tenant).
+    default_max_sandboxes: int = 100_000
+    default_max_memory_mb: int = 1 << 40
+    max_batch: int = 500
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ConfigError("k must be >= 0 (0 = full scan)")
+        if self.max_attempts < 1:
+            raise ConfigError("max_attempts must be >= 1")
+        if self.replica_lease_s <= self.reconcile_interval_s:
+            raise ConfigError("replica_lease_s must exceed reconcile_interval_s, or a live replica loses its lease")
+        if not 0 < self.retry_after_min_s <= self.retry_after_max_s:
+            raise ConfigError("need 0 < retry_after_min_s <= retry_after_max_s")

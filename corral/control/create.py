@@ -1,0 +1,402 @@
+"""The create flow of DESIGN.md, steps 1-8: record (quota, name, idempotency) -> view -> filter, sample,
+score -> durable reserve -> bind on the agent -> confirm -> or refuse honestly.
+
+Every exit path ends what it started: a reservation is cancelled the moment its bind fails, a sandbox
+record that was never placed is removed, so a refused create leaves nothing behind and a retry with the
+same Idempotency-Key starts clean. A reservation that outlives this process (crash) ends with this
+replica's lease, or at its hard TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
+from corral.agent.protocol import StartSandbox
+from corral.core import (
+    Clock,
+    CreateRequest,
+    FullScan,
+    NoCapacity,
+    NoHealthyHosts,
+    Placer,
+    PowerOfK,
+    Refusal,
+    Scheduler,
+)
+from corral.core.ledger import Ledger
+from corral.store import (
+    IdempotencyMismatch,
+    NameConflict,
+    ReserveItem,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+    Store,
+    StoreUnavailable,
+)
+from corral.store import NotFound as StoreNotFound
+from corral.store import OverQuota as StoreOverQuota
+
+from corral.control.agents import AgentDirectory
+from corral.control.config import ControlConfig
+from corral.control.errors import Conflict, ControlError, InvalidRequest, NotFound, OverQuota, Unavailable
+from corral.control.metrics import Metrics
+from corral.control.retry import RetryAfter
+from corral.control.view import FleetSnapshot, ViewCache
+
+AGENT_UNAVAILABLE = "agent_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSpec:
+    template: str = "default"
+    memory_mb: int | None = None
+    cpus: float | None = None
+    stateful: bool | None = None
+    ttl_seconds: float | None = None
+    name: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """What an Idempotency-Key is bound to: the same key with another body is a client bug."""
+        body = asdict(self)
+        body["metadata"] = dict(self.metadata)
+        body["env"] = dict(self.env)
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def new_sandbox_id() -> str:
+    return f"sb-{uuid.uuid4().hex[:20]}"
+
+
+class CreateFlow:
+    def __init__(
+        self,
+        store: Store,
+        view: ViewCache,
+        agents: AgentDirectory,
+        config: ControlConfig,
+        clock: Clock,
+        rng: random.Random,
+        metrics: Metrics,
+        retry_after: RetryAfter,
+    ) -> None:
+        self.store = store
+        self.view = view
+        self.agents = agents
+        self.config = config
+        self.clock = clock
+        self.rng = rng
+        self.metrics = metrics
+        self.retry_after = retry_after
+        t = config.timeouts
+        selector = FullScan() if config.k == 0 else PowerOfK(config.k)
+        self.placer = Placer(selector=selector, stale_after_s=t.stale_after_s, policy=config.policy)
+        # Idempotency keys refused at least once, with when: "time from first refusal to success".
+        self._first_refusal: dict[str, float] = {}
+
+    # -- step 1: the record ----------------------------------------------------------------------
+
+    async def _resolve(self, spec: CreateSpec) -> tuple[int, float, bool]:
+        tpl = await self.store.get_template(spec.template)
+        if tpl is None:
+            raise InvalidRequest("template", f"unknown template {spec.template!r}")
+        memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
+        cpus = spec.cpus if spec.cpus is not None else tpl.cpus
+        stateful = spec.stateful if spec.stateful is not None else tpl.stateful
+        return memory_mb, cpus, stateful
+
+    async def _new_record(
+        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
+    ) -> tuple[SandboxRecord, bool]:
+        memory_mb, cpus, stateful = await self._resolve(spec)
+        now = self.clock.now()
+        record = SandboxRecord(
+            id=new_sandbox_id(),
+            tenant_id=tenant_id,
+            template=spec.template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            stateful=stateful,
+            name=spec.name,
+            metadata=dict(spec.metadata),
+            expires_at=now + spec.ttl_seconds if spec.ttl_seconds else None,
+        )
+        try:
+            out = await self.store.create_sandbox(
+                record, idempotency_key=idempotency_key, request_hash=spec.fingerprint() if idempotency_key else None
+            )
+        except NameConflict as e:
+            raise Conflict(f"a sandbox named {spec.name!r} exists", details={"field": "name"}) from e
+        except IdempotencyMismatch as e:
+            raise InvalidRequest("Idempotency-Key", "this Idempotency-Key was used with another request body") from e
+        except StoreOverQuota as e:
+            raise OverQuota(
+                str(e), details={"limit": e.limit, "allowed": e.allowed, "used": e.used, "requested": e.requested}
+            ) from e
+        except StoreNotFound as e:
+            raise NotFound(f"unknown tenant {tenant_id}") from e
+        return out.record, out.replayed
+
+    # -- the whole flow ----------------------------------------------------------------------------
+
+    async def create(
+        self, tenant_id: str, spec: CreateSpec, *, idempotency_key: str | None = None
+    ) -> tuple[SandboxRecord, bool]:
+        """Place one sandbox. Returns (record, replayed)."""
+        started = self.clock.now()
+        record, replayed = await self._new_record(tenant_id, spec, idempotency_key)
+        if replayed:
+            return record, True
+        try:
+            placed = await self._place_and_bind(record, dict(spec.env))
+        except BaseException as exc:
+            await self._forget(record)
+            if isinstance(exc, Unavailable) and idempotency_key:
+                self._first_refusal.setdefault(f"{tenant_id}/{idempotency_key}", started)
+            raise
+        self._observe_success(placed, started, tenant_id, idempotency_key)
+        return placed, False
+
+    def _observe_success(
+        self, placed: SandboxRecord, started: float, tenant_id: str, idempotency_key: str | None
+    ) -> None:
+        host = placed.host_id or ""
+        self.metrics.placements.labels(host).inc()
+        self.metrics.create_latency.labels(host).observe(max(0.0, self.clock.now() - started))
+        if idempotency_key:
+            first = self._first_refusal.pop(f"{tenant_id}/{idempotency_key}", None)
+            if first is not None:
+                self.metrics.refusal_to_success.observe(max(0.0, self.clock.now() - first))
+        if len(self._first_refusal) > 10_000:  # bounded: forget the oldest refusals
+            for k in list(self._first_refusal)[:5_000]:
+                del self._first_refusal[k]
+
+    async def _forget(self, record: SandboxRecord) -> None:
+        """Remove a record that was never placed. Best effort: the store may be the thing that failed."""
+        try:
+            await self.store.delete_sandbox(record.id)
+        except Exception:  # noqa: BLE001 - the original error is what the caller must see
+            pass
+
+    def _refused(self, refusal: Refusal, snap: FleetSnapshot, extra: Counter[str]) -> Unavailable:
+        reasons = Counter(refusal.reasons)
+        reasons.update(extra)
+        code = refusal.code
+        self.metrics.refusals.labels(code).inc()
+        parts = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
+        msg = f"{len(snap.hosts)} hosts: {parts}" if parts else f"{len(snap.hosts)} hosts"
+        retry = self.retry_after.estimate(code, snap)
+        return Unavailable(
+            msg, code=code, retry_after_s=retry, details={"checked": refusal.checked, "reasons": dict(reasons)}
+        )
+
+    async def _place_and_bind(self, record: SandboxRecord, env: dict[str, str]) -> SandboxRecord:
+        cfg = self.config
+        t = cfg.timeouts
+        req = CreateRequest(memory_mb=record.memory_mb, cpu=record.cpus, stateful=record.stateful)
+        exclude: set[str] = set()
+        agent_refusals: Counter[str] = Counter()
+        reread = False
+        attempts = 0
+        snap = await self.view.get()
+        while True:
+            try:
+                decision = self.placer.place(
+                    snap.hosts,
+                    req,
+                    now=self.clock.now(),
+                    rng=self.rng,
+                    pending=self.view.pending_fn(snap),
+                    exclude=frozenset(exclude),
+                )
+            except (NoCapacity, NoHealthyHosts) as refusal:
+                if not reread:
+                    # A cached absence is not a death: read the source once before refusing.
+                    reread = True
+                    snap = await self.view.get(fresh=True)
+                    continue
+                raise self._refused(refusal, snap, agent_refusals) from None
+            if attempts >= cfg.max_attempts:
+                raise self._refused(NoCapacity({}, len(snap.hosts)), snap, agent_refusals)
+            attempts += 1
+            host = decision.host
+            self.metrics.view_age.observe(decision.view_age_s)
+            res = await self.store.reserve(
+                host.id,
+                memory_mb=decision.charge_mb,
+                cpu=req.cpu,
+                owner=cfg.replica_id,
+                ttl_s=t.reservation_ttl_s,
+                sandbox_id=record.id,
+            )
+            if res is None:
+                # Another replica took the room since our read: drop this host, read afresh.
+                self.metrics.reserve_conflicts.inc()
+                exclude.add(host.id)
+                snap = await self.view.get(fresh=True)
+                continue
+            local = self.view.note(host.id, decision.charge_mb, req.cpu)
+            address = snap.records[host.id].address if host.id in snap.records else ""
+            try:
+                await self._bind(record, host.id, address, env)
+            except AgentRefusal as e:
+                agent_refusals[e.code] += 1
+                self.metrics.agent_refusals.labels(host.id, e.code).inc()
+            except (AgentUnavailable, TimeoutError):
+                agent_refusals[AGENT_UNAVAILABLE] += 1
+                self.metrics.agent_refusals.labels(host.id, AGENT_UNAVAILABLE).inc()
+                await self._stop_quietly(host.id, address, record.id)
+            except AgentError as e:
+                await self.store.cancel(res.id)
+                local.release()
+                raise ControlError(f"host {host.id} could not start the sandbox: {e.message}", code=e.code) from e
+            except BaseException:
+                await self._cancel_quietly(res.id)
+                local.release()
+                raise
+            else:
+                try:
+                    return await self.store.set_sandbox_state(
+                        record.id,
+                        SandboxState.RUNNING,
+                        expect=SandboxState.RESERVED,
+                        host_id=host.id,
+                        reservation_id=res.id,
+                    )
+                except BaseException:
+                    # The record could not say where the sandbox runs: do not leave it running unowned.
+                    await self._stop_quietly(host.id, address, record.id)
+                    await self._cancel_quietly(res.id)
+                    local.release()
+                    raise
+            # A retryable refusal on this host: end the claim at once and try another host.
+            await self.store.cancel(res.id)
+            local.release()
+            exclude.add(host.id)
+
+    async def _bind(self, record: SandboxRecord, host_id: str, address: str, env: dict[str, str]) -> None:
+        client = self.agents.client(host_id, address)
+        start = StartSandbox(
+            id=record.id,
+            memory_mb=record.memory_mb,
+            cpus=record.cpus,
+            stateful=record.stateful,
+            template=record.template,
+            env=env,
+        )
+        await asyncio.wait_for(client.start(start), self.config.timeouts.bind_timeout_s)
+
+    async def _stop_quietly(self, host_id: str, address: str, sandbox_id: str) -> None:
+        """A bind that timed out may still have started the sandbox: make sure it is not left running."""
+        try:
+            await self.agents.client(host_id, address).stop(sandbox_id)
+        except Exception:  # noqa: BLE001 - best effort; the agent re-reports what it runs
+            pass
+
+    async def _cancel_quietly(self, reservation_id: str) -> None:
+        try:
+            await self.store.cancel(reservation_id)
+        except Exception:  # noqa: BLE001 - its lease or TTL ends it otherwise
+            pass
+
+    # -- batch -------------------------------------------------------------------------------------
+
+    async def create_batch(self, tenant_id: str, spec: CreateSpec, count: int) -> list[SandboxRecord]:
+        """``count`` sandboxes of one spec, reserved all-or-nothing in one transaction."""
+        if spec.name is not None:
+            raise InvalidRequest("spec.name", "a batch cannot share one name")
+        started = self.clock.now()
+        records: list[SandboxRecord] = []
+        try:
+            for _ in range(count):
+                records.append((await self._new_record(tenant_id, spec, None))[0])
+            placed = await self._reserve_and_bind_batch(records, dict(spec.env))
+        except BaseException:
+            for r in records:
+                await self._forget(r)
+            raise
+        for p in placed:
+            self._observe_success(p, started, tenant_id, None)
+        return placed
+
+    async def _reserve_and_bind_batch(self, records: list[SandboxRecord], env: dict[str, str]) -> list[SandboxRecord]:
+        cfg = self.config
+        first = records[0]
+        req = CreateRequest(memory_mb=first.memory_mb, cpu=first.cpus, stateful=first.stateful)
+        snap = await self.view.get()
+        reserved = None
+        for fresh in (False, True):
+            if fresh:
+                snap = await self.view.get(fresh=True)
+            # Decide every member against the view plus the batch's own earlier members.
+            batch_ledger = Ledger(self.clock, ttl_s=cfg.timeouts.reservation_ttl_s)
+            view_pending = self.view.pending_fn(snap)
+            sched = Scheduler(self.placer, batch_ledger, self.rng, owner="batch")
+            items: list[ReserveItem] = []
+            try:
+                for rec in records:
+                    decision, _ = sched.schedule(
+                        snap.hosts, req, now=self.clock.now(), exclude=frozenset(), base_pending=view_pending
+                    )
+                    items.append(ReserveItem(decision.host.id, decision.charge_mb, req.cpu, rec.id))
+            except (NoCapacity, NoHealthyHosts) as refusal:
+                if fresh:
+                    raise self._refused(refusal, snap, Counter()) from None
+                continue
+            reserved = await self.store.reserve_batch(
+                items, owner=cfg.replica_id, ttl_s=cfg.timeouts.reservation_ttl_s
+            )
+            if reserved is not None:
+                break
+            self.metrics.reserve_conflicts.inc()
+        if reserved is None:
+            raise self._refused(NoCapacity({}, len(snap.hosts)), snap, Counter())
+        locals_ = [self.view.note(r.host_id, r.memory_mb, r.cpu) for r in reserved]
+        results = await asyncio.gather(
+            *(self._bind_one_of_batch(rec, res.id, res.host_id, snap, env) for rec, res in zip(records, reserved, strict=True)),
+            return_exceptions=True,
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            # All or nothing: undo the members that did start, end every claim, report the first failure.
+            for rec, res, out in zip(records, reserved, results, strict=True):
+                if not isinstance(out, BaseException):
+                    address = snap.records[res.host_id].address if res.host_id in snap.records else ""
+                    await self._stop_quietly(res.host_id, address, rec.id)
+                await self._cancel_quietly(res.id)
+            for local in locals_:
+                local.release()
+            err = failures[0]
+            if isinstance(err, ControlError):
+                raise err
+            if isinstance(err, AgentError | TimeoutError | StoreUnavailable):
+                raise self._refused(NoCapacity({}, len(snap.hosts)), snap, Counter({AGENT_UNAVAILABLE: 1})) from err
+            raise err
+        return [r for r in results if isinstance(r, SandboxRecord)]
+
+    async def _bind_one_of_batch(
+        self, record: SandboxRecord, reservation_id: str, host_id: str, snap: FleetSnapshot, env: dict[str, str]
+    ) -> SandboxRecord:
+        address = snap.records[host_id].address if host_id in snap.records else ""
+        await self._bind(record, host_id, address, env)
+        try:
+            return await self.store.set_sandbox_state(
+                record.id,
+                SandboxState.RUNNING,
+                expect=SandboxState.RESERVED,
+                host_id=host_id,
+                reservation_id=reservation_id,
+            )
+        except StateConflict:
+            await self._stop_quietly(host_id, address, record.id)
+            raise

@@ -1,0 +1,139 @@
+"""Background work that keeps the books honest. Every replica renews its own lease; one leader (a
+store lease) ends lapsed replicas' and expired reservations, reaps sandboxes past their TTL, orphans
+the sandboxes of dead hosts (never deleting a placement) and reclaims them when the host returns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from corral.agent.errors import AgentError, AgentSandboxNotFound
+from corral.core import Clock
+from corral.store import SandboxState, Store, StoreError
+
+from corral.control.agents import AgentDirectory
+from corral.control.config import ControlConfig
+from corral.control.metrics import Metrics
+from corral.control.retry import RetryAfter
+from corral.control.routes import RouteCache
+from corral.control.view import ViewCache
+
+log = logging.getLogger("corral.reconcile")
+
+LEADER_LEASE = "reconciler"
+
+
+class Reconciler:
+    def __init__(
+        self,
+        store: Store,
+        view: ViewCache,
+        agents: AgentDirectory,
+        config: ControlConfig,
+        clock: Clock,
+        metrics: Metrics,
+        retry_after: RetryAfter,
+        routes: RouteCache,
+    ) -> None:
+        self.store = store
+        self.view = view
+        self.agents = agents
+        self.config = config
+        self.clock = clock
+        self.metrics = metrics
+        self.retry_after = retry_after
+        self.routes = routes
+        self.is_leader = False
+        self._ticks = 0
+
+    async def tick(self) -> None:
+        """One round. Safe to call concurrently from several replicas."""
+        cfg = self.config
+        await self.store.renew_replica(cfg.replica_id, cfg.replica_lease_s)
+        snap = await self.view.get()
+        self.metrics.fleet.hosts = list(snap.records.values())
+        self.retry_after.next_reservation_expiry = await self.store.next_expiry()
+        self.is_leader = await self.store.try_lead(LEADER_LEASE, cfg.replica_id, cfg.replica_lease_s)
+        if not self.is_leader:
+            return
+        await self.store.expire_replicas()
+        await self.store.sweep_expired()
+        await self._reap_expired()
+        await self._orphan_dead_hosts()
+        await self._reclaim_orphans()
+        await self._finish_tombstones()
+        self._ticks += 1
+        if self._ticks % 10 == 1:  # a full read of running sandboxes: not every round
+            await self._committed_total()
+
+    async def _stop(self, host_id: str, sandbox_id: str) -> bool:
+        snap = await self.view.get()
+        rec = snap.records.get(host_id)
+        try:
+            await self.agents.client(host_id, rec.address if rec else "").stop(sandbox_id)
+        except AgentSandboxNotFound:
+            return True
+        except AgentError:
+            return False
+        return True
+
+    async def _reap_expired(self) -> None:
+        for sb in await self.store.expired_sandboxes():
+            if sb.host_id and sb.state is SandboxState.RUNNING and not await self._stop(sb.host_id, sb.id):
+                await self.store.set_sandbox_state(sb.id, SandboxState.DELETED)
+                continue
+            await self.store.delete_sandbox(sb.id)
+            self.routes.drop(sb.id)
+
+    async def _orphan_dead_hosts(self) -> None:
+        now = self.clock.now()
+        dead_after = self.config.timeouts.dead_after_s
+        snap = await self.view.get()
+        for host in snap.records.values():
+            if host.heartbeat_at and now - host.heartbeat_at > dead_after:
+                page = await self.store.list_sandboxes(host_id=host.id, state=SandboxState.RUNNING, limit=1000)
+                for sb in page.items:
+                    with contextlib.suppress(StoreError):
+                        await self.store.set_sandbox_state(sb.id, SandboxState.ORPHANED, expect=SandboxState.RUNNING)
+
+    async def _reclaim_orphans(self) -> None:
+        page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)
+        if not page.items:
+            return
+        snap = await self.view.get(fresh=True)
+        now = self.clock.now()
+        for sb in page.items:
+            host = snap.records.get(sb.host_id or "")
+            if host is None or now - host.heartbeat_at > self.config.timeouts.stale_after_s:
+                continue
+            if sb.id in host.sandbox_ids:
+                with contextlib.suppress(StoreError):
+                    await self.store.set_sandbox_state(sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED)
+
+    async def _finish_tombstones(self) -> None:
+        page = await self.store.list_sandboxes(state=SandboxState.DELETED, limit=200)
+        for sb in page.items:
+            if not sb.host_id or await self._stop(sb.host_id, sb.id):
+                await self.store.delete_sandbox(sb.id)
+
+    async def _committed_total(self) -> None:
+        total = 0
+        cursor = None
+        while True:
+            page = await self.store.list_sandboxes(state=SandboxState.RUNNING, limit=1000, cursor=cursor)
+            total += sum(s.memory_mb for s in page.items)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        self.metrics.fleet.committed_mb = total
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a store outage must not kill the loop
+                log.warning("reconcile round failed", exc_info=True)
+            await asyncio.sleep(self.config.reconcile_interval_s)

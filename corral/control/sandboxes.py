@@ -1,0 +1,99 @@
+"""Reading, executing in and deleting sandboxes that exist. Tenant-scoped: another tenant's sandbox
+is simply not found."""
+
+from __future__ import annotations
+
+from corral.agent.errors import AgentError, AgentSandboxNotFound, AgentUnavailable
+from corral.agent.protocol import ExecRequest, ExecResponse
+from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
+
+from corral.control.agents import AgentDirectory
+from corral.control.errors import BadGateway, Gone, NotFound, NotRunning, Unavailable
+from corral.control.routes import Route, RouteCache
+from corral.control.view import ViewCache
+
+GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
+
+
+class Sandboxes:
+    def __init__(self, store: Store, view: ViewCache, agents: AgentDirectory, routes: RouteCache) -> None:
+        self.store = store
+        self.view = view
+        self.agents = agents
+        self.routes = routes
+
+    async def _address(self, host_id: str) -> str:
+        snap = await self.view.get()
+        rec = snap.records.get(host_id)
+        if rec is None:
+            snap = await self.view.get(fresh=True)
+            rec = snap.records.get(host_id)
+        return rec.address if rec is not None else ""
+
+    async def remember(self, record: SandboxRecord) -> None:
+        if record.host_id and record.state is SandboxState.RUNNING:
+            self.routes.put(record.id, Route(record.tenant_id, record.host_id, await self._address(record.host_id)))
+
+    async def get(self, sandbox_id: str, tenant_id: str | None) -> SandboxRecord:
+        rec = await self.store.get_sandbox(sandbox_id, tenant_id=tenant_id)
+        if rec is None or rec.state is SandboxState.DELETED:
+            raise NotFound(f"no sandbox {sandbox_id}")
+        return rec
+
+    async def list(
+        self,
+        tenant_id: str | None,
+        *,
+        state: SandboxState | None,
+        host_id: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Page:
+        return await self.store.list_sandboxes(
+            tenant_id=tenant_id, host_id=host_id, state=state, limit=limit, cursor=cursor
+        )
+
+    async def _route(self, sandbox_id: str, tenant_id: str | None) -> Route:
+        """From the store when it answers; from this replica's memory when it does not."""
+        try:
+            rec = await self.get(sandbox_id, tenant_id)
+        except StoreUnavailable:
+            route = self.routes.get(sandbox_id)
+            if route is None or (tenant_id is not None and route.tenant_id != tenant_id):
+                raise
+            return route
+        if rec.state is SandboxState.ORPHANED:
+            raise Gone(f"sandbox {sandbox_id}'s host is gone; it is orphaned until the host returns")
+        if rec.state is not SandboxState.RUNNING or rec.host_id is None:
+            raise NotRunning(f"sandbox {sandbox_id} is {rec.state.value}")
+        route = Route(rec.tenant_id, rec.host_id, await self._address(rec.host_id))
+        self.routes.put(sandbox_id, route)
+        return route
+
+    async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResponse:
+        route = await self._route(sandbox_id, tenant_id)
+        try:
+            return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req)
+        except AgentSandboxNotFound as e:
+            raise NotFound(f"sandbox {sandbox_id} is not running on its host") from e
+        except AgentUnavailable as e:
+            raise Unavailable(
+                f"host {route.host_id} is unreachable", code="host_unreachable", retry_after_s=2
+            ) from e
+        except AgentError as e:
+            raise BadGateway(e.message, code=e.code) from e
+
+    async def delete(self, sandbox_id: str, tenant_id: str | None) -> None:
+        rec = await self.get(sandbox_id, tenant_id)
+        if rec.host_id and rec.state not in GONE_STATES:
+            try:
+                await self.agents.client(rec.host_id, await self._address(rec.host_id)).stop(sandbox_id)
+            except AgentSandboxNotFound:
+                pass
+            except AgentError:
+                # The host cannot be told now: leave a tombstone the reconciler finishes later.
+                await self.store.set_sandbox_state(sandbox_id, SandboxState.DELETED)
+                self.routes.drop(sandbox_id)
+                return
+        await self.store.delete_sandbox(sandbox_id)
+        self.routes.drop(sandbox_id)

@@ -1,0 +1,92 @@
+"""The fleet as this replica last read it: a cache of positive facts, at most ``view_ttl`` old.
+
+A cached absence is not a death: before refusing, the create flow forces one fresh read. Reservations
+this replica made since the last read are kept in a local ledger and subtracted on top of the read's
+reserved totals, so the next decision in this replica sees them before the next read does. A read
+replaces them (the store's totals now include them), which is why each read opens a new ledger owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from corral.core import Clock, HostView, Ledger, Pending, Reservation
+from corral.core.filters import PendingFn
+from corral.store import HostRecord, Store
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    hosts: tuple[HostView, ...]
+    records: dict[str, HostRecord]
+    read_at: float
+    generation: int
+
+
+class ViewCache:
+    def __init__(self, store: Store, clock: Clock, ttl_s: float, ledger_ttl_s: float) -> None:
+        self._store = store
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._snapshot: FleetSnapshot | None = None
+        self._lock = asyncio.Lock()
+        self._generation = 0
+        # Local, short-lived claims this replica made since its last read, with when each was made.
+        self.recent = Ledger(clock, ttl_s=max(ledger_ttl_s, 2 * ttl_s, 0.1))
+        self._claims: list[tuple[float, Reservation]] = []
+
+    async def get(self, *, fresh: bool = False) -> FleetSnapshot:
+        snap = self._snapshot
+        if not fresh and snap is not None and self._clock.now() - snap.read_at <= self._ttl_s:
+            return snap
+        async with self._lock:
+            snap = self._snapshot
+            if not fresh and snap is not None and self._clock.now() - snap.read_at <= self._ttl_s:
+                return snap  # another coroutine refreshed it while we waited
+            return await self._read()
+
+    async def _read(self) -> FleetSnapshot:
+        started = self._clock.now()
+        records = await self._store.list_hosts()
+        self._generation += 1
+        # Claims made before this read began are in the store's totals now; later ones may not be.
+        kept = []
+        for made_at, res in self._claims:
+            if made_at < started:
+                res.release()
+            elif res.active:
+                kept.append((made_at, res))
+        self._claims = kept
+        snap = FleetSnapshot(
+            hosts=tuple(r.view() for r in records),
+            records={r.id: r for r in records},
+            read_at=started,
+            generation=self._generation,
+        )
+        self._snapshot = snap
+        return snap
+
+    def invalidate(self) -> None:
+        self._snapshot = None
+
+    def pending_fn(self, snap: FleetSnapshot) -> PendingFn:
+        """Pending per host: the store's reserved totals at read time plus this replica's claims since."""
+        records = snap.records
+        recent = self.recent
+
+        def pending(host_id: str) -> Pending:
+            rec = records.get(host_id)
+            mine = recent.pending(host_id)
+            if rec is None:
+                return mine
+            return Pending(rec.reserved_mb + mine.memory_mb, rec.reserved_cpu + mine.cpu)
+
+        return pending
+
+    def note(self, host_id: str, memory_mb: int, cpu: float) -> Reservation:
+        """Remember a reservation this replica just made, until a read includes it. Release the
+        returned claim if the store's reservation is cancelled."""
+        res = self.recent.reserve(host_id, memory_mb, cpu)
+        self._claims.append((self._clock.now(), res))
+        return res
