@@ -1,1 +1,60 @@
-"""corral.agent"""
+"""The host agent: runs sandboxes, measures them, publishes what its host can still admit, and refuses
+fast and retryably when it must. The HTTP app and the CLI command live in ``corral.agent.http`` and
+``corral.agent.cli``."""
+
+from corral.agent.agent import Agent, HeartbeatSink
+from corral.agent.client import AgentClient, HttpAgentClient, LocalAgentClient
+from corral.agent.errors import (
+    AgentConflict,
+    AgentError,
+    AgentInvalid,
+    AgentRefusal,
+    AgentRuntimeError,
+    AgentSandboxNotFound,
+    AgentUnauthorized,
+    AgentUnavailable,
+    Code,
+)
+from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink, http_heartbeat_sink
+from corral.agent.limiter import StartsLimiter, StartsSaturated
+from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage_ratio_signal
+from corral.agent.protocol import (
+    Capacity,
+    ExecRequest,
+    ExecResponse,
+    Heartbeat,
+    SandboxInfo,
+    StartSandbox,
+)
+
+__all__ = [
+    "Agent",
+    "AgentClient",
+    "AgentConflict",
+    "AgentError",
+    "AgentInvalid",
+    "AgentRefusal",
+    "AgentRuntimeError",
+    "AgentSandboxNotFound",
+    "AgentUnauthorized",
+    "AgentUnavailable",
+    "Capacity",
+    "Code",
+    "ExecRequest",
+    "ExecResponse",
+    "Heartbeat",
+    "HeartbeatRejected",
+    "HeartbeatSink",
+    "HttpAgentClient",
+    "HttpHeartbeatSink",
+    "LocalAgentClient",
+    "PressureSignal",
+    "SandboxInfo",
+    "StartSandbox",
+    "StartsLimiter",
+    "StartsSaturated",
+    "host_signal",
+    "http_heartbeat_sink",
+    "psi_signal",
+    "usage_ratio_signal",
+]

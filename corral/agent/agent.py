@@ -1,0 +1,446 @@
+"""The host agent: a runtime behind a local admission gate, a starts limiter and a pressure gate, publishing
+what the host can still admit. The last line of defence, and the only one that still works when the
+scheduler is the problem (seed 000, "Fix 4").
+
+The gate's arithmetic is the core's (:func:`corral.core.admission.admittable_mb` and ``fits``); the number
+the agent publishes is the same function's result, so the scheduler reads a verdict instead of re-deriving
+a formula. The agent is free of HTTP: :mod:`corral.agent.http` wraps it, :mod:`corral.agent.client` calls it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from corral.agent.errors import (
+    AgentConflict,
+    AgentInvalid,
+    AgentRefusal,
+    AgentRuntimeError,
+    AgentSandboxNotFound,
+    Code,
+)
+from corral.agent.limiter import StartsLimiter, StartsSaturated
+from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
+from corral.agent.protocol import (
+    Capacity,
+    ExecRequest,
+    ExecResponse,
+    Heartbeat,
+    SandboxInfo,
+    StartSandbox,
+)
+from corral.core.admission import (
+    DEFAULT_POLICY,
+    AdmissionPolicy,
+    admittable_mb,
+    charge_mb,
+    fits,
+    request_charge_mb,
+)
+from corral.core.clock import Clock, SystemClock
+from corral.core.pressure import PressureGate
+from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
+from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxSpec
+
+log = logging.getLogger("corral.agent")
+
+HeartbeatSink = Callable[[Heartbeat], Awaitable[None]]
+
+# Honest Retry-After estimates, per reason.
+STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
+PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
+START_FAILED_RETRY_S = 1.0
+
+
+@dataclass(slots=True)
+class _Live:
+    """A sandbox the agent accounts for."""
+
+    spec: SandboxSpec
+    started_at: float
+    # The last measurement taken after the sandbox settled; until then it is charged its reserve.
+    resident_mb: int | None = None
+    # The latest reading of any age, for the host's memory_mb_used.
+    observed_mb: int | None = None
+
+    def usage(self) -> SandboxUsage:
+        return SandboxUsage(self.spec.memory_mb, self.resident_mb, self.spec.stateful)
+
+
+class Agent:
+    """One host's agent. Every state change happens on the event loop without an ``await`` between the
+    check and the commit, so the gate needs no lock."""
+
+    def __init__(
+        self,
+        id: str,
+        runtime: Runtime,
+        memory_mb_total: int,
+        cpu_total: float,
+        *,
+        admission: AdmissionMode = AdmissionMode.WORKING_SET,
+        policy: AdmissionPolicy = DEFAULT_POLICY,
+        max_concurrent_starts: int = 8,
+        start_wait_s: float = 0.15,
+        clock: Clock | None = None,
+        pressure: PressureSignal | PressureSource | None = None,
+        pressure_gate: PressureGate | None = None,
+        templates: Iterable[str] | None = None,
+        heartbeat_interval_s: float = 2.0,
+        sink: HeartbeatSink | None = None,
+        address: str = "",
+        settle_s: float = 2.0,
+        gpu: str | None = None,
+        role: str = "worker",
+        stream_restore: bool = False,
+    ) -> None:
+        if memory_mb_total <= 0 or cpu_total <= 0:
+            raise ValueError("memory_mb_total and cpu_total must be positive")
+        if heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s must be positive")
+        if settle_s < 0:
+            raise ValueError("settle_s must not be negative")
+        self.id = id
+        self.runtime = runtime
+        self.memory_mb_total = memory_mb_total
+        self.cpu_total = cpu_total
+        self.admission = AdmissionMode(admission)
+        self.policy = policy
+        self.clock: Clock = clock or SystemClock()
+        self.templates = None if templates is None else frozenset(templates)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.sink = sink
+        self.address = address
+        self.settle_s = settle_s
+        self.gpu = gpu
+        self.role = role
+        self.stream_restore = stream_restore
+        self.limiter = StartsLimiter(max_concurrent_starts, start_wait_s)
+        self.signal = self._signal(pressure)
+        self.gate = pressure_gate or self.signal.gate()
+
+        self._live: dict[str, _Live] = {}
+        self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        # Seeded from the clock so that a restarted agent's sequence still moves forward.
+        self._seq = int(self.clock.now() * 1000)
+        self.refusals: dict[str, int] = {}
+        self.heartbeats_sent = 0
+        self.heartbeat_failures = 0
+
+    def _signal(self, pressure: PressureSignal | PressureSource | None) -> PressureSignal:
+        if isinstance(pressure, PressureSignal):
+            return pressure
+        if pressure is not None:
+            return usage_ratio_signal(pressure, "injected")
+        # No host signal given: judge by what the agent's own sandboxes are measured to hold.
+        return usage_ratio_signal(self.used_ratio, "sandbox_resident_ratio")
+
+    # -- accounting -------------------------------------------------------------------------------
+
+    @property
+    def pending_mb(self) -> int:
+        """Memory charged to starts in flight: the gate's ``pending``."""
+        return sum(self._starting.values())
+
+    def usages(self) -> list[SandboxUsage]:
+        return [s.usage() for s in self._live.values()]
+
+    def admittable_mb(self) -> int:
+        """What the host can still admit before the starts in flight: the number a heartbeat publishes."""
+        return admittable_mb(self.memory_mb_total, self.usages(), self.admission, self.policy)
+
+    def memory_mb_used(self) -> int:
+        return sum(s.observed_mb or 0 for s in self._live.values())
+
+    def used_ratio(self) -> float:
+        return self.memory_mb_used() / self.memory_mb_total
+
+    def _refuse(self, code: str, message: str, retry_after_s: float, **details: object) -> AgentRefusal:
+        self.refusals[code] = self.refusals.get(code, 0) + 1
+        return AgentRefusal(code, message, retry_after_s, details)
+
+    def observe_pressure(self) -> bool:
+        """Feed the gate one reading; returns whether intake is open."""
+        try:
+            value = self.signal.read()
+        except Exception:  # a broken reading must not take the agent down; the gate keeps its state
+            log.exception("pressure signal %s failed", self.signal.name)
+            value = None
+        return self.gate.is_open if value is None else self.gate.observe(value)
+
+    def _check_pressure(self) -> None:
+        if not self.observe_pressure():
+            raise self._refuse(
+                Code.MEMORY_PRESSURE,
+                f"host memory pressure ({self.signal.name}) is above {self.gate.close_at:g}; intake is "
+                f"closed until it falls below {self.gate.open_at:g}",
+                PRESSURE_RETRY_S,
+                signal=self.signal.name,
+                close_at=self.gate.close_at,
+                open_at=self.gate.open_at,
+            )
+
+    def _check_fits(self, req: CreateRequest) -> None:
+        admittable, pending = self.admittable_mb(), self.pending_mb
+        if not fits(admittable, pending, req, self.admission, self.policy):
+            need = request_charge_mb(req, self.admission, self.policy)
+            raise self._refuse(
+                Code.DOES_NOT_FIT,
+                f"needs {need} MiB ({self.admission.value}); {admittable - pending} MiB admittable",
+                self.heartbeat_interval_s,
+                needed_mb=need,
+                admittable_mb=admittable,
+                pending_mb=pending,
+                admission=self.admission.value,
+            )
+
+    def _check_template(self, req: StartSandbox) -> None:
+        if self.templates is not None and req.template is not None and req.template not in self.templates:
+            raise AgentInvalid(
+                Code.TEMPLATE_MISSING,
+                f"template {req.template!r} is not on this host",
+                details={"field": "template", "templates": sorted(self.templates)},
+            )
+
+    # -- operations -------------------------------------------------------------------------------
+
+    async def start(self, req: StartSandbox) -> SandboxInfo:
+        """Admit and start one sandbox, or refuse with a stable code. Never queues for long."""
+        self._check_template(req)
+        existing = self._live.get(req.id)
+        if existing is not None:
+            if _same(existing.spec, req):
+                return self._info(req.id, existing)  # a retried start: the sandbox is already here
+            raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
+        if req.id in self._starting:
+            raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} is already starting")
+        creq = CreateRequest(memory_mb=req.memory_mb, cpu=req.cpus, stateful=req.stateful)
+        # Cheap checks first, so a refusal that is certain does not wait for a slot.
+        self._check_pressure()
+        self._check_fits(creq)
+        try:
+            await self.limiter.acquire()
+        except StartsSaturated as exc:
+            raise self._refuse(
+                Code.STARTS_SATURATED,
+                str(exc),
+                STARTS_SATURATED_RETRY_S,
+                in_flight=self.limiter.in_flight,
+                limit=self.limiter.limit,
+            ) from None
+        try:
+            # Re-check: anything may have changed while this start waited for its slot.
+            if req.id in self._live or req.id in self._starting:
+                raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
+            self._check_pressure()
+            self._check_fits(creq)
+            return await self._run_start(req, creq)
+        finally:
+            self.limiter.release()
+
+    async def _run_start(self, req: StartSandbox, creq: CreateRequest) -> SandboxInfo:
+        spec = SandboxSpec(
+            id=req.id,
+            memory_mb=req.memory_mb,
+            cpus=req.cpus,
+            template=req.template or "default",
+            stateful=req.stateful,
+            hostname=req.hostname,
+            env=dict(req.env),
+        )
+        self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
+        try:
+            handle = await self.runtime.start(spec)
+        except RuntimeFailure as exc:
+            raise self._refuse(
+                Code.START_FAILED, f"runtime {self.runtime.name}: {exc}", START_FAILED_RETRY_S
+            ) from exc
+        except asyncio.CancelledError:
+            # The caller went away mid-start: make sure nothing half-started stays behind unaccounted.
+            asyncio.get_running_loop().create_task(self._reap(req.id))
+            raise
+        finally:
+            del self._starting[req.id]
+        live = self._live[req.id] = _Live(handle.spec, handle.started_at)
+        return self._info(req.id, live)
+
+    async def _reap(self, sandbox_id: str) -> None:
+        # Never started, or already gone: either way nothing is left.
+        with contextlib.suppress(RuntimeFailure):
+            await self.runtime.stop(sandbox_id)
+
+    async def stop(self, sandbox_id: str) -> None:
+        task = self._stopping.get(sandbox_id)
+        if task is None:
+            if sandbox_id not in self._live:
+                raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+            task = asyncio.get_running_loop().create_task(self._stop(sandbox_id))
+            self._stopping[sandbox_id] = task
+            task.add_done_callback(lambda _t: self._stopping.pop(sandbox_id, None))
+        # Shielded: a caller that gives up must not leave a stop half-done.
+        await asyncio.shield(task)
+
+    async def _stop(self, sandbox_id: str) -> None:
+        try:
+            await self.runtime.stop(sandbox_id)
+        except SandboxNotFound:
+            pass  # it is gone either way
+        except RuntimeFailure as exc:
+            # Still there as far as we know: keep charging for it.
+            raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
+        self._live.pop(sandbox_id, None)
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
+        if sandbox_id not in self._live:
+            raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        try:
+            r = await self.runtime.exec(
+                sandbox_id, req.command, timeout_s=req.timeout_s, env=req.env, cwd=req.cwd
+            )
+        except SandboxNotFound:
+            self._live.pop(sandbox_id, None)  # it died under us; stop accounting for it
+            raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
+        except RuntimeFailure as exc:
+            raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
+        return ExecResponse(
+            exit_code=r.exit_code,
+            stdout=r.stdout,
+            stderr=r.stderr,
+            duration_ms=r.duration_ms,
+            truncated=r.truncated,
+            timed_out=r.timed_out,
+        )
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        live = self._live.get(sandbox_id)
+        if live is None:
+            raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        return self._info(sandbox_id, live)
+
+    def list(self) -> list[SandboxInfo]:
+        return [self._info(i, s) for i, s in self._live.items()]
+
+    def sandbox_ids(self) -> builtins.list[str]:
+        return sorted(self._live)
+
+    def _info(self, sandbox_id: str, s: _Live) -> SandboxInfo:
+        spec = s.spec
+        return SandboxInfo(
+            id=sandbox_id,
+            memory_mb=spec.memory_mb,
+            cpus=spec.cpus,
+            stateful=spec.stateful,
+            template=spec.template,
+            hostname=spec.hostname or sandbox_id,
+            started_at=s.started_at,
+            resident_mb=s.resident_mb,
+            charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
+        )
+
+    # -- restart, measurement, heartbeats --------------------------------------------------------------
+
+    async def adopt(self) -> int:
+        """Account for what the runtime still runs (after a restart); forget what it no longer has.
+
+        Adopted sandboxes are charged their reserve until a measurement sees them again. Returns how
+        many sandboxes were newly adopted.
+        """
+        handles = await self.runtime.list()
+        present = {h.id for h in handles}
+        for sandbox_id in [i for i in self._live if i not in present and i not in self._stopping]:
+            del self._live[sandbox_id]
+        adopted = 0
+        for h in handles:
+            if h.id not in self._live and h.id not in self._starting:
+                self._live[h.id] = _Live(h.spec, h.started_at)
+                adopted += 1
+        if adopted:
+            log.info("agent %s adopted %d running sandboxes", self.id, adopted)
+        return adopted
+
+    async def measure(self) -> None:
+        """Read every live sandbox's resident memory, then feed the pressure gate once."""
+        now = self.clock.now()
+        for sandbox_id, s in list(self._live.items()):
+            try:
+                mb = await self.runtime.resident_mb(sandbox_id)
+            except SandboxNotFound:
+                if sandbox_id not in self._stopping:
+                    self._live.pop(sandbox_id, None)  # died on its own (OOM, crash)
+                continue
+            except RuntimeFailure:
+                continue  # no reading this round; keep the last one
+            if mb is None:
+                continue
+            s.observed_mb = mb
+            if now - s.started_at >= self.settle_s:
+                s.resident_mb = mb
+        self.observe_pressure()
+
+    def capacity(self) -> Capacity:
+        return Capacity(
+            cpu_total=self.cpu_total,
+            cpu_used=sum(s.spec.cpus for s in self._live.values()),
+            memory_mb_total=self.memory_mb_total,
+            memory_mb_used=self.memory_mb_used(),
+            memory_admission=self.admission,
+            memory_mb_admittable=self.admittable_mb(),
+            templates=None if self.templates is None else sorted(self.templates),
+            runtime=self.runtime.name,
+            gpu=self.gpu,
+            role=self.role,
+            stream_restore=self.stream_restore,
+            intake_open=self.gate.is_open,
+            starts_in_flight=self.limiter.in_flight,
+            max_concurrent_starts=self.limiter.limit,
+        )
+
+    def heartbeat(self) -> Heartbeat:
+        """Build the next heartbeat from the current accounting (no I/O)."""
+        self._seq += 1
+        cap = self.capacity()
+        return Heartbeat(
+            **cap.model_dump(),
+            agent_id=self.id,
+            seq=self._seq,
+            address=self.address,
+            sent_at=self.clock.now(),
+            sandbox_ids=self.sandbox_ids(),
+        )
+
+    async def beat(self) -> Heartbeat:
+        """Measure, build one heartbeat and send it through the sink. Errors of the sink propagate."""
+        await self.measure()
+        hb = self.heartbeat()
+        if self.sink is not None:
+            await self.sink(hb)
+            self.heartbeats_sent += 1
+        return hb
+
+    async def run_heartbeats(self) -> None:
+        """Heartbeat every ``heartbeat_interval_s`` until cancelled. A control plane that is down is
+        logged and tried again next interval; starts never wait on this loop."""
+        budget = max(1.0, 2 * self.heartbeat_interval_s)
+        while True:
+            try:
+                async with asyncio.timeout(budget):
+                    await self.beat()
+            except Exception as exc:
+                self.heartbeat_failures += 1
+                log.warning("agent %s: heartbeat failed: %r", self.id, exc)
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+
+def _same(spec: SandboxSpec, req: StartSandbox) -> bool:
+    return (
+        spec.memory_mb == req.memory_mb
+        and spec.cpus == req.cpus
+        and spec.stateful == req.stateful
+        and spec.template == (req.template or "default")
+    )

@@ -1,0 +1,159 @@
+"""``corral agent``: run one host agent (its HTTP API under uvicorn, plus the heartbeat loop).
+
+The main CLI registers it with ``app.command("agent")(agent_command)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from typing import Annotated
+
+import typer
+
+from corral.agent.agent import Agent
+from corral.agent.heartbeat import http_heartbeat_sink
+from corral.agent.http import create_app
+from corral.agent.pressure import PressureSignal, host_signal
+from corral.core.admission import AdmissionPolicy
+from corral.core.clock import SystemClock
+from corral.core.types import AdmissionMode
+from corral.runtime.base import Runtime
+
+log = logging.getLogger("corral.agent")
+
+RUNTIMES = ("sim", "process")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise typer.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
+    return host.strip("[]"), int(port)
+
+
+def build_runtime(name: str) -> Runtime:
+    if name == "sim":
+        from corral.runtime.sim import SimRuntime
+
+        return SimRuntime(SystemClock(), random.Random())
+    if name == "process":
+        # Imported only when asked for: it needs the host's namespaces and cgroups.
+        from corral.runtime.process import ProcessRuntime
+
+        runtime: Runtime = ProcessRuntime()
+        return runtime
+    raise typer.BadParameter(
+        f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})", param_hint="--runtime"
+    )
+
+
+def host_memory_mb() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def agent_command(
+    control_plane: Annotated[str, typer.Option("--control-plane", help="Control plane base URL.")],
+    id: Annotated[str, typer.Option("--id", help="This agent's id (unique in the fleet).")],
+    token: Annotated[
+        str,
+        typer.Option(
+            "--token",
+            envvar="CORRAL_AGENT_TOKEN",
+            help="Agent token: callers must present it, and the heartbeats carry it.",
+        ),
+    ],
+    runtime: Annotated[str, typer.Option("--runtime", help="sim | process")] = "sim",
+    memory_mb: Annotated[
+        int | None, typer.Option("--memory-mb", min=1, help="Memory to offer (default: the host's).")
+    ] = None,
+    cpus: Annotated[
+        float | None, typer.Option("--cpus", min=0.01, help="CPUs to offer (default: the host's).")
+    ] = None,
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT for the agent API.")] = "127.0.0.1:7070",
+    advertise: Annotated[
+        str | None,
+        typer.Option("--advertise", help="URL the control plane should call (default: from --listen)."),
+    ] = None,
+    admission: Annotated[AdmissionMode, typer.Option("--admission")] = AdmissionMode.WORKING_SET,
+    max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
+    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
+    headroom_mb: Annotated[int, typer.Option("--headroom-mb", min=0)] = 2048,
+    template: Annotated[
+        list[str] | None, typer.Option("--template", help="A template this host has (repeat; default: any).")
+    ] = None,
+) -> None:
+    """Run a host agent: its HTTP API and its heartbeats to the control plane."""
+    if not token:
+        raise typer.BadParameter(
+            "an agent needs a token (--token or CORRAL_AGENT_TOKEN)", param_hint="--token"
+        )
+    host, port = parse_listen(listen)
+    rt = build_runtime(runtime)
+    total_mb = memory_mb or host_memory_mb() or 4096
+    total_cpus = cpus or float(os.cpu_count() or 1)
+    if headroom_mb >= total_mb:
+        raise typer.BadParameter(
+            f"headroom ({headroom_mb} MiB) leaves nothing of {total_mb} MiB to admit",
+            param_hint="--headroom-mb",
+        )
+    # A sim host has no real memory to feel pressure in: judge by its sandboxes' resident memory.
+    signal: PressureSignal | None = None
+    if runtime == "process":
+        signal = host_signal()
+    address = advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    sink = http_heartbeat_sink(control_plane, token)
+    agent = Agent(
+        id,
+        rt,
+        total_mb,
+        total_cpus,
+        admission=admission,
+        policy=AdmissionPolicy(headroom_mb=headroom_mb),
+        max_concurrent_starts=max_concurrent_starts,
+        pressure=signal,
+        templates=template or None,
+        heartbeat_interval_s=heartbeat_interval,
+        sink=sink,
+        address=address,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_serve(agent, token, host, port))
+
+
+async def _serve(agent: Agent, token: str, host: str, port: int) -> None:
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(agent, token), host=host, port=port, log_level="warning")
+    )
+    adopted = await agent.adopt()
+    log.info(
+        "agent %s on %s: %d sandboxes adopted, runtime %s",
+        agent.id,
+        agent.address,
+        adopted,
+        agent.runtime.name,
+    )
+    beats = asyncio.create_task(agent.run_heartbeats())
+    try:
+        await server.serve()
+    finally:
+        beats.cancel()
+        await asyncio.gather(beats, return_exceptions=True)
+        sink = agent.sink
+        if sink is not None and hasattr(sink, "aclose"):
+            await sink.aclose()
+
+
+__all__ = ["agent_command", "parse_listen"]

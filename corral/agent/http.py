@@ -1,0 +1,124 @@
+"""The agent's HTTP API: a thin FastAPI wrapper over :class:`~corral.agent.agent.Agent`.
+
+Every route needs ``Authorization: Bearer <token>`` (compared in constant time). Every error has the
+DESIGN.md body ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
+503 with a ``Retry-After`` header; bad input is 422 naming the field.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from corral.agent.agent import Agent
+from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
+from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+
+log = logging.getLogger("corral.agent.http")
+
+
+def error_response(err: AgentError) -> JSONResponse:
+    headers = {}
+    if err.status == 503 and err.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    if err.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def _field(loc: Sequence[Any]) -> str:
+    # ("body", "memory_mb") -> "memory_mb"; ("path", "sandbox_id") -> "sandbox_id"
+    parts = [str(p) for p in loc if p not in ("body", "path", "query", "header")]
+    return ".".join(parts) or "body"
+
+
+def create_app(agent: Agent, token: str) -> FastAPI:
+    """The agent's ASGI app. Tests plug it into ``httpx.ASGITransport``; the CLI serves it with uvicorn."""
+    if not token:
+        raise ValueError("an agent needs a token: its API must never be open")
+    expected = token.encode()
+
+    def authorized(request: Request) -> bool:
+        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+        # Constant-time, so the answer's timing says nothing about how much of a guess was right.
+        return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), expected)
+
+    def authenticate(request: Request) -> None:
+        if not authorized(request):
+            raise AgentUnauthorized(message="missing or invalid bearer token")
+
+    app = FastAPI(title=f"corral agent {agent.id}", openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.agent = agent
+    api = APIRouter(dependencies=[Depends(authenticate)])
+
+    @app.exception_handler(AgentError)
+    async def _agent_error(request: Request, exc: AgentError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if not authorized(request):  # the body is parsed before dependencies run: say 401 first
+            return error_response(AgentUnauthorized(message="missing or invalid bearer token"))
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+        field = _field(first.get("loc", ("body",)))
+        fields = sorted({_field(e.get("loc", ("body",))) for e in errors})
+        return error_response(
+            AgentInvalid(
+                Code.INVALID,
+                f"{field}: {first.get('msg', 'invalid')}",
+                details={"field": field, "fields": fields},
+            )
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: Code.NOT_FOUND, 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        err = AgentError(code, str(exc.detail))
+        err.status = exc.status_code
+        return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("agent %s: unexpected error on %s %s", agent.id, request.method, request.url.path)
+        return error_response(AgentError(Code.INTERNAL, "internal error"))
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "agent_id": agent.id}
+
+    @api.post("/v1/sandboxes", status_code=201)
+    async def start(body: StartSandbox) -> SandboxInfo:
+        return await agent.start(body)
+
+    @api.get("/v1/sandboxes")
+    async def list_sandboxes() -> list[SandboxInfo]:
+        return agent.list()
+
+    @api.get("/v1/sandboxes/{sandbox_id}")
+    async def get_sandbox(sandbox_id: str) -> SandboxInfo:
+        return agent.get(sandbox_id)
+
+    @api.delete("/v1/sandboxes/{sandbox_id}", status_code=204)
+    async def stop(sandbox_id: str) -> Response:
+        await agent.stop(sandbox_id)
+        return Response(status_code=204)
+
+    @api.post("/v1/sandboxes/{sandbox_id}/exec")
+    async def exec_(sandbox_id: str, body: ExecRequest) -> ExecResponse:
+        return await agent.exec(sandbox_id, body)
+
+    @api.get("/v1/capacity")
+    async def capacity() -> Capacity:
+        return agent.capacity()
+
+    app.include_router(api)
+    return app

@@ -1,0 +1,123 @@
+"""Heartbeats: what they carry, that their sequence only moves forward, and that a control plane that is
+down never stops the agent (nor its starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from corral.agent import (
+    Agent,
+    Heartbeat,
+    HeartbeatRejected,
+    StartSandbox,
+    http_heartbeat_sink,
+)
+from corral.core import ManualClock
+from corral.core.admission import admittable_mb
+from corral.core.types import AdmissionMode, SandboxUsage
+
+
+async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
+    agent = make_agent(
+        admission=AdmissionMode.WORKING_SET, templates=["python", "node"], gpu=None, stream_restore=True
+    )
+    await agent.start(StartSandbox(id="web", memory_mb=4096, cpus=2.0, template="python"))
+    await agent.start(StartSandbox(id="db", memory_mb=2048, cpus=1.0, stateful=True))
+    clock.advance(30)
+    hb = await agent.beat()
+
+    assert hb.agent_id == "host-1" and hb.address == "http://127.0.0.1:7070"
+    assert hb.sent_at == clock.now()
+    assert hb.memory_mb_total == 16_384 and hb.cpu_total == 8.0 and hb.cpu_used == 3.0
+    assert hb.memory_admission is AdmissionMode.WORKING_SET
+    assert hb.templates == ["node", "python"] and hb.runtime == "sim" and hb.role == "worker"
+    assert hb.stream_restore is True and hb.intake_open is True
+    assert hb.sandbox_ids == ["db", "web"]
+    infos = {i.id: i for i in agent.list()}
+    assert hb.memory_mb_used == sum(i.resident_mb or 0 for i in infos.values()) > 0
+    # The published verdict is the core function's result, nothing else.
+    usages = [SandboxUsage(i.memory_mb, i.resident_mb, i.stateful) for i in infos.values()]
+    assert hb.memory_mb_admittable == admittable_mb(16_384, usages, AdmissionMode.WORKING_SET, agent.policy)
+    # Drain state is the control plane's: the agent never sends one.
+    assert "state" not in hb.model_dump()
+    # It survives the wire.
+    assert Heartbeat.model_validate_json(hb.model_dump_json()) == hb
+
+
+async def test_seq_is_strictly_increasing_even_across_a_restart(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    agent = make_agent()
+    seqs = [agent.heartbeat().seq for _ in range(5)]
+    assert seqs == sorted(set(seqs)) and len(seqs) == 5
+    clock.advance(2.0)
+    restarted = make_agent()
+    assert restarted.heartbeat().seq > seqs[-1]
+
+
+async def test_loop_survives_a_control_plane_that_is_down(make_agent: Callable[..., Agent]) -> None:
+    received: list[Heartbeat] = []
+    failures = 0
+    enough = asyncio.Event()
+
+    async def flaky(hb: Heartbeat) -> None:
+        nonlocal failures
+        if failures < 3:
+            failures += 1
+            raise httpx.ConnectError("control plane down")
+        received.append(hb)
+        if len(received) >= 2:
+            enough.set()
+
+    agent = make_agent(sink=flaky, heartbeat_interval_s=0.001)
+    loop = asyncio.create_task(agent.run_heartbeats())
+    await asyncio.wait_for(enough.wait(), timeout=30)
+    loop.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loop
+    assert agent.heartbeat_failures == 3
+    assert received[0].seq > 3  # the failed ones consumed seqs; nothing went backwards
+    assert received[1].seq > received[0].seq
+
+
+async def test_a_stuck_sink_never_blocks_starts(make_agent: Callable[..., Agent]) -> None:
+    stuck = asyncio.Event()
+
+    async def hangs(hb: Heartbeat) -> None:
+        stuck.set()
+        await asyncio.Event().wait()  # a control plane that never answers
+
+    agent = make_agent(sink=hangs, heartbeat_interval_s=0.01)
+    loop = asyncio.create_task(agent.run_heartbeats())
+    await stuck.wait()
+    info = await agent.start(StartSandbox(id="a", memory_mb=512))
+    assert info.id == "a"
+    loop.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await loop
+
+
+async def test_http_sink_posts_to_the_agent_route_with_the_token(make_agent: Callable[..., Agent]) -> None:
+    seen: list[httpx.Request] = []
+
+    def control_plane(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(204 if len(seen) == 1 else 503, json={"error": {"code": "store_unavailable"}})
+
+    sink = http_heartbeat_sink("http://cp.test/", "agent-token", transport=httpx.MockTransport(control_plane))
+    agent = make_agent(sink=sink)
+    await agent.start(StartSandbox(id="a", memory_mb=512))
+    hb = await agent.beat()
+    (req,) = seen
+    assert req.method == "POST" and str(req.url) == "http://cp.test/v1/agent/heartbeat"
+    assert req.headers["Authorization"] == "Bearer agent-token"
+    assert Heartbeat.model_validate(json.loads(req.content)) == hb
+    with pytest.raises(HeartbeatRejected) as rejected:
+        await agent.beat()
+    assert rejected.value.status == 503
+    await sink.aclose()
