@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import random
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ from corral.control.sandboxes import Sandboxes
 from corral.control.view import ViewCache
 
 DEFAULT_TENANT = "default"
+# How long a resolved token is trusted without asking the store again (a revoked token lives this long).
+TOKEN_CACHE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class ControlPlane:
         self._task: asyncio.Task[None] | None = None
         self.migrated = False
         self.default_tenant_id: str | None = None
+        self._tokens: dict[bytes, tuple[Principal, float]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -124,11 +128,27 @@ class ControlPlane:
     # -- auth --------------------------------------------------------------------------------------
 
     async def authenticate(self, token: str | None) -> Principal:
+        """Resolve a bearer token. Positive answers are cached briefly (the hot path then costs no
+        store read) and serve on while the store is unreachable, so running sandboxes keep serving."""
         if not token:
             raise Unauthorized("missing bearer token")
-        principal = await self.store.resolve_token(token)
+        key = hashlib.sha256(token.encode()).digest()
+        now = self.clock.now()
+        cached = self._tokens.get(key)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        try:
+            principal = await self.store.resolve_token(token)
+        except StoreUnavailable:
+            if cached is not None:
+                return cached[0]
+            raise
         if principal is None:
+            self._tokens.pop(key, None)
             raise Unauthorized("unknown token")
+        if len(self._tokens) > 10_000:
+            self._tokens.clear()
+        self._tokens[key] = (principal, now + TOKEN_CACHE_S)
         return principal
 
     # -- hosts -------------------------------------------------------------------------------------

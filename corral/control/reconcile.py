@@ -46,6 +46,8 @@ class Reconciler:
         self.routes = routes
         self.is_leader = False
         self._ticks = 0
+        # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
+        self._strays: set[tuple[str, str]] = set()
 
     async def tick(self) -> None:
         """One round. Safe to call concurrently from several replicas."""
@@ -63,7 +65,10 @@ class Reconciler:
         await self._orphan_dead_hosts()
         await self._reclaim_orphans()
         await self._finish_tombstones()
+        await self._settle_unbound()
         self._ticks += 1
+        if self._ticks % 5 == 0:
+            await self._stop_strays()
         if self._ticks % 10 == 1:  # a full read of running sandboxes: not every round
             await self._committed_total()
 
@@ -116,6 +121,51 @@ class Reconciler:
         for sb in page.items:
             if not sb.host_id or await self._stop(sb.host_id, sb.id):
                 await self.store.delete_sandbox(sb.id)
+
+    async def _settle_unbound(self) -> None:
+        """Records left ``reserved`` by a replica that died between reserve and bind. If a host runs
+        the sandbox, it is that host's; otherwise the create never happened and the record goes."""
+        page = await self.store.list_sandboxes(state=SandboxState.RESERVED, limit=500)
+        if not page.items:
+            return
+        cutoff = self.clock.now() - self.config.timeouts.bind_timeout_s
+        snap = None
+        for sb in page.items:
+            if sb.updated_at > cutoff:
+                continue  # its create may still be binding
+            snap = snap or await self.view.get(fresh=True)
+            owner = next((h.id for h in snap.records.values() if sb.id in h.sandbox_ids), None)
+            with contextlib.suppress(StoreError):
+                if owner is not None:
+                    await self.store.set_sandbox_state(
+                        sb.id, SandboxState.RUNNING, expect=SandboxState.RESERVED, host_id=owner
+                    )
+                else:
+                    await self.store.delete_sandbox(sb.id)
+
+    async def _stop_strays(self) -> None:
+        """Stop what hosts run that no record claims, once it has been seen stray twice in a row (a
+        create binding right now is stray for an instant)."""
+        snap = await self.view.get(fresh=True)
+        seen: set[tuple[str, str]] = set()
+        for host in snap.records.values():
+            if not host.sandbox_ids:
+                continue
+            known: set[str] = set()
+            cursor = None
+            while True:
+                page = await self.store.list_sandboxes(host_id=host.id, limit=1000, cursor=cursor)
+                known.update(s.id for s in page.items)
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            for sid in host.sandbox_ids - known:
+                if await self.store.get_sandbox(sid) is None:
+                    seen.add((host.id, sid))
+        for host_id, sid in seen & self._strays:
+            log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)
+            await self._stop(host_id, sid)
+        self._strays = seen - self._strays
 
     async def _committed_total(self) -> None:
         total = 0

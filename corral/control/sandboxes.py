@@ -23,7 +23,12 @@ class Sandboxes:
         self.routes = routes
 
     async def _address(self, host_id: str) -> str:
-        snap = await self.view.get()
+        try:
+            snap = await self.view.get()
+        except StoreUnavailable:
+            snap = self.view.last
+            if snap is None:
+                raise
         rec = snap.records.get(host_id)
         if rec is None:
             snap = await self.view.get(fresh=True)

@@ -30,6 +30,7 @@ class ViewCache:
         self._clock = clock
         self._ttl_s = ttl_s
         self._snapshot: FleetSnapshot | None = None
+        self._invalid = False
         self._lock = asyncio.Lock()
         self._generation = 0
         # Local, short-lived claims this replica made since its last read, with when each was made.
@@ -37,14 +38,18 @@ class ViewCache:
         self._claims: list[tuple[float, Reservation]] = []
 
     async def get(self, *, fresh: bool = False) -> FleetSnapshot:
-        snap = self._snapshot
-        if not fresh and snap is not None and self._clock.now() - snap.read_at <= self._ttl_s:
-            return snap
+        if not fresh and self._usable():
+            assert self._snapshot is not None
+            return self._snapshot
         async with self._lock:
-            snap = self._snapshot
-            if not fresh and snap is not None and self._clock.now() - snap.read_at <= self._ttl_s:
-                return snap  # another coroutine refreshed it while we waited
+            if not fresh and self._usable():
+                assert self._snapshot is not None
+                return self._snapshot  # another coroutine refreshed it while we waited
             return await self._read()
+
+    def _usable(self) -> bool:
+        snap = self._snapshot
+        return not self._invalid and snap is not None and self._clock.now() - snap.read_at <= self._ttl_s
 
     async def _read(self) -> FleetSnapshot:
         started = self._clock.now()
@@ -65,10 +70,16 @@ class ViewCache:
             generation=self._generation,
         )
         self._snapshot = snap
+        self._invalid = False
         return snap
 
+    @property
+    def last(self) -> FleetSnapshot | None:
+        """The last read, however old (for routing while the store is unreachable)."""
+        return self._snapshot
+
     def invalidate(self) -> None:
-        self._snapshot = None
+        self._invalid = True
 
     def pending_fn(self, snap: FleetSnapshot) -> PendingFn:
         """Pending per host: the store's reserved totals at read time plus this replica's claims since."""

@@ -1,0 +1,77 @@
+"""Real processes on loopback for end-to-end tests: start, wait until ready, stop, never leak."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+CORRAL = [sys.executable, "-m", "corral"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    url: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill9(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text()[-4000:]
+        except OSError:
+            return ""
+
+
+def start(name: str, args: Sequence[str], logdir: Path, env: dict[str, str] | None = None) -> Proc:
+    log = logdir / f"{name}.log"
+    full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as f:
+        popen = subprocess.Popen([*CORRAL, *args], stdout=f, stderr=subprocess.STDOUT, env=full_env)
+    return Proc(name, popen, log)
+
+
+def wait_ready(proc: Proc, url: str, path: str = "/readyz", timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited early:\n{proc.output()}")
+        try:
+            if httpx.get(url + path, timeout=1).status_code == 200:
+                proc.url = url
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.output()}")
