@@ -1,1 +1,88 @@
-"""corral.store"""
+"""corral.store: the state of record. One contract (:class:`Store`), two backends: SQLite (the embedded
+default: one machine, nothing to install) and PostgreSQL (a fleet that outgrows one machine).
+
+    store = open_store("sqlite:///var/lib/corral/corral.db")   # or "postgresql://user@host:5432/db"
+    await store.migrate()
+"""
+
+from __future__ import annotations
+
+from corral.core.clock import Clock
+from corral.store.contract import (
+    LIVE_STATES,
+    UNSET,
+    CreateOutcome,
+    Heartbeat,
+    HeartbeatResult,
+    HostRecord,
+    IdempotencyMismatch,
+    InvalidRecord,
+    NameConflict,
+    NotFound,
+    OverQuota,
+    Page,
+    Principal,
+    ReservationRecord,
+    ReserveItem,
+    Role,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    TemplateRecord,
+    TenantRecord,
+    Usage,
+)
+
+
+def open_store(url: str, *, clock: Clock | None = None) -> Store:
+    """A store for ``url``; nothing is connected until first use. Call ``await store.migrate()`` once
+    at start-up.
+
+    - ``sqlite:///relative/or/absolute/path.db`` (``sqlite:////abs/path.db`` also works), or
+      ``sqlite://:memory:`` for one process's private store.
+    - ``postgresql://user:pass@host:port/db``; corral's own query parameters: ``schema=NAME`` (tables
+      live in that schema, created by ``migrate``) and ``pool_size=N`` (default 10). Any other
+      parameter goes to libpq.
+    """
+    if url.startswith("sqlite:"):
+        from corral.store.sqlite import SqliteStore
+
+        return SqliteStore.from_url(url, clock=clock)
+    if url.startswith(("postgresql:", "postgres:")):
+        from corral.store.postgres import PostgresStore
+
+        return PostgresStore.from_url(url, clock=clock)
+    raise InvalidRecord(f"unsupported store URL {url!r}: expected sqlite:///path or postgresql://...")
+
+
+__all__ = [
+    "LIVE_STATES",
+    "UNSET",
+    "CreateOutcome",
+    "Heartbeat",
+    "HeartbeatResult",
+    "HostRecord",
+    "IdempotencyMismatch",
+    "InvalidRecord",
+    "NameConflict",
+    "NotFound",
+    "OverQuota",
+    "Page",
+    "Principal",
+    "ReservationRecord",
+    "ReserveItem",
+    "Role",
+    "SandboxRecord",
+    "SandboxState",
+    "StateConflict",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "TemplateRecord",
+    "TenantRecord",
+    "Usage",
+    "open_store",
+]

@@ -1,0 +1,132 @@
+"""The versioned schema. One list, one logical schema; each step is spelled once per dialect only where
+the types differ. Versions are applied in order, each exactly once, recorded in ``schema_migrations``;
+a backend applies them under a lock (an advisory lock on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite) so
+replicas starting at once do not race.
+
+Times are epoch seconds as floating point; CPU amounts of reservations are integer millicores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+# Written in the common subset; ``{real}``, ``{bool}``, ``{false}`` are the dialect's spellings.
+_V1 = (
+    """CREATE TABLE hosts (
+        id TEXT PRIMARY KEY,
+        address TEXT NOT NULL DEFAULT '',
+        heartbeat_at {real} NOT NULL DEFAULT 0,
+        seq BIGINT NOT NULL DEFAULT -1,
+        cpu_total {real} NOT NULL DEFAULT 0,
+        cpu_used {real} NOT NULL DEFAULT 0,
+        memory_mb_total BIGINT NOT NULL DEFAULT 0,
+        memory_mb_used BIGINT NOT NULL DEFAULT 0,
+        memory_mb_admittable BIGINT NOT NULL DEFAULT 0,
+        memory_admission TEXT NOT NULL DEFAULT 'working-set',
+        templates TEXT,
+        runtime TEXT NOT NULL DEFAULT 'sim',
+        gpu TEXT,
+        role TEXT NOT NULL DEFAULT 'worker',
+        state TEXT NOT NULL DEFAULT 'ready',
+        stream_restore {bool} NOT NULL DEFAULT {false},
+        sandbox_ids TEXT NOT NULL DEFAULT '[]',
+        registered_at {real} NOT NULL DEFAULT 0,
+        reserved_mb BIGINT NOT NULL DEFAULT 0 CHECK (reserved_mb >= 0),
+        reserved_cpu_m BIGINT NOT NULL DEFAULT 0 CHECK (reserved_cpu_m >= 0)
+    )""",
+    """CREATE TABLE reservations (
+        id TEXT PRIMARY KEY,
+        host_id TEXT NOT NULL,
+        memory_mb BIGINT NOT NULL CHECK (memory_mb >= 0),
+        cpu_m BIGINT NOT NULL CHECK (cpu_m >= 0),
+        owner TEXT NOT NULL,
+        sandbox_id TEXT,
+        created_at {real} NOT NULL,
+        expires_at {real} NOT NULL
+    )""",
+    "CREATE INDEX reservations_host_expiry ON reservations (host_id, expires_at)",
+    "CREATE INDEX reservations_expiry ON reservations (expires_at)",
+    "CREATE INDEX reservations_owner ON reservations (owner)",
+    "CREATE INDEX reservations_sandbox ON reservations (host_id, sandbox_id)",
+    """CREATE TABLE tenants (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        max_sandboxes BIGINT NOT NULL,
+        max_memory_mb BIGINT NOT NULL,
+        created_at {real} NOT NULL
+    )""",
+    """CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        hash TEXT NOT NULL UNIQUE,
+        tenant_id TEXT,
+        role TEXT NOT NULL,
+        created_at {real} NOT NULL
+    )""",
+    """CREATE TABLE templates (
+        name TEXT PRIMARY KEY,
+        cpus {real} NOT NULL,
+        memory_mb BIGINT NOT NULL,
+        stateful {bool} NOT NULL,
+        runtime TEXT,
+        description TEXT NOT NULL DEFAULT '',
+        created_at {real} NOT NULL
+    )""",
+    """INSERT INTO templates (name, cpus, memory_mb, stateful, runtime, description, created_at)
+       VALUES ('default', 1, 512, {false}, NULL, 'built-in: 1 cpu, 512 MiB', 0)""",
+    """CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL,
+        name TEXT,
+        template TEXT NOT NULL,
+        host_id TEXT,
+        state TEXT NOT NULL,
+        memory_mb BIGINT NOT NULL,
+        cpus {real} NOT NULL,
+        stateful {bool} NOT NULL,
+        metadata TEXT NOT NULL DEFAULT '{{}}',
+        created_at {real} NOT NULL,
+        updated_at {real} NOT NULL,
+        expires_at {real},
+        reservation_id TEXT,
+        version BIGINT NOT NULL DEFAULT 1
+    )""",
+    # A name is unique among the tenant's sandboxes that are not deleted (NULL names never collide).
+    "CREATE UNIQUE INDEX sandboxes_tenant_name ON sandboxes (tenant_id, name) WHERE state <> 'deleted'",
+    "CREATE INDEX sandboxes_tenant_page ON sandboxes (tenant_id, created_at, id)",
+    "CREATE INDEX sandboxes_page ON sandboxes (created_at, id)",
+    "CREATE INDEX sandboxes_host ON sandboxes (host_id)",
+    "CREATE INDEX sandboxes_expiry ON sandboxes (expires_at) WHERE expires_at IS NOT NULL",
+    """CREATE TABLE idempotency_keys (
+        tenant_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        request_hash TEXT,
+        sandbox_id TEXT NOT NULL,
+        record TEXT NOT NULL,
+        created_at {real} NOT NULL,
+        PRIMARY KEY (tenant_id, key)
+    )""",
+    "CREATE TABLE replicas (id TEXT PRIMARY KEY, expires_at {real} NOT NULL)",
+    "CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at {real} NOT NULL)",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),)
+
+LATEST = MIGRATIONS[-1].version
+
+DIALECTS = {
+    "sqlite": {"real": "REAL", "bool": "INTEGER", "false": "0"},
+    "postgres": {"real": "DOUBLE PRECISION", "bool": "BOOLEAN", "false": "FALSE"},
+}
+
+
+def statements(migration: Migration, dialect: str) -> list[str]:
+    words = DIALECTS[dialect]
+    return [s.format(**words) for s in migration.statements]

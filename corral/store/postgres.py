@@ -1,0 +1,396 @@
+"""The fleet store: PostgreSQL through psycopg 3 and a connection pool.
+
+The hot paths are single statements in autocommit: a reservation is one conditional
+``UPDATE hosts ... WHERE memory_mb_admittable - reserved_mb >= charge`` chained to its ``INSERT`` in a
+CTE. Under READ COMMITTED, a concurrent UPDATE of the same host row makes PostgreSQL wait and re-check
+the condition against the newest row version, so two replicas can never both take the last room: no
+table locks, no SERIALIZABLE retries. Multi-row writes lock host rows in id order (see
+:mod:`corral.store.sql`); a deadlock or serialisation failure that slips through is retried.
+
+Every "cannot reach the server" error (refused, pool timeout, connection lost) surfaces as
+:class:`StoreUnavailable`; the pool replaces broken connections, so the store recovers by itself when
+the server is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from functools import lru_cache
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+import psycopg.errors
+from psycopg import sql as pgsql
+from psycopg_pool import AsyncConnectionPool
+
+from corral.core.clock import Clock
+from corral.store import rows
+from corral.store.contract import InvalidRecord, ReservationRecord, ReserveItem, StoreError, StoreUnavailable
+from corral.store.migrations import LATEST, MIGRATIONS, statements
+from corral.store.sql import Params, SqlStore, Tx, _check_reservation, _NoRoom
+
+T = TypeVar("T")
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_PLACEHOLDER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_WRITE_RETRIES = 5
+_BEST_TRIES = 3
+
+
+@lru_cache(maxsize=512)
+def _pg(sql: str) -> str:
+    """``:name`` placeholders to psycopg's ``%(name)s`` (a ``::cast`` is left alone)."""
+    return _PLACEHOLDER.sub(r"%(\1)s", sql)
+
+
+class _PgTx:
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def fetchone(self, sql: str, params: Params | None = None) -> rows.Row | None:
+        cur = await self._conn.execute(_pg(sql), params)
+        return await cur.fetchone()
+
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[rows.Row]:
+        cur = await self._conn.execute(_pg(sql), params)
+        return await cur.fetchall()
+
+    async def execute(self, sql: str, params: Params | None = None) -> int:
+        cur = await self._conn.execute(_pg(sql), params)
+        return cur.rowcount
+
+    async def executemany(self, sql: str, params: Sequence[Params]) -> None:
+        async with self._conn.cursor() as cur:
+            await cur.executemany(_pg(sql), params)
+
+
+def _is_unique(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.errors.UniqueViolation)
+
+
+def _translate(exc: psycopg.Error) -> StoreError:
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return StoreUnavailable(f"postgres: {exc}")
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return StoreError(f"the store's schema is missing (run migrate first): {exc}")
+    return StoreError(f"postgres: {exc}")
+
+
+# The hot path, one statement: take the room on the host row, then record the claim.
+_RESERVE = _pg(
+    f"""WITH h AS (
+        UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu
+        WHERE id = :h AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb
+        RETURNING id
+    )
+    INSERT INTO reservations ({rows.RESERVATION_COLS})
+    SELECT :id, h.id, :mb, :cpu, :owner, :sid, :now, :exp FROM h
+    RETURNING id"""
+)
+
+# Omega's shared state in one round trip: among the candidates, the one with the most room by the
+# store's current totals. ``picked`` without ``took`` means another writer won that host's row first.
+_RESERVE_BEST = _pg(
+    f"""WITH pick AS (
+        SELECT id FROM hosts
+        WHERE id = ANY(:c) AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb
+        ORDER BY memory_mb_admittable - reserved_mb DESC, random() LIMIT 1
+    ), h AS (
+        UPDATE hosts SET reserved_mb = hosts.reserved_mb + :mb, reserved_cpu_m = hosts.reserved_cpu_m + :cpu
+        FROM pick
+        WHERE hosts.id = pick.id AND hosts.state = 'ready'
+          AND hosts.memory_mb_admittable - hosts.reserved_mb >= :mb
+        RETURNING hosts.id
+    ), ins AS (
+        INSERT INTO reservations ({rows.RESERVATION_COLS})
+        SELECT :id, h.id, :mb, :cpu, :owner, :sid, :now, :exp FROM h
+        RETURNING host_id
+    )
+    SELECT (SELECT id FROM pick), (SELECT host_id FROM ins)"""
+)
+
+_LOCK_HOSTS = _pg("SELECT id FROM hosts WHERE id = ANY(:ids) ORDER BY id FOR UPDATE")
+
+# All or nothing: every host's sum must fit, or nothing is inserted (and the caller rolls back).
+_RESERVE_BATCH = _pg(
+    f"""WITH upd AS (
+        UPDATE hosts SET reserved_mb = hosts.reserved_mb + d.mb, reserved_cpu_m = hosts.reserved_cpu_m + d.cpu
+        FROM unnest(CAST(:hids AS text[]), CAST(:hmb AS bigint[]), CAST(:hcpu AS bigint[])) AS d(id, mb, cpu)
+        WHERE hosts.id = d.id AND hosts.state = 'ready' AND hosts.memory_mb_admittable - hosts.reserved_mb >= d.mb
+        RETURNING hosts.id
+    ), ins AS (
+        INSERT INTO reservations ({rows.RESERVATION_COLS})
+        SELECT r.id, r.host_id, r.mb, r.cpu, :owner, r.sid, :now, :exp
+        FROM unnest(CAST(:rids AS text[]), CAST(:rhosts AS text[]), CAST(:rmb AS bigint[]),
+                    CAST(:rcpu AS bigint[]), CAST(:rsids AS text[])) AS r(id, host_id, mb, cpu, sid)
+        WHERE (SELECT count(*) FROM upd) = :nhosts
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM upd), (SELECT count(*) FROM ins)"""
+)
+
+
+class PostgresStore(SqlStore):
+    dialect = "postgres"
+    for_update = " FOR UPDATE"
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str | None = None,
+        pool_size: int = 10,
+        pool_timeout_s: float = 5.0,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__(clock)
+        if schema is not None and not _SCHEMA_NAME.match(schema):
+            raise InvalidRecord(f"schema: {schema!r} is not a plain lower-case identifier")
+        if pool_size < 1:
+            raise InvalidRecord("pool_size: must be at least 1")
+        self.conninfo = conninfo
+        self.schema = schema
+        self.pool_size = pool_size
+        self.pool_timeout_s = pool_timeout_s
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._open_lock = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        try:
+            schema = query.pop("schema", None)
+            pool_size = int(query.pop("pool_size", "10"))
+            pool_timeout_s = float(query.pop("pool_timeout", "5"))
+        except ValueError as exc:
+            raise InvalidRecord(f"store URL: {exc}") from exc
+        query.setdefault("connect_timeout", "5")
+        conninfo = urlunsplit(parts._replace(query=urlencode(query)))
+        return cls(conninfo, schema=schema, pool_size=pool_size, pool_timeout_s=pool_timeout_s, clock=clock)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    async def _get_pool(self) -> AsyncConnectionPool[Any]:
+        if self._pool is not None:
+            return self._pool
+        async with self._open_lock:
+            if self._pool is None:
+                kwargs: dict[str, Any] = {"autocommit": True}
+                if self.schema is not None:
+                    kwargs["options"] = f"-c search_path={self.schema}"
+                pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                    self.conninfo,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    kwargs=kwargs,
+                    timeout=self.pool_timeout_s,
+                    open=False,
+                    name="corral-store",
+                )
+                # Do not wait for the first connection: an unreachable server must surface as
+                # StoreUnavailable on first use, and the pool keeps reconnecting in the background.
+                await pool.open(wait=False)
+                self._pool = pool
+            return self._pool
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # -- transactions --------------------------------------------------------------------------
+
+    async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        return await self._transaction(lambda conn: fn(_PgTx(conn)))
+
+    async def _transaction(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction of a pooled connection, retrying deadlocks."""
+        pool = await self._get_pool()
+        attempt = 0
+        while True:
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    return await fn(conn)
+            except psycopg.errors.TransactionRollback as exc:
+                # Deadlock or serialisation failure: the transaction did nothing; do it again.
+                attempt += 1
+                if attempt >= _WRITE_RETRIES:
+                    raise StoreUnavailable(f"postgres: gave up after {attempt} conflicts: {exc}") from exc
+                await asyncio.sleep(random.uniform(0, 0.005 * attempt))
+            except psycopg.Error as exc:
+                if _is_unique(exc):
+                    raise
+                raise _translate(exc) from exc
+
+    async def _autocommit(self, sql: str, params: Params) -> rows.Row | None:
+        """One statement, its own transaction: the hot paths' single round trip."""
+        pool = await self._get_pool()
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                row: rows.Row | None = await cur.fetchone()
+                return row
+        except psycopg.Error as exc:
+            raise _translate(exc) from exc
+
+    async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        pool = await self._get_pool()
+        # Reads are safe to repeat: one retry rides over a connection the server dropped (the pool
+        # hands out a fresh one), so a restarted server costs no failed read.
+        for attempt in (0, 1):
+            try:
+                async with pool.connection() as conn:
+                    return await fn(_PgTx(conn))
+            except psycopg.OperationalError as exc:
+                if attempt or isinstance(exc, psycopg.errors.TransactionRollback):
+                    raise _translate(exc) from exc
+            except psycopg.Error as exc:
+                raise _translate(exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _is_unique_violation(self, exc: BaseException) -> bool:
+        return _is_unique(exc)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def migrate(self) -> int:
+        now = self._now()
+        schema = self.schema
+
+        async def run(conn: psycopg.AsyncConnection[Any]) -> int:
+            tx = _PgTx(conn)
+            # Replicas starting at once queue here, per schema; the loser finds the work done.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", [f"corral.migrate:{schema or 'public'}"]
+            )
+            if schema is not None:
+                await conn.execute(
+                    pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema))
+                )
+                await conn.execute(pgsql.SQL("SET LOCAL search_path TO {}").format(pgsql.Identifier(schema)))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            have = {int(r[0]) for r in await tx.fetchall("SELECT version FROM schema_migrations")}
+            for m in MIGRATIONS:
+                if m.version in have:
+                    continue
+                for stmt in statements(m, self.dialect):
+                    await conn.execute(stmt)
+                await tx.execute(
+                    "INSERT INTO schema_migrations VALUES (:v, :now)", {"v": m.version, "now": now}
+                )
+            return LATEST
+
+        return await self._transaction(run)
+
+    async def ping(self) -> None:
+        await self._read(lambda tx: tx.fetchone("SELECT 1"))
+
+    # -- hot paths -----------------------------------------------------------------------------
+
+    async def reserve(
+        self,
+        host_id: str,
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None:
+        _check_reservation(memory_mb, cpu, ttl_s)
+        r = self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
+        if await self._autocommit(_RESERVE, self._res_params(r)) is not None:
+            return r
+        # No room by the counters, which still hold expired, unswept claims: end those, try again.
+        return await self._write(lambda tx: self._retake(tx, r))
+
+    async def _retake(self, tx: Tx, r: ReservationRecord) -> ReservationRecord | None:
+        return r if await self._take(tx, r) else None
+
+    async def reserve_best(
+        self,
+        candidates: Sequence[str],
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None:
+        _check_reservation(memory_mb, cpu, ttl_s)
+        if not candidates:
+            return None
+        hosts = sorted(set(candidates))
+        for _ in range(_BEST_TRIES):
+            r = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
+            got = await self._autocommit(_RESERVE_BEST, {**self._res_params(r), "c": hosts})
+            assert got is not None
+            picked, took = got
+            if took is not None:
+                return ReservationRecord(
+                    r.id, took, r.memory_mb, r.cpu, r.owner, r.sandbox_id, r.created_at, r.expires_at
+                )
+            if picked is None:
+                break
+        # Nothing fits by the counters, or we kept losing races: decide under the hosts' row locks,
+        # after ending their expired claims.
+        return await super().reserve_best(
+            candidates, memory_mb=memory_mb, cpu=cpu, owner=owner, ttl_s=ttl_s, sandbox_id=sandbox_id
+        )
+
+    async def reserve_batch(
+        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
+    ) -> list[ReservationRecord] | None:
+        for it in items:
+            _check_reservation(it.memory_mb, it.cpu, ttl_s)
+        if not items:
+            return []
+        now = self._now()
+        records = [
+            self._reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id, now) for i in items
+        ]
+        need: dict[str, list[int]] = {}
+        for r in records:
+            t = need.setdefault(r.host_id, [0, 0])
+            t[0] += r.memory_mb
+            t[1] += rows.to_millicores(r.cpu)
+        hosts = sorted(need)
+        params = {
+            "hids": hosts,
+            "hmb": [need[h][0] for h in hosts],
+            "hcpu": [need[h][1] for h in hosts],
+            "nhosts": len(hosts),
+            "rids": [r.id for r in records],
+            "rhosts": [r.host_id for r in records],
+            "rmb": [r.memory_mb for r in records],
+            "rcpu": [rows.to_millicores(r.cpu) for r in records],
+            "rsids": [r.sandbox_id for r in records],
+            "owner": owner,
+            "now": records[0].created_at,
+            "exp": records[0].expires_at,
+        }
+
+        async def run(conn: psycopg.AsyncConnection[Any]) -> list[ReservationRecord]:
+            await conn.execute(_LOCK_HOSTS, {"ids": hosts})
+            cur = await conn.execute(_RESERVE_BATCH, params)
+            got = await cur.fetchone()
+            if got is None or int(got[0]) != len(hosts):
+                raise _NoRoom()
+            return records
+
+        try:
+            return await self._transaction(run)
+        except _NoRoom:
+            pass
+        # Short by the counters: retry once the hosts' expired claims are ended.
+        return await super().reserve_batch(items, owner=owner, ttl_s=ttl_s)

@@ -1,0 +1,205 @@
+"""Rows <-> records: the column lists both backends select, and the conversions from driver tuples.
+
+CPU is stored in integer millicores, so reserved totals add and subtract exactly and an idle fleet
+returns to exactly zero.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from corral.core.types import AdmissionMode, HostState
+from corral.store.contract import (
+    HostRecord,
+    InvalidRecord,
+    ReservationRecord,
+    SandboxRecord,
+    SandboxState,
+    TemplateRecord,
+    TenantRecord,
+)
+
+Row = Sequence[Any]
+
+
+def to_millicores(cpu: float) -> int:
+    return round(cpu * 1000)
+
+
+def from_millicores(m: int) -> float:
+    return m / 1000
+
+
+# -- hosts -----------------------------------------------------------------------------------------
+
+HOST_COLS = (
+    "h.id, h.heartbeat_at, h.cpu_total, h.cpu_used, h.memory_mb_total, h.memory_mb_used, "
+    "h.memory_mb_admittable, h.memory_admission, h.templates, h.runtime, h.gpu, h.role, h.state, "
+    "h.stream_restore, h.sandbox_ids, h.seq, h.registered_at, h.address"
+)
+
+# Hosts with their *live* reserved totals: the stored counters also hold reservations that expired but
+# were not swept yet, and an expired reservation must never count against capacity.
+HOSTS_SELECT = f"""
+SELECT {HOST_COLS},
+       h.reserved_mb - coalesce(x.mb, 0), h.reserved_cpu_m - coalesce(x.cpu_m, 0)
+FROM hosts h
+LEFT JOIN (
+    SELECT host_id, CAST(sum(memory_mb) AS BIGINT) AS mb, CAST(sum(cpu_m) AS BIGINT) AS cpu_m
+    FROM reservations WHERE expires_at <= :now {{scope}} GROUP BY host_id
+) x ON x.host_id = h.id
+"""
+
+
+def host_from_row(r: Row) -> HostRecord:
+    templates = json.loads(r[8]) if r[8] is not None else None
+    return HostRecord(
+        id=r[0],
+        heartbeat_at=float(r[1]),
+        cpu_total=float(r[2]),
+        cpu_used=float(r[3]),
+        memory_mb_total=int(r[4]),
+        memory_mb_used=int(r[5]),
+        memory_mb_admittable=int(r[6]),
+        memory_admission=AdmissionMode(r[7]),
+        templates=frozenset(templates) if templates is not None else None,
+        runtime=r[9],
+        gpu=r[10],
+        role=r[11],
+        state=HostState(r[12]),
+        stream_restore=bool(r[13]),
+        sandbox_ids=frozenset(json.loads(r[14])),
+        seq=int(r[15]),
+        registered_at=float(r[16]),
+        address=r[17],
+        reserved_mb=int(r[18]),
+        reserved_cpu=from_millicores(int(r[19])),
+    )
+
+
+def json_list(values: frozenset[str] | None) -> str | None:
+    return None if values is None else json.dumps(sorted(values))
+
+
+# -- reservations ----------------------------------------------------------------------------------
+
+RESERVATION_COLS = "id, host_id, memory_mb, cpu_m, owner, sandbox_id, created_at, expires_at"
+
+
+def reservation_from_row(r: Row) -> ReservationRecord:
+    return ReservationRecord(
+        id=r[0],
+        host_id=r[1],
+        memory_mb=int(r[2]),
+        cpu=from_millicores(int(r[3])),
+        owner=r[4],
+        sandbox_id=r[5],
+        created_at=float(r[6]),
+        expires_at=float(r[7]),
+    )
+
+
+# -- sandboxes -------------------------------------------------------------------------------------
+
+SANDBOX_COLS = (
+    "id, tenant_id, name, template, host_id, state, memory_mb, cpus, stateful, metadata, "
+    "created_at, updated_at, expires_at, reservation_id, version"
+)
+
+
+def sandbox_from_row(r: Row) -> SandboxRecord:
+    return SandboxRecord(
+        id=r[0],
+        tenant_id=r[1],
+        name=r[2],
+        template=r[3],
+        host_id=r[4],
+        state=SandboxState(r[5]),
+        memory_mb=int(r[6]),
+        cpus=float(r[7]),
+        stateful=bool(r[8]),
+        metadata=json.loads(r[9]),
+        created_at=float(r[10]),
+        updated_at=float(r[11]),
+        expires_at=float(r[12]) if r[12] is not None else None,
+        reservation_id=r[13],
+        version=int(r[14]),
+    )
+
+
+def sandbox_to_json(rec: SandboxRecord) -> str:
+    """The first result of an idempotent create, kept so a replay can answer even after a delete."""
+    return json.dumps(
+        {
+            "id": rec.id,
+            "tenant_id": rec.tenant_id,
+            "name": rec.name,
+            "template": rec.template,
+            "host_id": rec.host_id,
+            "state": rec.state.value,
+            "memory_mb": rec.memory_mb,
+            "cpus": rec.cpus,
+            "stateful": rec.stateful,
+            "metadata": dict(rec.metadata),
+            "created_at": rec.created_at,
+            "updated_at": rec.updated_at,
+            "expires_at": rec.expires_at,
+            "reservation_id": rec.reservation_id,
+            "version": rec.version,
+        }
+    )
+
+
+def sandbox_from_json(text: str) -> SandboxRecord:
+    d = json.loads(text)
+    d["state"] = SandboxState(d["state"])
+    return SandboxRecord(**d)
+
+
+# -- tenants, templates ----------------------------------------------------------------------------
+
+TENANT_COLS = "id, name, max_sandboxes, max_memory_mb, created_at"
+
+
+def tenant_from_row(r: Row) -> TenantRecord:
+    return TenantRecord(
+        id=r[0], name=r[1], max_sandboxes=int(r[2]), max_memory_mb=int(r[3]), created_at=float(r[4])
+    )
+
+
+TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at"
+
+
+def template_from_row(r: Row) -> TemplateRecord:
+    return TemplateRecord(
+        name=r[0],
+        cpus=float(r[1]),
+        memory_mb=int(r[2]),
+        stateful=bool(r[3]),
+        runtime=r[4],
+        description=r[5],
+        created_at=float(r[6]),
+    )
+
+
+# -- pagination ------------------------------------------------------------------------------------
+
+
+def encode_cursor(created_at: float, sandbox_id: str) -> str:
+    raw = json.dumps([created_at, sandbox_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, sandbox_id = json.loads(raw)
+        if not isinstance(sandbox_id, str) or isinstance(created_at, bool):
+            raise ValueError("bad cursor fields")
+        return float(created_at), sandbox_id
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidRecord(f"cursor: not a cursor this store issued ({cursor!r})") from exc

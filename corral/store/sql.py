@@ -1,0 +1,1052 @@
+"""What both SQL backends share: every operation of the contract written once against a small
+transaction seam (:class:`Tx`), in the SQL subset SQLite and PostgreSQL both speak.
+
+A backend supplies ``_write`` (run a function in one write transaction: ``BEGIN IMMEDIATE`` on
+SQLite, a pooled connection's transaction on PostgreSQL), ``_read``, a row-lock clause and its driver's
+error mapping, and may override a hot path with a faster single statement.
+
+Reservation bookkeeping. ``hosts.reserved_mb`` / ``reserved_cpu_m`` count every reservation row of the
+host, and every change to a row changes the counter in the same transaction, so capacity can be
+checked with one conditional UPDATE of one row (which PostgreSQL re-checks against the newest row
+version under concurrency: the double-booking guard). Rows that expired but were not swept are still
+in the counter; readers subtract them, and a reservation that finds no room first ends the expired
+ones of that host and tries again, so an expired reservation never costs a refusal.
+
+Lock order, to keep PostgreSQL free of deadlocks: host rows first (several at once: sorted by id),
+then reservation rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from corral.core.clock import Clock, SystemClock
+from corral.core.types import AdmissionMode, HostState, Pending
+from corral.store import rows
+from corral.store.contract import (
+    LIVE_STATES,
+    UNSET,
+    CreateOutcome,
+    Heartbeat,
+    HeartbeatResult,
+    HostRecord,
+    IdempotencyMismatch,
+    InvalidRecord,
+    NameConflict,
+    NotFound,
+    OverQuota,
+    Page,
+    Principal,
+    ReservationRecord,
+    ReserveItem,
+    Role,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+    Store,
+    TemplateRecord,
+    TenantRecord,
+    Usage,
+    _Unset,
+    as_states,
+    metadata_dict,
+)
+
+T = TypeVar("T")
+Params = Mapping[str, Any]
+
+MAX_PAGE = 1000
+_TOKEN_PREFIX = "crl_"
+
+
+class Tx(Protocol):
+    """One open transaction. SQL uses ``:name`` placeholders; the backend translates."""
+
+    async def fetchone(self, sql: str, params: Params | None = None) -> rows.Row | None: ...
+
+    async def fetchall(self, sql: str, params: Params | None = None) -> list[rows.Row]: ...
+
+    async def execute(self, sql: str, params: Params | None = None) -> int:
+        """Run a statement; returns the number of rows it changed."""
+        ...
+
+    async def executemany(self, sql: str, params: Sequence[Params]) -> None: ...
+
+
+class _NoRoom(Exception):
+    """Raised inside a write transaction to roll back an all-or-nothing batch."""
+
+
+def in_list(prefix: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
+    """``IN (:p0, :p1, ...)`` and its parameters (the portable spelling of a list parameter)."""
+    params = {f"{prefix}{i}": v for i, v in enumerate(values)}
+    return "(" + ", ".join(f":{k}" for k in params) + ")", params
+
+
+def token_hash(plaintext: str) -> str:
+    # Tokens are 256 random bits: a fast hash is enough (nothing to brute-force), and lets the store
+    # look a token up by its hash without keeping the plaintext.
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def _check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
+    if memory_mb < 0:
+        raise InvalidRecord("memory_mb: a reservation cannot be negative")
+    if cpu < 0:
+        raise InvalidRecord("cpu: a reservation cannot be negative")
+    if not ttl_s > 0:
+        raise InvalidRecord("ttl_s: must be positive")
+
+
+def _check_quota(max_sandboxes: int, max_memory_mb: int) -> None:
+    if max_sandboxes < 0 or max_memory_mb < 0:
+        raise InvalidRecord("max_sandboxes/max_memory_mb: must not be negative")
+
+
+class SqlStore(Store):
+    dialect: ClassVar[str]
+    # Appended to a SELECT that must lock the rows it reads (empty where the transaction already
+    # holds the whole database, as SQLite's BEGIN IMMEDIATE does).
+    for_update: ClassVar[str] = ""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock: Clock = clock if clock is not None else SystemClock()
+
+    # -- the seam ------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run ``fn`` in one write transaction; roll back if it raises."""
+
+    @abstractmethod
+    async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run ``fn`` against a consistent read."""
+
+    @abstractmethod
+    def _is_unique_violation(self, exc: BaseException) -> bool: ...
+
+    def _now(self) -> float:
+        return self.clock.now()
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    async def _host(self, tx: Tx, host_id: str, now: float) -> HostRecord | None:
+        sql = rows.HOSTS_SELECT.format(scope="AND host_id = :id") + " WHERE h.id = :id"
+        row = await tx.fetchone(sql, {"now": now, "id": host_id})
+        return rows.host_from_row(row) if row is not None else None
+
+    async def register_host(self, host_id: str, *, address: str = "", role: str = "worker") -> HostRecord:
+        if not host_id:
+            raise InvalidRecord("host_id: must not be empty")
+        now = self._now()
+
+        async def run(tx: Tx) -> HostRecord:
+            await tx.execute(
+                """INSERT INTO hosts (id, address, role, registered_at) VALUES (:id, :address, :role, :now)
+                   ON CONFLICT (id) DO UPDATE SET
+                     address = CASE WHEN excluded.address <> '' THEN excluded.address ELSE hosts.address END,
+                     role = excluded.role""",
+                {"id": host_id, "address": address, "role": role, "now": now},
+            )
+            host = await self._host(tx, host_id, now)
+            assert host is not None
+            return host
+
+        return await self._write(run)
+
+    async def upsert_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+        if not hb.host_id:
+            raise InvalidRecord("host_id: must not be empty")
+        now = self._now()
+        params = {
+            "id": hb.host_id,
+            "address": hb.address,
+            "now": now,
+            "seq": hb.seq,
+            "cpu_total": hb.cpu_total,
+            "cpu_used": hb.cpu_used,
+            "mt": hb.memory_mb_total,
+            "mu": hb.memory_mb_used,
+            "ma": hb.memory_mb_admittable,
+            "mode": AdmissionMode(hb.memory_admission).value,
+            "templates": rows.json_list(hb.templates),
+            "runtime": hb.runtime,
+            "gpu": hb.gpu,
+            "role": hb.role,
+            "sr": bool(hb.stream_restore),
+            "sandbox_ids": rows.json_list(hb.sandbox_ids),
+        }
+
+        async def run(tx: Tx) -> HeartbeatResult:
+            # The upsert takes the host's row lock first (the lock order); the WHERE drops a delayed
+            # heartbeat. ``state`` is not in the SET list: a heartbeat never undrains a host.
+            applied = await tx.fetchone(
+                """INSERT INTO hosts (id, address, heartbeat_at, seq, cpu_total, cpu_used, memory_mb_total,
+                       memory_mb_used, memory_mb_admittable, memory_admission, templates, runtime, gpu, role,
+                       stream_restore, sandbox_ids, registered_at)
+                   VALUES (:id, :address, :now, :seq, :cpu_total, :cpu_used, :mt, :mu, :ma, :mode,
+                       :templates, :runtime, :gpu, :role, :sr, :sandbox_ids, :now)
+                   ON CONFLICT (id) DO UPDATE SET
+                     address = CASE WHEN excluded.address <> '' THEN excluded.address ELSE hosts.address END,
+                     heartbeat_at = excluded.heartbeat_at, seq = excluded.seq,
+                     cpu_total = excluded.cpu_total, cpu_used = excluded.cpu_used,
+                     memory_mb_total = excluded.memory_mb_total, memory_mb_used = excluded.memory_mb_used,
+                     memory_mb_admittable = excluded.memory_mb_admittable,
+                     memory_admission = excluded.memory_admission, templates = excluded.templates,
+                     runtime = excluded.runtime, gpu = excluded.gpu, role = excluded.role,
+                     stream_restore = excluded.stream_restore, sandbox_ids = excluded.sandbox_ids
+                   WHERE hosts.seq < excluded.seq
+                   RETURNING id""",
+                params,
+            )
+            confirmed = 0
+            if applied is not None and hb.sandbox_ids:
+                clause, ids = in_list("s", sorted(hb.sandbox_ids))
+                confirmed = await self._end_where(
+                    tx, f"host_id = :h AND sandbox_id IN {clause}", {"h": hb.host_id, **ids}
+                )
+            host = await self._host(tx, hb.host_id, now)
+            assert host is not None
+            return HeartbeatResult(host, applied is not None, confirmed)
+
+        return await self._write(run)
+
+    async def _set_host_state(self, host_id: str, state: HostState) -> HostRecord:
+        now = self._now()
+
+        async def run(tx: Tx) -> HostRecord:
+            n = await tx.execute(
+                "UPDATE hosts SET state = :s WHERE id = :id", {"s": state.value, "id": host_id}
+            )
+            if n == 0:
+                raise NotFound(f"host {host_id!r}")
+            host = await self._host(tx, host_id, now)
+            assert host is not None
+            return host
+
+        return await self._write(run)
+
+    async def drain(self, host_id: str) -> HostRecord:
+        return await self._set_host_state(host_id, HostState.DRAINING)
+
+    async def undrain(self, host_id: str) -> HostRecord:
+        return await self._set_host_state(host_id, HostState.READY)
+
+    async def delete_host(self, host_id: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            await self._end_where(tx, "host_id = :h", {"h": host_id})
+            return await tx.execute("DELETE FROM hosts WHERE id = :id", {"id": host_id}) > 0
+
+        return await self._write(run)
+
+    async def get_host(self, host_id: str) -> HostRecord | None:
+        now = self._now()
+        return await self._read(lambda tx: self._host(tx, host_id, now))
+
+    async def list_hosts(self) -> list[HostRecord]:
+        now = self._now()
+        sql = rows.HOSTS_SELECT.format(scope="") + " ORDER BY h.id"
+
+        async def run(tx: Tx) -> list[HostRecord]:
+            return [rows.host_from_row(r) for r in await tx.fetchall(sql, {"now": now})]
+
+        return await self._read(run)
+
+    # -- reservations: ending them -------------------------------------------------------------
+
+    async def _lock_hosts(self, tx: Tx, host_ids: Collection[str]) -> None:
+        """Take the row locks of ``host_ids`` in id order (no-op where the transaction already holds
+        the database)."""
+        if not self.for_update or not host_ids:
+            return
+        clause, params = in_list("l", sorted(host_ids))
+        await tx.fetchall(f"SELECT id FROM hosts WHERE id IN {clause} ORDER BY id{self.for_update}", params)
+
+    async def _end_where(self, tx: Tx, where: str, params: Params) -> int:
+        """End every reservation matching ``where``: delete the rows and take their amounts off
+        their hosts' counters, in this transaction. Returns how many ended; each row is deleted (so
+        ended) by exactly one transaction, which is the one that subtracts it."""
+        hosts = [
+            r[0]
+            for r in await tx.fetchall(f"SELECT DISTINCT host_id FROM reservations WHERE {where}", params)
+        ]
+        if not hosts:
+            return 0
+        await self._lock_hosts(tx, hosts)
+        clause, hp = in_list("eh", hosts)
+        gone = await tx.fetchall(
+            f"DELETE FROM reservations WHERE ({where}) AND host_id IN {clause} RETURNING host_id, memory_mb, cpu_m",
+            {**params, **hp},
+        )
+        await self._subtract(tx, gone)
+        return len(gone)
+
+    async def _subtract(self, tx: Tx, gone: Sequence[rows.Row]) -> None:
+        per_host: dict[str, list[int]] = {}
+        for host_id, mb, cpu_m in gone:
+            t = per_host.setdefault(host_id, [0, 0])
+            t[0] += int(mb)
+            t[1] += int(cpu_m)
+        if per_host:
+            await tx.executemany(
+                "UPDATE hosts SET reserved_mb = reserved_mb - :mb, reserved_cpu_m = reserved_cpu_m - :cpu "
+                "WHERE id = :id",
+                [{"id": h, "mb": mb, "cpu": cpu} for h, (mb, cpu) in sorted(per_host.items())],
+            )
+
+    async def _fold_expired(self, tx: Tx, host_ids: Collection[str], now: float) -> int:
+        clause, params = in_list("f", sorted(host_ids))
+        return await self._end_where(
+            tx, f"host_id IN {clause} AND expires_at <= :now", {**params, "now": now}
+        )
+
+    async def _end_one(self, reservation_id: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return await self._end_where(tx, "id = :rid", {"rid": reservation_id}) > 0
+
+        return await self._write(run)
+
+    async def confirm(self, reservation_id: str) -> bool:
+        return await self._end_one(reservation_id)
+
+    async def cancel(self, reservation_id: str) -> bool:
+        # Only the reservation row: a sandbox record is never touched from here.
+        return await self._end_one(reservation_id)
+
+    async def sweep_expired(self) -> int:
+        now = self._now()
+        return await self._write(lambda tx: self._end_where(tx, "expires_at <= :now", {"now": now}))
+
+    async def drop_owner(self, owner: str) -> int:
+        return await self._write(lambda tx: self._end_where(tx, "owner = :o", {"o": owner}))
+
+    # -- reservations: taking them -------------------------------------------------------------
+
+    _TAKE = (
+        "UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu "
+        "WHERE id = :h AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb RETURNING id"
+    )
+    _INSERT = (
+        f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
+        "VALUES (:id, :h, :mb, :cpu, :owner, :sid, :now, :exp)"
+    )
+
+    def _reservation(
+        self,
+        host_id: str,
+        memory_mb: int,
+        cpu: float,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None,
+        now: float | None = None,
+    ) -> ReservationRecord:
+        if now is None:
+            now = self._now()
+        return ReservationRecord(
+            id=uuid.uuid4().hex,
+            host_id=host_id,
+            memory_mb=memory_mb,
+            cpu=rows.from_millicores(rows.to_millicores(cpu)),
+            owner=owner,
+            sandbox_id=sandbox_id,
+            created_at=now,
+            expires_at=now + ttl_s,
+        )
+
+    @staticmethod
+    def _res_params(r: ReservationRecord) -> dict[str, Any]:
+        return {
+            "id": r.id,
+            "h": r.host_id,
+            "mb": r.memory_mb,
+            "cpu": rows.to_millicores(r.cpu),
+            "owner": r.owner,
+            "sid": r.sandbox_id,
+            "now": r.created_at,
+            "exp": r.expires_at,
+        }
+
+    async def _take(self, tx: Tx, r: ReservationRecord) -> bool:
+        p = self._res_params(r)
+        took = await tx.fetchone(self._TAKE, p)
+        if took is None and await self._fold_expired(tx, [r.host_id], r.created_at):
+            took = await tx.fetchone(self._TAKE, p)
+        if took is None:
+            return False
+        await tx.execute(self._INSERT, p)
+        return True
+
+    async def reserve(
+        self,
+        host_id: str,
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None:
+        _check_reservation(memory_mb, cpu, ttl_s)
+        r = self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
+
+        async def run(tx: Tx) -> ReservationRecord | None:
+            return r if await self._take(tx, r) else None
+
+        return await self._write(run)
+
+    async def reserve_best(
+        self,
+        candidates: Sequence[str],
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None:
+        _check_reservation(memory_mb, cpu, ttl_s)
+        if not candidates:
+            return None
+        template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
+        clause, params = in_list("c", sorted(set(candidates)))
+
+        async def run(tx: Tx) -> ReservationRecord | None:
+            await self._lock_hosts(tx, params.values())
+            await self._fold_expired(tx, params.values(), template.created_at)
+            best = await tx.fetchone(
+                f"""SELECT id FROM hosts WHERE id IN {clause} AND state = 'ready'
+                      AND memory_mb_admittable - reserved_mb >= :mb
+                    ORDER BY memory_mb_admittable - reserved_mb DESC, id LIMIT 1""",
+                {**params, "mb": memory_mb},
+            )
+            if best is None:
+                return None
+            r = _with_host(template, best[0])
+            return r if await self._take(tx, r) else None
+
+        return await self._write(run)
+
+    async def reserve_batch(
+        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
+    ) -> list[ReservationRecord] | None:
+        for it in items:
+            _check_reservation(it.memory_mb, it.cpu, ttl_s)
+        if not items:
+            return []
+        now = self._now()
+        records = [
+            self._reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id, now) for i in items
+        ]
+        need: dict[str, list[int]] = {}
+        for r in records:
+            t = need.setdefault(r.host_id, [0, 0])
+            t[0] += r.memory_mb
+            t[1] += rows.to_millicores(r.cpu)
+
+        async def run(tx: Tx) -> list[ReservationRecord]:
+            await self._lock_hosts(tx, need)
+            await self._fold_expired(tx, need, now)
+            for host_id, (mb, cpu_m) in sorted(need.items()):
+                took = await tx.fetchone(self._TAKE, {"h": host_id, "mb": mb, "cpu": cpu_m})
+                if took is None:
+                    raise _NoRoom(host_id)
+            await tx.executemany(self._INSERT, [self._res_params(r) for r in records])
+            return records
+
+        try:
+            return await self._write(run)
+        except _NoRoom:
+            return None
+
+    async def get_reservation(self, reservation_id: str) -> ReservationRecord | None:
+        async def run(tx: Tx) -> ReservationRecord | None:
+            row = await tx.fetchone(
+                f"SELECT {rows.RESERVATION_COLS} FROM reservations WHERE id = :id", {"id": reservation_id}
+            )
+            return rows.reservation_from_row(row) if row is not None else None
+
+        return await self._read(run)
+
+    async def outstanding(self) -> dict[str, Pending]:
+        now = self._now()
+
+        async def run(tx: Tx) -> dict[str, Pending]:
+            got = await tx.fetchall(
+                "SELECT host_id, CAST(sum(memory_mb) AS BIGINT), CAST(sum(cpu_m) AS BIGINT) FROM reservations "
+                "WHERE expires_at > :now GROUP BY host_id ORDER BY host_id",
+                {"now": now},
+            )
+            return {h: Pending(int(mb), rows.from_millicores(int(c))) for h, mb, c in got}
+
+        return await self._read(run)
+
+    async def next_expiry(self) -> float | None:
+        now = self._now()
+
+        async def run(tx: Tx) -> float | None:
+            row = await tx.fetchone(
+                "SELECT min(expires_at) FROM reservations WHERE expires_at > :now", {"now": now}
+            )
+            return float(row[0]) if row is not None and row[0] is not None else None
+
+        return await self._read(run)
+
+    async def audit(self) -> list[str]:
+        async def run(tx: Tx) -> list[str]:
+            got = await tx.fetchall(
+                """SELECT h.id, h.reserved_mb, h.reserved_cpu_m, coalesce(x.mb, 0), coalesce(x.cpu_m, 0)
+                   FROM hosts h LEFT JOIN (
+                     SELECT host_id, CAST(sum(memory_mb) AS BIGINT) AS mb, CAST(sum(cpu_m) AS BIGINT) AS cpu_m
+                     FROM reservations GROUP BY host_id) x ON x.host_id = h.id
+                   ORDER BY h.id"""
+            )
+            problems = [
+                f"host {h}: counters {mb} MiB / {c} mcpu, reservation rows {rmb} MiB / {rc} mcpu"
+                for h, mb, c, rmb, rc in got
+                if int(mb) != int(rmb) or int(c) != int(rc) or int(mb) < 0 or int(c) < 0
+            ]
+            stray = await tx.fetchone(
+                "SELECT count(*) FROM reservations WHERE host_id NOT IN (SELECT id FROM hosts)"
+            )
+            if stray is not None and int(stray[0]):
+                problems.append(f"{int(stray[0])} reservations name no known host")
+            return problems
+
+        return await self._read(run)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
+        if not ttl_s > 0:
+            raise InvalidRecord("ttl_s: must be positive")
+        expires_at = self._now() + ttl_s
+
+        async def run(tx: Tx) -> float:
+            await tx.execute(
+                "INSERT INTO replicas (id, expires_at) VALUES (:id, :exp) "
+                "ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
+                {"id": replica_id, "exp": expires_at},
+            )
+            return expires_at
+
+        return await self._write(run)
+
+    async def release_replica(self, replica_id: str) -> int:
+        async def run(tx: Tx) -> int:
+            ended = await self._end_where(tx, "owner = :o", {"o": replica_id})
+            await tx.execute("DELETE FROM replicas WHERE id = :id", {"id": replica_id})
+            return ended
+
+        return await self._write(run)
+
+    async def expire_replicas(self) -> list[str]:
+        now = self._now()
+
+        async def run(tx: Tx) -> list[str]:
+            lapsed = [
+                r[0]
+                for r in await tx.fetchall(
+                    f"SELECT id FROM replicas WHERE expires_at <= :now ORDER BY id{self.for_update}",
+                    {"now": now},
+                )
+            ]
+            for replica_id in lapsed:
+                await self._end_where(tx, "owner = :o", {"o": replica_id})
+                await tx.execute("DELETE FROM replicas WHERE id = :id", {"id": replica_id})
+            return lapsed
+
+        return await self._write(run)
+
+    async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
+        if not ttl_s > 0:
+            raise InvalidRecord("ttl_s: must be positive")
+        now = self._now()
+
+        async def run(tx: Tx) -> bool:
+            row = await tx.fetchone(
+                """INSERT INTO leases (name, holder, expires_at) VALUES (:n, :h, :exp)
+                   ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+                   WHERE leases.holder = excluded.holder OR leases.expires_at <= :now
+                   RETURNING holder""",
+                {"n": name, "h": holder, "exp": now + ttl_s, "now": now},
+            )
+            return row is not None
+
+        return await self._write(run)
+
+    async def resign(self, name: str, holder: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return (
+                await tx.execute(
+                    "DELETE FROM leases WHERE name = :n AND holder = :h", {"n": name, "h": holder}
+                )
+                > 0
+            )
+
+        return await self._write(run)
+
+    # -- sandboxes -----------------------------------------------------------------------------
+
+    async def _sandbox(self, tx: Tx, sandbox_id: str) -> SandboxRecord | None:
+        row = await tx.fetchone(
+            f"SELECT {rows.SANDBOX_COLS} FROM sandboxes WHERE id = :id", {"id": sandbox_id}
+        )
+        return rows.sandbox_from_row(row) if row is not None else None
+
+    async def _usage(self, tx: Tx, tenant_id: str) -> Usage:
+        clause, params = in_list("st", sorted(s.value for s in LIVE_STATES))
+        row = await tx.fetchone(
+            f"SELECT count(*), CAST(coalesce(sum(memory_mb), 0) AS BIGINT) FROM sandboxes "
+            f"WHERE tenant_id = :t AND state IN {clause}",
+            {"t": tenant_id, **params},
+        )
+        assert row is not None
+        return Usage(int(row[0]), int(row[1]))
+
+    async def create_sandbox(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome:
+        _check_sandbox(record)
+        now = self._now()
+        rec = SandboxRecord(
+            id=record.id,
+            tenant_id=record.tenant_id,
+            template=record.template,
+            memory_mb=record.memory_mb,
+            cpus=record.cpus,
+            state=SandboxState(record.state),
+            name=record.name,
+            host_id=record.host_id,
+            stateful=record.stateful,
+            metadata=metadata_dict(record.metadata),
+            created_at=now,
+            updated_at=now,
+            expires_at=record.expires_at,
+            reservation_id=record.reservation_id,
+            version=1,
+        )
+
+        async def run(tx: Tx) -> CreateOutcome:
+            # The tenant's row lock serialises its creates: the quota count below cannot be raced.
+            tenant = await tx.fetchone(
+                f"SELECT max_sandboxes, max_memory_mb FROM tenants WHERE id = :t{self.for_update}",
+                {"t": rec.tenant_id},
+            )
+            if tenant is None:
+                raise NotFound(f"tenant {rec.tenant_id!r}")
+            if idempotency_key is not None:
+                seen = await tx.fetchone(
+                    "SELECT request_hash, sandbox_id, record FROM idempotency_keys WHERE tenant_id = :t AND key = :k",
+                    {"t": rec.tenant_id, "k": idempotency_key},
+                )
+                if seen is not None:
+                    if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
+                        raise IdempotencyMismatch(
+                            f"idempotency key {idempotency_key!r} was first used with a different request"
+                        )
+                    current = await self._sandbox(tx, seen[1])
+                    return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
+            if rec.name is not None:
+                taken = await tx.fetchone(
+                    "SELECT id FROM sandboxes WHERE tenant_id = :t AND name = :n AND state <> 'deleted'",
+                    {"t": rec.tenant_id, "n": rec.name},
+                )
+                if taken is not None:
+                    raise NameConflict(f"name {rec.name!r} is taken by sandbox {taken[0]}")
+            if rec.state in LIVE_STATES:
+                used = await self._usage(tx, rec.tenant_id)
+                if used.sandboxes + 1 > int(tenant[0]):
+                    raise OverQuota("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
+                if used.memory_mb + rec.memory_mb > int(tenant[1]):
+                    raise OverQuota("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
+            await tx.execute(
+                f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, :name, :template, :host, :state, "
+                ":mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1)",
+                {
+                    "id": rec.id,
+                    "t": rec.tenant_id,
+                    "name": rec.name,
+                    "template": rec.template,
+                    "host": rec.host_id,
+                    "state": rec.state.value,
+                    "mb": rec.memory_mb,
+                    "cpus": rec.cpus,
+                    "stateful": bool(rec.stateful),
+                    "meta": _json(rec.metadata),
+                    "now": now,
+                    "exp": rec.expires_at,
+                    "rid": rec.reservation_id,
+                },
+            )
+            if idempotency_key is not None:
+                await tx.execute(
+                    "INSERT INTO idempotency_keys (tenant_id, key, request_hash, sandbox_id, record, created_at) "
+                    "VALUES (:t, :k, :h, :id, :rec, :now)",
+                    {
+                        "t": rec.tenant_id,
+                        "k": idempotency_key,
+                        "h": request_hash,
+                        "id": rec.id,
+                        "rec": rows.sandbox_to_json(rec),
+                        "now": now,
+                    },
+                )
+            return CreateOutcome(rec, replayed=False)
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"sandbox {rec.id!r} (or its name) already exists") from exc
+            raise
+
+    async def set_sandbox_state(
+        self,
+        sandbox_id: str,
+        state: SandboxState,
+        *,
+        expect: SandboxState | Collection[SandboxState] | None = None,
+        expect_version: int | None = None,
+        host_id: str | _Unset | None = UNSET,
+        reservation_id: str | _Unset | None = UNSET,
+    ) -> SandboxRecord:
+        try:
+            new_state = SandboxState(state)
+            expected = as_states(expect)
+        except ValueError as exc:
+            raise InvalidRecord(f"state: {exc}") from exc
+        now = self._now()
+        sets = ["state = :state", "updated_at = :now", "version = version + 1"]
+        params: dict[str, Any] = {"id": sandbox_id, "state": new_state.value, "now": now}
+        if not isinstance(host_id, _Unset):
+            sets.append("host_id = :host")
+            params["host"] = host_id
+        if not isinstance(reservation_id, _Unset):
+            sets.append("reservation_id = :rid")
+            params["rid"] = reservation_id
+        where = ["id = :id"]
+        if expected is not None:
+            clause, sp = in_list("x", sorted(s.value for s in expected))
+            where.append(f"state IN {clause}")
+            params.update(sp)
+        if expect_version is not None:
+            where.append("version = :v")
+            params["v"] = expect_version
+        # One conditional UPDATE: PostgreSQL re-checks the WHERE against the newest row version, so of
+        # two concurrent compare-and-sets on the same state exactly one passes.
+        sql = f"UPDATE sandboxes SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {rows.SANDBOX_COLS}"
+
+        async def run(tx: Tx) -> SandboxRecord:
+            row = await tx.fetchone(sql, params)
+            if row is not None:
+                return rows.sandbox_from_row(row)
+            current = await self._sandbox(tx, sandbox_id)
+            if current is None:
+                raise NotFound(f"sandbox {sandbox_id!r}")
+            raise StateConflict(sandbox_id, current.state, current.version)
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"sandbox {sandbox_id!r}: its name is taken by a live sandbox") from exc
+            raise
+
+    async def set_sandbox_expiry(self, sandbox_id: str, expires_at: float | None) -> SandboxRecord:
+        now = self._now()
+
+        async def run(tx: Tx) -> SandboxRecord:
+            row = await tx.fetchone(
+                f"UPDATE sandboxes SET expires_at = :exp, updated_at = :now, version = version + 1 "
+                f"WHERE id = :id RETURNING {rows.SANDBOX_COLS}",
+                {"id": sandbox_id, "exp": expires_at, "now": now},
+            )
+            if row is None:
+                raise NotFound(f"sandbox {sandbox_id!r}")
+            return rows.sandbox_from_row(row)
+
+        return await self._write(run)
+
+    async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
+        async def run(tx: Tx) -> SandboxRecord | None:
+            rec = await self._sandbox(tx, sandbox_id)
+            if rec is None or (tenant_id is not None and rec.tenant_id != tenant_id):
+                return None
+            return rec
+
+        return await self._read(run)
+
+    async def list_sandboxes(
+        self,
+        *,
+        tenant_id: str | None = None,
+        host_id: str | None = None,
+        state: SandboxState | Collection[SandboxState] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidRecord(f"limit: must be 1..{MAX_PAGE}")
+        try:
+            states = as_states(state)
+        except ValueError as exc:
+            raise InvalidRecord(f"state: {exc}") from exc
+        where: list[str] = []
+        params: dict[str, Any] = {"lim": limit + 1}
+        if tenant_id is not None:
+            where.append("tenant_id = :t")
+            params["t"] = tenant_id
+        if host_id is not None:
+            where.append("host_id = :h")
+            params["h"] = host_id
+        if states is not None:
+            clause, sp = in_list("s", sorted(s.value for s in states))
+            where.append(f"state IN {clause}")
+            params.update(sp)
+        if cursor is not None:
+            after_at, after_id = rows.decode_cursor(cursor)
+            where.append("(created_at > :ca OR (created_at = :ca AND id > :cid))")
+            params.update(ca=after_at, cid=after_id)
+        sql = (
+            f"SELECT {rows.SANDBOX_COLS} FROM sandboxes"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY created_at, id LIMIT :lim"
+        )
+
+        async def run(tx: Tx) -> Page:
+            got = [rows.sandbox_from_row(r) for r in await tx.fetchall(sql, params)]
+            if len(got) <= limit:
+                return Page(got, None)
+            last = got[limit - 1]
+            return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
+
+        return await self._read(run)
+
+    async def delete_sandbox(self, sandbox_id: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return await tx.execute("DELETE FROM sandboxes WHERE id = :id", {"id": sandbox_id}) > 0
+
+        return await self._write(run)
+
+    async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:
+        at = self._now() if now is None else now
+        clause, params = in_list("s", sorted(s.value for s in LIVE_STATES))
+
+        async def run(tx: Tx) -> list[SandboxRecord]:
+            got = await tx.fetchall(
+                f"SELECT {rows.SANDBOX_COLS} FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= :now "
+                f"AND state IN {clause} ORDER BY expires_at, id LIMIT :lim",
+                {"now": at, "lim": limit, **params},
+            )
+            return [rows.sandbox_from_row(r) for r in got]
+
+        return await self._read(run)
+
+    # -- tenants, tokens -----------------------------------------------------------------------
+
+    async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
+        if not name:
+            raise InvalidRecord("name: must not be empty")
+        _check_quota(max_sandboxes, max_memory_mb)
+        rec = TenantRecord("tn_" + secrets.token_hex(8), name, max_sandboxes, max_memory_mb, self._now())
+
+        async def run(tx: Tx) -> TenantRecord:
+            await tx.execute(
+                f"INSERT INTO tenants ({rows.TENANT_COLS}) VALUES (:id, :n, :ms, :mm, :now)",
+                {"id": rec.id, "n": name, "ms": max_sandboxes, "mm": max_memory_mb, "now": rec.created_at},
+            )
+            return rec
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"tenant {name!r} exists") from exc
+            raise
+
+    async def _tenant_where(self, where: str, params: Params) -> list[TenantRecord]:
+        async def run(tx: Tx) -> list[TenantRecord]:
+            got = await tx.fetchall(f"SELECT {rows.TENANT_COLS} FROM tenants {where}", params)
+            return [rows.tenant_from_row(r) for r in got]
+
+        return await self._read(run)
+
+    async def get_tenant(self, tenant_id: str) -> TenantRecord | None:
+        got = await self._tenant_where("WHERE id = :id", {"id": tenant_id})
+        return got[0] if got else None
+
+    async def get_tenant_by_name(self, name: str) -> TenantRecord | None:
+        got = await self._tenant_where("WHERE name = :n", {"n": name})
+        return got[0] if got else None
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        return await self._tenant_where("ORDER BY name", {})
+
+    async def set_quota(self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
+        _check_quota(max_sandboxes, max_memory_mb)
+
+        async def run(tx: Tx) -> TenantRecord:
+            row = await tx.fetchone(
+                f"UPDATE tenants SET max_sandboxes = :ms, max_memory_mb = :mm WHERE id = :id "
+                f"RETURNING {rows.TENANT_COLS}",
+                {"id": tenant_id, "ms": max_sandboxes, "mm": max_memory_mb},
+            )
+            if row is None:
+                raise NotFound(f"tenant {tenant_id!r}")
+            return rows.tenant_from_row(row)
+
+        return await self._write(run)
+
+    async def usage(self, tenant_id: str) -> Usage:
+        return await self._read(lambda tx: self._usage(tx, tenant_id))
+
+    async def issue_token(self, tenant_id: str | None, role: Role) -> str:
+        plaintext = _TOKEN_PREFIX + secrets.token_urlsafe(32)
+        await self.ensure_token(plaintext, tenant_id, role)
+        return plaintext
+
+    async def ensure_token(self, plaintext: str, tenant_id: str | None, role: Role) -> Principal:
+        if len(plaintext) < 16:
+            raise InvalidRecord("token: must be at least 16 characters")
+        try:
+            want = Role(role)
+        except ValueError as exc:
+            raise InvalidRecord(f"role: {exc}") from exc
+        if want is Role.TENANT and tenant_id is None:
+            raise InvalidRecord("tenant_id: a tenant token needs a tenant")
+        digest = token_hash(plaintext)
+        token_id = "tok_" + secrets.token_hex(8)
+        now = self._now()
+
+        async def run(tx: Tx) -> Principal:
+            if (
+                tenant_id is not None
+                and await tx.fetchone("SELECT id FROM tenants WHERE id = :t", {"t": tenant_id}) is None
+            ):
+                raise NotFound(f"tenant {tenant_id!r}")
+            await tx.execute(
+                "INSERT INTO tokens (id, hash, tenant_id, role, created_at) VALUES (:id, :h, :t, :r, :now) "
+                "ON CONFLICT (hash) DO NOTHING",
+                {"id": token_id, "h": digest, "t": tenant_id, "r": want.value, "now": now},
+            )
+            row = await tx.fetchone("SELECT id, tenant_id, role FROM tokens WHERE hash = :h", {"h": digest})
+            assert row is not None
+            if row[1] != tenant_id or row[2] != want.value:
+                raise NameConflict("this token is already stored for another tenant or role")
+            return Principal(row[0], row[1], Role(row[2]))
+
+        return await self._write(run)
+
+    async def resolve_token(self, plaintext: str) -> Principal | None:
+        digest = token_hash(plaintext)
+
+        async def run(tx: Tx) -> Principal | None:
+            row = await tx.fetchone("SELECT id, tenant_id, role FROM tokens WHERE hash = :h", {"h": digest})
+            return Principal(row[0], row[1], Role(row[2])) if row is not None else None
+
+        return await self._read(run)
+
+    async def revoke_token(self, token_id: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return await tx.execute("DELETE FROM tokens WHERE id = :id", {"id": token_id}) > 0
+
+        return await self._write(run)
+
+    # -- templates -----------------------------------------------------------------------------
+
+    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
+        if not template.name:
+            raise InvalidRecord("name: must not be empty")
+        if template.memory_mb <= 0 or template.cpus <= 0:
+            raise InvalidRecord("memory_mb/cpus: must be positive")
+        rec = TemplateRecord(
+            template.name,
+            template.cpus,
+            template.memory_mb,
+            template.stateful,
+            template.runtime,
+            template.description,
+            self._now(),
+        )
+
+        async def run(tx: Tx) -> TemplateRecord:
+            await tx.execute(
+                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now)",
+                {
+                    "n": rec.name,
+                    "c": rec.cpus,
+                    "m": rec.memory_mb,
+                    "s": bool(rec.stateful),
+                    "r": rec.runtime,
+                    "d": rec.description,
+                    "now": rec.created_at,
+                },
+            )
+            return rec
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"template {template.name!r} exists") from exc
+            raise
+
+    async def get_template(self, name: str) -> TemplateRecord | None:
+        async def run(tx: Tx) -> TemplateRecord | None:
+            row = await tx.fetchone(
+                f"SELECT {rows.TEMPLATE_COLS} FROM templates WHERE name = :n", {"n": name}
+            )
+            return rows.template_from_row(row) if row is not None else None
+
+        return await self._read(run)
+
+    async def list_templates(self) -> list[TemplateRecord]:
+        async def run(tx: Tx) -> list[TemplateRecord]:
+            got = await tx.fetchall(f"SELECT {rows.TEMPLATE_COLS} FROM templates ORDER BY name")
+            return [rows.template_from_row(r) for r in got]
+
+        return await self._read(run)
+
+    async def delete_template(self, name: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return await tx.execute("DELETE FROM templates WHERE name = :n", {"n": name}) > 0
+
+        return await self._write(run)
+
+
+def _with_host(r: ReservationRecord, host_id: str) -> ReservationRecord:
+    return ReservationRecord(
+        r.id, host_id, r.memory_mb, r.cpu, r.owner, r.sandbox_id, r.created_at, r.expires_at
+    )
+
+
+def _check_sandbox(r: SandboxRecord) -> None:
+    if not r.id:
+        raise InvalidRecord("id: must not be empty")
+    if not r.tenant_id:
+        raise InvalidRecord("tenant_id: must not be empty")
+    if r.memory_mb <= 0:
+        raise InvalidRecord("memory_mb: must be positive")
+    if r.cpus < 0:
+        raise InvalidRecord("cpus: must not be negative")
+    if r.name is not None and not r.name:
+        raise InvalidRecord("name: must not be empty (use None for no name)")
+    try:
+        SandboxState(r.state)
+    except ValueError as exc:
+        raise InvalidRecord(f"state: {exc}") from exc
+
+
+def _json(metadata: Mapping[str, str]) -> str:
+    return json.dumps(dict(metadata), sort_keys=True)
