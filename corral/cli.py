@@ -15,7 +15,9 @@ from corral.client.cli import burst_command, exec_command, hosts_command, kill_c
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets.")
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets."
+)
 
 
 @app.callback()
@@ -31,14 +33,18 @@ def version() -> None:
 
 @app.command()
 def serve(
-    hosts: Annotated[int, typer.Option("--hosts", min=1, max=1000, help="Local hosts (agents in this process).")] = 12,
+    hosts: Annotated[
+        int, typer.Option("--hosts", min=1, max=1000, help="Local hosts (agents in this process).")
+    ] = 12,
     runtime: Annotated[
         str | None, typer.Option("--runtime", help="process | sim (default: process where bubblewrap works).")
     ] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8700,
-    store: Annotated[str, typer.Option("--store", help="sqlite:///path.db or postgresql://...")] = "sqlite:///corral.db",
-    host_memory_mb: Annotated[int | None, typer.Option("--host-memory-mb", min=1024)] = None,
+    store: Annotated[
+        str, typer.Option("--store", help="sqlite:///path.db or postgresql://...")
+    ] = "sqlite:///corral.db",
+    memory_mb: Annotated[int | None, typer.Option("--host-memory-mb", min=1024)] = None,
     host_cpus: Annotated[float | None, typer.Option("--host-cpus", min=0.1)] = None,
     admission: Annotated[AdmissionMode, typer.Option("--admission")] = AdmissionMode.WORKING_SET,
     heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
@@ -47,7 +53,8 @@ def serve(
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
-    from corral.api.server import ServeOptions, run, serve as serve_
+    from corral.api.server import ServeOptions, run
+    from corral.api.server import serve as serve_
     from corral.control.localfleet import process_runtime_available
 
     kind = runtime or ("process" if process_runtime_available() else "sim")
@@ -55,10 +62,10 @@ def serve(
         raise typer.BadParameter("one of: process, sim", param_hint="--runtime")
     if kind == "process":
         # A process host is a slice of this machine, not a 32 GiB fiction.
-        mem = host_memory_mb or max(2048, (host_memory_mb() or 8192) // hosts)
+        mem = memory_mb or max(2048, (host_memory_mb() or 8192) // hosts)
         cpus = host_cpus or max(1.0, (os.cpu_count() or 1) / hosts)
     else:
-        mem = host_memory_mb or 32768
+        mem = memory_mb or 32768
         cpus = host_cpus or 16.0
     opts = ServeOptions(
         host=host,
@@ -95,7 +102,9 @@ def api(
 
     agent_token = os.environ.get("CORRAL_AGENT_TOKEN")
     if not agent_token:
-        raise typer.BadParameter("set CORRAL_AGENT_TOKEN: the token agents present", param_hint="CORRAL_AGENT_TOKEN")
+        raise typer.BadParameter(
+            "set CORRAL_AGENT_TOKEN: the token agents present", param_hint="CORRAL_AGENT_TOKEN"
+        )
     run(
         api_(
             host,

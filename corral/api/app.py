@@ -15,7 +15,11 @@ from corral.control.plane import ControlPlane
 
 
 def create_app(
-    plane: ControlPlane, *, admin_token: str | None = None, agent_token: str | None = None, manage: bool = True
+    plane: ControlPlane,
+    *,
+    admin_token: str | None = None,
+    agent_token: str | None = None,
+    manage: bool = True,
 ) -> FastAPI:
     """``manage``: start and stop the control plane with the app's lifespan."""
 

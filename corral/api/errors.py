@@ -22,7 +22,12 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized",
 
 
 def error_response(
-    status: int, code: str, message: str, *, retry_after_s: float | None = None, details: dict[str, Any] | None = None
+    status: int,
+    code: str,
+    message: str,
+    *,
+    retry_after_s: float | None = None,
+    details: dict[str, Any] | None = None,
 ) -> JSONResponse:
     headers = {}
     if status == 503 and retry_after_s is None:
@@ -30,7 +35,9 @@ def error_response(
     if retry_after_s is not None:
         retry_after_s = max(1, math.ceil(retry_after_s))
         headers["Retry-After"] = str(int(retry_after_s))
-    body = {"error": {"code": code, "message": message, "retry_after_s": retry_after_s, "details": details or {}}}
+    body = {
+        "error": {"code": code, "message": message, "retry_after_s": retry_after_s, "details": details or {}}
+    }
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -49,12 +56,19 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
             422,
             "invalid_request",
             f"{field}: {first.get('msg', 'invalid')}",
-            details={"field": field, "errors": [{"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors[:20]]},
+            details={
+                "field": field,
+                "errors": [
+                    {"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors[:20]
+                ],
+            },
         )
 
     @app.exception_handler(ControlError)
     async def _control(_: Request, exc: ControlError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, retry_after_s=exc.retry_after_s, details=exc.details)
+        return error_response(
+            exc.status, exc.code, exc.message, retry_after_s=exc.retry_after_s, details=exc.details
+        )
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -63,7 +77,9 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
 
     @app.exception_handler(InvalidRecord)
     async def _invalid_record(_: Request, exc: InvalidRecord) -> JSONResponse:
-        return error_response(422, "invalid_request", str(exc), details={"field": "cursor" if "cursor" in str(exc) else "body"})
+        return error_response(
+            422, "invalid_request", str(exc), details={"field": "cursor" if "cursor" in str(exc) else "body"}
+        )
 
     @app.exception_handler(StoreError)
     async def _store(_: Request, exc: StoreError) -> JSONResponse:
@@ -72,11 +88,15 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
     @app.exception_handler(AgentError)
     async def _agent(_: Request, exc: AgentError) -> JSONResponse:
         status = 503 if exc.retryable else 502
-        return error_response(status, exc.code, exc.message, retry_after_s=exc.retry_after_s if status == 503 else None)
+        return error_response(
+            status, exc.code, exc.message, retry_after_s=exc.retry_after_s if status == 503 else None
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail))
+        return error_response(
+            exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail)
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -53,7 +53,9 @@ def _spec(body: SandboxSpecBody) -> CreateSpec:
 async def create_sandbox(
     body: SandboxSpecBody, p: User, plane: Plane, response: Response, idempotency_key: IdempotencyKey = None
 ) -> SandboxOut:
-    record, replayed = await plane.creates.create(owner(p, plane), _spec(body), idempotency_key=idempotency_key)
+    record, replayed = await plane.creates.create(
+        owner(p, plane), _spec(body), idempotency_key=idempotency_key
+    )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     await plane.sandboxes.remember(record)

@@ -189,7 +189,9 @@ class TemplateOut(BaseModel):
 
     @classmethod
     def of(cls, t: TemplateRecord) -> TemplateOut:
-        return cls(name=t.name, cpus=t.cpus, memory_mb=t.memory_mb, stateful=t.stateful, description=t.description)
+        return cls(
+            name=t.name, cpus=t.cpus, memory_mb=t.memory_mb, stateful=t.stateful, description=t.description
+        )
 
 
 class TenantOut(BaseModel):
@@ -201,4 +203,6 @@ class TenantOut(BaseModel):
 
     @classmethod
     def of(cls, t: TenantRecord, token: str | None = None) -> TenantOut:
-        return cls(id=t.id, name=t.name, max_sandboxes=t.max_sandboxes, max_memory_mb=t.max_memory_mb, token=token)
+        return cls(
+            id=t.id, name=t.name, max_sandboxes=t.max_sandboxes, max_memory_mb=t.max_memory_mb, token=token
+        )

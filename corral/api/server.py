@@ -107,8 +107,16 @@ async def serve(opts: ServeOptions) -> None:
         await store.close()
 
 
-async def api(host: str, port: int, store_url: str, admin_token: str | None, agent_token: str, k: int = 2,
-              heartbeat_interval_s: float = 2.0, replica_id: str | None = None) -> None:
+async def api(
+    host: str,
+    port: int,
+    store_url: str,
+    admin_token: str | None,
+    agent_token: str,
+    k: int = 2,
+    heartbeat_interval_s: float = 2.0,
+    replica_id: str | None = None,
+) -> None:
     """One replica: stateless, all state in the store; agents reached at their published addresses."""
     admin, generated = token_or_new(admin_token)
     kwargs = {"replica_id": replica_id} if replica_id else {}

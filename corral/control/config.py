@@ -18,8 +18,10 @@ class ControlConfig:
     replica_id: str = field(default_factory=default_replica_id)
     timeouts: Timeouts = field(default_factory=Timeouts)
     policy: AdmissionPolicy = field(default_factory=AdmissionPolicy)
-    # Power-of-K: 0 means K = all (a full scan).
-    k: int = 2
+    # Power-of-K choices. None: Nomad's candidate limit, max(2, ceil(log2 hosts)); 0: K = all (a
+    # full scan). The K sampled hosts go to the store, which reserves on the one with the most room by
+    # its current totals, so replicas see each other's in-flight work at the moment of commit.
+    k: int | None = None
     # Placement attempts per create: a conflict at reserve or a retryable agent refusal costs one.
     max_attempts: int = 6
     replica_lease_s: float = 15.0
@@ -33,11 +35,13 @@ class ControlConfig:
     max_batch: int = 500
 
     def __post_init__(self) -> None:
-        if self.k < 0:
+        if self.k is not None and self.k < 0:
             raise ConfigError("k must be >= 0 (0 = full scan)")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be >= 1")
         if self.replica_lease_s <= self.reconcile_interval_s:
-            raise ConfigError("replica_lease_s must exceed reconcile_interval_s, or a live replica loses its lease")
+            raise ConfigError(
+                "replica_lease_s must exceed reconcile_interval_s, or a live replica loses its lease"
+            )
         if not 0 < self.retry_after_min_s <= self.retry_after_max_s:
             raise ConfigError("need 0 < retry_after_min_s <= retry_after_max_s")

@@ -10,6 +10,7 @@ replica's lease, or at its hard TTL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -20,6 +21,12 @@ from dataclasses import asdict, dataclass, field
 
 from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
 from corral.agent.protocol import StartSandbox
+from corral.control.agents import AgentDirectory
+from corral.control.config import ControlConfig
+from corral.control.errors import Conflict, ControlError, InvalidRequest, NotFound, OverQuota, Unavailable
+from corral.control.metrics import Metrics
+from corral.control.retry import RetryAfter
+from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import (
     Clock,
     CreateRequest,
@@ -30,6 +37,7 @@ from corral.core import (
     PowerOfK,
     Refusal,
     Scheduler,
+    candidate_limit,
 )
 from corral.core.ledger import Ledger
 from corral.store import (
@@ -44,13 +52,6 @@ from corral.store import (
 )
 from corral.store import NotFound as StoreNotFound
 from corral.store import OverQuota as StoreOverQuota
-
-from corral.control.agents import AgentDirectory
-from corral.control.config import ControlConfig
-from corral.control.errors import Conflict, ControlError, InvalidRequest, NotFound, OverQuota, Unavailable
-from corral.control.metrics import Metrics
-from corral.control.retry import RetryAfter
-from corral.control.view import FleetSnapshot, ViewCache
 
 AGENT_UNAVAILABLE = "agent_unavailable"
 
@@ -98,11 +99,20 @@ class CreateFlow:
         self.rng = rng
         self.metrics = metrics
         self.retry_after = retry_after
-        t = config.timeouts
-        selector = FullScan() if config.k == 0 else PowerOfK(config.k)
-        self.placer = Placer(selector=selector, stale_after_s=t.stale_after_s, policy=config.policy)
+        self._placers: dict[int, Placer] = {}
         # Idempotency keys refused at least once, with when: "time from first refusal to success".
         self._first_refusal: dict[str, float] = {}
+
+    def placer(self, n_hosts: int) -> Placer:
+        """The placer for a fleet of ``n_hosts``: K is fixed by configuration or grows as log2 n."""
+        k = self.config.k if self.config.k is not None else candidate_limit(n_hosts)
+        placer = self._placers.get(k)
+        if placer is None:
+            selector = FullScan() if k == 0 else PowerOfK(k)
+            placer = self._placers[k] = Placer(
+                selector=selector, stale_after_s=self.config.timeouts.stale_after_s, policy=self.config.policy
+            )
+        return placer
 
     # -- step 1: the record ----------------------------------------------------------------------
 
@@ -133,15 +143,20 @@ class CreateFlow:
         )
         try:
             out = await self.store.create_sandbox(
-                record, idempotency_key=idempotency_key, request_hash=spec.fingerprint() if idempotency_key else None
+                record,
+                idempotency_key=idempotency_key,
+                request_hash=spec.fingerprint() if idempotency_key else None,
             )
         except NameConflict as e:
             raise Conflict(f"a sandbox named {spec.name!r} exists", details={"field": "name"}) from e
         except IdempotencyMismatch as e:
-            raise InvalidRequest("Idempotency-Key", "this Idempotency-Key was used with another request body") from e
+            raise InvalidRequest(
+                "Idempotency-Key", "this Idempotency-Key was used with another request body"
+            ) from e
         except StoreOverQuota as e:
             raise OverQuota(
-                str(e), details={"limit": e.limit, "allowed": e.allowed, "used": e.used, "requested": e.requested}
+                str(e),
+                details={"limit": e.limit, "allowed": e.allowed, "used": e.used, "requested": e.requested},
             ) from e
         except StoreNotFound as e:
             raise NotFound(f"unknown tenant {tenant_id}") from e
@@ -183,10 +198,8 @@ class CreateFlow:
 
     async def _forget(self, record: SandboxRecord) -> None:
         """Remove a record that was never placed. Best effort: the store may be the thing that failed."""
-        try:
+        with contextlib.suppress(Exception):
             await self.store.delete_sandbox(record.id)
-        except Exception:  # noqa: BLE001 - the original error is what the caller must see
-            pass
 
     def _refused(self, refusal: Refusal, snap: FleetSnapshot, extra: Counter[str]) -> Unavailable:
         reasons = Counter(refusal.reasons)
@@ -197,7 +210,10 @@ class CreateFlow:
         msg = f"{len(snap.hosts)} hosts: {parts}" if parts else f"{len(snap.hosts)} hosts"
         retry = self.retry_after.estimate(code, snap)
         return Unavailable(
-            msg, code=code, retry_after_s=retry, details={"checked": refusal.checked, "reasons": dict(reasons)}
+            msg,
+            code=code,
+            retry_after_s=retry,
+            details={"checked": refusal.checked, "reasons": dict(reasons)},
         )
 
     async def _place_and_bind(self, record: SandboxRecord, env: dict[str, str]) -> SandboxRecord:
@@ -211,7 +227,7 @@ class CreateFlow:
         snap = await self.view.get()
         while True:
             try:
-                decision = self.placer.place(
+                decision = self.placer(len(snap.hosts)).place(
                     snap.hosts,
                     req,
                     now=self.clock.now(),
@@ -229,37 +245,51 @@ class CreateFlow:
             if attempts >= cfg.max_attempts:
                 raise self._refused(NoCapacity({}, len(snap.hosts)), snap, agent_refusals)
             attempts += 1
-            host = decision.host
             self.metrics.view_age.observe(decision.view_age_s)
-            res = await self.store.reserve(
-                host.id,
-                memory_mb=decision.charge_mb,
-                cpu=req.cpu,
-                owner=cfg.replica_id,
-                ttl_s=t.reservation_ttl_s,
-                sandbox_id=record.id,
-            )
+            # Claim locally before the first await, so this replica's concurrent decisions see it.
+            local = self.view.note(decision.host.id, decision.charge_mb, req.cpu)
+            charge = decision.charge_mb
+            candidates = [h.id for h in decision.candidates if h.id not in exclude] or [decision.host.id]
+            try:
+                res = await self.store.reserve_best(
+                    candidates,
+                    memory_mb=charge,
+                    cpu=req.cpu,
+                    owner=cfg.replica_id,
+                    ttl_s=t.reservation_ttl_s,
+                    sandbox_id=record.id,
+                )
+            except BaseException:
+                local.release()
+                raise
             if res is None:
-                # Another replica took the room since our read: drop this host, read afresh.
+                # Other replicas took the room since our read: drop these hosts, read afresh.
+                local.release()
                 self.metrics.reserve_conflicts.inc()
-                exclude.add(host.id)
+                exclude.update(candidates)
                 snap = await self.view.get(fresh=True)
                 continue
-            local = self.view.note(host.id, decision.charge_mb, req.cpu)
-            address = snap.records[host.id].address if host.id in snap.records else ""
+            if res.host_id != decision.host.id:
+                # The store's current totals preferred another of the candidates.
+                local.release()
+                local = self.view.note(res.host_id, charge, req.cpu)
+            host_id = res.host_id
+            address = snap.records[host_id].address if host_id in snap.records else ""
             try:
-                await self._bind(record, host.id, address, env)
+                await self._bind(record, host_id, address, env)
             except AgentRefusal as e:
                 agent_refusals[e.code] += 1
-                self.metrics.agent_refusals.labels(host.id, e.code).inc()
+                self.metrics.agent_refusals.labels(host_id, e.code).inc()
             except (AgentUnavailable, TimeoutError):
                 agent_refusals[AGENT_UNAVAILABLE] += 1
-                self.metrics.agent_refusals.labels(host.id, AGENT_UNAVAILABLE).inc()
-                await self._stop_quietly(host.id, address, record.id)
+                self.metrics.agent_refusals.labels(host_id, AGENT_UNAVAILABLE).inc()
+                await self._stop_quietly(host_id, address, record.id)
             except AgentError as e:
                 await self.store.cancel(res.id)
                 local.release()
-                raise ControlError(f"host {host.id} could not start the sandbox: {e.message}", code=e.code) from e
+                raise ControlError(
+                    f"host {host_id} could not start the sandbox: {e.message}", code=e.code
+                ) from e
             except BaseException:
                 await self._cancel_quietly(res.id)
                 local.release()
@@ -270,19 +300,19 @@ class CreateFlow:
                         record.id,
                         SandboxState.RUNNING,
                         expect=SandboxState.RESERVED,
-                        host_id=host.id,
+                        host_id=host_id,
                         reservation_id=res.id,
                     )
                 except BaseException:
                     # The record could not say where the sandbox runs: do not leave it running unowned.
-                    await self._stop_quietly(host.id, address, record.id)
+                    await self._stop_quietly(host_id, address, record.id)
                     await self._cancel_quietly(res.id)
                     local.release()
                     raise
             # A retryable refusal on this host: end the claim at once and try another host.
             await self.store.cancel(res.id)
             local.release()
-            exclude.add(host.id)
+            exclude.add(host_id)
 
     async def _bind(self, record: SandboxRecord, host_id: str, address: str, env: dict[str, str]) -> None:
         client = self.agents.client(host_id, address)
@@ -298,16 +328,12 @@ class CreateFlow:
 
     async def _stop_quietly(self, host_id: str, address: str, sandbox_id: str) -> None:
         """A bind that timed out may still have started the sandbox: make sure it is not left running."""
-        try:
+        with contextlib.suppress(Exception):
             await self.agents.client(host_id, address).stop(sandbox_id)
-        except Exception:  # noqa: BLE001 - best effort; the agent re-reports what it runs
-            pass
 
     async def _cancel_quietly(self, reservation_id: str) -> None:
-        try:
+        with contextlib.suppress(Exception):
             await self.store.cancel(reservation_id)
-        except Exception:  # noqa: BLE001 - its lease or TTL ends it otherwise
-            pass
 
     # -- batch -------------------------------------------------------------------------------------
 
@@ -329,7 +355,9 @@ class CreateFlow:
             self._observe_success(p, started, tenant_id, None)
         return placed
 
-    async def _reserve_and_bind_batch(self, records: list[SandboxRecord], env: dict[str, str]) -> list[SandboxRecord]:
+    async def _reserve_and_bind_batch(
+        self, records: list[SandboxRecord], env: dict[str, str]
+    ) -> list[SandboxRecord]:
         cfg = self.config
         first = records[0]
         req = CreateRequest(memory_mb=first.memory_mb, cpu=first.cpus, stateful=first.stateful)
@@ -341,7 +369,7 @@ class CreateFlow:
             # Decide every member against the view plus the batch's own earlier members.
             batch_ledger = Ledger(self.clock, ttl_s=cfg.timeouts.reservation_ttl_s)
             view_pending = self.view.pending_fn(snap)
-            sched = Scheduler(self.placer, batch_ledger, self.rng, owner="batch")
+            sched = Scheduler(self.placer(len(snap.hosts)), batch_ledger, self.rng, owner="batch")
             items: list[ReserveItem] = []
             try:
                 for rec in records:
@@ -363,7 +391,10 @@ class CreateFlow:
             raise self._refused(NoCapacity({}, len(snap.hosts)), snap, Counter())
         locals_ = [self.view.note(r.host_id, r.memory_mb, r.cpu) for r in reserved]
         results = await asyncio.gather(
-            *(self._bind_one_of_batch(rec, res.id, res.host_id, snap, env) for rec, res in zip(records, reserved, strict=True)),
+            *(
+                self._bind_one_of_batch(rec, res.id, res.host_id, snap, env)
+                for rec, res in zip(records, reserved, strict=True)
+            ),
             return_exceptions=True,
         )
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -380,12 +411,19 @@ class CreateFlow:
             if isinstance(err, ControlError):
                 raise err
             if isinstance(err, AgentError | TimeoutError | StoreUnavailable):
-                raise self._refused(NoCapacity({}, len(snap.hosts)), snap, Counter({AGENT_UNAVAILABLE: 1})) from err
+                raise self._refused(
+                    NoCapacity({}, len(snap.hosts)), snap, Counter({AGENT_UNAVAILABLE: 1})
+                ) from err
             raise err
         return [r for r in results if isinstance(r, SandboxRecord)]
 
     async def _bind_one_of_batch(
-        self, record: SandboxRecord, reservation_id: str, host_id: str, snap: FleetSnapshot, env: dict[str, str]
+        self,
+        record: SandboxRecord,
+        reservation_id: str,
+        host_id: str,
+        snap: FleetSnapshot,
+        env: dict[str, str],
     ) -> SandboxRecord:
         address = snap.records[host_id].address if host_id in snap.records else ""
         await self._bind(record, host_id, address, env)

@@ -4,9 +4,8 @@ reservation whose sandbox the heartbeat shows: the agent's admittable now counts
 from __future__ import annotations
 
 from corral.agent.protocol import Heartbeat as WireHeartbeat
-from corral.store import Heartbeat, HeartbeatResult, Store
-
 from corral.control.metrics import Metrics
+from corral.store import Heartbeat, HeartbeatResult, Store
 
 
 def to_store(hb: WireHeartbeat) -> Heartbeat:

@@ -13,11 +13,10 @@ from pathlib import Path
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
 from corral.agent.protocol import Heartbeat
-from corral.core import AdmissionMode, AdmissionPolicy, Clock
-from corral.runtime.base import Runtime
-
 from corral.control.agents import LocalAgents
 from corral.control.plane import ControlPlane
+from corral.core import AdmissionMode, AdmissionPolicy, Clock
+from corral.runtime.base import Runtime
 
 
 def process_runtime_available() -> bool:
@@ -37,7 +36,8 @@ def build_runtime(kind: str, host_id: str, clock: Clock, seed: int, state_root: 
         from corral.runtime.process import ProcessRuntime
 
         # One state directory per host, so each agent re-adopts only its own sandboxes.
-        return ProcessRuntime(root=state_root / host_id)
+        runtime: Runtime = ProcessRuntime(root=state_root / host_id)
+        return runtime
     raise ValueError(f"unknown runtime {kind!r}")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -30,7 +30,9 @@ class FleetCollector(Collector):
         reserved = GaugeMetricFamily(
             "corral_host_reserved_memory_bytes", "Outstanding reserved memory per host", labels=["host"]
         )
-        sandboxes = GaugeMetricFamily("corral_host_sandboxes", "Sandboxes a host accounts for", labels=["host"])
+        sandboxes = GaugeMetricFamily(
+            "corral_host_sandboxes", "Sandboxes a host accounts for", labels=["host"]
+        )
         admittable = GaugeMetricFamily(
             "corral_host_admittable_memory_bytes", "Memory a host says it can still admit", labels=["host"]
         )

@@ -10,6 +10,17 @@ import random
 from dataclasses import dataclass
 
 from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.control.agents import AgentDirectory
+from corral.control.config import ControlConfig
+from corral.control.create import CreateFlow
+from corral.control.errors import Conflict, NotFound, Unauthorized, Unavailable
+from corral.control.heartbeats import HeartbeatIntake
+from corral.control.metrics import Metrics
+from corral.control.reconcile import Reconciler
+from corral.control.retry import RetryAfter
+from corral.control.routes import RouteCache
+from corral.control.sandboxes import Sandboxes
+from corral.control.view import ViewCache
 from corral.core import Clock, SystemClock
 from corral.store import (
     HeartbeatResult,
@@ -23,18 +34,6 @@ from corral.store import (
     TenantRecord,
 )
 from corral.store import NotFound as StoreNotFound
-
-from corral.control.agents import AgentDirectory
-from corral.control.config import ControlConfig
-from corral.control.create import CreateFlow
-from corral.control.errors import Conflict, NotFound, Unauthorized, Unavailable
-from corral.control.heartbeats import HeartbeatIntake
-from corral.control.metrics import Metrics
-from corral.control.reconcile import Reconciler
-from corral.control.retry import RetryAfter
-from corral.control.routes import RouteCache
-from corral.control.sandboxes import Sandboxes
-from corral.control.view import ViewCache
 
 DEFAULT_TENANT = "default"
 # How long a resolved token is trusted without asking the store again (a revoked token lives this long).
@@ -113,7 +112,9 @@ class ControlPlane:
             return existing
         try:
             return await self.store.create_tenant(
-                name, max_sandboxes=self.config.default_max_sandboxes, max_memory_mb=self.config.default_max_memory_mb
+                name,
+                max_sandboxes=self.config.default_max_sandboxes,
+                max_memory_mb=self.config.default_max_memory_mb,
             )
         except NameConflict:  # another replica created it first
             again = await self.store.get_tenant_by_name(name)
@@ -177,9 +178,13 @@ class ControlPlane:
         except NameConflict as e:
             raise Conflict(f"template {tpl.name!r} exists", details={"field": "name"}) from e
 
-    async def create_tenant(self, name: str, max_sandboxes: int, max_memory_mb: int) -> tuple[TenantRecord, str]:
+    async def create_tenant(
+        self, name: str, max_sandboxes: int, max_memory_mb: int
+    ) -> tuple[TenantRecord, str]:
         try:
-            tenant = await self.store.create_tenant(name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb)
+            tenant = await self.store.create_tenant(
+                name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb
+            )
         except NameConflict as e:
             raise Conflict(f"tenant {name!r} exists", details={"field": "name"}) from e
         token = await self.store.issue_token(tenant.id, Role.TENANT)

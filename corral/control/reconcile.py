@@ -9,15 +9,14 @@ import contextlib
 import logging
 
 from corral.agent.errors import AgentError, AgentSandboxNotFound
-from corral.core import Clock
-from corral.store import SandboxState, Store, StoreError
-
 from corral.control.agents import AgentDirectory
 from corral.control.config import ControlConfig
 from corral.control.metrics import Metrics
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
+from corral.core import Clock
+from corral.store import SandboxState, Store, StoreError
 
 log = logging.getLogger("corral.reconcile")
 
@@ -97,10 +96,14 @@ class Reconciler:
         snap = await self.view.get()
         for host in snap.records.values():
             if host.heartbeat_at and now - host.heartbeat_at > dead_after:
-                page = await self.store.list_sandboxes(host_id=host.id, state=SandboxState.RUNNING, limit=1000)
+                page = await self.store.list_sandboxes(
+                    host_id=host.id, state=SandboxState.RUNNING, limit=1000
+                )
                 for sb in page.items:
                     with contextlib.suppress(StoreError):
-                        await self.store.set_sandbox_state(sb.id, SandboxState.ORPHANED, expect=SandboxState.RUNNING)
+                        await self.store.set_sandbox_state(
+                            sb.id, SandboxState.ORPHANED, expect=SandboxState.RUNNING
+                        )
 
     async def _reclaim_orphans(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)
@@ -114,7 +117,9 @@ class Reconciler:
                 continue
             if sb.id in host.sandbox_ids:
                 with contextlib.suppress(StoreError):
-                    await self.store.set_sandbox_state(sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED)
+                    await self.store.set_sandbox_state(
+                        sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED
+                    )
 
     async def _finish_tombstones(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.DELETED, limit=200)
@@ -184,6 +189,6 @@ class Reconciler:
                 await self.tick()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a store outage must not kill the loop
+            except Exception:
                 log.warning("reconcile round failed", exc_info=True)
             await asyncio.sleep(self.config.reconcile_interval_s)

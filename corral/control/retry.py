@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 
+from corral.control.view import FleetSnapshot
 from corral.core import Clock
 from corral.core.timeouts import Timeouts
-
-from corral.control.view import FleetSnapshot
 
 
 class RetryAfter:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from corral.agent.errors import AgentError, AgentSandboxNotFound, AgentUnavailable
 from corral.agent.protocol import ExecRequest, ExecResponse
-from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
-
 from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway, Gone, NotFound, NotRunning, Unavailable
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
+from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
@@ -26,9 +25,10 @@ class Sandboxes:
         try:
             snap = await self.view.get()
         except StoreUnavailable:
-            snap = self.view.last
-            if snap is None:
+            last = self.view.last
+            if last is None:
                 raise
+            snap = last
         rec = snap.records.get(host_id)
         if rec is None:
             snap = await self.view.get(fresh=True)
@@ -37,7 +37,9 @@ class Sandboxes:
 
     async def remember(self, record: SandboxRecord) -> None:
         if record.host_id and record.state is SandboxState.RUNNING:
-            self.routes.put(record.id, Route(record.tenant_id, record.host_id, await self._address(record.host_id)))
+            self.routes.put(
+                record.id, Route(record.tenant_id, record.host_id, await self._address(record.host_id))
+            )
 
     async def get(self, sandbox_id: str, tenant_id: str | None) -> SandboxRecord:
         rec = await self.store.get_sandbox(sandbox_id, tenant_id=tenant_id)

@@ -19,7 +19,7 @@ from corral.core.placement import Decision, Placer, Scheduler
 from corral.core.pressure import PressureGate
 from corral.core.refusals import NoCapacity, NoHealthyHosts, Refusal
 from corral.core.scoring import Scorer, ScoreWeights, Strategy
-from corral.core.selection import FullScan, Jitter, Naive, PowerOfK, Selector
+from corral.core.selection import FullScan, Jitter, Naive, PowerOfK, Selector, candidate_limit
 from corral.core.timeouts import ConfigError, Timeouts
 from corral.core.touch import TouchModel, TouchProfile
 from corral.core.types import (
@@ -71,6 +71,7 @@ __all__ = [
     "TouchModel",
     "TouchProfile",
     "admittable_mb",
+    "candidate_limit",
     "charge_mb",
     "cpu_fits",
     "first_failure",

@@ -27,6 +27,8 @@ class Decision:
     # How old the oldest heartbeat this decision leaned on was: staleness, made visible.
     view_age_s: float
     charge_mb: int
+    # Feasible hosts this decision scored, best first (``host`` is the first).
+    candidates: tuple[HostView, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Placer:
             choice.checked,
             max(0.0, now - oldest),
             request_charge_mb(req, choice.host.memory_admission, self.policy),
+            choice.candidates,
         )
 
 

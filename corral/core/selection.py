@@ -12,6 +12,8 @@ at and how they break ties:
 
 from __future__ import annotations
 
+import heapq
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -30,6 +32,12 @@ class Choice:
     reasons: dict[str, int] = field(default_factory=dict)
     checked: int = 0
     oldest_heartbeat_at: float | None = None
+    # The feasible hosts this decision scored, best first (at most ``MAX_CANDIDATES``): what a
+    # commit step may still choose among with fresher numbers than this decision had.
+    candidates: tuple[HostView, ...] = ()
+
+
+MAX_CANDIDATES = 8
 
 
 class Selector(ABC):
@@ -71,16 +79,18 @@ def _best(
     scorer: Scorer,
     rng: random.Random | None,
     jitter: float = 0.0,
-) -> tuple[HostView | None, float, float | None]:
+) -> Choice:
     """Highest score; ties broken uniformly at random when ``rng`` is given, else the first wins."""
     best: HostView | None = None
     best_score = float("-inf")
     ties = 0
     oldest: float | None = None
-    for h in candidates:
+    scored: list[tuple[float, int, HostView]] = []
+    for i, h in enumerate(candidates):
         s = scorer.score(h, ctx.pending(h.id), req)
         if jitter and rng is not None:
             s *= 1.0 + rng.uniform(-jitter, jitter)
+        scored.append((s, -i, h))
         if oldest is None or h.heartbeat_at < oldest:
             oldest = h.heartbeat_at
         if s > best_score:
@@ -89,7 +99,20 @@ def _best(
             ties += 1
             if rng.random() * ties < 1.0:  # reservoir: each tied host wins with probability 1/ties
                 best = h
-    return best, best_score, oldest
+    if len(scored) <= 2:
+        ranked = [t[2] for t in sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)]
+    else:
+        ranked = [t[2] for t in heapq.nlargest(MAX_CANDIDATES, scored, key=lambda t: (t[0], t[1]))]
+    if best is not None and ranked and ranked[0] is not best:
+        ranked.remove(best)
+        ranked.insert(0, best)
+    return Choice(best, best_score, oldest_heartbeat_at=oldest, candidates=tuple(ranked))
+
+
+def _choice(best: Choice, reasons: dict[str, int], checked: int) -> Choice:
+    best.reasons = reasons
+    best.checked = checked
+    return best
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +163,7 @@ class PowerOfK(Selector):
             checked = n
             if len(feasible) > self.k:
                 feasible = rng.sample(feasible, self.k)
-        best, score, oldest = _best(feasible, req, ctx, scorer, rng)
-        return Choice(best, score, reasons, checked, oldest)
+        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +180,7 @@ class FullScan(Selector):
         rng: random.Random,
     ) -> Choice:
         feasible, reasons = _scan(hosts, req, ctx, filters)
-        best, score, oldest = _best(feasible, req, ctx, scorer, rng)
-        return Choice(best, score, reasons, len(hosts), oldest)
+        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, len(hosts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +197,7 @@ class Naive(Selector):
         rng: random.Random,
     ) -> Choice:
         feasible, reasons = _scan(hosts, req, ctx, filters)
-        best, score, oldest = _best(feasible, req, ctx, scorer, None)
-        return Choice(best, score, reasons, len(hosts), oldest)
+        return _choice(_best(feasible, req, ctx, scorer, None), reasons, len(hosts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,5 +217,10 @@ class Jitter(Selector):
         rng: random.Random,
     ) -> Choice:
         feasible, reasons = _scan(hosts, req, ctx, filters)
-        best, score, oldest = _best(feasible, req, ctx, scorer, rng, self.amplitude)
-        return Choice(best, score, reasons, len(hosts), oldest)
+        return _choice(_best(feasible, req, ctx, scorer, rng, self.amplitude), reasons, len(hosts))
+
+
+def candidate_limit(n: int) -> int:
+    """Nomad's candidate limit, max(2, ceil(log2 n)): enough choices to balance a small fleet, still
+    O(log n) for a large one."""
+    return max(2, math.ceil(math.log2(n))) if n > 1 else 1

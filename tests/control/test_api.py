@@ -64,7 +64,9 @@ async def test_fill_until_refusal_is_an_honest_503(tmp_path: Path) -> None:
         assert err["retry_after_s"] >= 1
         assert err["details"]["reasons"]["does_not_fit"] == 3
         assert "3 hosts" in err["message"]
-        r = await c.http.post("/v1/sandboxes", json={"memory_mb": 2048, "stateful": True}, headers=c.as_(ADMIN))
+        r = await c.http.post(
+            "/v1/sandboxes", json={"memory_mb": 2048, "stateful": True}, headers=c.as_(ADMIN)
+        )
         assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
         # nothing leaked by the refusals: only the placed sandboxes exist
         page = await c.plane.store.list_sandboxes(limit=1000)
@@ -114,7 +116,9 @@ async def test_bad_bodies_are_422_naming_the_field(cluster: Cluster, body: dict,
 
 async def test_malformed_json_is_422_not_500(cluster: Cluster) -> None:
     r = await cluster.http.post(
-        "/v1/sandboxes", content=b"{not json", headers={**cluster.as_(ADMIN), "Content-Type": "application/json"}
+        "/v1/sandboxes",
+        content=b"{not json",
+        headers={**cluster.as_(ADMIN), "Content-Type": "application/json"},
     )
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
 
@@ -147,7 +151,9 @@ async def test_another_tenants_sandbox_is_404(cluster: Cluster) -> None:
     assert listing.json() == {"sandboxes": [], "next_cursor": None}
     # the owner and an admin see it
     assert (await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(acme))).status_code == 200
-    assert (await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))).status_code == 200
+    assert (
+        await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))
+    ).status_code == 200
 
 
 async def test_quota_is_429(cluster: Cluster) -> None:
@@ -184,12 +190,16 @@ async def test_batch_is_all_or_nothing(tmp_path: Path) -> None:
     try:
         h = c.as_(ADMIN)
         # 2 hosts x 6144 admittable / 2048 stateful = 6: a batch of 7 cannot fit, and leaves nothing
-        r = await c.http.post("/v1/sandboxes/batch", json={"count": 7, "spec": {"memory_mb": 2048, "stateful": True}}, headers=h)
+        r = await c.http.post(
+            "/v1/sandboxes/batch", json={"count": 7, "spec": {"memory_mb": 2048, "stateful": True}}, headers=h
+        )
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_capacity"
         assert (await c.plane.store.list_sandboxes(limit=100)).items == []
         assert await c.plane.store.outstanding() == {}
         assert all(a.list() == [] for a in c.fleet.agents)
-        r = await c.http.post("/v1/sandboxes/batch", json={"count": 6, "spec": {"memory_mb": 2048, "stateful": True}}, headers=h)
+        r = await c.http.post(
+            "/v1/sandboxes/batch", json={"count": 6, "spec": {"memory_mb": 2048, "stateful": True}}, headers=h
+        )
         assert r.status_code == 201
         boxes = r.json()["sandboxes"]
         assert len(boxes) == 6 and Counter(b["host_id"] for b in boxes) == {"host-01": 3, "host-02": 3}
@@ -215,8 +225,17 @@ async def test_hosts_listing_shape(cluster: Cluster) -> None:
     hosts = (await cluster.http.get("/v1/hosts", headers=cluster.as_(ADMIN))).json()["hosts"]
     assert len(hosts) == 12
     keys = {
-        "id", "state", "heartbeat_age_s", "cpu_total", "cpu_used", "memory_mb_total", "memory_mb_used",
-        "memory_mb_admittable", "memory_admission", "reserved_mb", "sandboxes",
+        "id",
+        "state",
+        "heartbeat_age_s",
+        "cpu_total",
+        "cpu_used",
+        "memory_mb_total",
+        "memory_mb_used",
+        "memory_mb_admittable",
+        "memory_admission",
+        "reserved_mb",
+        "sandboxes",
     }
     assert keys <= set(hosts[0])
     assert sum(h["reserved_mb"] for h in hosts) == 512
@@ -232,7 +251,7 @@ async def test_ttl_reaper_deletes_expired_sandboxes(cluster: Cluster) -> None:
 
 
 async def test_dead_host_orphans_and_returning_host_reclaims(cluster: Cluster) -> None:
-    status, sb = await create(cluster)
+    _status, sb = await create(cluster)
     host = sb["host_id"]
     others = [a for a in cluster.fleet.agents if a.id != host]
     cluster.clock.advance(61)
@@ -240,7 +259,9 @@ async def test_dead_host_orphans_and_returning_host_reclaims(cluster: Cluster) -
         await a.beat()
     cluster.plane.view.invalidate()
     await cluster.plane.reconciler.tick()
-    r = await cluster.http.post(f"/v1/sandboxes/{sb['id']}/exec", json={"command": "true"}, headers=cluster.as_(ADMIN))
+    r = await cluster.http.post(
+        f"/v1/sandboxes/{sb['id']}/exec", json={"command": "true"}, headers=cluster.as_(ADMIN)
+    )
     assert r.status_code == 410 and r.json()["error"]["code"] == "sandbox_orphaned"
     got = (await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))).json()
     assert got["state"] == "orphaned" and got["host_id"] == host  # a host's death never deletes a placement
