@@ -74,8 +74,8 @@ def _factory(ctx: typer.Context) -> ClientFactory:
     return found if found is not None else ClientFactory()
 
 
-def _fail(err: CorralError, console: Console) -> NoReturn:
-    console.print(f"[bold red]error[/]: {err}", highlight=False, markup=True)
+def _fail(err: CorralError) -> NoReturn:
+    typer.echo(f"error: {err}", err=True)
     if isinstance(err, Unreachable) or (isinstance(err, CapacityUnavailable) and not err.reached_server):
         raise typer.Exit(EXIT_UNREACHABLE)
     raise typer.Exit(EXIT_REFUSED)
@@ -107,7 +107,6 @@ def burst_command(
     as_json: JsonOption = False,
 ) -> None:
     """Fire N concurrent creates, show where they landed, then delete them."""
-    err_console = Console(stderr=True)
     factory = _factory(ctx)
 
     async def go() -> BurstReport:
@@ -124,7 +123,7 @@ def burst_command(
     try:
         report = asyncio.run(go())
     except CorralError as err:
-        _fail(err, err_console)
+        _fail(err)
     if as_json:
         _print_json(report.to_json())
     else:
@@ -173,12 +172,11 @@ def ps_command(
     as_json: JsonOption = False,
 ) -> None:
     """List sandboxes (all pages)."""
-    err_console = Console(stderr=True)
     try:
         with _factory(ctx).sync(url, token) as client:
             sandboxes = list(client.sandboxes.list(state=state, host_id=host_id))
     except CorralError as err:
-        _fail(err, err_console)
+        _fail(err)
     if as_json:
         _print_json({"sandboxes": [s.record.model_dump(mode="json") for s in sandboxes]})
         return
@@ -205,12 +203,11 @@ def hosts_command(
     as_json: JsonOption = False,
 ) -> None:
     """List hosts with their admission verdict and load (admin token)."""
-    err_console = Console(stderr=True)
     try:
         with _factory(ctx).sync(url, token) as client:
             hosts = client.hosts.list()
     except CorralError as err:
-        _fail(err, err_console)
+        _fail(err)
     if as_json:
         _print_json({"hosts": [h.model_dump(mode="json") for h in hosts]})
         return
@@ -251,12 +248,11 @@ def exec_command(
     as_json: JsonOption = False,
 ) -> None:
     """Run a command in a sandbox; exit with its exit code."""
-    err_console = Console(stderr=True)
     try:
         with _factory(ctx).sync(url, token) as client:
             result = client.sandboxes.exec(sandbox_id, command, timeout_s=timeout_s, cwd=cwd)
     except CorralError as err:
-        _fail(err, err_console)
+        _fail(err)
     if as_json:
         _print_json(result.model_dump(mode="json"))
     else:
@@ -273,15 +269,14 @@ def kill_command(
     missing_ok: Annotated[bool, typer.Option("--missing-ok", help="Succeed if it is already gone.")] = False,
 ) -> None:
     """Delete a sandbox."""
-    err_console = Console(stderr=True)
     try:
         with _factory(ctx).sync(url, token) as client:
             client.sandboxes.delete(sandbox_id)
     except NotFound as err:
         if not missing_ok:
-            _fail(err, err_console)
+            _fail(err)
     except CorralError as err:
-        _fail(err, err_console)
+        _fail(err)
     typer.echo(f"killed {sandbox_id}")
 
 

@@ -76,6 +76,7 @@ class FakeApi:
         self.hosts_status = hosts_status
         self.sandboxes: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
+        self.drained: dict[str, bool] = {}
         self.by_key: dict[str, str] = {}
         self.create_script: deque[httpx.Response | Exception] = deque()
         self.delete_script: deque[httpx.Response] = deque()
@@ -105,6 +106,13 @@ class FakeApi:
             if self.hosts_status != 200:
                 return refusal(self.hosts_status, "forbidden")
             return httpx.Response(200, json={"hosts": [self._host(h) for h in self.hosts]})
+        if parts[:2] == ["v1", "hosts"] and len(parts) == 4 and parts[3] in ("drain", "undrain"):
+            if parts[2] not in self.hosts:
+                return refusal(404, "not_found")
+            self.drained[parts[2]] = parts[3] == "drain"
+            return httpx.Response(
+                200, json={"id": parts[2], "state": "draining" if self.drained[parts[2]] else "ready"}
+            )
         if parts[:2] == ["v1", "sandboxes"] and len(parts) >= 3:
             sandbox = self.sandboxes.get(parts[2])
             if sandbox is None:
