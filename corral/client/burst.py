@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.client.async_client import AsyncCorral
-from corral.client.errors import CorralError, Forbidden, NotFound, Unauthorized
+from corral.client.errors import CorralError, Forbidden, NotFound
 from corral.client.sandbox import AsyncSandbox
 
 
@@ -142,10 +142,11 @@ class BurstReport:
 
 
 async def fleet_host_ids(client: AsyncCorral) -> list[str] | None:
-    """The fleet's host ids, or ``None`` when this token may not list hosts (an admin route)."""
+    """The fleet's host ids, or ``None`` when this token may not list hosts (an admin route) or the
+    server does not offer the route."""
     try:
         hosts = await client.hosts.list()
-    except (Forbidden, Unauthorized):
+    except (Forbidden, NotFound):
         return None
     return [h.id for h in hosts]
 

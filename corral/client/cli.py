@@ -46,7 +46,7 @@ class ClientFactory:
     rng: random.Random | None = None
     retry: RetryPolicy | None = None
 
-    def sync(self, url: str | None, token: str | None) -> Corral:
+    def sync_client(self, url: str | None, token: str | None) -> Corral:
         return Corral(
             url,
             token,
@@ -57,7 +57,7 @@ class ClientFactory:
             rng=self.rng,
         )
 
-    def asyncio(self, url: str | None, token: str | None) -> AsyncCorral:
+    def async_client(self, url: str | None, token: str | None) -> AsyncCorral:
         return AsyncCorral(
             url,
             token,
@@ -110,7 +110,7 @@ def burst_command(
     factory = _factory(ctx)
 
     async def go() -> BurstReport:
-        async with factory.asyncio(url, token) as client:
+        async with factory.async_client(url, token) as client:
             return await run_burst(
                 client,
                 count,
@@ -173,7 +173,7 @@ def ps_command(
 ) -> None:
     """List sandboxes (all pages)."""
     try:
-        with _factory(ctx).sync(url, token) as client:
+        with _factory(ctx).sync_client(url, token) as client:
             sandboxes = list(client.sandboxes.list(state=state, host_id=host_id))
     except CorralError as err:
         _fail(err)
@@ -204,7 +204,7 @@ def hosts_command(
 ) -> None:
     """List hosts with their admission verdict and load (admin token)."""
     try:
-        with _factory(ctx).sync(url, token) as client:
+        with _factory(ctx).sync_client(url, token) as client:
             hosts = client.hosts.list()
     except CorralError as err:
         _fail(err)
@@ -249,7 +249,7 @@ def exec_command(
 ) -> None:
     """Run a command in a sandbox; exit with its exit code."""
     try:
-        with _factory(ctx).sync(url, token) as client:
+        with _factory(ctx).sync_client(url, token) as client:
             result = client.sandboxes.exec(sandbox_id, command, timeout_s=timeout_s, cwd=cwd)
     except CorralError as err:
         _fail(err)
@@ -270,7 +270,7 @@ def kill_command(
 ) -> None:
     """Delete a sandbox."""
     try:
-        with _factory(ctx).sync(url, token) as client:
+        with _factory(ctx).sync_client(url, token) as client:
             client.sandboxes.delete(sandbox_id)
     except NotFound as err:
         if not missing_ok:

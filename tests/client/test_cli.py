@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 
 import httpx
 import pytest
@@ -181,3 +182,22 @@ def test_url_and_token_from_the_environment(app: typer.Typer, factory: ClientFac
     )
     assert result.exit_code == 0, result.stderr
     assert api.requests[-1].url.host == "env-host"
+
+
+def test_a_real_closed_port_is_reported_as_unreachable(app: typer.Typer) -> None:
+    # No factory: the commands build real clients, and the port on loopback has nobody listening.
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = CliRunner().invoke(app, ["hosts", "--url", f"http://127.0.0.1:{port}", "--token", "x"])
+    assert result.exit_code == EXIT_UNREACHABLE
+    assert "cannot reach corral" in result.stderr
+
+
+def test_burst_with_a_bad_token_fails_before_creating(
+    app: typer.Typer, factory: ClientFactory, api: FakeApi
+) -> None:
+    code, _, err = invoke(app, factory, "burst", "-n", "5", "--url", "http://corral.test", "--token", "wrong")
+    assert code == EXIT_REFUSED and "unauthorized" in err
+    assert api.create_requests() == []
