@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corral.client import (
     AsyncCorral,
@@ -18,6 +21,7 @@ from corral.client import (
     NameConflict,
     NotFound,
     OverQuota,
+    RetryPolicy,
     SandboxOrphaned,
     Unauthorized,
     Unreachable,
@@ -296,3 +300,59 @@ async def test_async_deadline_and_permanent_errors(aclient: AsyncCorral, api: Fa
     with pytest.raises(OverQuota):
         await aclient.sandboxes.create("python")
     assert len(api.create_requests()) == before + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    script=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [(503, "no_capacity"), (503, "store_unavailable"), (502, None), (503, "no_healthy_hosts")]
+            ),
+            st.one_of(st.none(), st.floats(min_value=0, max_value=20)),
+        ),
+        max_size=40,
+    ),
+    seed=st.integers(0, 2**32 - 1),
+    deadline=st.floats(min_value=0, max_value=60),
+    cost=st.floats(min_value=0, max_value=3),
+)
+def test_any_refusal_sequence_respects_window_hint_and_deadline(
+    script: list[tuple[tuple[int, str | None], float | None]], seed: int, deadline: float, cost: float
+) -> None:
+    fake_time = FakeTime()
+    api = FakeApi(time=fake_time, request_cost_s=cost)
+    api.create_script.extend(refusal(status, code, retry_after=hint) for (status, code), hint in script)
+    policy = RetryPolicy(deadline_s=deadline)
+    start = fake_time.now
+    with Corral(
+        "http://corral.test",
+        "t0k",
+        transport=api.transport,
+        retry=policy,
+        clock=fake_time.clock,
+        sleep=fake_time.sleep,
+        rng=random.Random(seed),
+    ) as c:
+        try:
+            sandbox = c.sandboxes.create("python")
+        except CapacityUnavailable as exc:
+            assert exc.attempts == len(api.create_requests())
+            assert exc.elapsed_s >= deadline
+            assert exc.code == (script[exc.attempts - 1][0][1] or "bad_gateway")
+        else:
+            assert sandbox.create_stats is not None
+            assert sandbox.create_stats.attempts == len(script) + 1
+    keys = {r.headers["Idempotency-Key"] for r in api.create_requests()}
+    assert len(keys) == 1
+    # Every sleep began before the deadline and none reached past it.
+    t = start
+    for n, delay in enumerate(fake_time.sleeps):
+        t += cost
+        assert t + delay <= start + deadline + 1e-9
+        hint = script[n][1]
+        floor = hint or 0.0
+        if t + delay < start + deadline - 1e-9:  # not clamped: within [hint, hint + window]
+            # 1e-4: a bare 502 carries its hint only in the header, printed to 6 significant digits.
+            assert floor - 1e-4 <= delay <= floor + policy.window(n) + 1e-4
+        t += delay

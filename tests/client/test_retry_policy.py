@@ -62,26 +62,22 @@ def test_nonsense_policies_are_refused(kwargs: dict[str, float]) -> None:
 def test_budget_clamps_to_the_deadline_then_gives_up() -> None:
     now = [0.0]
     budget = RetryBudget(RetryPolicy(base_s=1.0, cap_s=1.0, deadline_s=2.5), lambda: now[0], random.Random(3))
-    refused = CorralError("full", code="no_capacity", status=503, retry_after_s=2.0)
+    refused = CorralError("full", code="no_capacity", status=503, retry_after_s=3.0)
 
     budget.attempt()
-    first = budget.after_refusal(refused)
-    assert 2.0 <= first <= 2.5  # hint 2 + jitter, clamped to the 2.5 s left
-    now[0] += first
+    delay = budget.after_refusal(refused)
+    assert delay == 2.5  # the hint (3 s + jitter) is clamped to what is left: the last try is at the deadline
+    now[0] += delay
     budget.attempt()
-    last = budget.after_refusal(refused) if now[0] < 2.5 else None
-    if last is not None:
-        assert now[0] + last <= 2.5
-        now[0] += last
-        budget.attempt()
     with pytest.raises(CapacityUnavailable) as info:
         budget.after_refusal(refused)
     err = info.value
     assert err.code == "no_capacity"
-    assert err.attempts == budget.attempts
-    assert err.elapsed_s == pytest.approx(2.5)
+    assert err.attempts == 2
+    assert err.elapsed_s == 2.5
     assert err.first_refusal_at == 0.0
-    assert err.refusals == {"no_capacity": budget.attempts}
+    assert err.refusals == {"no_capacity": 2}
+    assert err.retry_after_s == 3.0
     assert err.__cause__ is refused
 
 
