@@ -212,25 +212,19 @@ def hosts_command(
         _print_json({"hosts": [h.model_dump(mode="json") for h in hosts]})
         return
     table = Table(title=f"{len(hosts)} hosts", title_justify="left")
-    for column in (
-        "id",
-        "state",
-        "heartbeat",
-        "cpu",
-        "mem used/total",
-        "admittable",
-        "reserved",
-        "sandboxes",
-    ):
-        table.add_column(column, justify="left" if column in ("id", "state") else "right")
+    for column in ("id", "state", "mode", "hb_s", "cpu", "mem_mb", "admit_mb", "resv_mb", "n"):
+        table.add_column(
+            column, no_wrap=True, justify="left" if column in ("id", "state", "mode") else "right"
+        )
     for h in hosts:
         table.add_row(
             h.id,
             h.state,
-            "" if h.heartbeat_age_s is None else f"{h.heartbeat_age_s:.1f}s",
+            h.memory_admission or "",
+            "" if h.heartbeat_age_s is None else f"{h.heartbeat_age_s:.1f}",
             f"{h.cpu_used:g}/{h.cpu_total:g}",
             f"{h.memory_mb_used}/{h.memory_mb_total}",
-            f"{h.memory_mb_admittable} ({h.memory_admission or '?'})",
+            str(h.memory_mb_admittable),
             str(h.reserved_mb),
             str(h.sandboxes),
         )
