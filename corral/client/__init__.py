@@ -1,1 +1,54 @@
-"""corral.client"""
+"""corral's Python SDK: ``Corral`` (blocking) and ``AsyncCorral`` (asyncio).
+
+It imports nothing of the server. Creates retry "not now" refusals with full-jitter backoff under one
+idempotency key and raise ``CapacityUnavailable`` at the deadline: transient, so park the work as
+``waiting_capacity`` and never write it to a status column as a failure.
+"""
+
+from corral.client.async_client import AsyncCorral, AsyncHosts, AsyncSandboxes
+from corral.client.client import Corral, Hosts, Sandboxes
+from corral.client.errors import (
+    CapacityUnavailable,
+    CorralError,
+    Forbidden,
+    InvalidRequest,
+    Misdirected,
+    NameConflict,
+    NotFound,
+    OverQuota,
+    SandboxOrphaned,
+    Unauthorized,
+    Unreachable,
+)
+from corral.client.models import ExecResult, Host, SandboxRecord
+from corral.client.retry import CreateStats, RetryBudget, RetryPolicy
+from corral.client.sandbox import AsyncSandbox, Sandbox, SandboxView
+
+__all__ = [
+    "AsyncCorral",
+    "AsyncHosts",
+    "AsyncSandbox",
+    "AsyncSandboxes",
+    "CapacityUnavailable",
+    "Corral",
+    "CorralError",
+    "CreateStats",
+    "ExecResult",
+    "Forbidden",
+    "Host",
+    "Hosts",
+    "InvalidRequest",
+    "Misdirected",
+    "NameConflict",
+    "NotFound",
+    "OverQuota",
+    "RetryBudget",
+    "RetryPolicy",
+    "Sandbox",
+    "SandboxOrphaned",
+    "SandboxRecord",
+    "SandboxView",
+    "Sandboxes",
+    "Unauthorized",
+    "Unreachable",
+]

@@ -1,0 +1,283 @@
+"""Client-side commands: ``corral burst``, ``ps``, ``hosts``, ``exec``, ``kill``.
+
+Plain functions, registered by the main CLI (``app.command("burst")(burst_command)``; ``COMMANDS``
+lists them all). They reach the server only through a ``ClientFactory`` found on the click context:
+the main CLI passes none and gets real HTTP, tests pass one carrying an ``httpx.MockTransport``
+(``CliRunner().invoke(app, args, obj=ClientFactory(...))``).
+
+Exit codes: 0 success; 1 the server refused (the error's code is printed); 2 the server could not be
+reached. ``exec`` exits with the command's own exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from corral.client.async_client import AsyncCorral
+from corral.client.burst import BurstReport, run_burst
+from corral.client.client import Corral
+from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unreachable
+from corral.client.retry import RetryPolicy
+
+EXIT_REFUSED = 1
+EXIT_UNREACHABLE = 2
+
+
+@dataclass(frozen=True)
+class ClientFactory:
+    """How the commands build clients. The defaults are real HTTP, the system clock and real sleep."""
+
+    transport: httpx.BaseTransport | None = None
+    async_transport: httpx.AsyncBaseTransport | None = None
+    sleep: Callable[[float], None] = time.sleep
+    async_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random | None = None
+    retry: RetryPolicy | None = None
+
+    def sync_client(self, url: str | None, token: str | None) -> Corral:
+        return Corral(
+            url,
+            token,
+            transport=self.transport,
+            retry=self.retry,
+            clock=self.clock,
+            sleep=self.sleep,
+            rng=self.rng,
+        )
+
+    def async_client(self, url: str | None, token: str | None) -> AsyncCorral:
+        return AsyncCorral(
+            url,
+            token,
+            transport=self.async_transport,
+            retry=self.retry,
+            clock=self.clock,
+            sleep=self.async_sleep,
+            rng=self.rng,
+        )
+
+
+def _factory(ctx: typer.Context) -> ClientFactory:
+    found = ctx.find_object(ClientFactory)
+    return found if found is not None else ClientFactory()
+
+
+def _fail(err: CorralError) -> NoReturn:
+    typer.echo(f"error: {err}", err=True)
+    if isinstance(err, Unreachable) or (isinstance(err, CapacityUnavailable) and not err.reached_server):
+        raise typer.Exit(EXIT_UNREACHABLE)
+    raise typer.Exit(EXIT_REFUSED)
+
+
+def _print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=None, sort_keys=False, default=str))
+
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", envvar="CORRAL_URL", help="Control-plane URL [default: http://127.0.0.1:8700]."),
+]
+TokenOption = Annotated[str | None, typer.Option("--token", envvar="CORRAL_TOKEN", help="API token.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+
+def burst_command(
+    ctx: typer.Context,
+    count: Annotated[int, typer.Option("-n", "--count", min=1, help="Concurrent creates to fire.")] = 50,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    template: Annotated[str, typer.Option("--template", help="Template to create.")] = "default",
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", min=1, help="Memory per sandbox.")] = None,
+    ttl_seconds: Annotated[int, typer.Option("--ttl", min=1, help="TTL, in case clean-up fails.")] = 300,
+    deadline_s: Annotated[
+        float, typer.Option("--deadline", min=0, help="Seconds each create may spend retrying refusals.")
+    ] = 30.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Fire N concurrent creates, show where they landed, then delete them."""
+    factory = _factory(ctx)
+
+    async def go() -> BurstReport:
+        async with factory.async_client(url, token) as client:
+            return await run_burst(
+                client,
+                count,
+                template=template,
+                memory_mb=memory_mb,
+                ttl_seconds=ttl_seconds,
+                deadline_s=deadline_s,
+            )
+
+    try:
+        report = asyncio.run(go())
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json(report.to_json())
+    else:
+        _render_burst(report, Console())
+    if report.summary.placed == 0:
+        # Nothing placed at all: say so through the exit code too, so scripts notice.
+        codes = set(report.summary.refusals)
+        raise typer.Exit(EXIT_UNREACHABLE if codes == {Unreachable.code} else EXIT_REFUSED)
+
+
+def _render_burst(report: BurstReport, console: Console) -> None:
+    s = report.summary
+    widest = max(s.per_host.values(), default=0)
+    scale = 50 / widest if widest > 50 else 1.0
+    table = Table(title=f"{s.placed}/{s.requested} placed on {len(s.per_host)} hosts", title_justify="left")
+    table.add_column("host")
+    table.add_column("n", justify="right")
+    table.add_column("")
+    for host, n in s.per_host.items():
+        table.add_row(host, str(n), "#" * max(1 if n else 0, round(n * scale)))
+    console.print(table)
+    ratio = "inf" if s.max_to_median is None and s.max > 0 else f"{s.max_to_median or 0:.2f}"
+    console.print(f"max {s.max}  median {s.median:g}  max/median {ratio}  mean {s.mean:.2f}", highlight=False)
+    if s.p50_ms is not None:
+        console.print(f"latency p50 {s.p50_ms:.1f} ms  p99 {s.p99_ms:.1f} ms", highlight=False)
+    if s.refusals:
+        console.print(
+            "refused: " + ", ".join(f"{n} {code}" for code, n in s.refusals.items()), highlight=False
+        )
+    if s.retried:
+        console.print(
+            "retried after: " + ", ".join(f"{n} {code}" for code, n in s.retried.items()), highlight=False
+        )
+    console.print(f"deleted {report.deleted}", highlight=False)
+    if report.delete_failures:
+        failures = ", ".join(f"{n} {code}" for code, n in report.delete_failures.items())
+        console.print(f"[yellow]not deleted[/]: {failures}", highlight=False)
+
+
+def ps_command(
+    ctx: typer.Context,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    state: Annotated[str | None, typer.Option("--state", help="Only sandboxes in this state.")] = None,
+    host_id: Annotated[str | None, typer.Option("--host", help="Only sandboxes on this host.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List sandboxes (all pages)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            sandboxes = list(client.sandboxes.list(state=state, host_id=host_id))
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json({"sandboxes": [s.record.model_dump(mode="json") for s in sandboxes]})
+        return
+    table = Table(title=f"{len(sandboxes)} sandboxes", title_justify="left")
+    for column in ("id", "name", "template", "host", "state", "memory_mb", "created"):
+        table.add_column(column)
+    for s in sandboxes:
+        table.add_row(
+            s.id,
+            s.name or "",
+            s.template,
+            s.host_id or "",
+            s.state,
+            "" if s.memory_mb is None else str(s.memory_mb),
+            s.created_at.isoformat(timespec="seconds") if s.created_at else "",
+        )
+    Console().print(table)
+
+
+def hosts_command(
+    ctx: typer.Context,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List hosts with their admission verdict and load (admin token)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            hosts = client.hosts.list()
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json({"hosts": [h.model_dump(mode="json") for h in hosts]})
+        return
+    table = Table(title=f"{len(hosts)} hosts", title_justify="left")
+    for column in ("id", "state", "mode", "hb_s", "cpu", "mem_mb", "admit_mb", "resv_mb", "n"):
+        table.add_column(
+            column, no_wrap=True, justify="left" if column in ("id", "state", "mode") else "right"
+        )
+    for h in hosts:
+        table.add_row(
+            h.id,
+            h.state,
+            h.memory_admission or "",
+            "" if h.heartbeat_age_s is None else f"{h.heartbeat_age_s:.1f}",
+            f"{h.cpu_used:g}/{h.cpu_total:g}",
+            f"{h.memory_mb_used}/{h.memory_mb_total}",
+            str(h.memory_mb_admittable),
+            str(h.reserved_mb),
+            str(h.sandboxes),
+        )
+    Console().print(table)
+
+
+def exec_command(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="Sandbox id.")],
+    command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="Command and arguments.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    timeout_s: Annotated[float | None, typer.Option("--timeout", min=0, help="Seconds.")] = None,
+    cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a command in a sandbox; exit with its exit code."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            result = client.sandboxes.exec(sandbox_id, command, timeout_s=timeout_s, cwd=cwd)
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    else:
+        typer.echo(result.stdout, nl=False)
+        typer.echo(result.stderr, nl=False, err=True)
+    raise typer.Exit(result.exit_code)
+
+
+def kill_command(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="Sandbox id.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    missing_ok: Annotated[bool, typer.Option("--missing-ok", help="Succeed if it is already gone.")] = False,
+) -> None:
+    """Delete a sandbox."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            client.sandboxes.delete(sandbox_id)
+    except NotFound as err:
+        if not missing_ok:
+            _fail(err)
+    except CorralError as err:
+        _fail(err)
+    typer.echo(f"killed {sandbox_id}")
+
+
+COMMANDS: dict[str, Callable[..., None]] = {
+    "burst": burst_command,
+    "ps": ps_command,
+    "hosts": hosts_command,
+    "exec": exec_command,
+    "kill": kill_command,
+}

@@ -1,0 +1,234 @@
+"""``Corral``: the blocking client."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from corral.client import wire
+from corral.client.errors import CorralError, Unreachable
+from corral.client.models import BatchCreated, ExecResult, Host, HostList, SandboxPage, SandboxRecord, parse
+from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
+from corral.client.sandbox import Sandbox
+
+
+class Corral:
+    """A connection to a corral control plane.
+
+    ``url`` defaults to ``$CORRAL_URL`` then ``http://127.0.0.1:8700``; ``token`` to ``$CORRAL_TOKEN``.
+    ``transport`` is the seam for tests (``httpx.MockTransport``) and for custom networking; ``clock``,
+    ``sleep`` and ``rng`` drive the retry policy, so tests can make backoff instant and deterministic.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout_s: float = wire.DEFAULT_TIMEOUT_S,
+        retry: RetryPolicy | None = None,
+        clock: Clock = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.url = wire.resolve_url(url)
+        self.retry = retry or RetryPolicy()
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=wire.headers(wire.resolve_token(token)),
+            transport=transport,
+            timeout=timeout_s,
+        )
+        self.sandboxes = Sandboxes(self)
+        self.hosts = Hosts(self)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Corral:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str | int] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """One request, no retries: the decoded JSON body, or a typed ``CorralError``."""
+        try:
+            response = self._http.request(method, path, json=json, params=params, headers=headers)
+        except httpx.TransportError as exc:
+            raise Unreachable.from_transport(exc, self.url) from exc
+        return wire.body_of(response)
+
+    def create_with_retry(
+        self, path: str, body: Mapping[str, Any], *, idempotency_key: str | None, policy: RetryPolicy
+    ) -> tuple[Any, CreateStats]:
+        """POST a create, retrying refusals under ``policy`` with one idempotency key throughout."""
+        key = idempotency_key or str(uuid.uuid4())
+        budget = RetryBudget(policy, self._clock, self._rng)
+        while True:
+            budget.attempt()
+            try:
+                data = self.request("POST", path, json=body, headers={wire.IDEMPOTENCY_HEADER: key})
+            except CorralError as exc:
+                if not retryable_for_create(exc):
+                    raise
+                self._sleep(budget.after_refusal(exc))
+                continue
+            return data, budget.stats()
+
+
+class Sandboxes:
+    """``client.sandboxes``: create, find, list, exec and delete sandboxes."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def create(
+        self,
+        template: str,
+        *,
+        memory_mb: int | None = None,
+        cpus: float | None = None,
+        stateful: bool | None = None,
+        ttl_seconds: int | None = None,
+        name: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        deadline_s: float | None = None,
+    ) -> Sandbox:
+        """Create a sandbox, retrying "not now" refusals until ``deadline_s`` (default: the client's
+        policy). Raises ``CapacityUnavailable`` at the deadline (transient: park the work, do not record
+        it as failed) and a typed error at once for anything permanent."""
+        body = wire.create_body(
+            template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            stateful=stateful,
+            ttl_seconds=ttl_seconds,
+            name=name,
+            metadata=metadata,
+            env=env,
+        )
+        data, stats = self._client.create_with_retry(
+            "/v1/sandboxes", body, idempotency_key=idempotency_key, policy=self._policy(deadline_s)
+        )
+        return Sandbox(parse(SandboxRecord, data), self, stats)
+
+    def create_batch(
+        self,
+        count: int,
+        template: str,
+        *,
+        memory_mb: int | None = None,
+        cpus: float | None = None,
+        stateful: bool | None = None,
+        ttl_seconds: int | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        idempotency_key: str | None = None,
+        deadline_s: float | None = None,
+    ) -> builtins.list[Sandbox]:
+        """Create ``count`` sandboxes all or nothing, with the same retry behaviour as ``create``."""
+        spec = wire.create_body(
+            template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            stateful=stateful,
+            ttl_seconds=ttl_seconds,
+            metadata=metadata,
+            env=env,
+        )
+        data, stats = self._client.create_with_retry(
+            "/v1/sandboxes/batch",
+            {"count": count, "spec": spec},
+            idempotency_key=idempotency_key,
+            policy=self._policy(deadline_s),
+        )
+        return [Sandbox(r, self, stats) for r in parse(BatchCreated, data).sandboxes]
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        data = self._client.request("GET", wire.sandbox_path(sandbox_id))
+        return Sandbox(parse(SandboxRecord, data), self)
+
+    def page(
+        self,
+        *,
+        state: str | None = None,
+        host_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> tuple[builtins.list[Sandbox], str | None]:
+        """One page of sandboxes and the cursor of the next (``None`` on the last page)."""
+        params = wire.list_params(state=state, host_id=host_id, limit=limit, cursor=cursor)
+        page = parse(SandboxPage, self._client.request("GET", "/v1/sandboxes", params=params))
+        return [Sandbox(r, self) for r in page.sandboxes], page.next_cursor
+
+    def list(
+        self, *, state: str | None = None, host_id: str | None = None, page_size: int | None = None
+    ) -> Iterator[Sandbox]:
+        """Every matching sandbox, following cursors page by page as the iterator is consumed."""
+        cursor: str | None = None
+        while True:
+            sandboxes, cursor = self.page(state=state, host_id=host_id, limit=page_size, cursor=cursor)
+            yield from sandboxes
+            if cursor is None:
+                return
+
+    def delete(self, sandbox_id: str) -> None:
+        self._client.request("DELETE", wire.sandbox_path(sandbox_id))
+
+    def exec(
+        self,
+        sandbox_id: str,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        body = wire.exec_body(command, timeout_s=timeout_s, env=env, cwd=cwd)
+        data = self._client.request("POST", wire.sandbox_path(sandbox_id) + "/exec", json=body)
+        return parse(ExecResult, data)
+
+    def _policy(self, deadline_s: float | None) -> RetryPolicy:
+        policy = self._client.retry
+        return policy if deadline_s is None else dataclasses.replace(policy, deadline_s=deadline_s)
+
+
+class Hosts:
+    """``client.hosts``: the fleet as the admin API sees it."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def list(self) -> builtins.list[Host]:
+        return parse(HostList, self._client.request("GET", "/v1/hosts")).hosts
+
+    def drain(self, host_id: str) -> None:
+        self._client.request("POST", wire.host_path(host_id) + "/drain")
+
+    def undrain(self, host_id: str) -> None:
+        self._client.request("POST", wire.host_path(host_id) + "/undrain")

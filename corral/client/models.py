@@ -1,0 +1,90 @@
+"""What the API sends back, validated. Unknown fields are ignored so a newer server does not break an
+older SDK; a response missing what the contract promises is a ``bad_response`` error."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corral.client.errors import CorralError
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SandboxRecord(_Wire):
+    """One sandbox as the API describes it."""
+
+    id: str
+    name: str | None = None
+    tenant: str | None = None
+    template: str
+    host_id: str | None = None
+    state: str
+    memory_mb: int | None = None
+    cpus: float | None = None
+    stateful: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+
+
+class ExecResult(_Wire):
+    """The outcome of one command run inside a sandbox."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Host(_Wire):
+    """One host as the admin API describes it: its published admission verdict and its load."""
+
+    id: str
+    state: str
+    heartbeat_age_s: float | None = None
+    cpu_total: float = 0.0
+    cpu_used: float = 0.0
+    memory_mb_total: int = 0
+    memory_mb_used: int = 0
+    memory_mb_admittable: int = 0
+    memory_admission: str | None = None
+    reserved_mb: int = 0
+    sandboxes: int = 0
+
+
+class SandboxPage(_Wire):
+    sandboxes: list[SandboxRecord]
+    next_cursor: str | None = None
+
+
+class HostList(_Wire):
+    hosts: list[Host]
+
+
+class BatchCreated(_Wire):
+    sandboxes: list[SandboxRecord]
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], data: Any) -> M:
+    """Validate a response body, turning a contract breach into a typed error rather than a KeyError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise CorralError(
+            f"unexpected {model.__name__} from server at {where}: {first.get('msg')}",
+            code="bad_response",
+        ) from exc

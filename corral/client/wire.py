@@ -1,0 +1,123 @@
+"""The HTTP contract, shared by the sync and async clients: paths, headers, bodies, and how a response
+becomes a value or a typed error. Nothing here performs I/O."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from corral.client.errors import CorralError, InvalidRequest, error_from_response
+
+DEFAULT_URL = "http://127.0.0.1:8700"
+URL_ENV = "CORRAL_URL"
+TOKEN_ENV = "CORRAL_TOKEN"
+DEFAULT_TIMEOUT_S = 30.0
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def resolve_url(url: str | None) -> str:
+    """Explicit argument, then ``$CORRAL_URL``, then the local default."""
+    chosen = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    if not chosen.startswith(("http://", "https://")):
+        raise InvalidRequest(
+            f"url must start with http:// or https://, got {chosen!r}", details={"field": "url"}
+        )
+    return chosen.rstrip("/")
+
+
+def resolve_token(token: str | None) -> str | None:
+    return token if token is not None else os.environ.get(TOKEN_ENV)
+
+
+def headers(token: str | None) -> dict[str, str]:
+    out = {"Accept": "application/json", "User-Agent": "corral-sdk"}
+    if token:
+        out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def sandbox_path(sandbox_id: str) -> str:
+    if not sandbox_id or "/" in sandbox_id:
+        raise InvalidRequest(f"invalid sandbox id {sandbox_id!r}", details={"field": "id"})
+    return f"/v1/sandboxes/{sandbox_id}"
+
+
+def host_path(host_id: str) -> str:
+    if not host_id or "/" in host_id:
+        raise InvalidRequest(f"invalid host id {host_id!r}", details={"field": "host_id"})
+    return f"/v1/hosts/{host_id}"
+
+
+def create_body(
+    template: str,
+    *,
+    memory_mb: int | None = None,
+    cpus: float | None = None,
+    stateful: bool | None = None,
+    ttl_seconds: int | None = None,
+    name: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The create spec; absent options are omitted so the server's defaults apply."""
+    body: dict[str, Any] = {"template": template}
+    optional: dict[str, Any] = {
+        "memory_mb": memory_mb,
+        "cpus": cpus,
+        "stateful": stateful,
+        "ttl_seconds": ttl_seconds,
+        "name": name,
+        "metadata": dict(metadata) if metadata is not None else None,
+        "env": dict(env) if env is not None else None,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+def exec_body(
+    command: str | Sequence[str],
+    *,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"command": command if isinstance(command, str) else list(command)}
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
+    if env is not None:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    return body
+
+
+def list_params(
+    *, state: str | None, host_id: str | None, limit: int | None, cursor: str | None
+) -> dict[str, str | int]:
+    params: dict[str, str | int] = {}
+    if state is not None:
+        params["state"] = state
+    if host_id is not None:
+        params["host_id"] = host_id
+    if limit is not None:
+        params["limit"] = limit
+    if cursor is not None:
+        params["cursor"] = cursor
+    return params
+
+
+def body_of(response: httpx.Response) -> Any:
+    """The JSON body of a successful response, or the typed error a failed one names."""
+    if not response.is_success:
+        raise error_from_response(response)
+    if response.status_code == 204 or not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise CorralError(
+            f"server answered {response.status_code} with a body that is not JSON", code="bad_response"
+        ) from exc
