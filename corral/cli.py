@@ -5,10 +5,14 @@ from __future__ import annotations
 import typer
 
 from corral import __version__
+from corral.sim.cli import sim_app
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets."
 )
+
+
+app.add_typer(sim_app, name="sim")
 
 
 @app.callback()

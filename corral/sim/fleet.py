@@ -55,7 +55,7 @@ class RetryPolicy:
 class FleetConfig:
     hosts: int
     policy: Policy
-    host: HostSpec = HostSpec()
+    host: HostSpec = field(default_factory=HostSpec)
     replicas: int = 1
     view_ttl_s: float = 30.0
     # None: view_ttl_s + 3 heartbeats, so a view cached for its whole TTL does not make healthy hosts
@@ -65,9 +65,9 @@ class FleetConfig:
     ledger_ttl_s: float = 120.0
     # A replica's lease: its reservations are dropped this long after it dies. None: TTL only.
     lease_s: float | None = 10.0
-    touch: TouchModel = TouchModel()
+    touch: TouchModel = field(default_factory=TouchModel)
     bind_attempts: int = 6
-    retry: RetryPolicy = RetryPolicy()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.replicas < 1:

@@ -41,6 +41,9 @@ class BurstScenario:
     starts_limit: int | None = None
     # One host (chosen by the seed) joins empty: the case where per-replica ledgers pile up.
     fresh_host: bool = False
+    # Shared-ledger reservations of a dead replica end with its lease, or at the TTL (last resort).
+    lease_s: float | None = 10.0
+    ledger_ttl_s: float = 120.0
 
     def __post_init__(self) -> None:
         policy_named(self.policy)
@@ -108,6 +111,8 @@ def build(scn: BurstScenario, seed: int) -> Fleet:
             replicas=scn.replicas,
             view_ttl_s=scn.view_ttl_s,
             split=scn.split,
+            lease_s=scn.lease_s,
+            ledger_ttl_s=scn.ledger_ttl_s,
         ),
         seed,
     )
