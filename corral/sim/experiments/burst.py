@@ -1,0 +1,152 @@
+"""``burst``: N concurrent creates against a fleet whose view is seconds old (seed 000's incident).
+
+Hosts start with free memory a few hundred MB apart, as in a real fleet, so scores strictly order and
+a deterministic scorer has a single winner. The burst arrives within ``window_s``, far inside one
+heartbeat interval and one view TTL.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from corral.core import CreateRequest
+from corral.sim.fleet import Fleet, FleetConfig, counts_for
+from corral.sim.host import HostSpec
+from corral.sim.policies import policy as policy_named
+
+PRELOAD_SANDBOXES = 4  # the fleet's existing load on each host, already measured
+
+
+@dataclass(frozen=True, slots=True)
+class BurstScenario:
+    hosts: int = 12
+    creates: int = 50
+    replicas: int = 1
+    policy: str = "corral"
+    heartbeat_s: float = 10.0
+    heartbeat_jitter: float = 0.1
+    view_ttl_s: float = 30.0
+    window_s: float = 0.2
+    host_memory_mb: int = 32768
+    host_cpus: float = 16.0
+    # Existing resident memory on the emptiest host, and the step between consecutive hosts.
+    base_used_mb: int = 8192
+    gap_mb: int = 300
+    sandbox_mb: int = 4096
+    sandbox_cpu: float = 1.0
+    split: str = "round_robin"
+    # Override the policy's agent starts limiter (None: the policy's own).
+    starts_limit: int | None = None
+    # One host (chosen by the seed) joins empty: the case where per-replica ledgers pile up.
+    fresh_host: bool = False
+    # Shared-ledger reservations of a dead replica end with its lease, or at the TTL (last resort).
+    lease_s: float | None = 10.0
+    ledger_ttl_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        policy_named(self.policy)
+        if self.creates < 1 or self.window_s < 0 or self.gap_mb < 0:
+            raise ValueError("creates must be >= 1, window_s and gap_mb must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class BurstResult:
+    scenario: BurstScenario
+    seed: int
+    per_host: dict[str, int]
+    refusals: dict[str, int]
+    placed: int
+    mean_view_age_s: float
+    free_mb_before: dict[str, int]
+    outstanding_mb_after: int
+
+    @property
+    def max(self) -> int:
+        return max(self.per_host.values())
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.per_host.values()))
+
+    @property
+    def max_to_median(self) -> float | None:
+        """None when the median host got nothing: the ratio is unbounded."""
+        return self.max / self.median if self.median > 0 else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "experiment": "burst",
+            "seed": self.seed,
+            "policy": self.scenario.policy,
+            "scenario": asdict(self.scenario),
+            "per_host": self.per_host,
+            "max": self.max,
+            "median": self.median,
+            "max_to_median": self.max_to_median,
+            "placed": self.placed,
+            "refusals": self.refusals,
+            "mean_view_age_s": round(self.mean_view_age_s, 3),
+            "free_mb_before": self.free_mb_before,
+            "outstanding_mb_after": self.outstanding_mb_after,
+        }
+
+
+def build(scn: BurstScenario, seed: int) -> Fleet:
+    pol = policy_named(scn.policy)
+    if scn.starts_limit is not None:
+        pol = replace(pol, starts_limit=scn.starts_limit)
+    spec = HostSpec(
+        memory_mb=scn.host_memory_mb,
+        cpus=scn.host_cpus,
+        heartbeat_s=scn.heartbeat_s,
+        heartbeat_jitter=scn.heartbeat_jitter,
+    )
+    fleet = Fleet(
+        FleetConfig(
+            hosts=scn.hosts,
+            policy=pol,
+            host=spec,
+            replicas=scn.replicas,
+            view_ttl_s=scn.view_ttl_s,
+            split=scn.split,
+            lease_s=scn.lease_s,
+            ledger_ttl_s=scn.ledger_ttl_s,
+        ),
+        seed,
+    )
+    rng = fleet.stream("preload")
+    ranks = list(range(scn.hosts))
+    rng.shuffle(ranks)
+    fresh = rng.randrange(scn.hosts) if scn.fresh_host else None
+    jitter = scn.gap_mb // 4
+    for i, (host, rank) in enumerate(zip(fleet.hosts, ranks, strict=True)):
+        if i == fresh:
+            continue
+        used = scn.base_used_mb + rank * scn.gap_mb + rng.randint(-jitter, jitter)
+        for _ in range(PRELOAD_SANDBOXES):
+            host.preload(fleet.new_id(), scn.sandbox_mb, used // PRELOAD_SANDBOXES, 1.0, 0.0)
+    return fleet
+
+
+def run(scn: BurstScenario, seed: int = 1) -> BurstResult:
+    fleet = build(scn, seed)
+    free_before = {h.id: h.admittable for h in fleet.hosts}
+    hb_max = scn.heartbeat_s * (1 + scn.heartbeat_jitter)
+    start = hb_max + scn.view_ttl_s  # every host has heartbeated and every view cache is warm
+    fleet.warm_views(hb_max, start)
+    req = CreateRequest(memory_mb=scn.sandbox_mb, cpu=scn.sandbox_cpu)
+    fleet.burst(req, scn.creates, start, scn.window_s)
+    fleet.run(start + scn.window_s + fleet.cfg.retry.deadline_s + 2 * hb_max + scn.view_ttl_s)
+    m = fleet.metrics
+    return BurstResult(
+        scenario=scn,
+        seed=seed,
+        per_host=counts_for(fleet.hosts, m.placements),
+        refusals=dict(sorted(m.refusals.items())),
+        placed=m.placed,
+        mean_view_age_s=m.mean_view_age_s,
+        free_mb_before=free_before,
+        outstanding_mb_after=fleet.outstanding_mb(),
+    )

@@ -1,0 +1,112 @@
+"""Placement policies by name: which core selector a replica runs, whose ledger it reserves in, and
+what the agent enforces on its own side. Each is a composition of core parts, never a copy of one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from corral.core import FullScan, Jitter, Naive, PowerOfK, Selector
+
+
+class LedgerScope(StrEnum):
+    NONE = "none"  # no in-flight accounting: the view is all a replica knows
+    REPLICA = "replica"  # one ledger per replica process (seed 000's fix 1)
+    SHARED = "shared"  # one ledger for every replica (the store's reservations table)
+
+
+# The agent-side starts limiter of the corral policy: concurrent starts per host, as in E2B's
+# orchestrator (3) and below seed 000's eight; a refusal is retried on another host at once.
+CORRAL_STARTS_LIMIT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    selector: Callable[[], Selector]
+    ledger: LedgerScope
+    # The agent enforces its own admission arithmetic and (optionally) a starts limiter.
+    agent_gate: bool
+    starts_limit: int | None
+    summary: str
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy(
+            "naive",
+            Naive,
+            LedgerScope.NONE,
+            False,
+            None,
+            "argmax over the cached view, no ledger, agents start whatever they are sent (seed 000's bug)",
+        ),
+        Policy(
+            "jitter",
+            Jitter,
+            LedgerScope.NONE,
+            False,
+            None,
+            "argmax over scores perturbed by +/-2%, ties broken at random (seed 000's fix 3)",
+        ),
+        Policy(
+            "reservations",
+            Naive,
+            LedgerScope.REPLICA,
+            False,
+            None,
+            "argmax minus an in-flight ledger held by each replica process (seed 000's fix 1)",
+        ),
+        Policy(
+            "power_of_2",
+            lambda: PowerOfK(k=2),
+            LedgerScope.NONE,
+            False,
+            None,
+            "best of two hosts sampled at random, no ledger (seed 000's fix 2)",
+        ),
+        Policy(
+            "shared_ledger",
+            Naive,
+            LedgerScope.SHARED,
+            False,
+            None,
+            "argmax minus one in-flight ledger shared by every replica",
+        ),
+        Policy(
+            "corral",
+            lambda: PowerOfK(k=2),
+            LedgerScope.SHARED,
+            True,
+            CORRAL_STARTS_LIMIT,
+            "power-of-2 sampling + a shared ledger + the agent's own gate and starts limiter",
+        ),
+        Policy(
+            "random",
+            lambda: PowerOfK(k=1),
+            LedgerScope.NONE,
+            False,
+            None,
+            "one feasible host chosen uniformly at random, no ledger",
+        ),
+        Policy(
+            "full_scan",
+            FullScan,
+            LedgerScope.NONE,
+            False,
+            None,
+            "argmax over every host, ties broken at random, no ledger",
+        ),
+    )
+}
+
+BURST_POLICIES = ("naive", "jitter", "reservations", "power_of_2", "shared_ledger", "corral")
+
+
+def policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None

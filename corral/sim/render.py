@@ -1,0 +1,117 @@
+"""Readable terminal output for each experiment (rich): a table, and for ``burst`` one bar per host,
+like the histogram seed 000's ``burst.py`` prints."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from corral.sim.experiments import (
+    BurstResult,
+    DensityResult,
+    LeakResult,
+    ScaleResult,
+    StalenessResult,
+)
+
+
+def _ratio(x: float | None) -> str:
+    return "inf (median host got nothing)" if x is None else f"{x:.2f}"
+
+
+def burst(r: BurstResult, console: Console) -> None:
+    s = r.scenario
+    console.print(
+        f"[bold]burst[/bold]: {s.creates} creates in {s.window_s * 1000:g} ms, {s.hosts} hosts, "
+        f"{s.replicas} replica(s) ({s.split}), policy [bold]{s.policy}[/bold], heartbeat {s.heartbeat_s:g} s, "
+        f"view TTL {s.view_ttl_s:g} s, seed {r.seed}"
+    )
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("host")
+    table.add_column("free MB", justify="right")
+    table.add_column("placed", justify="right")
+    table.add_column("")
+    for host, n in r.per_host.items():
+        table.add_row(host, str(r.free_mb_before[host]), str(n), "[green]" + "█" * n + "[/green]")
+    console.print(table)
+    console.print(
+        f"max {r.max}  median {r.median:g}  max/median {_ratio(r.max_to_median)}  placed {r.placed}"
+    )
+    refusals = ", ".join(f"{k} {v}" for k, v in r.refusals.items()) or "none"
+    console.print(f"refusals: {refusals}")
+
+
+def density(r: DensityResult, console: Console) -> None:
+    s = r.scenario
+    console.print(
+        f"[bold]density[/bold]: {s.hosts} hosts of {s.host_memory_mb} MB, {s.sandbox_mb} MB sandboxes touching "
+        f"~{s.working_set_mb} MB, {s.rate_per_s:g} creates/s for {s.duration_s:g} s, seed {r.seed}"
+    )
+    table = Table(show_header=True, header_style="bold", box=None)
+    for col in ("admission", "per host", "OOM events", "resident/committed", "refused creates"):
+        table.add_column(col, justify="right")
+    for m in (r.committed, r.working_set):
+        refused = sum(v for k, v in m.refusals.items() if k != "gave_up")
+        table.add_row(
+            m.mode, f"{m.per_host:g}", str(m.oom_events), f"{m.resident_to_committed:.3f}", str(refused)
+        )
+    console.print(table)
+    if r.committed.per_host:
+        console.print(
+            f"working-set fits {r.working_set.per_host / r.committed.per_host:.1f}x as many per host"
+        )
+
+
+def staleness(r: StalenessResult, console: Console) -> None:
+    s = r.scenario
+    console.print(
+        f"[bold]staleness[/bold]: {s.hosts} hosts, {s.replicas} replicas, mean load {s.mean_load:g}/host, "
+        f"heartbeat {s.heartbeat_s:g} s, seed {r.seed}: max-to-median load by view TTL"
+    )
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("policy")
+    for ttl in s.view_ttls_s:
+        table.add_column(f"ttl {ttl:g}s", justify="right")
+    for policy in s.policies:
+        pts = {p.view_ttl_s: p for p in r.points if p.policy == policy}
+        table.add_row(policy, *(f"{pts[t].max_to_median:.2f}" for t in s.view_ttls_s if t in pts))
+    console.print(table)
+    ages = {p.view_ttl_s: p.mean_view_age_s for p in r.points if p.policy == s.policies[0]}
+    console.print(
+        f"mean view age ({s.policies[0]}): " + ", ".join(f"ttl {t:g}s -> {a:.1f}s" for t, a in ages.items())
+    )
+
+
+def scale(r: ScaleResult, console: Console) -> None:
+    console.print(f"[bold]scale[/bold]: fullest host after n creates on n hosts, seed {r.seed}")
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("n", justify="right")
+    for policy in r.scenario.policies:
+        table.add_column(policy, justify="right")
+        if policy != "full_scan":
+            table.add_column("theory", justify="right", style="dim")
+    by = {(p.policy, p.n): p for p in r.points}
+    for n in r.scenario.ns:
+        row = [str(n)]
+        for policy in r.scenario.policies:
+            p = by.get((policy, n))
+            row.append(f"{p.max_load:g}" if p else "-")
+            if policy != "full_scan":
+                row.append(f"{p.theory:.2f}" if p and p.theory is not None else "-")
+        table.add_row(*row)
+    console.print(table)
+
+
+def leak(r: LeakResult, console: Console) -> None:
+    s = r.scenario
+    console.print(
+        f"[bold]leak[/bold]: replica r{s.crash_replica} of {s.burst.replicas} dies {s.crash_after_s:g} s into a "
+        f"{s.burst.creates}-create burst (lease {s.lease_s:g} s, ledger TTL {s.ledger_ttl_s:g} s), seed {r.seed}"
+    )
+    table = Table(show_header=True, header_style="bold", box=None)
+    for col in ("variant", "held by dead MB", "peak MB", "final MB", "zero from (s)"):
+        table.add_column(col, justify="right")
+    for run in (r.lease, r.ttl_only):
+        zero = f"{run.zero_at_s:g}" if run.zero_at_s is not None else "never"
+        table.add_row(run.variant, str(run.held_by_dead_mb), str(run.peak_mb), str(run.final_mb), zero)
+    console.print(table)
