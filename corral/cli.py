@@ -48,12 +48,14 @@ def serve(
     host_cpus: Annotated[float | None, typer.Option("--host-cpus", min=0.1)] = None,
     admission: Annotated[AdmissionMode, typer.Option("--admission")] = AdmissionMode.WORKING_SET,
     heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
-    k: Annotated[int, typer.Option("--k", min=0, help="Power-of-K choices (0: scan every host).")] = 2,
+    k: Annotated[
+        int | None, typer.Option("--k", min=0, help="Power-of-K (default: max(2, log2 hosts); 0: scan all).")
+    ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Process runtime state.")] = None,
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
-    from corral.api.server import ServeOptions, run
+    from corral.api.server import BadToken, ServeOptions, run
     from corral.api.server import serve as serve_
     from corral.control.localfleet import process_runtime_available
 
@@ -84,7 +86,10 @@ def serve(
         headroom_mb=min(2048, mem // 8),
         max_concurrent_starts=max_concurrent_starts,
     )
-    run(serve_(opts))
+    try:
+        run(serve_(opts))
+    except BadToken as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 @app.command()
@@ -92,31 +97,41 @@ def api(
     store: Annotated[str, typer.Option("--store", help="postgresql://user@host:port/db (or sqlite:///...)")],
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8700,
-    k: Annotated[int, typer.Option("--k", min=0)] = 2,
+    k: Annotated[
+        int | None, typer.Option("--k", min=0, help="Power-of-K (default: max(2, log2 hosts)).")
+    ] = None,
     heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
     replica_id: Annotated[str | None, typer.Option("--replica-id")] = None,
+    lease_s: Annotated[float, typer.Option("--lease-s", min=0.5, help="Replica lease.")] = 15.0,
+    bind_timeout: Annotated[float, typer.Option("--bind-timeout", min=0.1)] = 30.0,
+    reconcile_interval: Annotated[float, typer.Option("--reconcile-interval", min=0.05)] = 1.0,
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP."""
+    from corral.api.server import ApiOptions, BadToken, run
     from corral.api.server import api as api_
-    from corral.api.server import run
 
     agent_token = os.environ.get("CORRAL_AGENT_TOKEN")
     if not agent_token:
         raise typer.BadParameter(
             "set CORRAL_AGENT_TOKEN: the token agents present", param_hint="CORRAL_AGENT_TOKEN"
         )
-    run(
-        api_(
-            host,
-            port,
-            store,
-            os.environ.get("CORRAL_TOKEN") or None,
-            agent_token,
-            k=k,
-            heartbeat_interval_s=heartbeat_interval,
-            replica_id=replica_id,
-        )
+    opts = ApiOptions(
+        host=host,
+        port=port,
+        store=store,
+        admin_token=os.environ.get("CORRAL_TOKEN") or None,
+        agent_token=agent_token,
+        k=k,
+        heartbeat_interval_s=heartbeat_interval,
+        replica_id=replica_id,
+        lease_s=lease_s,
+        bind_timeout_s=bind_timeout,
+        reconcile_interval_s=reconcile_interval,
     )
+    try:
+        run(api_(opts))
+    except BadToken as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 app.command("agent")(agent_command)

@@ -15,7 +15,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.control.agents import HttpAgents, LocalAgents
-from corral.control.config import ControlConfig
+from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import build_local_fleet
 from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
@@ -37,7 +37,7 @@ class ServeOptions:
     admin_token: str | None = None
     agent_token: str | None = None
     heartbeat_interval_s: float = 2.0
-    k: int = 2
+    k: int | None = None
     state_dir: Path | None = None
     headroom_mb: int = 2048
     max_concurrent_starts: int = 8
@@ -64,13 +64,26 @@ def _timeouts(heartbeat_interval_s: float) -> Timeouts:
     )
 
 
-def token_or_new(token: str | None) -> tuple[str, bool]:
-    return (token, False) if token else (secrets.token_urlsafe(24), True)
+MIN_TOKEN_CHARS = 16
+
+
+class BadToken(ValueError):
+    pass
+
+
+def token_or_new(token: str | None, name: str = "CORRAL_TOKEN") -> tuple[str, bool]:
+    if token is None:
+        return secrets.token_urlsafe(24), True
+    if len(token) < MIN_TOKEN_CHARS:
+        raise BadToken(f"{name} must be at least {MIN_TOKEN_CHARS} characters")
+    return token, False
 
 
 async def serve(opts: ServeOptions) -> None:
     """All in one: SQLite, the API, and ``opts.hosts`` agents in this process."""
     admin, generated = token_or_new(opts.admin_token)
+    if opts.agent_token is not None:
+        token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
     policy = AdmissionPolicy(headroom_mb=opts.headroom_mb)
     config = ControlConfig(timeouts=_timeouts(opts.heartbeat_interval_s), policy=policy, k=opts.k)
     store = open_store(opts.store)
@@ -91,15 +104,15 @@ async def serve(opts: ServeOptions) -> None:
         state_root=opts.state_dir,
     )
     app = create_app(plane, admin_token=admin, agent_token=opts.agent_token, manage=False)
-    await plane.start(admin_token=admin, agent_token=opts.agent_token)
-    await fleet.start()
-    server = _uvicorn(app, opts.host, opts.port)
-    url = f"http://{opts.host}:{opts.port}"
-    print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
-    if generated:
-        print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
-    print(f"try:  CORRAL_URL={url} CORRAL_TOKEN=... corral burst -n 50", flush=True)
     try:
+        await plane.start(admin_token=admin, agent_token=opts.agent_token)
+        await fleet.start()
+        server = _uvicorn(app, opts.host, opts.port)
+        url = f"http://{opts.host}:{opts.port}"
+        print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
+        if generated:
+            print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
+        print(f"try:  CORRAL_URL={url} CORRAL_TOKEN=... corral burst -n 50", flush=True)
         await server.serve()
     finally:
         await fleet.stop(stop_sandboxes=opts.runtime == "process")
@@ -107,25 +120,45 @@ async def serve(opts: ServeOptions) -> None:
         await store.close()
 
 
-async def api(
-    host: str,
-    port: int,
-    store_url: str,
-    admin_token: str | None,
-    agent_token: str,
-    k: int = 2,
-    heartbeat_interval_s: float = 2.0,
-    replica_id: str | None = None,
-) -> None:
+@dataclass(frozen=True)
+class ApiOptions:
+    store: str
+    agent_token: str
+    host: str = "127.0.0.1"
+    port: int = 8700
+    admin_token: str | None = None
+    k: int | None = None
+    heartbeat_interval_s: float = 2.0
+    replica_id: str | None = None
+    lease_s: float = 15.0
+    bind_timeout_s: float = 30.0
+    reconcile_interval_s: float = 1.0
+
+
+async def api(opts: ApiOptions) -> None:
     """One replica: stateless, all state in the store; agents reached at their published addresses."""
-    admin, generated = token_or_new(admin_token)
-    kwargs = {"replica_id": replica_id} if replica_id else {}
-    config = ControlConfig(timeouts=_timeouts(heartbeat_interval_s), k=k, **kwargs)  # type: ignore[arg-type]
-    store = open_store(store_url)
-    plane = ControlPlane(store, HttpAgents(agent_token), config)
-    app = create_app(plane, admin_token=admin, agent_token=agent_token, manage=True)
-    server = _uvicorn(app, host, port)
-    print(f"corral api replica {config.replica_id} on http://{host}:{port}, store {store_url}", flush=True)
+    admin, generated = token_or_new(opts.admin_token)
+    token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
+    base = _timeouts(opts.heartbeat_interval_s)
+    timeouts = Timeouts(
+        heartbeat_interval_s=base.heartbeat_interval_s,
+        stale_after_s=base.stale_after_s,
+        dead_after_s=base.dead_after_s,
+        bind_timeout_s=opts.bind_timeout_s,
+        reservation_ttl_s=max(base.reservation_ttl_s, 4 * opts.bind_timeout_s),
+    )
+    config = ControlConfig(
+        replica_id=opts.replica_id or default_replica_id(),
+        timeouts=timeouts,
+        k=opts.k,
+        replica_lease_s=opts.lease_s,
+        reconcile_interval_s=min(opts.reconcile_interval_s, opts.lease_s / 3),
+    )
+    store = open_store(opts.store)
+    plane = ControlPlane(store, HttpAgents(opts.agent_token), config)
+    app = create_app(plane, admin_token=admin, agent_token=opts.agent_token, manage=True)
+    server = _uvicorn(app, opts.host, opts.port)
+    print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
     if generated:
         print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
     try:

@@ -104,3 +104,6 @@ class Sandboxes:
                 return
         await self.store.delete_sandbox(sandbox_id)
         self.routes.drop(sandbox_id)
+        if rec.reservation_id:
+            # Deleted before a heartbeat showed it: no heartbeat ever will, so end its claim now.
+            await self.store.cancel(rec.reservation_id)
