@@ -14,7 +14,6 @@ import builtins
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 from corral.agent.errors import (
     AgentConflict,
@@ -57,19 +56,27 @@ PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
 
 
-@dataclass(slots=True)
 class _Live:
     """A sandbox the agent accounts for."""
 
-    spec: SandboxSpec
-    started_at: float
-    # The last measurement taken after the sandbox settled; until then it is charged its reserve.
-    resident_mb: int | None = None
-    # The latest reading of any age, for the host's memory_mb_used.
-    observed_mb: int | None = None
+    __slots__ = ("observed_mb", "spec", "started_at", "usage")
 
-    def usage(self) -> SandboxUsage:
-        return SandboxUsage(self.spec.memory_mb, self.resident_mb, self.spec.stateful)
+    def __init__(self, spec: SandboxSpec, started_at: float) -> None:
+        self.spec = spec
+        self.started_at = started_at
+        # What the gate charges, kept ready: the gate runs over every live sandbox at every start.
+        # resident_mb stays None (charged the reserve) until a measurement sees it settled.
+        self.usage = SandboxUsage(spec.memory_mb, None, spec.stateful)
+        # The latest reading of any age, for the host's memory_mb_used.
+        self.observed_mb: int | None = None
+
+    @property
+    def resident_mb(self) -> int | None:
+        return self.usage.resident_mb
+
+    def settled_at(self, resident_mb: int) -> None:
+        if resident_mb != self.usage.resident_mb:
+            self.usage = SandboxUsage(self.spec.memory_mb, resident_mb, self.spec.stateful)
 
 
 class Agent:
@@ -149,7 +156,7 @@ class Agent:
         return sum(self._starting.values())
 
     def usages(self) -> list[SandboxUsage]:
-        return [s.usage() for s in self._live.values()]
+        return [s.usage for s in self._live.values()]
 
     def admittable_mb(self) -> int:
         """What the host can still admit before the starts in flight: the number a heartbeat publishes."""
@@ -221,9 +228,10 @@ class Agent:
         if req.id in self._starting:
             raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} is already starting")
         creq = CreateRequest(memory_mb=req.memory_mb, cpu=req.cpus, stateful=req.stateful)
-        # Cheap checks first, so a refusal that is certain does not wait for a slot.
         self._check_pressure()
-        self._check_fits(creq)
+        if self.limiter.saturated:
+            # A refusal that is already certain must not wait for a slot first.
+            self._check_fits(creq)
         try:
             await self.limiter.acquire()
         except StartsSaturated as exc:
@@ -380,7 +388,7 @@ class Agent:
                 continue
             s.observed_mb = mb
             if now - s.started_at >= self.settle_s:
-                s.resident_mb = mb
+                s.settled_at(mb)
         self.observe_pressure()
 
     def capacity(self) -> Capacity:
