@@ -134,6 +134,7 @@ class Agent:
         self._live: dict[str, _Live] = {}
         self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
         self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
         self.refusals: dict[str, int] = {}
@@ -271,7 +272,9 @@ class Agent:
             ) from exc
         except asyncio.CancelledError:
             # The caller went away mid-start: make sure nothing half-started stays behind unaccounted.
-            asyncio.get_running_loop().create_task(self._reap(req.id))
+            reaper = asyncio.get_running_loop().create_task(self._reap(req.id))
+            self._background.add(reaper)
+            reaper.add_done_callback(self._background.discard)
             raise
         finally:
             del self._starting[req.id]
@@ -286,6 +289,11 @@ class Agent:
     async def stop(self, sandbox_id: str) -> None:
         task = self._stopping.get(sandbox_id)
         if task is None:
+            if sandbox_id in self._starting:
+                # Not now: once its start returns it can be stopped like any other.
+                raise self._refuse(
+                    Code.SANDBOX_STARTING, f"sandbox {sandbox_id!r} is still starting", STARTS_SATURATED_RETRY_S
+                )
             if sandbox_id not in self._live:
                 raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
             task = asyncio.get_running_loop().create_task(self._stop(sandbox_id))
