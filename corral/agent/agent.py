@@ -292,7 +292,9 @@ class Agent:
             if sandbox_id in self._starting:
                 # Not now: once its start returns it can be stopped like any other.
                 raise self._refuse(
-                    Code.SANDBOX_STARTING, f"sandbox {sandbox_id!r} is still starting", STARTS_SATURATED_RETRY_S
+                    Code.SANDBOX_STARTING,
+                    f"sandbox {sandbox_id!r} is still starting",
+                    STARTS_SATURATED_RETRY_S,
                 )
             if sandbox_id not in self._live:
                 raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")

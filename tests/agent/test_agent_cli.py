@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import ClassVar
 
 import httpx
@@ -79,16 +78,9 @@ def control_plane() -> Iterator[tuple[str, list[tuple[str, Heartbeat]]]]:
     server.server_close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_for(predicate: object, what: str, limit_s: float = 30.0) -> None:
+def _wait_for(predicate: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
     deadline = time.monotonic() + limit_s
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(0.05)
@@ -96,12 +88,11 @@ def _wait_for(predicate: object, what: str, limit_s: float = 30.0) -> None:
 
 @pytest.mark.slow
 async def test_agent_command_serves_and_heartbeats(
-    control_plane: tuple[str, list[tuple[str, Heartbeat]]],
+    control_plane: tuple[str, list[tuple[str, Heartbeat]]], tmp_path: Path
 ) -> None:
     url, beats = control_plane
-    port = _free_port()
     env = {**os.environ, "CORRAL_AGENT_TOKEN": "e2e-token"}
-    args = ["--control-plane", url, "--id", "e2e", "--listen", f"127.0.0.1:{port}", "--memory-mb", "8192"]
+    args = ["--control-plane", url, "--id", "e2e", "--listen", "127.0.0.1:0", "--memory-mb", "8192"]
     args += [
         "--cpus",
         "2",
@@ -112,25 +103,22 @@ async def test_agent_command_serves_and_heartbeats(
         "--headroom-mb",
         "1024",
     ]
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *args], env=env, stderr=subprocess.PIPE, text=True)
-    client = HttpAgentClient(f"http://127.0.0.1:{port}", "e2e-token")
+    log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *args], env=env, stderr=log)
+    client: HttpAgentClient | None = None
     try:
         _wait_for(lambda: len(beats) >= 1 or proc.poll() is not None, "a first heartbeat")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert proc.poll() is None, (tmp_path / "agent.log").read_text()
         auth, first = beats[0]
         assert auth == "Bearer e2e-token"
-        assert (first.agent_id, first.address, first.runtime) == ("e2e", f"http://127.0.0.1:{port}", "sim")
+        # Asked for port 0, the agent publishes the port it actually got.
+        assert first.address.startswith("http://127.0.0.1:") and not first.address.endswith(":0")
+        assert (first.agent_id, first.runtime) == ("e2e", "sim")
+        client = HttpAgentClient(first.address, "e2e-token")
         assert first.memory_mb_total == 8192 and first.memory_mb_admittable == 8192 - 1024
 
-        info = None
-        deadline = time.monotonic() + 30
-        while info is None:  # the HTTP server may come up a moment after the first heartbeat
-            try:
-                info = await client.start(StartSandbox(id="sb-1", memory_mb=1024))
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        # Heartbeats start only once the API is listening, so the address works at once.
+        info = await client.start(StartSandbox(id="sb-1", memory_mb=1024))
         assert info.id == "sb-1"
         _wait_for(lambda: "sb-1" in beats[-1][1].sandbox_ids, "a heartbeat that accounts for the sandbox")
         hb = beats[-1][1]
@@ -138,8 +126,12 @@ async def test_agent_command_serves_and_heartbeats(
         seqs = [b.seq for _, b in beats]
         assert seqs == sorted(set(seqs))
         async with httpx.AsyncClient() as raw:
-            assert (await raw.get(f"http://127.0.0.1:{port}/v1/capacity")).status_code == 401
+            assert (await raw.get(f"{first.address}/v1/capacity")).status_code == 401
     finally:
-        await client.aclose()
+        if client is not None:
+            await client.aclose()
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        # uvicorn shuts down gracefully, then re-raises the signal it caught.
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        log.close()
+        assert "Traceback" not in (tmp_path / "agent.log").read_text()
