@@ -16,10 +16,12 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.agent import Agent
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
+from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
 
 log = logging.getLogger("corral.agent.http")
@@ -119,6 +121,13 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     @api.get("/v1/capacity")
     async def capacity() -> Capacity:
         return agent.capacity()
+
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(AgentCollector([agent]))
+
+    @api.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api)
     return app

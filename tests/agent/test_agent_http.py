@@ -260,3 +260,25 @@ def test_no_input_produces_a_500(start: Any, exec_body: Any) -> None:
             assert r.status_code in {200, 422}, r.text
 
     asyncio.run(scenario())
+
+
+async def test_metrics_are_behind_the_token_and_in_base_units(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    agent = make_agent(admission=AdmissionMode.COMMITTED)
+    transport = httpx.ASGITransport(create_app(agent, TOKEN))
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent") as http:
+        await http.post("/v1/sandboxes", json={"id": "a", "memory_mb": 1024}, headers=AUTH)
+        await http.post("/v1/sandboxes", json={"id": "big", "memory_mb": 99_999}, headers=AUTH)
+        clock.advance(30)
+        await agent.measure()
+        assert (await http.get("/metrics")).status_code == 401
+        r = await http.get("/metrics", headers=AUTH)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    lines = dict(line.rsplit(" ", 1) for line in r.text.splitlines() if line and not line.startswith("#"))
+    mib = 1024 * 1024
+    assert float(lines['corral_agent_memory_admittable_bytes{agent="host-1"}']) == (14_336 - 1024) * mib
+    assert float(lines['corral_agent_sandboxes{agent="host-1"}']) == 1
+    assert float(lines['corral_agent_refusals_total{agent="host-1",reason="host_does_not_fit"}']) == 1
+    assert float(lines['corral_agent_intake_open{agent="host-1"}']) == 1
+    assert 0 < float(lines['corral_agent_resident_to_committed_ratio{agent="host-1"}']) < 1
