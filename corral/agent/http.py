@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -36,9 +36,11 @@ def error_response(err: AgentError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
-def _field(loc: Sequence[Any]) -> str:
-    # ("body", "memory_mb") -> "memory_mb"; ("path", "sandbox_id") -> "sandbox_id"
-    parts = [str(p) for p in loc if p not in ("body", "path", "query", "header")]
+def _field(error: Mapping[str, Any]) -> str:
+    # ("body", "memory_mb") -> "memory_mb"; ("body", "command", 0) -> "command.0"
+    if error.get("type") == "json_invalid":
+        return "body"  # its loc holds a character offset, not a field
+    parts = [str(p) for p in error.get("loc", ()) if p not in ("body", "path", "query", "header")]
     return ".".join(parts) or "body"
 
 
@@ -71,8 +73,8 @@ def create_app(agent: Agent, token: str) -> FastAPI:
             return error_response(AgentUnauthorized(message="missing or invalid bearer token"))
         errors = exc.errors()
         first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-        field = _field(first.get("loc", ("body",)))
-        fields = sorted({_field(e.get("loc", ("body",))) for e in errors})
+        field = _field(first)
+        fields = sorted({_field(e) for e in errors})
         return error_response(
             AgentInvalid(
                 Code.INVALID,

@@ -159,7 +159,7 @@ async def test_body_that_is_not_json_is_422(http: httpx.AsyncClient) -> None:
             "/v1/sandboxes", content=content, headers={**AUTH, "Content-Type": "application/json"}
         )
         assert r.status_code == 422, content
-        assert error(r)["code"] == "invalid_request"
+        assert error(r)["code"] == "invalid_request" and error(r)["details"]["field"] == "body"
 
 
 async def test_refusals_are_503_with_retry_after_and_a_stable_code(
