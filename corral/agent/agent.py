@@ -262,6 +262,7 @@ class Agent:
             stateful=req.stateful,
             hostname=req.hostname,
             env=dict(req.env),
+            network=req.network,
         )
         self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
         try:
@@ -461,4 +462,5 @@ def _same(spec: SandboxSpec, req: StartSandbox) -> bool:
         and spec.cpus == req.cpus
         and spec.stateful == req.stateful
         and spec.template == (req.template or "default")
+        and spec.network == req.network
     )

@@ -37,6 +37,7 @@ class StartSandbox(_Model):
     template: str | None = Field(default=None, min_length=1, max_length=128)
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
+    network: bool = Field(default=False, strict=True)  # loopback only unless asked
 
 
 class SandboxInfo(_Lenient):

@@ -104,3 +104,30 @@ async def test_exec_timeout_is_reported(make_agent: Callable[..., Agent], clock:
     await agent.start(StartSandbox(id="a", memory_mb=512))
     out = await agent.exec("a", ExecRequest(command=["sleep", "100"], timeout_s=1.0))
     assert out.timed_out and out.exit_code == 124 and out.duration_ms == 1000.0
+
+
+async def test_start_passes_the_whole_spec_to_the_runtime(
+    make_agent: Callable[..., Agent], runtime: SimRuntime
+) -> None:
+    agent = make_agent()
+    req = StartSandbox(
+        id="a",
+        memory_mb=768,
+        cpus=1.5,
+        stateful=True,
+        template="python",
+        env={"K": "v"},
+        hostname="h-a",
+        network=True,
+    )
+    await agent.start(req)
+    (handle,) = await runtime.list()
+    spec = handle.spec
+    assert (spec.id, spec.memory_mb, spec.cpus, spec.stateful, spec.template) == (
+        "a",
+        768,
+        1.5,
+        True,
+        "python",
+    )
+    assert (dict(spec.env), spec.hostname, spec.network) == ({"K": "v"}, "h-a", True)
