@@ -80,8 +80,16 @@ class _Live:
 
 
 class Agent:
-    """One host's agent. Every state change happens on the event loop without an ``await`` between the
-    check and the commit, so the gate needs no lock."""
+    """One host's agent.
+
+    ``admission`` is the host's mode (stateful sandboxes are charged in full in either); ``pressure`` is
+    a :class:`PressureSignal` or a bare callable read on the usage-ratio scale (None: the sandboxes'
+    measured memory over the host's); ``settle_s`` is how old a sandbox must be before a measurement of
+    it replaces its reserve; ``sink`` receives every heartbeat.
+
+    Every state change happens on the event loop without an ``await`` between the check and the commit,
+    so the gate needs no lock.
+    """
 
     def __init__(
         self,
