@@ -17,6 +17,7 @@ from corral.agent.errors import (
 )
 from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.limiter import StartsLimiter, StartsSaturated
+from corral.agent.metrics import AgentCollector
 from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage_ratio_signal
 from corral.agent.protocol import (
     Capacity,
@@ -30,6 +31,7 @@ from corral.agent.protocol import (
 __all__ = [
     "Agent",
     "AgentClient",
+    "AgentCollector",
     "AgentConflict",
     "AgentError",
     "AgentInvalid",

@@ -14,7 +14,6 @@ import builtins
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 from corral.agent.errors import (
     AgentConflict,
@@ -57,24 +56,40 @@ PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
 
 
-@dataclass(slots=True)
 class _Live:
     """A sandbox the agent accounts for."""
 
-    spec: SandboxSpec
-    started_at: float
-    # The last measurement taken after the sandbox settled; until then it is charged its reserve.
-    resident_mb: int | None = None
-    # The latest reading of any age, for the host's memory_mb_used.
-    observed_mb: int | None = None
+    __slots__ = ("observed_mb", "spec", "started_at", "usage")
 
-    def usage(self) -> SandboxUsage:
-        return SandboxUsage(self.spec.memory_mb, self.resident_mb, self.spec.stateful)
+    def __init__(self, spec: SandboxSpec, started_at: float) -> None:
+        self.spec = spec
+        self.started_at = started_at
+        # What the gate charges, kept ready: the gate runs over every live sandbox at every start.
+        # resident_mb stays None (charged the reserve) until a measurement sees it settled.
+        self.usage = SandboxUsage(spec.memory_mb, None, spec.stateful)
+        # The latest reading of any age, for the host's memory_mb_used.
+        self.observed_mb: int | None = None
+
+    @property
+    def resident_mb(self) -> int | None:
+        return self.usage.resident_mb
+
+    def settled_at(self, resident_mb: int) -> None:
+        if resident_mb != self.usage.resident_mb:
+            self.usage = SandboxUsage(self.spec.memory_mb, resident_mb, self.spec.stateful)
 
 
 class Agent:
-    """One host's agent. Every state change happens on the event loop without an ``await`` between the
-    check and the commit, so the gate needs no lock."""
+    """One host's agent.
+
+    ``admission`` is the host's mode (stateful sandboxes are charged in full in either); ``pressure`` is
+    a :class:`PressureSignal` or a bare callable read on the usage-ratio scale (None: the sandboxes'
+    measured memory over the host's); ``settle_s`` is how old a sandbox must be before a measurement of
+    it replaces its reserve; ``sink`` receives every heartbeat.
+
+    Every state change happens on the event loop without an ``await`` between the check and the commit,
+    so the gate needs no lock.
+    """
 
     def __init__(
         self,
@@ -127,6 +142,7 @@ class Agent:
         self._live: dict[str, _Live] = {}
         self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
         self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
         self.refusals: dict[str, int] = {}
@@ -149,7 +165,7 @@ class Agent:
         return sum(self._starting.values())
 
     def usages(self) -> list[SandboxUsage]:
-        return [s.usage() for s in self._live.values()]
+        return [s.usage for s in self._live.values()]
 
     def admittable_mb(self) -> int:
         """What the host can still admit before the starts in flight: the number a heartbeat publishes."""
@@ -221,9 +237,10 @@ class Agent:
         if req.id in self._starting:
             raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} is already starting")
         creq = CreateRequest(memory_mb=req.memory_mb, cpu=req.cpus, stateful=req.stateful)
-        # Cheap checks first, so a refusal that is certain does not wait for a slot.
         self._check_pressure()
-        self._check_fits(creq)
+        if self.limiter.saturated:
+            # A refusal that is already certain must not wait for a slot first.
+            self._check_fits(creq)
         try:
             await self.limiter.acquire()
         except StartsSaturated as exc:
@@ -253,6 +270,7 @@ class Agent:
             stateful=req.stateful,
             hostname=req.hostname,
             env=dict(req.env),
+            network=req.network,
         )
         self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
         try:
@@ -263,7 +281,9 @@ class Agent:
             ) from exc
         except asyncio.CancelledError:
             # The caller went away mid-start: make sure nothing half-started stays behind unaccounted.
-            asyncio.get_running_loop().create_task(self._reap(req.id))
+            reaper = asyncio.get_running_loop().create_task(self._reap(req.id))
+            self._background.add(reaper)
+            reaper.add_done_callback(self._background.discard)
             raise
         finally:
             del self._starting[req.id]
@@ -278,6 +298,13 @@ class Agent:
     async def stop(self, sandbox_id: str) -> None:
         task = self._stopping.get(sandbox_id)
         if task is None:
+            if sandbox_id in self._starting:
+                # Not now: once its start returns it can be stopped like any other.
+                raise self._refuse(
+                    Code.SANDBOX_STARTING,
+                    f"sandbox {sandbox_id!r} is still starting",
+                    STARTS_SATURATED_RETRY_S,
+                )
             if sandbox_id not in self._live:
                 raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
             task = asyncio.get_running_loop().create_task(self._stop(sandbox_id))
@@ -380,7 +407,7 @@ class Agent:
                 continue
             s.observed_mb = mb
             if now - s.started_at >= self.settle_s:
-                s.resident_mb = mb
+                s.settled_at(mb)
         self.observe_pressure()
 
     def capacity(self) -> Capacity:
@@ -443,4 +470,5 @@ def _same(spec: SandboxSpec, req: StartSandbox) -> bool:
         and spec.cpus == req.cpus
         and spec.stateful == req.stateful
         and spec.template == (req.template or "default")
+        and spec.network == req.network
     )

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from corral.agent.agent import Agent
-from corral.agent.heartbeat import http_heartbeat_sink
+from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.http import create_app
 from corral.agent.pressure import PressureSignal, host_signal
 from corral.core.admission import AdmissionPolicy
@@ -42,8 +42,12 @@ def build_runtime(name: str) -> Runtime:
         return SimRuntime(SystemClock(), random.Random())
     if name == "process":
         # Imported only when asked for: it needs the host's namespaces and cgroups.
-        from corral.runtime.process import ProcessRuntime
-
+        try:
+            from corral.runtime.process import ProcessRuntime
+        except ImportError as exc:
+            raise typer.BadParameter(
+                f"the process runtime is not available: {exc}", param_hint="--runtime"
+            ) from exc
         runtime: Runtime = ProcessRuntime()
         return runtime
     raise typer.BadParameter(
@@ -80,7 +84,9 @@ def agent_command(
     cpus: Annotated[
         float | None, typer.Option("--cpus", min=0.01, help="CPUs to offer (default: the host's).")
     ] = None,
-    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT for the agent API.")] = "127.0.0.1:7070",
+    listen: Annotated[
+        str, typer.Option("--listen", help="HOST:PORT for the agent API (port 0: any free port).")
+    ] = "127.0.0.1:7070",
     advertise: Annotated[
         str | None,
         typer.Option("--advertise", help="URL the control plane should call (default: from --listen)."),
@@ -111,7 +117,7 @@ def agent_command(
     signal: PressureSignal | None = None
     if runtime == "process":
         signal = host_signal()
-    address = advertise or f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    address = advertise or _url(host, port)
     sink = http_heartbeat_sink(control_plane, token)
     agent = Agent(
         id,
@@ -128,18 +134,33 @@ def agent_command(
         address=address,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(agent, token, host, port))
+    asyncio.run(_serve(agent, token, host, port, advertise))
 
 
-async def _serve(agent: Agent, token: str, host: str, port: int) -> None:
+def _url(host: str, port: int) -> str:
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+async def _serve(agent: Agent, token: str, host: str, port: int, advertise: str | None) -> None:
     import uvicorn
 
     server = uvicorn.Server(
         uvicorn.Config(create_app(agent, token), host=host, port=port, log_level="warning")
     )
+    # Adopt before accepting any start, so a restarted agent never starts a twin of what still runs.
     adopted = await agent.adopt()
+    serving = asyncio.create_task(server.serve())
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if serving.done():  # could not bind: surface uvicorn's own error
+        await serving
+        return
+    if advertise is None:
+        # With --listen HOST:0 the kernel chose the port: publish the real one (tests find it here).
+        bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+        agent.address = _url(host, bound)
     log.info(
-        "agent %s on %s: %d sandboxes adopted, runtime %s",
+        "agent %s listening on %s: %d sandboxes adopted, runtime %s",
         agent.id,
         agent.address,
         adopted,
@@ -147,12 +168,12 @@ async def _serve(agent: Agent, token: str, host: str, port: int) -> None:
     )
     beats = asyncio.create_task(agent.run_heartbeats())
     try:
-        await server.serve()
+        await serving
     finally:
         beats.cancel()
         await asyncio.gather(beats, return_exceptions=True)
         sink = agent.sink
-        if sink is not None and hasattr(sink, "aclose"):
+        if isinstance(sink, HttpHeartbeatSink):
             await sink.aclose()
 
 

@@ -18,6 +18,7 @@ class Code:
     MEMORY_PRESSURE = "host_memory_pressure"
     DOES_NOT_FIT = "host_does_not_fit"
     START_FAILED = "start_failed"
+    SANDBOX_STARTING = "sandbox_starting"
     SANDBOX_EXISTS = "sandbox_exists"
     NOT_FOUND = "not_found"
     INVALID = "invalid_request"

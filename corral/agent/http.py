@@ -10,16 +10,18 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.agent import Agent
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
+from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
 
 log = logging.getLogger("corral.agent.http")
@@ -34,9 +36,11 @@ def error_response(err: AgentError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
-def _field(loc: Sequence[Any]) -> str:
-    # ("body", "memory_mb") -> "memory_mb"; ("path", "sandbox_id") -> "sandbox_id"
-    parts = [str(p) for p in loc if p not in ("body", "path", "query", "header")]
+def _field(error: Mapping[str, Any]) -> str:
+    # ("body", "memory_mb") -> "memory_mb"; ("body", "command", 0) -> "command.0"
+    if error.get("type") == "json_invalid":
+        return "body"  # its loc holds a character offset, not a field
+    parts = [str(p) for p in error.get("loc", ()) if p not in ("body", "path", "query", "header")]
     return ".".join(parts) or "body"
 
 
@@ -69,8 +73,8 @@ def create_app(agent: Agent, token: str) -> FastAPI:
             return error_response(AgentUnauthorized(message="missing or invalid bearer token"))
         errors = exc.errors()
         first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-        field = _field(first.get("loc", ("body",)))
-        fields = sorted({_field(e.get("loc", ("body",))) for e in errors})
+        field = _field(first)
+        fields = sorted({_field(e) for e in errors})
         return error_response(
             AgentInvalid(
                 Code.INVALID,
@@ -119,6 +123,13 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     @api.get("/v1/capacity")
     async def capacity() -> Capacity:
         return agent.capacity()
+
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(AgentCollector([agent]))
+
+    @api.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api)
     return app

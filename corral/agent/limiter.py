@@ -35,8 +35,13 @@ class StartsLimiter:
     def in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def saturated(self) -> bool:
+        """True when an acquire would have to wait."""
+        return self._in_flight >= self.limit or bool(self._waiters)
+
     async def acquire(self) -> None:
-        if self._in_flight < self.limit and not self._waiters:
+        if not self.saturated:
             self._in_flight += 1
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from corral.core.types import AdmissionMode
+from corral.core.types import AdmissionMode, HostState, HostView
 
 # Sandbox ids and hostnames travel in URLs and become hostnames: keep them to a safe alphabet.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -37,6 +37,7 @@ class StartSandbox(_Model):
     template: str | None = Field(default=None, min_length=1, max_length=128)
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
+    network: bool = Field(default=False, strict=True)  # loopback only unless asked
 
 
 class SandboxInfo(_Lenient):
@@ -91,7 +92,29 @@ class Capacity(_Lenient):
 
 class Heartbeat(Capacity):
     agent_id: str
+    # Strictly increasing per agent, and seeded from the clock so it keeps increasing across restarts:
+    # a receiver may drop any heartbeat whose seq is not above the last one it kept.
     seq: int = Field(ge=1)
     address: str
     sent_at: float
     sandbox_ids: list[str] = Field(default_factory=list)
+
+    def host_view(self, heartbeat_at: float | None = None, state: HostState = HostState.READY) -> HostView:
+        """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);
+        ``state`` is the control plane's own (draining is its decision, never the agent's)."""
+        return HostView(
+            id=self.agent_id,
+            heartbeat_at=self.sent_at if heartbeat_at is None else heartbeat_at,
+            cpu_total=self.cpu_total,
+            cpu_used=self.cpu_used,
+            memory_mb_total=self.memory_mb_total,
+            memory_mb_used=self.memory_mb_used,
+            memory_mb_admittable=self.memory_mb_admittable,
+            memory_admission=self.memory_admission,
+            templates=None if self.templates is None else frozenset(self.templates),
+            runtime=self.runtime,
+            gpu=self.gpu,
+            role=self.role,
+            state=state,
+            stream_restore=self.stream_restore,
+        )

@@ -183,3 +183,19 @@ def test_gate_is_the_core_function(mode: AdmissionMode, requests: list[tuple[int
             assert agent.heartbeat().memory_mb_admittable == core_admittable(agent)
 
     asyncio.run(scenario())
+
+
+async def test_stop_during_start_is_a_retryable_not_now(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    runtime = GatedRuntime(clock, random.Random(1))
+    agent = make_agent(runtime=runtime)
+    task = asyncio.create_task(agent.start(StartSandbox(id="a", memory_mb=512)))
+    await runtime.wait_entered(1)
+    with pytest.raises(AgentRefusal) as refused:
+        await agent.stop("a")
+    assert refused.value.code == Code.SANDBOX_STARTING and refused.value.retry_after_s
+    runtime.open()
+    await task
+    await agent.stop("a")
+    assert agent.list() == [] and await runtime.list() == []

@@ -121,3 +121,20 @@ async def test_http_sink_posts_to_the_agent_route_with_the_token(make_agent: Cal
         await agent.beat()
     assert rejected.value.status == 503
     await sink.aclose()
+
+
+async def test_heartbeat_becomes_the_cores_host_view(make_agent: Callable[..., Agent]) -> None:
+    from corral.core import CreateRequest, HostState, host_fits
+    from corral.core.types import NO_PENDING
+
+    agent = make_agent(admission=AdmissionMode.COMMITTED, templates=["python"])
+    await agent.start(StartSandbox(id="a", memory_mb=10_000))
+    hb = agent.heartbeat()
+    view = hb.host_view(heartbeat_at=hb.sent_at + 0.5, state=HostState.DRAINING)
+    assert view.id == "host-1" and view.heartbeat_at == hb.sent_at + 0.5 and view.state is HostState.DRAINING
+    assert view.templates == frozenset({"python"}) and view.memory_admission is AdmissionMode.COMMITTED
+    assert view.memory_mb_admittable == agent.admittable_mb() == 4336
+    # The scheduler's check on the published verdict agrees with the agent's own gate.
+    assert host_fits(view, NO_PENDING, CreateRequest(memory_mb=4336))
+    assert not host_fits(view, NO_PENDING, CreateRequest(memory_mb=4337))
+    assert make_agent().heartbeat().host_view().templates is None

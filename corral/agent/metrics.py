@@ -1,0 +1,72 @@
+"""Prometheus metrics of host agents, read from the agents at scrape time (no globals, base units).
+
+One collector serves any number of agents (``corral serve`` runs several in one process), each series
+labelled with its agent's id. Register it in whichever registry exposes ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from corral.agent.agent import Agent
+
+MIB = 1024 * 1024
+
+
+class AgentCollector(Collector):
+    def __init__(self, agents: Iterable[Agent] | Callable[[], Iterable[Agent]]) -> None:
+        self._agents = agents
+
+    def _current(self) -> list[Agent]:
+        agents = self._agents() if callable(self._agents) else self._agents
+        return list(agents)
+
+    def collect(self) -> Iterator[Metric]:
+        label = ["agent"]
+        total = GaugeMetricFamily("corral_agent_memory_total_bytes", "Memory the host offers.", labels=label)
+        used = GaugeMetricFamily(
+            "corral_agent_memory_used_bytes", "Measured resident memory of its sandboxes.", labels=label
+        )
+        admittable = GaugeMetricFamily(
+            "corral_agent_memory_admittable_bytes",
+            "Memory the host can still admit (the core's admittable_mb), before starts in flight.",
+            labels=label,
+        )
+        ratio = GaugeMetricFamily(
+            "corral_agent_resident_to_committed_ratio",
+            "Measured resident memory over configured memory of the sandboxes that have been measured.",
+            labels=label,
+        )
+        sandboxes = GaugeMetricFamily(
+            "corral_agent_sandboxes", "Sandboxes the agent accounts for.", labels=label
+        )
+        in_flight = GaugeMetricFamily("corral_agent_starts_in_flight", "Starts holding a slot.", labels=label)
+        intake = GaugeMetricFamily(
+            "corral_agent_intake_open", "1 while the pressure gate admits work, 0 while closed.", labels=label
+        )
+        refusals = CounterMetricFamily(
+            "corral_agent_refusals", "Starts refused by this agent, by reason.", labels=[*label, "reason"]
+        )
+        failures = CounterMetricFamily(
+            "corral_agent_heartbeat_failures", "Heartbeats that could not be delivered.", labels=label
+        )
+        for agent in self._current():
+            a = [agent.id]
+            infos = agent.list()
+            measured = [i for i in infos if i.resident_mb is not None]
+            committed = sum(i.memory_mb for i in measured)
+            total.add_metric(a, agent.memory_mb_total * MIB)
+            used.add_metric(a, agent.memory_mb_used() * MIB)
+            admittable.add_metric(a, agent.admittable_mb() * MIB)
+            if committed:
+                ratio.add_metric(a, sum(i.resident_mb or 0 for i in measured) / committed)
+            sandboxes.add_metric(a, len(infos))
+            in_flight.add_metric(a, agent.limiter.in_flight)
+            intake.add_metric(a, 1.0 if agent.gate.is_open else 0.0)
+            for reason, n in sorted(agent.refusals.items()):
+                refusals.add_metric([*a, reason], n)
+            failures.add_metric(a, agent.heartbeat_failures)
+        yield from (total, used, admittable, ratio, sandboxes, in_flight, intake, refusals, failures)

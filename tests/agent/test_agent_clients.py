@@ -1,0 +1,167 @@
+"""``LocalAgentClient`` and ``HttpAgentClient`` behave the same against the same agent."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+from agent_doubles import TOKEN
+
+from corral.agent import (
+    Agent,
+    AgentClient,
+    AgentConflict,
+    AgentError,
+    AgentInvalid,
+    AgentRefusal,
+    AgentSandboxNotFound,
+    AgentUnauthorized,
+    AgentUnavailable,
+    Code,
+    ExecRequest,
+    HttpAgentClient,
+    LocalAgentClient,
+    StartSandbox,
+)
+from corral.agent.errors import error_from_response
+from corral.agent.http import create_app
+from corral.core import ManualClock
+from corral.core.types import AdmissionMode
+from corral.runtime.sim import SimRuntime
+
+
+@pytest.fixture(params=["local", "http"])
+async def client(
+    request: pytest.FixtureRequest, make_agent: Callable[..., Agent]
+) -> AsyncIterator[AgentClient]:
+    agent = make_agent(admission=AdmissionMode.COMMITTED, templates=["python"])
+    c: AgentClient
+    if request.param == "local":
+        c = LocalAgentClient(agent)
+    else:
+        c = HttpAgentClient("http://agent", TOKEN, transport=httpx.ASGITransport(create_app(agent, TOKEN)))
+    yield c
+    await c.aclose()
+
+
+async def test_round_trip(client: AgentClient, clock: ManualClock) -> None:
+    info = await client.start(StartSandbox(id="a", memory_mb=2048, cpus=2.0, hostname="box"))
+    assert (info.id, info.memory_mb, info.cpus, info.hostname, info.charged_mb) == (
+        "a",
+        2048,
+        2.0,
+        "box",
+        2048,
+    )
+    assert info.started_at == clock.now() and info.resident_mb is None
+
+    out = await client.exec("a", ExecRequest(command=["cat", "/etc/hostname"]))
+    assert (out.exit_code, out.stdout, out.stderr) == (0, "box\n", "")
+    out = await client.exec("a", ExecRequest(command=["ls", "/"]))
+    assert out.exit_code != 0 and "simulation" in out.stderr
+
+    assert [i.id for i in await client.list()] == ["a"]
+    cap = await client.capacity()
+    assert cap.memory_mb_admittable == 16_384 - 2048 - 2048 and cap.cpu_used == 2.0
+    assert cap.templates == ["python"] and cap.max_concurrent_starts == 8
+
+    await client.stop("a")
+    assert await client.list() == []
+
+
+async def test_same_errors(client: AgentClient) -> None:
+    await client.start(StartSandbox(id="a", memory_mb=512))
+    with pytest.raises(AgentRefusal) as refused:
+        await client.start(StartSandbox(id="huge", memory_mb=100_000))
+    assert refused.value.code == Code.DOES_NOT_FIT and refused.value.retry_after_s
+    assert refused.value.details["needed_mb"] == 100_000
+    with pytest.raises(AgentSandboxNotFound):
+        await client.stop("nope")
+    with pytest.raises(AgentSandboxNotFound):
+        await client.exec("nope", ExecRequest(command=["true"]))
+    with pytest.raises(AgentConflict) as conflict:
+        await client.start(StartSandbox(id="a", memory_mb=1024))
+    assert conflict.value.code == Code.SANDBOX_EXISTS
+    with pytest.raises(AgentInvalid) as invalid:
+        await client.start(StartSandbox(id="b", memory_mb=512, template="ruby"))
+    assert invalid.value.code == Code.TEMPLATE_MISSING
+
+
+async def test_unreachable_agent_is_unavailable() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    client = HttpAgentClient("http://agent", TOKEN, transport=httpx.MockTransport(down))
+    with pytest.raises(AgentUnavailable) as unavailable:
+        await client.capacity()
+    assert unavailable.value.retryable
+    await client.aclose()
+
+
+async def test_answers_that_are_not_an_agents_are_unavailable() -> None:
+    def proxy(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/capacity":
+            return httpx.Response(502, text="<html>Bad Gateway</html>")
+        return httpx.Response(200, json={"surprise": True})
+
+    client = HttpAgentClient("http://agent", TOKEN, transport=httpx.MockTransport(proxy))
+    with pytest.raises(AgentUnavailable):
+        await client.capacity()
+    with pytest.raises(AgentUnavailable):
+        await client.list()
+    await client.aclose()
+
+
+async def test_wrong_token_is_unauthorized_not_unavailable(make_agent: Callable[..., Agent]) -> None:
+    app = create_app(make_agent(), TOKEN)
+    client = HttpAgentClient("http://agent", "wrong", transport=httpx.ASGITransport(app))
+    with pytest.raises(AgentUnauthorized):
+        await client.list()
+    await client.aclose()
+
+
+def test_error_bodies_round_trip() -> None:
+    for err in [
+        AgentRefusal(Code.STARTS_SATURATED, "busy", 1.0, {"limit": 8}),
+        AgentSandboxNotFound(message="no"),
+        AgentConflict(message="dup"),
+        AgentInvalid(details={"field": "memory_mb"}),
+        AgentUnavailable(message="down", retry_after_s=2.0),
+    ]:
+        back = error_from_response(err.status, err.body())
+        assert type(back) is type(err)
+        assert (back.code, back.message, back.retry_after_s, back.details) == (
+            err.code,
+            err.message,
+            err.retry_after_s,
+            err.details,
+        )
+    assert isinstance(error_from_response(418, {"error": {"code": "teapot"}}), AgentError)
+    assert isinstance(error_from_response(500, "oops"), AgentUnavailable)
+
+
+async def test_a_twelve_host_sim_fleet_with_thousands_of_sandboxes() -> None:
+    """12 sim hosts, 3,000 sandboxes: every start admitted by the gate, every heartbeat accounts for them."""
+    clock = ManualClock(0.0)
+    agents = [
+        Agent(
+            f"h{n}",
+            SimRuntime(clock, random.Random(n)),
+            256 * 1024,
+            64.0,
+            clock=clock,
+            pressure=lambda: 0.0,
+        )
+        for n in range(12)
+    ]
+    clients = [LocalAgentClient(a) for a in agents]
+    for i in range(3000):
+        await clients[i % 12].start(StartSandbox(id=f"sb-{i}", memory_mb=2048))
+    clock.advance(30)
+    beats = [await a.beat() for a in agents]
+    assert sum(len(hb.sandbox_ids) for hb in beats) == 3000
+    assert all(hb.memory_mb_admittable == a.admittable_mb() for hb, a in zip(beats, agents, strict=True))
+    # Measured at ~300 MiB each, a 2 GiB sandbox costs far less than its promise.
+    assert all(0 < hb.memory_mb_used < 250 * 2048 for hb in beats)

@@ -1,0 +1,133 @@
+"""Stop and exec: concurrent stops, a runtime that fails, a sandbox that dies under the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Mapping, Sequence
+
+import httpx
+import pytest
+from agent_doubles import TOKEN
+
+from corral.agent import (
+    Agent,
+    AgentRuntimeError,
+    AgentSandboxNotFound,
+    Code,
+    ExecRequest,
+    StartSandbox,
+)
+from corral.agent.http import create_app
+from corral.core import ManualClock
+from corral.core.types import AdmissionMode
+from corral.runtime.base import ExecResult, RuntimeFailure
+from corral.runtime.sim import SimRuntime
+
+
+class BrokenRuntime(SimRuntime):
+    """A sim runtime whose stop and exec fail while ``broken`` is set."""
+
+    broken = True
+
+    async def stop(self, sandbox_id: str) -> None:
+        if self.broken:
+            raise RuntimeFailure("cgroup is busy")
+        await super().stop(sandbox_id)
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if self.broken:
+            raise RuntimeFailure("exec failed")
+        return await super().exec(sandbox_id, command, timeout_s=timeout_s, env=env, cwd=cwd)
+
+
+async def test_concurrent_stops_both_succeed_once(
+    make_agent: Callable[..., Agent], runtime: SimRuntime
+) -> None:
+    agent = make_agent()
+    await agent.start(StartSandbox(id="a", memory_mb=512))
+    await asyncio.gather(agent.stop("a"), agent.stop("a"))
+    assert agent.list() == [] and runtime.state.stopped_total == 1
+    with pytest.raises(AgentSandboxNotFound):
+        await agent.stop("a")
+
+
+async def test_a_failed_stop_keeps_the_sandbox_charged(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    runtime = BrokenRuntime(clock, random.Random(0))
+    agent = make_agent(runtime=runtime, admission=AdmissionMode.COMMITTED)
+    await agent.start(StartSandbox(id="a", memory_mb=4096))
+    with pytest.raises(AgentRuntimeError) as failed:
+        await agent.stop("a")
+    assert failed.value.code == Code.RUNTIME_FAILED
+    # As far as the agent knows it still runs, so it is still charged and still reported.
+    assert agent.sandbox_ids() == ["a"] and agent.admittable_mb() == 14_336 - 4096
+    runtime.broken = False
+    await agent.stop("a")
+    assert agent.sandbox_ids() == []
+
+
+async def test_exec_errors_over_http(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
+    runtime = BrokenRuntime(clock, random.Random(0))
+    runtime.broken = False
+    agent = make_agent(runtime=runtime)
+    await agent.start(StartSandbox(id="a", memory_mb=512))
+    await agent.start(StartSandbox(id="b", memory_mb=512))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(agent, TOKEN)), base_url="http://a"
+    ) as c:
+        runtime.broken = True
+        r = await c.post("/v1/sandboxes/a/exec", json={"command": ["true"]}, headers=auth)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "runtime_failed"
+        runtime.broken = False
+        await runtime.stop("b")  # "b" dies behind the agent's back
+        r = await c.post("/v1/sandboxes/b/exec", json={"command": ["true"]}, headers=auth)
+        assert r.status_code == 404
+    assert agent.sandbox_ids() == ["a"]  # and the agent stopped accounting for it
+
+
+async def test_exec_timeout_is_reported(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
+    async def clock_sleep(seconds: float) -> None:
+        clock.advance(seconds)
+
+    agent = make_agent(runtime=SimRuntime(clock, random.Random(0), sleep=clock_sleep))
+    await agent.start(StartSandbox(id="a", memory_mb=512))
+    out = await agent.exec("a", ExecRequest(command=["sleep", "100"], timeout_s=1.0))
+    assert out.timed_out and out.exit_code == 124 and out.duration_ms == 1000.0
+
+
+async def test_start_passes_the_whole_spec_to_the_runtime(
+    make_agent: Callable[..., Agent], runtime: SimRuntime
+) -> None:
+    agent = make_agent()
+    req = StartSandbox(
+        id="a",
+        memory_mb=768,
+        cpus=1.5,
+        stateful=True,
+        template="python",
+        env={"K": "v"},
+        hostname="h-a",
+        network=True,
+    )
+    await agent.start(req)
+    (handle,) = await runtime.list()
+    spec = handle.spec
+    assert (spec.id, spec.memory_mb, spec.cpus, spec.stateful, spec.template) == (
+        "a",
+        768,
+        1.5,
+        True,
+        "python",
+    )
+    assert (dict(spec.env), spec.hostname, spec.network) == ({"K": "v"}, "h-a", True)
