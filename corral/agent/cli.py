@@ -67,7 +67,13 @@ def host_memory_mb() -> int | None:
 
 
 def agent_command(
-    control_plane: Annotated[str, typer.Option("--control-plane", help="Control plane base URL.")],
+    control_plane: Annotated[
+        list[str],
+        typer.Option(
+            "--control-plane",
+            help="Control plane base URL; repeat it (or separate with commas) to name several replicas.",
+        ),
+    ],
     id: Annotated[str, typer.Option("--id", help="This agent's id (unique in the fleet).")],
     token: Annotated[
         str,
@@ -118,7 +124,10 @@ def agent_command(
     if runtime == "process":
         signal = host_signal()
     address = advertise or _url(host, port)
-    sink = http_heartbeat_sink(control_plane, token)
+    urls = [u.strip() for item in control_plane for u in item.split(",") if u.strip()]
+    if not urls:
+        raise typer.BadParameter("at least one control-plane URL", param_hint="--control-plane")
+    sink = http_heartbeat_sink(urls, token)
     agent = Agent(
         id,
         rt,

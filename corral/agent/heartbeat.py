@@ -4,6 +4,8 @@ uses :class:`HttpHeartbeatSink` against the control plane's agent-facing route."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import httpx
 
 from corral.agent.protocol import Heartbeat
@@ -22,28 +24,54 @@ class HeartbeatRejected(Exception):
 class HttpHeartbeatSink:
     """POSTs each heartbeat to ``{control_plane}/v1/agent/heartbeat`` with the agent's bearer token.
 
-    Raises on a transport error or a non-2xx answer; the agent's heartbeat loop logs it and carries on.
+    Given several control-plane URLs (replicas), it sticks to the one that last answered and moves on
+    to the next when it does not, so a dead replica never silences a live host: a host whose
+    heartbeats stop looks dead, and its reservations are never confirmed.
+
+    Raises when no URL accepted the heartbeat; the agent's heartbeat loop logs it and carries on.
     ``transport`` is the test seam (``httpx.ASGITransport`` over a control-plane app, or a MockTransport).
     """
 
     def __init__(
         self,
-        control_plane: str,
+        control_plane: str | Sequence[str],
         token: str,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 5.0,
     ) -> None:
-        self.url = control_plane.rstrip("/") + HEARTBEAT_PATH
+        bases = [control_plane] if isinstance(control_plane, str) else list(control_plane)
+        if not bases:
+            raise ValueError("at least one control-plane URL is needed")
+        self.urls = [b.rstrip("/") + HEARTBEAT_PATH for b in bases]
+        self._current = 0
         self._client = httpx.AsyncClient(
             transport=transport,
             timeout=timeout_s,
             headers={"Authorization": f"Bearer {token}"},
         )
 
+    @property
+    def url(self) -> str:
+        return self.urls[self._current]
+
     async def __call__(self, hb: Heartbeat) -> None:
-        resp = await self._client.post(self.url, content=hb.model_dump_json(), headers=_JSON)
-        if not resp.is_success:
-            raise HeartbeatRejected(resp.status_code, resp.text)
+        body = hb.model_dump_json()
+        error: Exception | None = None
+        for step in range(len(self.urls)):
+            i = (self._current + step) % len(self.urls)
+            try:
+                resp = await self._client.post(self.urls[i], content=body, headers=_JSON)
+            except httpx.HTTPError as exc:
+                error = exc
+                continue
+            if resp.is_success:
+                self._current = i
+                return
+            error = HeartbeatRejected(resp.status_code, resp.text)
+            if resp.status_code in (401, 403, 422):
+                break  # every replica would say the same
+        assert error is not None
+        raise error
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -53,7 +81,10 @@ _JSON = {"Content-Type": "application/json"}
 
 
 def http_heartbeat_sink(
-    url: str, token: str, transport: httpx.AsyncBaseTransport | None = None, timeout_s: float = 5.0
+    url: str | Sequence[str],
+    token: str,
+    transport: httpx.AsyncBaseTransport | None = None,
+    timeout_s: float = 5.0,
 ) -> HttpHeartbeatSink:
     """The agent's default sink: the control plane over HTTP."""
     return HttpHeartbeatSink(url, token, transport, timeout_s)

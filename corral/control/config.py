@@ -34,6 +34,12 @@ class ControlConfig:
     default_max_memory_mb: int = 1 << 40
     max_batch: int = 500
 
+    @property
+    def create_deadline_s(self) -> float:
+        """The longest a live replica can spend on one create: every attempt binding to the limit.
+        A record still unplaced after this was left by a replica that died."""
+        return self.max_attempts * self.timeouts.bind_timeout_s + 5.0
+
     def __post_init__(self) -> None:
         if self.k is not None and self.k < 0:
             raise ConfigError("k must be >= 0 (0 = full scan)")

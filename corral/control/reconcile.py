@@ -133,7 +133,7 @@ class Reconciler:
         page = await self.store.list_sandboxes(state=SandboxState.RESERVED, limit=500)
         if not page.items:
             return
-        cutoff = self.clock.now() - self.config.timeouts.bind_timeout_s
+        cutoff = self.clock.now() - self.config.create_deadline_s
         snap = None
         for sb in page.items:
             if sb.updated_at > cutoff:

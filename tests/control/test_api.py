@@ -318,5 +318,7 @@ async def test_heartbeat_route_needs_the_agent_token(cluster: Cluster) -> None:
 async def test_deleting_before_a_heartbeat_ends_the_reservation(cluster: Cluster) -> None:
     _, sb = await create(cluster, memory_mb=4096)
     assert await cluster.plane.store.outstanding() != {}
-    assert (await cluster.http.delete(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))).status_code == 204
+    assert (
+        await cluster.http.delete(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))
+    ).status_code == 204
     assert await cluster.plane.store.outstanding() == {}
