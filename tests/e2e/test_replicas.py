@@ -232,18 +232,7 @@ def test_kill_9_of_a_replica_mid_burst_leaks_nothing(tmp_path: Path, pg_store: s
         try:
             wait_for(settled, 45, "the dead replica's work to be settled")
         except TimeoutError:
-            import psycopg
-
-            schema = pg_store.rsplit("schema=", 1)[1]
-            with psycopg.connect(require_pg()) as conn:
-                rows = conn.execute(
-                    f"SELECT owner, sandbox_id, expires_at FROM {schema}.reservations"
-                ).fetchall()
-                reps = conn.execute(f"SELECT * FROM {schema}.replicas").fetchall()
-                leases = conn.execute(f"SELECT * FROM {schema}.leases").fetchall()
-            raise AssertionError(
-                f"reserved_mb, reserved records, on agents, records: {last} {rows[:5]} {reps} {leases} {time.time()}"
-            ) from None
+            raise AssertionError(f"reserved_mb, reserved records, on agents, records: {last}") from None
         with fleet.admin() as c:
             states = Counter(
                 s["state"] for s in c.get("/v1/sandboxes", params={"limit": 1000}).json()["sandboxes"]
