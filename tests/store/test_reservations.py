@@ -11,7 +11,7 @@ from corral.core import ManualClock, Pending
 from corral.store import InvalidRecord, ReserveItem, SandboxState, Store
 
 from .conftest import T0
-from .helpers import hosts
+from .helpers import hosts, sandbox
 
 
 async def test_reserve_is_conditional_on_admittable_minus_reserved(store: Store) -> None:
@@ -60,8 +60,6 @@ async def test_confirm_and_cancel_end_exactly_once(store: Store) -> None:
 async def test_cancel_never_touches_a_sandbox(store: Store) -> None:
     await hosts(store, 1)
     tenant = await store.create_tenant("t", max_sandboxes=10, max_memory_mb=10_000)
-    from .helpers import sandbox
-
     r = await store.reserve("h00", memory_mb=512, owner="r", ttl_s=30, sandbox_id="sb-1")
     assert r is not None
     await store.create_sandbox(sandbox("sb-1", tenant, reservation_id=r.id, host_id="h00"))
