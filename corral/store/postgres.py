@@ -15,6 +15,7 @@ the server is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -227,7 +228,16 @@ class PostgresStore(SqlStore):
             except psycopg.Error as exc:
                 if _is_unique(exc):
                     raise
+                if isinstance(exc, psycopg.OperationalError):
+                    await self._evict_broken(pool)
                 raise _translate(exc) from exc
+
+    @staticmethod
+    async def _evict_broken(pool: AsyncConnectionPool[Any]) -> None:
+        """After a connection failure, drop every idle connection that is dead too (a server restart
+        kills them all), so the next caller gets a live one instead of the next corpse."""
+        with contextlib.suppress(psycopg.Error):
+            await pool.check()
 
     async def _autocommit(self, sql: str, params: Params) -> rows.Row | None:
         """One statement, its own transaction: the hot paths' single round trip."""
@@ -238,6 +248,8 @@ class PostgresStore(SqlStore):
                 row: rows.Row | None = await cur.fetchone()
                 return row
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                await self._evict_broken(pool)
             raise _translate(exc) from exc
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
@@ -251,6 +263,7 @@ class PostgresStore(SqlStore):
             except psycopg.OperationalError as exc:
                 if attempt or isinstance(exc, psycopg.errors.TransactionRollback):
                     raise _translate(exc) from exc
+                await self._evict_broken(pool)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover

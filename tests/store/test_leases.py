@@ -1,0 +1,60 @@
+"""Leases: a replica's reservations end when its lease lapses; one leader at a time, taken over after
+expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core import ManualClock, Pending
+from corral.store import InvalidRecord, Store
+
+from .conftest import T0
+from .helpers import hosts
+
+
+async def test_lapsed_replica_loses_its_reservations(store: Store, clock: ManualClock) -> None:
+    await hosts(store, 2)
+    assert await store.renew_replica("r1", 10) == T0 + 10
+    assert await store.renew_replica("r2", 10) == T0 + 10
+    for h in ("h00", "h01"):
+        assert await store.reserve(h, memory_mb=100, owner="r1", ttl_s=600)
+    assert await store.reserve("h00", memory_mb=50, owner="r2", ttl_s=600)
+    clock.advance(5)
+    assert await store.renew_replica("r2", 10) == T0 + 15
+    assert await store.expire_replicas() == []
+    clock.advance(5)
+    # r1 stopped renewing: its lease lapsed at T0 + 10, long before its reservations' own TTL.
+    assert await store.expire_replicas() == ["r1"]
+    assert await store.outstanding() == {"h00": Pending(50, 0.0)}
+    assert await store.expire_replicas() == []
+    assert await store.audit() == []
+
+
+async def test_clean_release(store: Store) -> None:
+    await hosts(store, 1)
+    await store.renew_replica("r1", 10)
+    assert await store.reserve("h00", memory_mb=100, owner="r1", ttl_s=600)
+    assert await store.release_replica("r1") == 1
+    assert await store.outstanding() == {}
+    assert await store.release_replica("r1") == 0
+
+
+async def test_single_leader_reentrant_and_taken_over_after_expiry(store: Store, clock: ManualClock) -> None:
+    assert await store.try_lead("reconciler", "a", 10) is True
+    assert await store.try_lead("reconciler", "b", 10) is False
+    clock.advance(5)
+    assert await store.try_lead("reconciler", "a", 10) is True  # renewed: now until T0 + 15
+    clock.advance(9)
+    assert await store.try_lead("reconciler", "b", 10) is False
+    clock.advance(1)
+    assert await store.try_lead("reconciler", "b", 10) is True
+    assert await store.try_lead("reconciler", "a", 10) is False
+    # Another lease name is independent.
+    assert await store.try_lead("other", "a", 10) is True
+    assert await store.resign("reconciler", "a") is False
+    assert await store.resign("reconciler", "b") is True
+    assert await store.try_lead("reconciler", "a", 10) is True
+    with pytest.raises(InvalidRecord):
+        await store.try_lead("reconciler", "a", 0)
+    with pytest.raises(InvalidRecord):
+        await store.renew_replica("r", -1)

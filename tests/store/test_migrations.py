@@ -1,0 +1,98 @@
+"""Migrations: versioned, idempotent, safe when several replicas (or processes) start at once."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from corral.core import ManualClock
+from corral.store import InvalidRecord, StoreError, open_store
+from corral.store.migrations import LATEST
+
+from .test_tenants import raw_rows
+
+
+async def test_migrate_twice_is_a_no_op(store_url: str, clock: ManualClock) -> None:
+    store = open_store(store_url, clock=clock)
+    try:
+        assert await store.migrate() == LATEST
+        assert await store.migrate() == LATEST
+        assert [t.name for t in await store.list_templates()] == ["default"]
+    finally:
+        await store.close()
+    assert raw_rows(store_url, "SELECT version FROM schema_migrations") == [(LATEST,)]
+
+
+async def test_concurrent_migrations_in_one_process(store_url: str) -> None:
+    stores = [open_store(store_url) for _ in range(4)]
+    try:
+        assert await asyncio.gather(*(s.migrate() for s in stores)) == [LATEST] * 4
+        assert [t.name for t in await stores[0].list_templates()] == ["default"]
+    finally:
+        for s in stores:
+            await s.close()
+    assert raw_rows(store_url, "SELECT version FROM schema_migrations") == [(LATEST,)]
+
+
+@pytest.mark.slow
+def test_concurrent_migrations_across_processes(store_url: str) -> None:
+    code = (
+        "import asyncio, sys\n"
+        "from corral.store import open_store\n"
+        "async def main():\n"
+        "    s = open_store(sys.argv[1])\n"
+        "    print(await s.migrate())\n"
+        "    await s.close()\n"
+        "asyncio.run(main())\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, store_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
+    assert [out.strip() for out, _ in outs] == [str(LATEST)] * 4
+    assert raw_rows(store_url, "SELECT version FROM schema_migrations") == [(LATEST,)]
+    assert raw_rows(store_url, "SELECT name FROM templates") == [("default",)]
+
+
+async def test_an_unmigrated_store_says_so(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        with pytest.raises(StoreError, match="migrate"):
+            await store.list_hosts()
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mysql://localhost/db",
+        "sqlite:relative.db",
+        "sqlite:///",
+        "postgresql://localhost/db?schema=Bad-Name",
+        "postgresql://localhost/db?pool_size=zero",
+        "postgresql://localhost/db?pool_size=0",
+    ],
+)
+def test_bad_urls_are_refused(url: str) -> None:
+    with pytest.raises(InvalidRecord) as e:
+        open_store(url)
+    assert e.value.code == "invalid_request"
+
+
+async def test_in_memory_sqlite() -> None:
+    for url in ("sqlite://:memory:", "sqlite:///:memory:"):
+        store = open_store(url)
+        try:
+            await store.migrate()
+            t = await store.create_tenant("x", max_sandboxes=1, max_memory_mb=1)
+            assert await store.list_tenants() == [t]
+        finally:
+            await store.close()

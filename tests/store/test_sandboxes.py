@@ -1,0 +1,312 @@
+"""Sandboxes: one transaction for idempotency, name uniqueness and quota; compare-and-set state
+changes; tenant-scoped reads; stable keyset pagination."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corral.core import ManualClock
+from corral.store import (
+    IdempotencyMismatch,
+    InvalidRecord,
+    NameConflict,
+    NotFound,
+    OverQuota,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+    Store,
+    TenantRecord,
+    Usage,
+)
+
+from .conftest import T0
+from .helpers import sandbox
+
+
+@pytest.fixture
+async def tenant(store: Store) -> TenantRecord:
+    return await store.create_tenant("acme", max_sandboxes=5, max_memory_mb=4096)
+
+
+async def test_create_sets_times_and_version(store: Store, tenant: TenantRecord, clock: ManualClock) -> None:
+    rec = SandboxRecord(
+        id="sb-1",
+        tenant_id=tenant.id,
+        template="default",
+        memory_mb=512,
+        cpus=1.5,
+        name="web",
+        stateful=True,
+        metadata={"team": "infra"},
+        expires_at=T0 + 300,
+    )
+    out = await store.create_sandbox(rec)
+    assert not out.replayed
+    got = await store.get_sandbox("sb-1")
+    assert got == out.record
+    assert got is not None
+    assert (got.created_at, got.updated_at, got.version, got.state) == (T0, T0, 1, SandboxState.RESERVED)
+    assert (got.name, got.stateful, dict(got.metadata), got.expires_at, got.cpus) == (
+        "web",
+        True,
+        {"team": "infra"},
+        T0 + 300,
+        1.5,
+    )
+
+
+async def test_idempotency_key_returns_the_first_result(store: Store, tenant: TenantRecord) -> None:
+    first = await store.create_sandbox(sandbox("sb-1", tenant), idempotency_key="k1", request_hash="h")
+    again = await store.create_sandbox(sandbox("sb-2", tenant), idempotency_key="k1", request_hash="h")
+    assert again.replayed and again.record == first.record
+    assert await store.get_sandbox("sb-2") is None
+    with pytest.raises(IdempotencyMismatch) as e:
+        await store.create_sandbox(sandbox("sb-3", tenant), idempotency_key="k1", request_hash="other")
+    assert e.value.code == "idempotency_key_reused"
+    # Keys are per tenant: another tenant's identical key is its own.
+    other = await store.create_tenant("other", max_sandboxes=5, max_memory_mb=4096)
+    theirs = await store.create_sandbox(sandbox("sb-4", other), idempotency_key="k1", request_hash="h")
+    assert not theirs.replayed and theirs.record.id == "sb-4"
+    # The replay answers with the current record, and still answers after the sandbox is gone.
+    await store.set_sandbox_state("sb-1", SandboxState.RUNNING, host_id="h1")
+    assert (
+        await store.create_sandbox(sandbox("x", tenant), idempotency_key="k1")
+    ).record.state is SandboxState.RUNNING
+    await store.delete_sandbox("sb-1")
+    gone = await store.create_sandbox(sandbox("x", tenant), idempotency_key="k1", request_hash="h")
+    assert gone.replayed and gone.record.id == "sb-1"
+
+
+async def test_concurrent_creates_with_one_key_make_one_sandbox(store: Store, tenant: TenantRecord) -> None:
+    outs = await asyncio.gather(
+        *(
+            store.create_sandbox(sandbox(f"sb-{i}", tenant), idempotency_key="same", request_hash="h")
+            for i in range(5)
+        )
+    )
+    assert sum(not o.replayed for o in outs) == 1
+    assert len({o.record.id for o in outs}) == 1
+    assert (await store.usage(tenant.id)).sandboxes == 1
+
+
+async def test_names_are_unique_per_tenant_among_undeleted(store: Store, tenant: TenantRecord) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant, name="web"))
+    with pytest.raises(NameConflict) as e:
+        await store.create_sandbox(sandbox("sb-2", tenant, name="web"))
+    assert e.value.code == "name_conflict"
+    other = await store.create_tenant("other", max_sandboxes=5, max_memory_mb=4096)
+    await store.create_sandbox(sandbox("sb-3", other, name="web"))
+    # Unnamed sandboxes never collide; a reused id is refused too.
+    await store.create_sandbox(sandbox("sb-4", tenant))
+    await store.create_sandbox(sandbox("sb-5", tenant))
+    with pytest.raises(NameConflict):
+        await store.create_sandbox(sandbox("sb-4", tenant))
+    # Once deleted (state or row), the name is free again.
+    await store.set_sandbox_state("sb-1", SandboxState.DELETED)
+    await store.create_sandbox(sandbox("sb-6", tenant, name="web"))
+    # ... and the deleted one cannot come back under the taken name.
+    with pytest.raises(NameConflict):
+        await store.set_sandbox_state("sb-1", SandboxState.RUNNING)
+    await store.delete_sandbox("sb-6")
+    await store.create_sandbox(sandbox("sb-7", tenant, name="web"))
+
+
+async def test_quota_counts_live_sandboxes_and_memory(store: Store) -> None:
+    t = await store.create_tenant("small", max_sandboxes=3, max_memory_mb=2048)
+    await store.create_sandbox(sandbox("a", t, memory_mb=1024))
+    await store.create_sandbox(sandbox("b", t, memory_mb=512))
+    with pytest.raises(OverQuota) as e:
+        await store.create_sandbox(sandbox("c", t, memory_mb=1024))
+    assert (e.value.code, e.value.limit, e.value.allowed, e.value.used, e.value.requested) == (
+        "tenant_over_quota",
+        "max_memory_mb",
+        2048,
+        1536,
+        1024,
+    )
+    await store.create_sandbox(sandbox("c", t, memory_mb=512))
+    with pytest.raises(OverQuota) as e:
+        await store.create_sandbox(sandbox("d", t, memory_mb=1))
+    assert e.value.limit == "max_sandboxes"
+    assert (await store.usage(t.id)).sandboxes == 3
+    # Stopped, failed and deleted sandboxes hold no quota.
+    await store.set_sandbox_state("a", SandboxState.STOPPED)
+    assert await store.usage(t.id) == Usage(2, 1024)
+    await store.create_sandbox(sandbox("d", t, memory_mb=1024))
+    # A quota change applies to the next create.
+    await store.set_quota(t.id, max_sandboxes=10, max_memory_mb=10_000)
+    await store.create_sandbox(sandbox("e", t, memory_mb=4096))
+    with pytest.raises(NotFound):
+        await store.create_sandbox(sandbox("f", TenantRecord("tn_ghost", "ghost", 1, 1, 0.0)))
+
+
+async def test_concurrent_creates_never_exceed_quota(store: Store) -> None:
+    t = await store.create_tenant("burst", max_sandboxes=4, max_memory_mb=100_000)
+
+    async def one(i: int) -> bool:
+        try:
+            await store.create_sandbox(sandbox(f"sb-{i}", t))
+            return True
+        except OverQuota:
+            return False
+
+    made = await asyncio.gather(*(one(i) for i in range(12)))
+    assert sum(made) == 4 and (await store.usage(t.id)).sandboxes == 4
+
+
+async def test_state_changes_are_compare_and_set(
+    store: Store, tenant: TenantRecord, clock: ManualClock
+) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant))
+    clock.advance(1)
+    starting = await store.set_sandbox_state(
+        "sb-1", SandboxState.STARTING, expect=SandboxState.RESERVED, host_id="h1", reservation_id="r1"
+    )
+    assert (starting.state, starting.host_id, starting.reservation_id, starting.version) == (
+        SandboxState.STARTING,
+        "h1",
+        "r1",
+        2,
+    )
+    assert starting.updated_at == T0 + 1 and starting.created_at == T0
+    with pytest.raises(StateConflict) as e:
+        await store.set_sandbox_state("sb-1", SandboxState.RUNNING, expect=SandboxState.RESERVED)
+    assert (
+        e.value.current is SandboxState.STARTING and e.value.version == 2 and e.value.code == "state_conflict"
+    )
+    with pytest.raises(StateConflict):
+        await store.set_sandbox_state("sb-1", SandboxState.RUNNING, expect_version=1)
+    running = await store.set_sandbox_state(
+        "sb-1", SandboxState.RUNNING, expect={SandboxState.STARTING, SandboxState.RESERVED}, expect_version=2
+    )
+    # host_id and reservation_id are kept unless given; None clears.
+    assert (running.host_id, running.reservation_id, running.version) == ("h1", "r1", 3)
+    cleared = await store.set_sandbox_state("sb-1", SandboxState.ORPHANED, reservation_id=None)
+    assert cleared.reservation_id is None and cleared.host_id == "h1"
+    with pytest.raises(NotFound):
+        await store.set_sandbox_state("nope", SandboxState.RUNNING)
+    with pytest.raises(InvalidRecord):
+        await store.set_sandbox_state("sb-1", "bogus")  # type: ignore[arg-type]
+
+
+async def test_two_deciders_cannot_both_claim(store: Store, tenant: TenantRecord) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant, state=SandboxState.ORPHANED))
+
+    async def claim(host: str) -> str | None:
+        try:
+            await store.set_sandbox_state(
+                "sb-1", SandboxState.RUNNING, expect=SandboxState.ORPHANED, host_id=host
+            )
+            return host
+        except StateConflict:
+            return None
+
+    won = [h for h in await asyncio.gather(*(claim(f"h{i}") for i in range(6))) if h]
+    assert len(won) == 1
+    assert (await store.get_sandbox("sb-1")).host_id == won[0]  # type: ignore[union-attr]
+
+
+async def test_tenant_scoped_reads(store: Store, tenant: TenantRecord) -> None:
+    other = await store.create_tenant("other", max_sandboxes=5, max_memory_mb=4096)
+    await store.create_sandbox(sandbox("sb-1", tenant))
+    assert await store.get_sandbox("sb-1", tenant_id=tenant.id) is not None
+    assert await store.get_sandbox("sb-1", tenant_id=other.id) is None
+    assert await store.get_sandbox("sb-1") is not None  # the admin view
+    assert (await store.list_sandboxes(tenant_id=other.id)).items == []
+
+
+async def test_expiry_and_the_reaper_query(store: Store, tenant: TenantRecord, clock: ManualClock) -> None:
+    await store.create_sandbox(sandbox("a", tenant, expires_at=T0 + 10))
+    await store.create_sandbox(sandbox("b", tenant, expires_at=T0 + 5))
+    await store.create_sandbox(sandbox("c", tenant))
+    await store.create_sandbox(sandbox("d", tenant, expires_at=T0 + 1, state=SandboxState.STOPPED))
+    assert await store.expired_sandboxes() == []
+    clock.advance(10)
+    assert [s.id for s in await store.expired_sandboxes()] == ["b", "a"]
+    assert [s.id for s in await store.expired_sandboxes(T0 + 7)] == ["b"]
+    assert [s.id for s in await store.expired_sandboxes(limit=1)] == ["b"]
+    extended = await store.set_sandbox_expiry("a", T0 + 100)
+    assert extended.expires_at == T0 + 100 and extended.version == 2
+    assert await store.set_sandbox_expiry("c", None)
+    assert [s.id for s in await store.expired_sandboxes()] == ["b"]
+    with pytest.raises(NotFound):
+        await store.set_sandbox_expiry("zz", None)
+
+
+async def test_delete(store: Store, tenant: TenantRecord) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant))
+    assert await store.delete_sandbox("sb-1") is True
+    assert await store.delete_sandbox("sb-1") is False
+    assert await store.get_sandbox("sb-1") is None
+
+
+async def test_invalid_records_are_refused(store: Store, tenant: TenantRecord) -> None:
+    for bad in (
+        sandbox("", tenant),
+        sandbox("x", tenant, memory_mb=0),
+        sandbox("x", tenant, name=""),
+        SandboxRecord("x", "", "default", 512, 1.0),
+        SandboxRecord("x", tenant.id, "default", 512, -1.0),
+    ):
+        with pytest.raises(InvalidRecord):
+            await store.create_sandbox(bad)
+    assert (await store.usage(tenant.id)).sandboxes == 0
+    for kwargs in ({"limit": 0}, {"limit": 1001}, {"cursor": "not-a-cursor"}, {"cursor": "WzEsMl0"}):
+        with pytest.raises(InvalidRecord):
+            await store.list_sandboxes(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_list_filters(store: Store, tenant: TenantRecord) -> None:
+    await store.create_sandbox(sandbox("a", tenant, host_id="h1", state=SandboxState.RUNNING))
+    await store.create_sandbox(sandbox("b", tenant, host_id="h2", state=SandboxState.RUNNING))
+    await store.create_sandbox(sandbox("c", tenant, host_id="h1", state=SandboxState.ORPHANED))
+    assert [s.id for s in (await store.list_sandboxes(host_id="h1")).items] == ["a", "c"]
+    assert [s.id for s in (await store.list_sandboxes(state=SandboxState.RUNNING)).items] == ["a", "b"]
+    both = await store.list_sandboxes(state=[SandboxState.ORPHANED, SandboxState.RUNNING], host_id="h1")
+    assert [s.id for s in both.items] == ["a", "c"] and both.next_cursor is None
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(min_value=0, max_value=23),
+    limit=st.integers(min_value=1, max_value=7),
+    ticks=st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0]), min_size=23, max_size=23),
+    deleted=st.sets(st.integers(min_value=0, max_value=22), max_size=5),
+)
+async def test_pagination_visits_everything_once_in_order(
+    store: Store, clock: ManualClock, n: int, limit: int, ticks: list[float], deleted: set[int]
+) -> None:
+    # Each example gets a fresh tenant in the same store, so ids and names never clash across examples.
+    tenant = await store.create_tenant(
+        f"t{clock.now()}-{n}-{limit}-{len(deleted)}", max_sandboxes=100, max_memory_mb=10**6
+    )
+    made = []
+    for i in range(n):
+        clock.advance(ticks[i])  # several creates share one timestamp: the id breaks the tie
+        rec = (await store.create_sandbox(sandbox(f"{tenant.id}-{(i * 7) % 23:02d}-{i}", tenant))).record
+        made.append(rec)
+    pages = []
+    cursor: str | None = None
+    while True:
+        page = await store.list_sandboxes(tenant_id=tenant.id, limit=limit, cursor=cursor)
+        pages.append(page.items)
+        assert len(page.items) <= limit
+        if page.next_cursor is None:
+            break
+        # Rows deleted behind the cursor must not shift what comes next.
+        for i in deleted:
+            if i < len(made):
+                await store.delete_sandbox(made[i].id)
+        cursor = page.next_cursor
+    seen = [s.id for p in pages for s in p]
+    expected = [s.id for s in sorted(made, key=lambda s: (s.created_at, s.id))]
+    assert len(seen) == len(set(seen))
+    # Everything not deleted is seen, in order; deleted rows may or may not have been seen already.
+    survivors = [i for i in expected if i not in {made[j].id for j in deleted if j < len(made)}]
+    assert [i for i in seen if i in survivors] == survivors
+    assert seen == [i for i in expected if i in seen]

@@ -1,0 +1,103 @@
+"""Tenants, API tokens (stored hashed), templates."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import psycopg
+import pytest
+
+from corral.store import InvalidRecord, NameConflict, NotFound, Principal, Role, Store, TemplateRecord
+
+from .conftest import T0
+
+
+def raw_rows(store_url: str, query: str) -> list[tuple[object, ...]]:
+    """Read the tables behind the store's back (to check what is really stored)."""
+    if store_url.startswith("sqlite:///"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            return list(conn.execute(query))
+    base, _, schema = store_url.partition("?schema=")
+    with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
+        return list(conn.execute(query))
+
+
+async def test_tenants(store: Store) -> None:
+    a = await store.create_tenant("acme", max_sandboxes=10, max_memory_mb=8192)
+    assert a.id.startswith("tn_") and (a.name, a.max_sandboxes, a.max_memory_mb, a.created_at) == (
+        "acme",
+        10,
+        8192,
+        T0,
+    )
+    b = await store.create_tenant("beta", max_sandboxes=1, max_memory_mb=1)
+    with pytest.raises(NameConflict):
+        await store.create_tenant("acme", max_sandboxes=1, max_memory_mb=1)
+    with pytest.raises(InvalidRecord):
+        await store.create_tenant("", max_sandboxes=1, max_memory_mb=1)
+    with pytest.raises(InvalidRecord):
+        await store.create_tenant("neg", max_sandboxes=-1, max_memory_mb=1)
+    assert await store.get_tenant(a.id) == a
+    assert await store.get_tenant_by_name("beta") == b
+    assert await store.get_tenant("nope") is None and await store.get_tenant_by_name("nope") is None
+    assert await store.list_tenants() == [a, b]
+    raised = await store.set_quota(b.id, max_sandboxes=5, max_memory_mb=5000)
+    assert (raised.max_sandboxes, raised.max_memory_mb) == (5, 5000)
+    with pytest.raises(NotFound):
+        await store.set_quota("nope", max_sandboxes=1, max_memory_mb=1)
+    assert (await store.usage(a.id)).sandboxes == 0
+
+
+async def test_tokens_are_stored_hashed_and_resolve(store: Store, store_url: str) -> None:
+    t = await store.create_tenant("acme", max_sandboxes=1, max_memory_mb=1)
+    plain = await store.issue_token(t.id, Role.TENANT)
+    admin = await store.issue_token(None, Role.ADMIN)
+    principal = await store.resolve_token(plain)
+    assert principal is not None and (principal.tenant_id, principal.role) == (t.id, Role.TENANT)
+    assert (await store.resolve_token(admin)) == Principal(
+        (await store.resolve_token(admin)).token_id,  # type: ignore[union-attr]
+        None,
+        Role.ADMIN,
+    )
+    assert await store.resolve_token(plain + "x") is None
+    stored = raw_rows(store_url, "SELECT hash FROM tokens")
+    assert len(stored) == 2 and all(plain not in str(row) and admin not in str(row) for row in stored)
+    assert await store.revoke_token(principal.token_id) is True
+    assert await store.revoke_token(principal.token_id) is False
+    assert await store.resolve_token(plain) is None
+
+
+async def test_ensure_token_is_idempotent(store: Store) -> None:
+    t = await store.create_tenant("acme", max_sandboxes=1, max_memory_mb=1)
+    given = "agent-token-from-the-environment"
+    first = await store.ensure_token(given, None, Role.AGENT)
+    assert await store.ensure_token(given, None, Role.AGENT) == first
+    assert await store.resolve_token(given) == first
+    with pytest.raises(NameConflict):
+        await store.ensure_token(given, None, Role.ADMIN)
+    with pytest.raises(NameConflict):
+        await store.ensure_token(given, t.id, Role.AGENT)
+    with pytest.raises(InvalidRecord):
+        await store.ensure_token("short", None, Role.AGENT)
+    with pytest.raises(InvalidRecord):
+        await store.ensure_token("a-tenant-token-without-tenant", None, Role.TENANT)
+    with pytest.raises(NotFound):
+        await store.ensure_token("a-token-for-a-ghost-tenant", "tn_ghost", Role.TENANT)
+
+
+async def test_templates(store: Store) -> None:
+    default = await store.get_template("default")
+    assert default is not None and (default.cpus, default.memory_mb, default.stateful) == (1.0, 512, False)
+    py = await store.create_template(
+        TemplateRecord("python", 2.0, 2048, stateful=True, runtime="process", description="py")
+    )
+    assert py.created_at == T0
+    assert await store.get_template("python") == py
+    assert [t.name for t in await store.list_templates()] == ["default", "python"]
+    with pytest.raises(NameConflict):
+        await store.create_template(TemplateRecord("python", 1.0, 512))
+    with pytest.raises(InvalidRecord):
+        await store.create_template(TemplateRecord("zero", 1.0, 0))
+    assert await store.delete_template("python") is True
+    assert await store.delete_template("python") is False
+    assert await store.get_template("python") is None
