@@ -1,0 +1,440 @@
+"""The ``process`` runtime: each sandbox is a process tree in its own user, pid, mount, network, uts,
+ipc and cgroup namespaces (bubblewrap), inside a memory cgroup with the sandbox's limit.
+
+A sandbox is made of:
+
+* a long-lived init (``sleep infinity`` under bubblewrap's own pid-1 reaper) that holds the namespaces
+  open; every exec joins them with nsenter;
+* a memory cgroup that every process of the sandbox is placed in before it runs its first instruction;
+* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroup), its
+  private home and bubblewrap's log.
+
+Sandboxes deliberately outlive the agent that starts them (no ``--die-with-parent``): a restarted agent
+re-adopts them from their records, after checking that the recorded pid is still that sandbox's init
+(same start time, same pid namespace), never a recycled pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Literal
+
+from corral.core.clock import Clock, SystemClock
+from corral.runtime import bwrap, procfs
+from corral.runtime.base import ExecResult, RuntimeFailure, SandboxHandle, SandboxNotFound, SandboxSpec
+from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
+from corral.runtime.cgroups import CgroupError, CgroupRoot, MemoryCgroup, detect
+from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
+
+DEFAULT_ROOT = Path("/run/corral/sandboxes")
+MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
+NOBODY = 65534
+_MIB = 1024 * 1024
+_START_TIMEOUT_S = 10.0
+# The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
+# went, the whole sandbox would go with it, instead of the one process that overran the limit.
+_SKELETON_OOM_SCORE_ADJ = -999
+
+
+class InvalidSandbox(RuntimeFailure):
+    """The spec or the command cannot be run as given (bad id, too little memory, empty command)."""
+
+
+class SandboxExists(RuntimeFailure):
+    pass
+
+
+def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
+    """Whether bubblewrap and namespaces work on this host (``corral serve`` falls back to ``sim``)."""
+    return bwrap.probe(host_uid, host_gid) is None
+
+
+def unavailable_reason(host_uid: int = NOBODY, host_gid: int = NOBODY) -> str | None:
+    return bwrap.probe(host_uid, host_gid)
+
+
+def _exit_code(returncode: int) -> int:
+    # Shell convention: killed by signal N -> 128 + N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ProcessRuntime:
+    """Real sandboxes on this host. See the module docstring and docs/isolation.md."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        cgroup_root: CgroupRoot | Literal["auto"] | None = "auto",
+        host_uid: int = NOBODY,
+        host_gid: int = NOBODY,
+        output_limit_bytes: int = DEFAULT_LIMIT,
+        system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
+        init_command: Sequence[str] = ("sleep", "infinity"),
+        clock: Clock | None = None,
+    ) -> None:
+        self.records = Records(root or DEFAULT_ROOT)
+        # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
+        self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
+        privileged = os.geteuid() == 0
+        # Only root can hand the sandbox to another host user; otherwise it runs as ourselves.
+        self._host_ids = (host_uid, host_gid) if privileged else None
+        self._oom_adj = _SKELETON_OOM_SCORE_ADJ if privileged else None
+        self._output_limit = output_limit_bytes
+        self._system_paths = tuple(system_paths)
+        self._init = tuple(init_command)
+        self._clock = clock or SystemClock()
+        self._me = procfs.identify(os.getpid())
+        self._starting: set[str] = set()
+        # Monitors this object spawned, so it reaps them through the same Popen that made them.
+        self._monitors: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- start ----------------------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        self._validate(spec)
+        cgroup = self.cgroups.child(spec.id) if self.cgroups else None
+        assert self._me is not None
+        starting = Starting(
+            starter=self._me,
+            cgroup=str(cgroup.path) if cgroup else None,
+            cgroup_version=cgroup.version if cgroup else None,
+        )
+        try:
+            directory = self.records.claim(spec.id, starting)
+        except FileExistsError:
+            raise SandboxExists(f"sandbox {spec.id!r} already exists") from None
+        self._starting.add(spec.id)
+        running: Running | None = None
+        created: MemoryCgroup | None = None
+        try:
+            if cgroup is not None:
+                cgroup.create(spec.memory_mb)  # refuses a cgroup that exists: it is not ours to reuse
+                created = cgroup
+            running = await self._launch(spec, directory, cgroup)
+            self.records.commit(spec.id, running)
+        except BaseException as exc:
+            # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
+            init = running.init if running else None
+            await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, init, created, None))
+            if isinstance(exc, RuntimeFailure | CgroupError | OSError):
+                raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
+            raise
+        finally:
+            self._starting.discard(spec.id)
+        return self._handle(running)
+
+    def _validate(self, spec: SandboxSpec) -> None:
+        if not valid_id(spec.id):
+            raise InvalidSandbox(
+                f"sandbox id {spec.id!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if spec.memory_mb < MIN_MEMORY_MB:
+            raise InvalidSandbox(f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}")
+        if spec.hostname is not None and not (0 < len(spec.hostname) <= 64 and spec.hostname.isprintable()):
+            raise InvalidSandbox(f"hostname {spec.hostname!r} is invalid: 1-64 printable characters")
+        for key in spec.env:
+            if not key or "=" in key or "\0" in key:
+                raise InvalidSandbox(f"environment variable name {key!r} is invalid")
+
+    async def _launch(self, spec: SandboxSpec, directory: Path, cgroup: MemoryCgroup | None) -> Running:
+        etc = directory / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text(bwrap.PASSWD)
+        (etc / "group").write_text(bwrap.GROUP)
+
+        hostname = spec.hostname or spec.id[:64]
+        fds: list[int] = []
+        info_r, info_w = os.pipe()
+        try:
+            fds = [os.open(etc / name, os.O_RDONLY | os.O_CLOEXEC) for name in ("passwd", "group")]
+            layout = bwrap.Layout(
+                hostname=hostname,
+                passwd_fd=fds[0],
+                group_fd=fds[1],
+                network=spec.network,
+                env=spec.env,
+                system_paths=self._system_paths,
+            )
+            command = bwrap.sandbox_argv(layout, self._init, info_fd=info_w)
+            if self._host_ids is not None:
+                command = bwrap.as_user_argv(*self._host_ids, command)
+            argv = bwrap.wrapped_argv(
+                command,
+                procs_file=cgroup.procs_file if cgroup else None,
+                oom_score_adj=self._oom_adj,
+            )
+            with open(directory / "bwrap.log", "wb") as log:
+                monitor = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    pass_fds=(info_w, *fds),
+                    start_new_session=True,  # the agent's terminal signals must not reach sandboxes
+                    cwd="/",
+                    env={"PATH": bwrap.DEFAULT_PATH},
+                )
+            self._monitors[spec.id] = monitor
+        finally:
+            os.close(info_w)
+            for fd in fds:
+                os.close(fd)
+        assert monitor.stdout is not None
+        try:
+            info = await asyncio.wait_for(
+                asyncio.to_thread(_await_ready, info_r, monitor.stdout), _START_TIMEOUT_S
+            )
+        except TimeoutError:
+            raise RuntimeFailure("bubblewrap did not report its sandbox in time") from None
+        finally:
+            os.close(info_r)
+            monitor.stdout.close()
+        if info is None:
+            monitor.wait()
+            log_text = (directory / "bwrap.log").read_text(errors="replace").strip()
+            raise RuntimeFailure(f"bubblewrap exited with {monitor.returncode}: {log_text or 'no output'}")
+        init_pid = int(info["child-pid"])
+        init = procfs.identify(init_pid)
+        monitor_identity = procfs.identify(monitor.pid)
+        if init is None or monitor_identity is None or init.pid_ns != int(info["pid-namespace"]):
+            raise RuntimeFailure("the sandbox's init exited right after it started")
+        return Running(
+            spec=spec,
+            started_at=self._clock.now(),
+            init=init,
+            monitor=monitor_identity,
+            cgroup=str(cgroup.path) if cgroup else None,
+            cgroup_version=cgroup.version if cgroup else None,
+        )
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    async def stop(self, sandbox_id: str) -> None:
+        record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
+        if record is None or sandbox_id in self._starting:
+            raise SandboxNotFound(sandbox_id)
+        if isinstance(record, Running):
+            await asyncio.to_thread(
+                self._teardown, sandbox_id, record.init, _cgroup_of(record), record.monitor
+            )
+        elif isinstance(record, Starting):
+            await asyncio.to_thread(self._teardown, sandbox_id, None, _cgroup_of(record), None)
+        else:
+            await asyncio.to_thread(self._teardown, sandbox_id, None, self._guess_cgroup(sandbox_id), None)
+
+    def _teardown(
+        self,
+        sandbox_id: str,
+        init: procfs.ProcessIdentity | None,
+        cgroup: MemoryCgroup | None,
+        monitor: procfs.ProcessIdentity | None,
+    ) -> None:
+        """Kill the tree, remove the cgroup, reap, forget. Safe to repeat; runs in a worker thread."""
+        # Killing pid 1 of a pid namespace kills every process in it, exec'd ones included.
+        if init is not None and procfs.is_alive(init):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init.pid, signal.SIGKILL)
+        if cgroup is not None:
+            cgroup.remove()  # SIGKILLs whatever is left in it, bubblewrap's monitor included
+        popen = self._monitors.pop(sandbox_id, None)
+        if popen is not None:
+            if popen.poll() is None:
+                # Without a cgroup, an init we never learnt about is found as the monitor's child.
+                for child in procfs.children(popen.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    popen.kill()
+            popen.wait()
+        elif monitor is not None and procfs.is_alive(monitor):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(monitor.pid, signal.SIGKILL)
+            _reap(monitor.pid)
+        self.records.discard(sandbox_id)
+
+    def _guess_cgroup(self, sandbox_id: str) -> MemoryCgroup | None:
+        if self.cgroups is None:
+            return None
+        cgroup = self.cgroups.child(sandbox_id)
+        return cgroup if cgroup.exists() else None
+
+    # -- exec -----------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if not command or not all(isinstance(part, str) and "\0" not in part for part in command):
+            raise InvalidSandbox("command must be a non-empty list of strings without NUL bytes")
+        if not timeout_s > 0:
+            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}")
+        if cwd is not None and not cwd.startswith("/"):
+            raise InvalidSandbox(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        record = self._live(sandbox_id)
+        hostname = record.spec.hostname or record.spec.id[:64]
+        full_env = {**bwrap.base_env(hostname), **record.spec.env, **(env or {})}
+        for key in full_env:
+            if not key or "=" in key or "\0" in key:
+                raise InvalidSandbox(f"environment variable name {key!r} is invalid")
+        cgroup = _cgroup_of(record)
+        argv = bwrap.wrapped_argv(
+            bwrap.enter_argv(record.init.pid, command, cwd=cwd),
+            procs_file=cgroup.procs_file if cgroup else None,
+        )
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd="/",
+            start_new_session=True,  # one process group to kill on timeout
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
+        readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            # A background child that kept the pipes open must not hold the answer hostage.
+            remaining = max(0.1, timeout_s - (time.monotonic() - started))
+            _done, pending = await asyncio.wait(readers, timeout=remaining)
+            for task in pending:
+                task.cancel()
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            for task in readers:
+                task.cancel()
+        assert proc.returncode is not None
+        return ExecResult(
+            exit_code=_exit_code(proc.returncode),
+            stdout=out.text(),
+            stderr=err.text(),
+            duration_ms=(time.monotonic() - started) * 1000.0,
+            truncated=out.truncated or err.truncated,
+            timed_out=timed_out,
+        )
+
+    # -- inspect --------------------------------------------------------------------------------
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        record = self._live(sandbox_id)
+        cgroup = _cgroup_of(record)
+        try:
+            if cgroup is not None:
+                used = cgroup.working_set_bytes()
+            else:
+                used = procfs.namespace_resident_bytes(record.init.pid_ns)
+        except OSError:
+            return None
+        return math.ceil(used / _MIB)
+
+    async def list(self) -> list[SandboxHandle]:
+        """Live sandboxes under this root, including those another runtime object (or an agent that
+        has since restarted) started. Leftovers of dead sandboxes and of crashed starts are removed."""
+        handles: list[SandboxHandle] = []
+        for sandbox_id in self.records.ids():
+            if sandbox_id in self._starting:
+                continue
+            record = self.records.load(sandbox_id)
+            if isinstance(record, Running):
+                if self._is_live(record):
+                    handles.append(self._handle(record))
+                else:
+                    await asyncio.to_thread(
+                        self._teardown, sandbox_id, record.init, _cgroup_of(record), record.monitor
+                    )
+            elif isinstance(record, Starting):
+                if not procfs.is_alive(record.starter):
+                    await asyncio.to_thread(self._teardown, sandbox_id, None, _cgroup_of(record), None)
+            elif isinstance(record, Corrupt):
+                await asyncio.to_thread(
+                    self._teardown, sandbox_id, None, self._guess_cgroup(sandbox_id), None
+                )
+        return handles
+
+    def _live(self, sandbox_id: str) -> Running:
+        record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
+        if not isinstance(record, Running) or not self._is_live(record):
+            raise SandboxNotFound(sandbox_id)
+        return record
+
+    @staticmethod
+    def _is_live(record: Running) -> bool:
+        if not procfs.is_alive(record.init):
+            return False
+        cgroup = _cgroup_of(record)
+        return cgroup is None or cgroup.exists()
+
+    @staticmethod
+    def _handle(record: Running) -> SandboxHandle:
+        return SandboxHandle(
+            id=record.spec.id,
+            spec=record.spec,
+            started_at=record.started_at,
+            ref=f"pid={record.init.pid}" + (f" cgroup={record.cgroup}" if record.cgroup else ""),
+        )
+
+
+def _cgroup_of(record: Running | Starting) -> MemoryCgroup | None:
+    if record.cgroup is None or record.cgroup_version is None:
+        return None
+    return MemoryCgroup(Path(record.cgroup), record.cgroup_version)
+
+
+def _await_ready(info_fd: int, stdout: IO[bytes]) -> dict[str, int] | None:
+    """bubblewrap's --info-fd JSON once the sandbox says it is ready, or None if bubblewrap exited
+    first (its setup failed; the reason is in its log)."""
+    data = b""
+    info: dict[str, int] | None = None
+    while info is None:
+        chunk = os.read(info_fd, 4096)
+        if not chunk:
+            return None
+        data += chunk
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(data)
+            if isinstance(parsed, dict) and "child-pid" in parsed:
+                info = parsed
+    return info if stdout.readline() == b"ready\n" else None
+
+
+def _reap(pid: int, timeout_s: float = 5.0) -> None:
+    """Collect a killed child of this process, if it is one; another parent reaps its own."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.002)
