@@ -122,8 +122,10 @@ def sandbox_argv(layout: Layout, init: Sequence[str], *, info_fd: int, bwrap: st
     ]
     for key, value in {**base_env(layout.hostname), **layout.env}.items():
         argv += ["--setenv", key, value]
-    # The shell announces readiness on stdout once every mount is in place, then becomes ``init``.
-    argv += ["--info-fd", str(info_fd), "--", "/bin/sh", "-c", 'echo ready && exec "$@"', "init", *init]
+    # The shell announces readiness on stdout once every mount is in place and ``init`` is there to
+    # run, then becomes ``init``.
+    ready = 'command -v "$1" >/dev/null && echo ready && exec "$@"'
+    argv += ["--info-fd", str(info_fd), "--", "/bin/sh", "-c", ready, "init", *init]
     return argv
 
 

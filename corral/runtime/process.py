@@ -40,6 +40,7 @@ MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any
 NOBODY = 65534
 _MIB = 1024 * 1024
 _START_TIMEOUT_S = 10.0
+_EXIT_GRACE_S = 2.0
 # The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
 # went, the whole sandbox would go with it, instead of the one process that overran the limit.
 _SKELETON_OOM_SCORE_ADJ = -999
@@ -243,25 +244,33 @@ class ProcessRuntime:
         monitor: procfs.ProcessIdentity | None,
     ) -> None:
         """Kill the tree, remove the cgroup, reap, forget. Safe to repeat; runs in a worker thread."""
+        popen = self._monitors.pop(sandbox_id, None)
         # Killing pid 1 of a pid namespace kills every process in it, exec'd ones included.
         if init is not None and procfs.is_alive(init):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(init.pid, signal.SIGKILL)
-        if cgroup is not None:
-            cgroup.remove()  # SIGKILLs whatever is left in it, bubblewrap's monitor included
-        popen = self._monitors.pop(sandbox_id, None)
-        if popen is not None:
-            if popen.poll() is None:
-                # Without a cgroup, an init we never learnt about is found as the monitor's child.
-                for child in procfs.children(popen.pid):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child, signal.SIGKILL)
+            # Let bubblewrap's monitor reap its init and exit by itself: killing the monitor first
+            # would orphan the init to a pid 1 that may never reap it.
+            if popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(timeout=_EXIT_GRACE_S)
+            elif monitor is not None:
+                _wait_gone(monitor, _EXIT_GRACE_S)
+        if popen is not None and popen.poll() is None:
+            # Without a cgroup, an init we never learnt about is found as the monitor's child.
+            for child in procfs.children(popen.pid):
                 with contextlib.suppress(ProcessLookupError):
-                    popen.kill()
-            popen.wait()
-        elif monitor is not None and procfs.is_alive(monitor):
+                    os.kill(child, signal.SIGKILL)
+        if cgroup is not None:
+            cgroup.remove()  # SIGKILLs whatever is left in it, the monitor included
+        if popen is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(monitor.pid, signal.SIGKILL)
+                popen.kill()
+            popen.wait()
+        elif monitor is not None:
+            if procfs.is_alive(monitor):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(monitor.pid, signal.SIGKILL)
             _reap(monitor.pid)
         self.records.discard(sandbox_id)
 
@@ -427,14 +436,21 @@ def _await_ready(info_fd: int, stdout: IO[bytes]) -> dict[str, int] | None:
     return info if stdout.readline() == b"ready\n" else None
 
 
+def _wait_gone(identity: procfs.ProcessIdentity, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while procfs.is_alive(identity) and time.monotonic() < deadline:
+        _reap(identity.pid, timeout_s=0)
+        time.sleep(0.002)
+
+
 def _reap(pid: int, timeout_s: float = 5.0) -> None:
     """Collect a killed child of this process, if it is one; another parent reaps its own."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         try:
             done, _status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             return
-        if done:
+        if done or time.monotonic() >= deadline:
             return
         time.sleep(0.002)
