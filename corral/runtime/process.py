@@ -41,6 +41,7 @@ NOBODY = 65534
 _MIB = 1024 * 1024
 _START_TIMEOUT_S = 10.0
 _EXIT_GRACE_S = 2.0
+_DRAIN_GRACE_S = 0.5
 # The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
 # went, the whole sandbox would go with it, instead of the one process that overran the limit.
 _SKELETON_OOM_SCORE_ADJ = -999
@@ -330,9 +331,10 @@ class ProcessRuntime:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
-            # A background child that kept the pipes open must not hold the answer hostage.
-            remaining = max(0.1, timeout_s - (time.monotonic() - started))
-            _done, pending = await asyncio.wait(readers, timeout=remaining)
+            # A background child that kept the pipes open must not hold the answer hostage: once the
+            # command has exited, what is still unread after a short grace is left behind.
+            remaining = timeout_s - (time.monotonic() - started)
+            _done, pending = await asyncio.wait(readers, timeout=min(_DRAIN_GRACE_S, max(remaining, 0.05)))
             for task in pending:
                 task.cancel()
         finally:
