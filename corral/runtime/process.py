@@ -74,6 +74,11 @@ class ProcessRuntime:
 
     name = "process"
 
+    @staticmethod
+    def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
+        """Whether this runtime can work on this host; see :func:`available`."""
+        return available(host_uid, host_gid)
+
     def __init__(
         self,
         root: Path | None = None,
@@ -117,6 +122,10 @@ class ProcessRuntime:
             directory = self.records.claim(spec.id, starting)
         except FileExistsError:
             raise SandboxExists(f"sandbox {spec.id!r} already exists") from None
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot record sandbox {spec.id!r} under {self.records.root}: {exc}"
+            ) from exc
         self._starting.add(spec.id)
         running: Running | None = None
         created: MemoryCgroup | None = None
@@ -145,7 +154,9 @@ class ProcessRuntime:
             )
         if spec.memory_mb < MIN_MEMORY_MB:
             raise InvalidSandbox(f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}")
-        if spec.hostname is not None and not (0 < len(spec.hostname) <= 64 and spec.hostname.isprintable()):
+        if spec.hostname is not None and not (
+            0 < len(spec.hostname.encode()) <= 64 and spec.hostname.isprintable()
+        ):
             raise InvalidSandbox(f"hostname {spec.hostname!r} is invalid: 1-64 printable characters")
         for key in spec.env:
             if not key or "=" in key or "\0" in key:
@@ -400,10 +411,7 @@ class ProcessRuntime:
 
     @staticmethod
     def _is_live(record: Running) -> bool:
-        if not procfs.is_alive(record.init):
-            return False
-        cgroup = _cgroup_of(record)
-        return cgroup is None or cgroup.exists()
+        return procfs.is_alive(record.init)
 
     @staticmethod
     def _handle(record: Running) -> SandboxHandle:
@@ -416,9 +424,11 @@ class ProcessRuntime:
 
 
 def _cgroup_of(record: Running | Starting) -> MemoryCgroup | None:
+    """The recorded cgroup if it is still there (a start may have crashed before creating it)."""
     if record.cgroup is None or record.cgroup_version is None:
         return None
-    return MemoryCgroup(Path(record.cgroup), record.cgroup_version)
+    cgroup = MemoryCgroup(Path(record.cgroup), record.cgroup_version)
+    return cgroup if cgroup.exists() else None
 
 
 def _await_ready(info_fd: int, stdout: IO[bytes]) -> dict[str, int] | None:

@@ -44,6 +44,7 @@ def test_available_here() -> None:
     # These machines have bubblewrap (make system-deps) and namespaces: the runtime must not skip.
     assert unavailable_reason() is None
     assert available()
+    assert ProcessRuntime.available()
 
 
 async def test_sandbox_cannot_see_host_processes(runtime: ProcessRuntime) -> None:

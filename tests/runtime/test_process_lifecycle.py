@@ -201,3 +201,19 @@ async def test_unknown_sandbox(runtime: ProcessRuntime) -> None:
     for call in (runtime.stop("nope"), runtime.resident_mb("nope"), runtime.exec("nope", ["true"])):
         with pytest.raises(SandboxNotFound):
             await call
+
+
+@pytest.mark.parametrize("yields", [0, 1, 3, 10])
+async def test_a_cancelled_start_leaves_nothing(
+    runtime: ProcessRuntime, cgroup_root: CgroupRoot, yields: int
+) -> None:
+    task = asyncio.create_task(runtime.start(SandboxSpec(id="cancelled", memory_mb=64)))
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert list(runtime.records.ids()) == []
+    assert not cgroup_root.child("cancelled").exists()
+    # The id is free again.
+    await runtime.start(SandboxSpec(id="cancelled", memory_mb=64))
