@@ -6,8 +6,9 @@ A sandbox is made of:
 * a long-lived init (``sleep infinity`` under bubblewrap's own pid-1 reaper) that holds the namespaces
   open; every exec joins them with nsenter;
 * a memory cgroup that every process of the sandbox is placed in before it runs its first instruction;
-* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroup), its
-  private home and bubblewrap's log.
+* private tmpfs mounts for its home and /tmp, charged to that cgroup;
+* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroup) and
+  bubblewrap's log.
 
 Sandboxes deliberately outlive the agent that starts them (no ``--die-with-parent``): a restarted agent
 re-adopts them from their records, after checking that the recorded pid is still that sandbox's init

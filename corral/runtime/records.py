@@ -5,7 +5,7 @@ Layout under the runtime's root, one directory per sandbox::
 
     <root>/<id>/starting.json   written before anything is created; names the cgroup and the starter
     <root>/<id>/sandbox.json    written atomically once the sandbox runs; replaces starting.json
-    <root>/<id>/home/           the sandbox's private, writable home
+    <root>/<id>/etc/            the passwd and group the sandbox sees
     <root>/<id>/bwrap.log       bubblewrap's own diagnostics
 
 A directory with only ``starting.json`` whose starter is no longer alive is what a crash mid-start
