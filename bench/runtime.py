@@ -18,9 +18,11 @@ import time
 import uuid
 from pathlib import Path
 
+from corral.runtime import procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.cgroups import detect
 from corral.runtime.process import ProcessRuntime, unavailable_reason
+from corral.runtime.records import Running
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -51,11 +53,15 @@ async def _create_to_first_exec(runtime: ProcessRuntime, sandbox_id: str) -> flo
     return elapsed
 
 
-def _mem_available_kib() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1])
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+def _pss_mb(runtime: ProcessRuntime, sandbox_id: str) -> float:
+    """User-space memory of every process of the sandbox (bubblewrap's monitor included), shared
+    pages split among their users: what the host pays per sandbox, read directly rather than as a
+    host-wide difference that neighbours' activity would swamp."""
+    record = runtime.records.load(sandbox_id)
+    if not isinstance(record, Running) or record.cgroup is None:
+        return 0.0
+    pids = [int(pid) for pid in (Path(record.cgroup) / "cgroup.procs").read_text().split()]
+    return sum(procfs.proportional_kib(pid) for pid in pids) / 1024
 
 
 async def run(sequential: int, concurrency: int, rounds: int, idle: int) -> list[dict[str, object]]:
@@ -94,13 +100,11 @@ async def run(sequential: int, concurrency: int, rounds: int, idle: int) -> list
             await runtime.stop("exec")
             results.append(_summary("exec", samples))
 
-            before = _mem_available_kib()
             ids = [f"idle-{i}" for i in range(idle)]
             for sid in ids:
                 await runtime.start(SandboxSpec(id=sid, memory_mb=256))
-            await asyncio.sleep(0.5)  # let the inits settle before measuring
-            after = _mem_available_kib()
             resident = [await runtime.resident_mb(sid) or 0 for sid in ids]
+            pss = [_pss_mb(runtime, sid) for sid in ids]
             for sid in ids:
                 await runtime.stop(sid)
             results.append(
@@ -108,7 +112,7 @@ async def run(sequential: int, concurrency: int, rounds: int, idle: int) -> list
                     "bench": "runtime",
                     "mode": "overhead",
                     "n": idle,
-                    "host_mb_per_sandbox": round((before - after) / 1024 / idle, 2),
+                    "pss_mb_per_sandbox": round(statistics.mean(pss), 2),
                     "cgroup_mb_per_sandbox": round(statistics.mean(resident), 2),
                     "cgroup": cgroups is not None,
                 }
