@@ -189,16 +189,24 @@ def _enable_memory_v2(path: Path) -> None:
             raise CgroupError(f"cannot enable the memory controller below {path}: {exc.strerror}") from exc
 
 
-def _mounts() -> list[tuple[str, str, str]]:
-    """(mount point, filesystem type, super options) for every cgroup mount."""
+def _mounts() -> list[tuple[str, str, str, str]]:
+    """(mount point, root inside the hierarchy, filesystem type, super options) per cgroup mount."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fields = left.split()
         fstype, _source, options = [*right.split(), "", "", ""][:3]
         if fstype in ("cgroup", "cgroup2"):
-            found.append((fields[4], fstype, options))
+            found.append((fields[4], fields[3], fstype, options))
     return found
+
+
+def _under(mountpoint: str, mount_root: str, own: str) -> Path | None:
+    """Where this process's cgroup ``own`` appears below a mount of (part of) its hierarchy."""
+    root = mount_root.rstrip("/")
+    if own != root and not own.startswith(root + "/"):
+        return None  # the mount shows another part of the hierarchy
+    return Path(mountpoint + own[len(root) :].rstrip("/"))
 
 
 def _own_paths() -> dict[str, str]:
@@ -219,11 +227,15 @@ def detect(leaf: str = "corral") -> CgroupRoot | None:
     """
     own = _own_paths()
     candidates: list[Path] = []
-    for mountpoint, fstype, options in _mounts():
+    for mountpoint, mount_root, fstype, options in _mounts():
         if fstype == "cgroup" and "memory" in options.split(",") and "memory" in own:
-            candidates.insert(0, Path(mountpoint + own["memory"].rstrip("/")) / leaf)
+            base = _under(mountpoint, mount_root, own["memory"])
+            if base is not None:
+                candidates.insert(0, base / leaf)
         elif fstype == "cgroup2" and "" in own:
-            candidates.append(Path(mountpoint + own[""].rstrip("/")) / leaf)
+            base = _under(mountpoint, mount_root, own[""])
+            if base is not None:
+                candidates.append(base / leaf)
     for path in candidates:
         try:
             return CgroupRoot.at(path)

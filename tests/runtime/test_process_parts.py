@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from corral.runtime import bwrap, procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.capture import BoundedBuffer
-from corral.runtime.cgroups import MemoryCgroup
+from corral.runtime.cgroups import MemoryCgroup, _under
 from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
 
 
@@ -169,3 +169,18 @@ def test_set_limit_writes_both_memory_and_swap(tmp_path: Path) -> None:
     assert v2.limit_mb() > 1 << 30  # "max" reads as unlimited
     v2.set_limit(128)
     assert v2.limit_mb() == 128 and (v2.path / "memory.swap.max").read_text() == "0"
+
+
+@pytest.mark.parametrize(
+    ("mountpoint", "mount_root", "own", "expected"),
+    [
+        ("/sys/fs/cgroup/memory", "/", "/agent/x", "/sys/fs/cgroup/memory/agent/x"),
+        ("/sys/fs/cgroup/memory", "/", "/", "/sys/fs/cgroup/memory"),
+        # A mount of a subtree (as inside a container): the path is relative to that subtree.
+        ("/sys/fs/cgroup/memory", "/agent", "/agent/x", "/sys/fs/cgroup/memory/x"),
+        ("/sys/fs/cgroup/memory", "/agent", "/agentx/y", None),
+    ],
+)
+def test_own_cgroup_below_a_mount(mountpoint: str, mount_root: str, own: str, expected: str | None) -> None:
+    found = _under(mountpoint, mount_root, own)
+    assert (str(found) if found else None) == expected
