@@ -150,40 +150,25 @@ def enter_argv(init_pid: int, command: Sequence[str], *, cwd: str | None = None)
     ]
 
 
-def as_user_argv(uid: int, gid: int, command: Sequence[str]) -> list[str]:
-    """Drop to an unprivileged host user before bubblewrap runs, so the sandbox's user maps to that
-    host user and never to host root."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *command]
-
-
-def wrapped_argv(
-    command: Sequence[str], *, procs_file: Path | None, oom_score_adj: int | None = None
-) -> list[str]:
-    """``command`` behind a shell that first moves itself into the cgroup (and sets its OOM score),
-    then execs: everything ``command`` starts is in the cgroup from its first instruction."""
-    steps = []
-    if procs_file is not None:
-        steps.append('echo $$ > "$0"')  # $0 is the cgroup.procs file, $$ this shell
-    if oom_score_adj is not None:
-        # Best effort: some hosts forbid lowering it, and that must not stop the sandbox.
-        steps.append(f"{{ echo {int(oom_score_adj)} > /proc/self/oom_score_adj; }} 2>/dev/null || :")
-    if not steps:
+def wrapped_argv(command: Sequence[str], *, procs_file: Path | None) -> list[str]:
+    """``command`` behind a shell that first moves itself into the cgroup, then execs: everything
+    ``command`` starts is in the cgroup from its first instruction."""
+    if procs_file is None:
         return list(command)
-    script = " && ".join([*steps, 'exec "$@"'])
-    return ["/bin/sh", "-c", script, str(procs_file or "-"), *command]
+    # $0 is the cgroup.procs file, $$ this shell.
+    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs_file), *command]
 
 
 @functools.cache
 def probe(host_uid: int = 65534, host_gid: int = 65534) -> str | None:
     """None when bubblewrap can build namespaced sandboxes here, otherwise why it cannot."""
-    for tool in ("bwrap", "nsenter") + (("setpriv",) if os.geteuid() == 0 else ()):
+    for tool in ("bwrap", "nsenter"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     command = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
-    if os.geteuid() == 0:
-        command = as_user_argv(host_uid, host_gid, command)
+    as_user = {"user": host_uid, "group": host_gid, "extra_groups": []} if os.geteuid() == 0 else {}
     try:
-        done = subprocess.run(command, capture_output=True, timeout=10, check=False)
+        done = subprocess.run(command, capture_output=True, timeout=10, check=False, **as_user)  # type: ignore[call-overload]
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap did not run: {exc}"
     if done.returncode != 0:

@@ -89,11 +89,10 @@ class MemoryCgroup:
             inactive = _stat_value(self.path / "memory.stat", "total_inactive_file")
         return max(0, usage - inactive)
 
-    def oom_kills(self) -> int:
-        """How many times the limit was hit hard enough to kill (v2) or fail a charge (v1)."""
-        if self.version == 2:
-            return _stat_value(self.path / "memory.events", "oom_kill")
-        return _read_int(self.path / "memory.failcnt")
+    def delegate(self, uid: int, gid: int) -> None:
+        """Let ``uid`` move its own processes into this cgroup (and only this one), so a launcher
+        that already dropped root can still join it before it execs."""
+        os.chown(self.procs_file, uid, gid)
 
     def pids(self) -> list[int]:
         try:

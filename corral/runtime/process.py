@@ -27,7 +27,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 from corral.core.clock import Clock, SystemClock
 from corral.runtime import bwrap, procfs
@@ -98,7 +98,7 @@ class ProcessRuntime:
         privileged = os.geteuid() == 0
         # Only root can hand the sandbox to another host user; otherwise it runs as ourselves.
         self._host_ids = (host_uid, host_gid) if privileged else None
-        self._oom_adj = _SKELETON_OOM_SCORE_ADJ if privileged else None
+        self._privileged = privileged
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
         self._init = tuple(init_command)
@@ -182,17 +182,22 @@ class ProcessRuntime:
                 env=spec.env,
                 system_paths=self._system_paths,
             )
-            command = bwrap.sandbox_argv(layout, self._init, info_fd=info_w)
-            if self._host_ids is not None:
-                command = bwrap.as_user_argv(*self._host_ids, command)
             argv = bwrap.wrapped_argv(
-                command,
+                bwrap.sandbox_argv(layout, self._init, info_fd=info_w),
                 procs_file=cgroup.procs_file if cgroup else None,
-                oom_score_adj=self._oom_adj,
             )
+            as_user: dict[str, Any] = {}
+            if self._host_ids is not None:
+                # The launcher drops to the host user before its first exec, so the sandbox's user
+                # maps to that user and never to host root; it may still join its own cgroup.
+                uid, gid = self._host_ids
+                as_user = {"user": uid, "group": gid, "extra_groups": []}
+                if cgroup is not None:
+                    cgroup.delegate(uid, gid)
             with open(directory / "bwrap.log", "wb") as log:
                 monitor = subprocess.Popen(
                     argv,
+                    **as_user,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=log,
@@ -225,6 +230,9 @@ class ProcessRuntime:
         monitor_identity = procfs.identify(monitor.pid)
         if init is None or monitor_identity is None or init.pid_ns != int(info["pid-namespace"]):
             raise RuntimeFailure("the sandbox's init exited right after it started")
+        if self._privileged:
+            for pid in (monitor.pid, init_pid, *procfs.children(init_pid)):
+                procfs.set_oom_score_adj(pid, _SKELETON_OOM_SCORE_ADJ)
         return Running(
             spec=spec,
             started_at=self._clock.now(),

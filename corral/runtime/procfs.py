@@ -59,6 +59,15 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def set_oom_score_adj(pid: int, value: int) -> bool:
+    """Best effort: some hosts refuse to lower it, and the process may already be gone."""
+    try:
+        (_PROC / str(pid) / "oom_score_adj").write_text(str(value))
+    except OSError:
+        return False
+    return True
+
+
 def pids_in_namespace(ns_inode: int) -> list[int]:
     pids = []
     for entry in _PROC.iterdir():
