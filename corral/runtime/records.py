@@ -133,11 +133,11 @@ Record = Starting | Running | Corrupt
 
 
 def _write_atomically(path: Path, data: dict[str, Any]) -> None:
+    # Atomic against an agent crash (a reader sees the old file or the new one, never half of one).
+    # No fsync: the records describe processes, which a host crash ends anyway.
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
