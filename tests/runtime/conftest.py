@@ -29,10 +29,10 @@ def cgroup_root() -> Iterator[CgroupRoot]:
     assert not leftovers, f"sandbox cgroups left behind: {leftovers}"
 
 
-async def _stop_all(runtime: ProcessRuntime) -> list[str]:
-    left = [handle.id for handle in await runtime.list()]
+async def _stop_all(process_runtime: ProcessRuntime) -> list[str]:
+    left = [handle.id for handle in await process_runtime.list()]
     for sandbox_id in left:
-        await runtime.stop(sandbox_id)
+        await process_runtime.stop(sandbox_id)
     return left
 
 
@@ -46,13 +46,13 @@ class RuntimeFactory:
 
     def __call__(self, root: Path | None = None, **kwargs: Any) -> ProcessRuntime:
         kwargs.setdefault("cgroup_root", self.cgroups)
-        runtime = ProcessRuntime(root or self.root, **kwargs)
-        self.made.append(runtime)
-        return runtime
+        process_runtime = ProcessRuntime(root or self.root, **kwargs)
+        self.made.append(process_runtime)
+        return process_runtime
 
 
 @pytest.fixture
-async def make_runtime(tmp_path: Path, cgroup_root: CgroupRoot) -> AsyncIterator[RuntimeFactory]:
+async def make_process_runtime(tmp_path: Path, cgroup_root: CgroupRoot) -> AsyncIterator[RuntimeFactory]:
     factory = RuntimeFactory(tmp_path / "sandboxes", cgroup_root)
     yield factory
     for made in factory.made:
@@ -62,8 +62,8 @@ async def make_runtime(tmp_path: Path, cgroup_root: CgroupRoot) -> AsyncIterator
 
 
 @pytest.fixture
-async def runtime(make_runtime: RuntimeFactory) -> ProcessRuntime:
-    return make_runtime()
+async def process_runtime(make_process_runtime: RuntimeFactory) -> ProcessRuntime:
+    return make_process_runtime()
 
 
 Probe = Callable[[], Awaitable[bool]]

@@ -13,9 +13,11 @@ pytestmark = pytest.mark.process
 
 
 @pytest.fixture
-async def box(runtime: ProcessRuntime) -> ProcessRuntime:
-    await runtime.start(SandboxSpec(id="box", memory_mb=128, env={"FROM_SPEC": "spec", "SHARED": "spec"}))
-    return runtime
+async def box(process_runtime: ProcessRuntime) -> ProcessRuntime:
+    await process_runtime.start(
+        SandboxSpec(id="box", memory_mb=128, env={"FROM_SPEC": "spec", "SHARED": "spec"})
+    )
+    return process_runtime
 
 
 async def test_exit_code_stdout_stderr(box: ProcessRuntime) -> None:
@@ -56,10 +58,10 @@ async def test_exec_runs_in_the_sandbox_cgroup_and_namespaces(box: ProcessRuntim
     assert record is not None
 
 
-async def test_output_is_bounded(make_runtime: Callable[..., ProcessRuntime]) -> None:
-    runtime = make_runtime(output_limit_bytes=1000)
-    await runtime.start(SandboxSpec(id="chatty", memory_mb=128))
-    result = await runtime.exec(
+async def test_output_is_bounded(make_process_runtime: Callable[..., ProcessRuntime]) -> None:
+    process_runtime = make_process_runtime(output_limit_bytes=1000)
+    await process_runtime.start(SandboxSpec(id="chatty", memory_mb=128))
+    result = await process_runtime.exec(
         "chatty", ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo done >&2"]
     )
     assert result.truncated

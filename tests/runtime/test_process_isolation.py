@@ -47,9 +47,9 @@ def test_available_here() -> None:
     assert ProcessRuntime.available()
 
 
-async def test_sandbox_cannot_see_host_processes(runtime: ProcessRuntime) -> None:
-    await runtime.start(SandboxSpec(id="pids", memory_mb=128))
-    result = await runtime.exec("pids", ["sh", "-c", "ls /proc | grep -E '^[0-9]+$'"])
+async def test_sandbox_cannot_see_host_processes(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="pids", memory_mb=128))
+    result = await process_runtime.exec("pids", ["sh", "-c", "ls /proc | grep -E '^[0-9]+$'"])
     assert result.exit_code == 0, result.stderr
     visible = {int(pid) for pid in result.stdout.split()}
     # Only the sandbox's own few processes, numbered from 1 in its own pid namespace.
@@ -57,28 +57,28 @@ async def test_sandbox_cannot_see_host_processes(runtime: ProcessRuntime) -> Non
     assert len(visible) < 10
     host_pids = {int(name) for name in os.listdir("/proc") if name.isdigit()}
     assert len(host_pids) > len(visible)
-    init = await runtime.exec("pids", ["cat", "/proc/1/cmdline"])
+    init = await process_runtime.exec("pids", ["cat", "/proc/1/cmdline"])
     assert "bwrap" in init.stdout  # the sandbox's pid 1 is its own init, not the host's
 
 
-async def test_sandbox_has_its_own_hostname(runtime: ProcessRuntime) -> None:
-    await runtime.start(SandboxSpec(id="named", memory_mb=128, hostname="box-7"))
-    await runtime.start(SandboxSpec(id="by-id", memory_mb=128))
-    assert (await runtime.exec("named", ["hostname"])).stdout.strip() == "box-7"
-    assert (await runtime.exec("by-id", ["hostname"])).stdout.strip() == "by-id"
+async def test_sandbox_has_its_own_hostname(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="named", memory_mb=128, hostname="box-7"))
+    await process_runtime.start(SandboxSpec(id="by-id", memory_mb=128))
+    assert (await process_runtime.exec("named", ["hostname"])).stdout.strip() == "box-7"
+    assert (await process_runtime.exec("by-id", ["hostname"])).stdout.strip() == "by-id"
     assert os.uname().nodename not in ("box-7", "by-id")
 
 
-async def test_no_network_but_its_own_loopback(runtime: ProcessRuntime, host_listener: int) -> None:
-    await runtime.start(SandboxSpec(id="offline", memory_mb=128))
-    links = await runtime.exec("offline", ["cat", "/proc/net/dev"])
+async def test_no_network_but_its_own_loopback(process_runtime: ProcessRuntime, host_listener: int) -> None:
+    await process_runtime.start(SandboxSpec(id="offline", memory_mb=128))
+    links = await process_runtime.exec("offline", ["cat", "/proc/net/dev"])
     interfaces = [line.split(":")[0].strip() for line in links.stdout.splitlines()[2:]]
     assert interfaces == ["lo"]
     # The host's loopback is another namespace's: the host's listener is unreachable.
-    reached = await runtime.exec("offline", ["python3", "-c", _CONNECT, str(host_listener)])
+    reached = await process_runtime.exec("offline", ["python3", "-c", _CONNECT, str(host_listener)])
     assert reached.stdout.startswith("refused"), reached.stdout
     # Its own loopback works.
-    local = await runtime.exec(
+    local = await process_runtime.exec(
         "offline",
         [
             "python3",
@@ -90,24 +90,26 @@ async def test_no_network_but_its_own_loopback(runtime: ProcessRuntime, host_lis
     assert local.stdout.strip() == "loopback ok", local.stderr
 
 
-async def test_network_when_asked(runtime: ProcessRuntime, host_listener: int) -> None:
-    await runtime.start(SandboxSpec(id="online", memory_mb=128, network=True))
-    reached = await runtime.exec("online", ["python3", "-c", _CONNECT, str(host_listener)])
+async def test_network_when_asked(process_runtime: ProcessRuntime, host_listener: int) -> None:
+    await process_runtime.start(SandboxSpec(id="online", memory_mb=128, network=True))
+    reached = await process_runtime.exec("online", ["python3", "-c", _CONNECT, str(host_listener)])
     assert reached.stdout.strip() == "hello-from-host", reached.stdout + reached.stderr
 
 
-async def test_filesystem_view(runtime: ProcessRuntime, tmp_path: object) -> None:
-    await runtime.start(SandboxSpec(id="fs", memory_mb=128))
+async def test_filesystem_view(process_runtime: ProcessRuntime, tmp_path: object) -> None:
+    await process_runtime.start(SandboxSpec(id="fs", memory_mb=128))
     # A private, writable home and /tmp.
-    wrote = await runtime.exec("fs", ["sh", "-c", "echo kept > note && cat $HOME/note && touch /tmp/t"])
+    wrote = await process_runtime.exec(
+        "fs", ["sh", "-c", "echo kept > note && cat $HOME/note && touch /tmp/t"]
+    )
     assert wrote.exit_code == 0 and wrote.stdout.strip() == "kept", wrote.stderr
-    assert (await runtime.exec("fs", ["cat", "note"])).stdout.strip() == "kept"
+    assert (await process_runtime.exec("fs", ["cat", "note"])).stdout.strip() == "kept"
     # System directories are there but read-only.
-    denied = await runtime.exec("fs", ["touch", "/usr/corral-should-not-exist"])
+    denied = await process_runtime.exec("fs", ["touch", "/usr/corral-should-not-exist"])
     assert denied.exit_code != 0
     assert not os.path.exists("/usr/corral-should-not-exist")
     # Nothing else of the host: not its working trees, not root's home.
-    listing = await runtime.exec("fs", ["ls", "/"])
+    listing = await process_runtime.exec("fs", ["ls", "/"])
     assert set(listing.stdout.split()) <= {"bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32"} | {
         "proc",
         "sbin",
@@ -115,18 +117,18 @@ async def test_filesystem_view(runtime: ProcessRuntime, tmp_path: object) -> Non
         "usr",
     }
     # The sandbox user is unprivileged and named; the host's account list is not shown.
-    who = await runtime.exec("fs", ["id", "-un"])
+    who = await process_runtime.exec("fs", ["id", "-un"])
     assert who.stdout.strip() == "sandbox"
-    passwd = await runtime.exec("fs", ["cat", "/etc/passwd"])
+    passwd = await process_runtime.exec("fs", ["cat", "/etc/passwd"])
     assert "sandbox:x:1000" in passwd.stdout
-    shadow = await runtime.exec("fs", ["cat", "/etc/shadow"])
+    shadow = await process_runtime.exec("fs", ["cat", "/etc/shadow"])
     assert shadow.exit_code != 0
 
 
-async def test_sandboxes_do_not_share_files(runtime: ProcessRuntime) -> None:
-    await runtime.start(SandboxSpec(id="a", memory_mb=128))
-    await runtime.start(SandboxSpec(id="b", memory_mb=128))
-    await runtime.exec("a", ["sh", "-c", "echo secret > $HOME/s && echo secret > /tmp/s"])
-    peek = await runtime.exec("b", ["sh", "-c", "cat $HOME/s /tmp/s"])
+async def test_sandboxes_do_not_share_files(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="a", memory_mb=128))
+    await process_runtime.start(SandboxSpec(id="b", memory_mb=128))
+    await process_runtime.exec("a", ["sh", "-c", "echo secret > $HOME/s && echo secret > /tmp/s"])
+    peek = await process_runtime.exec("b", ["sh", "-c", "cat $HOME/s /tmp/s"])
     assert peek.exit_code != 0
     assert "secret" not in peek.stdout
