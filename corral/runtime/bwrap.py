@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # Host directories a sandbox sees read-only (those that exist on this host). /etc is included so
@@ -45,8 +45,17 @@ class Layout:
     passwd_fd: int
     group_fd: int
     network: bool = False
-    env: Mapping[str, str] = field(default_factory=dict)
     system_paths: Sequence[str] = SYSTEM_PATHS
+
+
+def sandbox_env(hostname: str, *layers: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment a sandbox process gets: defaults, then each layer in turn (the spec's, then
+    an exec's). Passed as the process environment, never on a command line, where every host user
+    could read it in ``ps``."""
+    env = base_env(hostname)
+    for layer in layers:
+        env.update(layer or {})
+    return env
 
 
 def base_env(hostname: str) -> dict[str, str]:
@@ -118,10 +127,7 @@ def sandbox_argv(layout: Layout, init: Sequence[str], *, info_fd: int, bwrap: st
         "--chdir",
         SANDBOX_HOME,
         "--new-session",
-        "--clearenv",
     ]
-    for key, value in {**base_env(layout.hostname), **layout.env}.items():
-        argv += ["--setenv", key, value]
     # The shell announces readiness on stdout once every mount is in place and ``init`` is there to
     # run, then becomes ``init``.
     ready = 'command -v "$1" >/dev/null && echo ready && exec "$@"'
@@ -129,11 +135,13 @@ def sandbox_argv(layout: Layout, init: Sequence[str], *, info_fd: int, bwrap: st
     return argv
 
 
-def enter_argv(init_pid: int, command: Sequence[str], *, cwd: str | None = None) -> list[str]:
+def enter_argv(
+    init_pid: int, command: Sequence[str], *, cwd: str | None = None, nsenter: str = "nsenter"
+) -> list[str]:
     """nsenter's command line to run ``command`` in every namespace of the sandbox whose init is
     ``init_pid``, as the sandbox user (so it holds no capability there)."""
     return [
-        "nsenter",
+        nsenter,
         f"--target={init_pid}",
         "--user",
         "--mount",

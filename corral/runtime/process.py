@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -102,6 +103,9 @@ class ProcessRuntime:
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
         self._init = tuple(init_command)
+        # Absolute paths: the sandbox's environment (its PATH included) is the launcher's.
+        self._bwrap = shutil.which("bwrap") or "bwrap"
+        self._nsenter = shutil.which("nsenter") or "nsenter"
         self._clock = clock or SystemClock()
         self._me = procfs.identify(os.getpid())
         self._starting: set[str] = set()
@@ -179,11 +183,10 @@ class ProcessRuntime:
                 passwd_fd=fds[0],
                 group_fd=fds[1],
                 network=spec.network,
-                env=spec.env,
                 system_paths=self._system_paths,
             )
             argv = bwrap.wrapped_argv(
-                bwrap.sandbox_argv(layout, self._init, info_fd=info_w),
+                bwrap.sandbox_argv(layout, self._init, info_fd=info_w, bwrap=self._bwrap),
                 procs_file=cgroup.procs_file if cgroup else None,
             )
             as_user: dict[str, Any] = {}
@@ -204,7 +207,7 @@ class ProcessRuntime:
                     pass_fds=(info_w, *fds),
                     start_new_session=True,  # the agent's terminal signals must not reach sandboxes
                     cwd="/",
-                    env={"PATH": bwrap.DEFAULT_PATH},
+                    env=bwrap.sandbox_env(hostname, spec.env),
                 )
             self._monitors[spec.id] = monitor
         finally:
@@ -320,13 +323,13 @@ class ProcessRuntime:
             raise InvalidSandbox(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
         record = self._live(sandbox_id)
         hostname = record.spec.hostname or record.spec.id[:64]
-        full_env = {**bwrap.base_env(hostname), **record.spec.env, **(env or {})}
+        full_env = bwrap.sandbox_env(hostname, record.spec.env, env)
         for key in full_env:
             if not key or "=" in key or "\0" in key:
                 raise InvalidSandbox(f"environment variable name {key!r} is invalid")
         cgroup = _cgroup_of(record)
         argv = bwrap.wrapped_argv(
-            bwrap.enter_argv(record.init.pid, command, cwd=cwd),
+            bwrap.enter_argv(record.init.pid, command, cwd=cwd, nsenter=self._nsenter),
             procs_file=cgroup.procs_file if cgroup else None,
         )
         started = time.monotonic()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime, available, unavailable_reason
+from corral.runtime.records import Running
 
 pytestmark = pytest.mark.process
 
@@ -132,3 +134,14 @@ async def test_sandboxes_do_not_share_files(process_runtime: ProcessRuntime) -> 
     peek = await process_runtime.exec("b", ["sh", "-c", "cat $HOME/s /tmp/s"])
     assert peek.exit_code != 0
     assert "secret" not in peek.stdout
+
+
+async def test_spec_env_is_not_on_any_command_line(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="secret", memory_mb=64, env={"API_KEY": "s3cr3t-value"}))
+    record = process_runtime.records.load("secret")
+    assert isinstance(record, Running)
+    for pid in (record.monitor.pid, record.init.pid):
+        assert b"s3cr3t-value" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    inside = await process_runtime.exec("secret", ["sh", "-c", 'echo "$API_KEY"; cat /proc/1/cmdline'])
+    assert inside.stdout.startswith("s3cr3t-value\n")
+    assert "s3cr3t-value" not in inside.stdout.split("\n", 1)[1]
