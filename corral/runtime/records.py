@@ -146,7 +146,8 @@ class Records:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        # Private: records hold each sandbox's environment, which may carry its secrets.
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id
