@@ -44,6 +44,11 @@ _MIB = 1024 * 1024
 _START_TIMEOUT_S = 10.0
 _EXIT_GRACE_S = 2.0
 _DRAIN_GRACE_S = 0.5
+
+# Monitors this Python process spawned and has not reaped yet, by pid. Process-wide on purpose:
+# whichever runtime object stops a sandbox (a second one over the same root re-adopts it) reaps
+# the child through the Popen that made it, so no Popen is left believing a reaped pid still runs.
+_SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
 # The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
 # went, the whole sandbox would go with it, instead of the one process that overran the limit.
 _SKELETON_OOM_SCORE_ADJ = -999
@@ -109,8 +114,8 @@ class ProcessRuntime:
         self._clock = clock or SystemClock()
         self._me = procfs.identify(os.getpid())
         self._starting: set[str] = set()
-        # Monitors this object spawned, so it reaps them through the same Popen that made them.
-        self._monitors: dict[str, subprocess.Popen[bytes]] = {}
+        # Monitors of starts in flight, for a failed start to tear down.
+        self._launching: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -143,12 +148,14 @@ class ProcessRuntime:
         except BaseException as exc:
             # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
             init = running.init if running else None
-            await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, init, created, None))
+            launched = self._launching.get(spec.id)
+            await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, init, created, None, launched))
             if isinstance(exc, RuntimeFailure | CgroupError | OSError):
                 raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
             raise
         finally:
             self._starting.discard(spec.id)
+            self._launching.pop(spec.id, None)
         return self._handle(running)
 
     def _validate(self, spec: SandboxSpec) -> None:
@@ -209,25 +216,27 @@ class ProcessRuntime:
                     cwd="/",
                     env=bwrap.sandbox_env(hostname, spec.env),
                 )
-            self._monitors[spec.id] = monitor
+            self._launching[spec.id] = monitor
+            _SPAWNED[monitor.pid] = monitor
         finally:
             os.close(info_w)
             for fd in fds:
                 os.close(fd)
         assert monitor.stdout is not None
+        info_pipe = os.fdopen(info_r, "rb", buffering=0)
         try:
-            info = await asyncio.wait_for(
-                asyncio.to_thread(_await_ready, info_r, monitor.stdout), _START_TIMEOUT_S
-            )
+            info = await asyncio.wait_for(_await_ready(info_pipe, monitor.stdout), _START_TIMEOUT_S)
         except TimeoutError:
             raise RuntimeFailure("bubblewrap did not report its sandbox in time") from None
         finally:
-            os.close(info_r)
+            # _await_ready closes them, unless it was cancelled before it ran.
+            info_pipe.close()
             monitor.stdout.close()
         if info is None:
-            monitor.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(monitor.wait, _EXIT_GRACE_S)
             log_text = (directory / "bwrap.log").read_text(errors="replace").strip()
-            raise RuntimeFailure(f"bubblewrap exited with {monitor.returncode}: {log_text or 'no output'}")
+            raise RuntimeFailure(f"bubblewrap failed (exit {monitor.returncode}): {log_text or 'no output'}")
         init_pid = int(info["child-pid"])
         init = procfs.identify(init_pid)
         monitor_identity = procfs.identify(monitor.pid)
@@ -266,9 +275,14 @@ class ProcessRuntime:
         init: procfs.ProcessIdentity | None,
         cgroup: MemoryCgroup | None,
         monitor: procfs.ProcessIdentity | None,
+        launched: subprocess.Popen[bytes] | None = None,
     ) -> None:
         """Kill the tree, remove the cgroup, reap, forget. Safe to repeat; runs in a worker thread."""
-        popen = self._monitors.pop(sandbox_id, None)
+        popen = launched
+        if popen is None and monitor is not None and procfs.identify(monitor.pid) in (monitor, None):
+            popen = _SPAWNED.get(monitor.pid)
+        if popen is not None:
+            _SPAWNED.pop(popen.pid, None)
         # Killing pid 1 of a pid namespace kills every process in it, exec'd ones included.
         if init is not None and procfs.is_alive(init):
             with contextlib.suppress(ProcessLookupError):
@@ -443,21 +457,37 @@ def _cgroup_of(record: Running | Starting) -> MemoryCgroup | None:
     return cgroup if cgroup.exists() else None
 
 
-def _await_ready(info_fd: int, stdout: IO[bytes]) -> dict[str, int] | None:
+async def _await_ready(info: IO[bytes], stdout: IO[bytes]) -> dict[str, int] | None:
     """bubblewrap's --info-fd JSON once the sandbox says it is ready, or None if bubblewrap exited
-    first (its setup failed; the reason is in its log)."""
-    data = b""
-    info: dict[str, int] | None = None
-    while info is None:
-        chunk = os.read(info_fd, 4096)
-        if not chunk:
-            return None
-        data += chunk
-        with contextlib.suppress(ValueError):
-            parsed = json.loads(data)
-            if isinstance(parsed, dict) and "child-pid" in parsed:
-                info = parsed
-    return info if stdout.readline() == b"ready\n" else None
+    first (its setup failed; the reason is in its log). Closes both pipes, also when cancelled."""
+    loop = asyncio.get_running_loop()
+    transports: list[asyncio.BaseTransport] = []
+
+    async def reader_of(pipe: IO[bytes]) -> asyncio.StreamReader:
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        transports.append(transport)
+        return reader
+
+    try:
+        data = b""
+        info_reader = await reader_of(info)
+        while True:
+            chunk = await info_reader.read(4096)
+            if not chunk:
+                return None
+            data += chunk
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(data)
+                if isinstance(parsed, dict) and "child-pid" in parsed:
+                    break
+        ready = await (await reader_of(stdout)).readline()
+        return parsed if ready == b"ready\n" else None
+    finally:
+        for transport in transports:
+            transport.close()
+        info.close()
+        stdout.close()
 
 
 def _wait_gone(identity: procfs.ProcessIdentity, timeout_s: float) -> None:
