@@ -1,0 +1,510 @@
+"""The ``process`` runtime: each sandbox is a process tree in its own user, pid, mount, network, uts,
+ipc and cgroup namespaces (bubblewrap), inside a memory cgroup with the sandbox's limit.
+
+A sandbox is made of:
+
+* a long-lived init (``sleep infinity`` under bubblewrap's own pid-1 reaper) that holds the namespaces
+  open; every exec joins them with nsenter;
+* a memory cgroup that every process of the sandbox is placed in before it runs its first instruction;
+* private tmpfs mounts for its home and /tmp, charged to that cgroup;
+* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroup) and
+  bubblewrap's log.
+
+Sandboxes deliberately outlive the agent that starts them (no ``--die-with-parent``): a restarted agent
+re-adopts them from their records, after checking that the recorded pid is still that sandbox's init
+(same start time, same pid namespace), never a recycled pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from corral.core.clock import Clock, SystemClock
+from corral.runtime import bwrap, procfs
+from corral.runtime.base import ExecResult, RuntimeFailure, SandboxHandle, SandboxNotFound, SandboxSpec
+from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
+from corral.runtime.cgroups import CgroupError, CgroupRoot, MemoryCgroup, detect
+from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
+
+DEFAULT_ROOT = Path("/run/corral/sandboxes")
+MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
+NOBODY = 65534
+_MIB = 1024 * 1024
+_START_TIMEOUT_S = 10.0
+_EXIT_GRACE_S = 2.0
+_DRAIN_GRACE_S = 0.5
+
+# Monitors this Python process spawned and has not reaped yet, by pid. Process-wide on purpose:
+# whichever runtime object stops a sandbox (a second one over the same root re-adopts it) reaps
+# the child through the Popen that made it, so no Popen is left believing a reaped pid still runs.
+_SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
+# The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
+# went, the whole sandbox would go with it, instead of the one process that overran the limit.
+_SKELETON_OOM_SCORE_ADJ = -999
+
+
+class InvalidSandbox(RuntimeFailure):
+    """The spec or the command cannot be run as given (bad id, too little memory, empty command)."""
+
+
+class SandboxExists(RuntimeFailure):
+    pass
+
+
+def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
+    """Whether bubblewrap and namespaces work on this host (``corral serve`` falls back to ``sim``)."""
+    return bwrap.probe(host_uid, host_gid) is None
+
+
+def unavailable_reason(host_uid: int = NOBODY, host_gid: int = NOBODY) -> str | None:
+    return bwrap.probe(host_uid, host_gid)
+
+
+def _exit_code(returncode: int) -> int:
+    # Shell convention: killed by signal N -> 128 + N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class ProcessRuntime:
+    """Real sandboxes on this host. See the module docstring and docs/isolation.md."""
+
+    name = "process"
+
+    @staticmethod
+    def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
+        """Whether this runtime can work on this host; see :func:`available`."""
+        return available(host_uid, host_gid)
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        cgroup_root: CgroupRoot | Literal["auto"] | None = "auto",
+        host_uid: int = NOBODY,
+        host_gid: int = NOBODY,
+        output_limit_bytes: int = DEFAULT_LIMIT,
+        system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
+        init_command: Sequence[str] = ("sleep", "infinity"),
+        clock: Clock | None = None,
+    ) -> None:
+        self.records = Records(root or DEFAULT_ROOT)
+        # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
+        self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
+        privileged = os.geteuid() == 0
+        # Only root can hand the sandbox to another host user; otherwise it runs as ourselves.
+        self._host_ids = (host_uid, host_gid) if privileged else None
+        self._privileged = privileged
+        self._output_limit = output_limit_bytes
+        self._system_paths = tuple(system_paths)
+        self._init = tuple(init_command)
+        # Absolute paths: the sandbox's environment (its PATH included) is the launcher's.
+        self._bwrap = shutil.which("bwrap") or "bwrap"
+        self._nsenter = shutil.which("nsenter") or "nsenter"
+        self._clock = clock or SystemClock()
+        self._me = procfs.identify(os.getpid())
+        self._starting: set[str] = set()
+        # Monitors of starts in flight, for a failed start to tear down.
+        self._launching: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- start ----------------------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        self._validate(spec)
+        cgroup = self.cgroups.child(spec.id) if self.cgroups else None
+        assert self._me is not None
+        starting = Starting(
+            starter=self._me,
+            cgroup=str(cgroup.path) if cgroup else None,
+            cgroup_version=cgroup.version if cgroup else None,
+        )
+        try:
+            directory = self.records.claim(spec.id, starting)
+        except FileExistsError:
+            raise SandboxExists(f"sandbox {spec.id!r} already exists") from None
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot record sandbox {spec.id!r} under {self.records.root}: {exc}"
+            ) from exc
+        self._starting.add(spec.id)
+        running: Running | None = None
+        created: MemoryCgroup | None = None
+        try:
+            if cgroup is not None:
+                cgroup.create(spec.memory_mb)  # refuses a cgroup that exists: it is not ours to reuse
+                created = cgroup
+            running = await self._launch(spec, directory, cgroup)
+            self.records.commit(spec.id, running)
+        except BaseException as exc:
+            # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
+            init = running.init if running else None
+            launched = self._launching.get(spec.id)
+            await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, init, created, None, launched))
+            if isinstance(exc, RuntimeFailure | CgroupError | OSError):
+                raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
+            raise
+        finally:
+            self._starting.discard(spec.id)
+            self._launching.pop(spec.id, None)
+        return self._handle(running)
+
+    def _validate(self, spec: SandboxSpec) -> None:
+        if not valid_id(spec.id):
+            raise InvalidSandbox(
+                f"sandbox id {spec.id!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        if spec.memory_mb < MIN_MEMORY_MB:
+            raise InvalidSandbox(f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}")
+        if spec.hostname is not None and not (
+            0 < len(spec.hostname.encode()) <= 64 and spec.hostname.isprintable()
+        ):
+            raise InvalidSandbox(f"hostname {spec.hostname!r} is invalid: 1-64 printable characters")
+        for key in spec.env:
+            if not key or "=" in key or "\0" in key:
+                raise InvalidSandbox(f"environment variable name {key!r} is invalid")
+
+    async def _launch(self, spec: SandboxSpec, directory: Path, cgroup: MemoryCgroup | None) -> Running:
+        etc = directory / "etc"
+        etc.mkdir()
+        (etc / "passwd").write_text(bwrap.PASSWD)
+        (etc / "group").write_text(bwrap.GROUP)
+
+        hostname = spec.hostname or spec.id[:64]
+        fds: list[int] = []
+        info_r, info_w = os.pipe()
+        try:
+            fds = [os.open(etc / name, os.O_RDONLY | os.O_CLOEXEC) for name in ("passwd", "group")]
+            layout = bwrap.Layout(
+                hostname=hostname,
+                passwd_fd=fds[0],
+                group_fd=fds[1],
+                network=spec.network,
+                system_paths=self._system_paths,
+            )
+            argv = bwrap.wrapped_argv(
+                bwrap.sandbox_argv(layout, self._init, info_fd=info_w, bwrap=self._bwrap),
+                procs_file=cgroup.procs_file if cgroup else None,
+            )
+            as_user: dict[str, Any] = {}
+            if self._host_ids is not None:
+                # The launcher drops to the host user before its first exec, so the sandbox's user
+                # maps to that user and never to host root; it may still join its own cgroup.
+                uid, gid = self._host_ids
+                as_user = {"user": uid, "group": gid, "extra_groups": []}
+                if cgroup is not None:
+                    cgroup.delegate(uid, gid)
+            with open(directory / "bwrap.log", "wb") as log:
+                monitor = subprocess.Popen(
+                    argv,
+                    **as_user,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    pass_fds=(info_w, *fds),
+                    start_new_session=True,  # the agent's terminal signals must not reach sandboxes
+                    cwd="/",
+                    env=bwrap.sandbox_env(hostname, spec.env),
+                )
+            self._launching[spec.id] = monitor
+            _SPAWNED[monitor.pid] = monitor
+        finally:
+            os.close(info_w)
+            for fd in fds:
+                os.close(fd)
+        assert monitor.stdout is not None
+        info_pipe = os.fdopen(info_r, "rb", buffering=0)
+        try:
+            info = await asyncio.wait_for(_await_ready(info_pipe, monitor.stdout), _START_TIMEOUT_S)
+        except TimeoutError:
+            raise RuntimeFailure("bubblewrap did not report its sandbox in time") from None
+        finally:
+            # _await_ready closes them, unless it was cancelled before it ran.
+            info_pipe.close()
+            monitor.stdout.close()
+        if info is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(monitor.wait, _EXIT_GRACE_S)
+            log_text = (directory / "bwrap.log").read_text(errors="replace").strip()
+            raise RuntimeFailure(f"bubblewrap failed (exit {monitor.returncode}): {log_text or 'no output'}")
+        init_pid = int(info["child-pid"])
+        init = procfs.identify(init_pid)
+        monitor_identity = procfs.identify(monitor.pid)
+        if init is None or monitor_identity is None or init.pid_ns != int(info["pid-namespace"]):
+            raise RuntimeFailure("the sandbox's init exited right after it started")
+        if self._privileged:
+            for pid in (monitor.pid, init_pid, *procfs.children(init_pid)):
+                procfs.set_oom_score_adj(pid, _SKELETON_OOM_SCORE_ADJ)
+        return Running(
+            spec=spec,
+            started_at=self._clock.now(),
+            init=init,
+            monitor=monitor_identity,
+            cgroup=str(cgroup.path) if cgroup else None,
+            cgroup_version=cgroup.version if cgroup else None,
+        )
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    async def stop(self, sandbox_id: str) -> None:
+        record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
+        if record is None or sandbox_id in self._starting:
+            raise SandboxNotFound(sandbox_id)
+        if isinstance(record, Running):
+            await asyncio.to_thread(
+                self._teardown, sandbox_id, record.init, _cgroup_of(record), record.monitor
+            )
+        elif isinstance(record, Starting):
+            await asyncio.to_thread(self._teardown, sandbox_id, None, _cgroup_of(record), None)
+        else:
+            await asyncio.to_thread(self._teardown, sandbox_id, None, self._guess_cgroup(sandbox_id), None)
+
+    def _teardown(
+        self,
+        sandbox_id: str,
+        init: procfs.ProcessIdentity | None,
+        cgroup: MemoryCgroup | None,
+        monitor: procfs.ProcessIdentity | None,
+        launched: subprocess.Popen[bytes] | None = None,
+    ) -> None:
+        """Kill the tree, remove the cgroup, reap, forget. Safe to repeat; runs in a worker thread."""
+        popen = launched
+        if popen is None and monitor is not None and procfs.identify(monitor.pid) in (monitor, None):
+            popen = _SPAWNED.get(monitor.pid)
+        if popen is not None:
+            _SPAWNED.pop(popen.pid, None)
+        # Killing pid 1 of a pid namespace kills every process in it, exec'd ones included.
+        if init is not None and procfs.is_alive(init):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init.pid, signal.SIGKILL)
+            # Let bubblewrap's monitor reap its init and exit by itself: killing the monitor first
+            # would orphan the init to a pid 1 that may never reap it.
+            if popen is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(timeout=_EXIT_GRACE_S)
+            elif monitor is not None:
+                _wait_gone(monitor, _EXIT_GRACE_S)
+        if popen is not None and popen.poll() is None:
+            # Without a cgroup, an init we never learnt about is found as the monitor's child.
+            for child in procfs.children(popen.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
+        if cgroup is not None:
+            cgroup.remove()  # SIGKILLs whatever is left in it, the monitor included
+        if popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                popen.kill()
+            popen.wait()
+        elif monitor is not None:
+            if procfs.is_alive(monitor):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(monitor.pid, signal.SIGKILL)
+            _reap(monitor.pid)
+        self.records.discard(sandbox_id)
+
+    def _guess_cgroup(self, sandbox_id: str) -> MemoryCgroup | None:
+        if self.cgroups is None:
+            return None
+        cgroup = self.cgroups.child(sandbox_id)
+        return cgroup if cgroup.exists() else None
+
+    # -- exec -----------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if not command or not all(isinstance(part, str) and "\0" not in part for part in command):
+            raise InvalidSandbox("command must be a non-empty list of strings without NUL bytes")
+        if not timeout_s > 0:
+            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}")
+        if cwd is not None and not cwd.startswith("/"):
+            raise InvalidSandbox(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+        record = self._live(sandbox_id)
+        hostname = record.spec.hostname or record.spec.id[:64]
+        full_env = bwrap.sandbox_env(hostname, record.spec.env, env)
+        for key in full_env:
+            if not key or "=" in key or "\0" in key:
+                raise InvalidSandbox(f"environment variable name {key!r} is invalid")
+        cgroup = _cgroup_of(record)
+        argv = bwrap.wrapped_argv(
+            bwrap.enter_argv(record.init.pid, command, cwd=cwd, nsenter=self._nsenter),
+            procs_file=cgroup.procs_file if cgroup else None,
+        )
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full_env,
+            cwd="/",
+            start_new_session=True,  # one process group to kill on timeout
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
+        readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            # A background child that kept the pipes open must not hold the answer hostage: once the
+            # command has exited, what is still unread after a short grace is left behind.
+            remaining = timeout_s - (time.monotonic() - started)
+            _done, pending = await asyncio.wait(readers, timeout=min(_DRAIN_GRACE_S, max(remaining, 0.05)))
+            for task in pending:
+                task.cancel()
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            for task in readers:
+                task.cancel()
+        assert proc.returncode is not None
+        return ExecResult(
+            exit_code=_exit_code(proc.returncode),
+            stdout=out.text(),
+            stderr=err.text(),
+            duration_ms=(time.monotonic() - started) * 1000.0,
+            truncated=out.truncated or err.truncated,
+            timed_out=timed_out,
+        )
+
+    # -- inspect --------------------------------------------------------------------------------
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        record = self._live(sandbox_id)
+        cgroup = _cgroup_of(record)
+        try:
+            if cgroup is not None:
+                used = cgroup.working_set_bytes()
+            else:
+                used = procfs.namespace_resident_bytes(record.init.pid_ns)
+        except OSError:
+            return None
+        return math.ceil(used / _MIB)
+
+    async def list(self) -> list[SandboxHandle]:
+        """Live sandboxes under this root, including those another runtime object (or an agent that
+        has since restarted) started. Leftovers of dead sandboxes and of crashed starts are removed."""
+        handles: list[SandboxHandle] = []
+        for sandbox_id in self.records.ids():
+            if sandbox_id in self._starting:
+                continue
+            record = self.records.load(sandbox_id)
+            if isinstance(record, Running):
+                if self._is_live(record):
+                    handles.append(self._handle(record))
+                else:
+                    await asyncio.to_thread(
+                        self._teardown, sandbox_id, record.init, _cgroup_of(record), record.monitor
+                    )
+            elif isinstance(record, Starting):
+                if not procfs.is_alive(record.starter):
+                    await asyncio.to_thread(self._teardown, sandbox_id, None, _cgroup_of(record), None)
+            elif isinstance(record, Corrupt):
+                await asyncio.to_thread(
+                    self._teardown, sandbox_id, None, self._guess_cgroup(sandbox_id), None
+                )
+        return handles
+
+    def _live(self, sandbox_id: str) -> Running:
+        record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
+        if not isinstance(record, Running) or not self._is_live(record):
+            raise SandboxNotFound(sandbox_id)
+        return record
+
+    @staticmethod
+    def _is_live(record: Running) -> bool:
+        return procfs.is_alive(record.init)
+
+    @staticmethod
+    def _handle(record: Running) -> SandboxHandle:
+        return SandboxHandle(
+            id=record.spec.id,
+            spec=record.spec,
+            started_at=record.started_at,
+            ref=f"pid={record.init.pid}" + (f" cgroup={record.cgroup}" if record.cgroup else ""),
+        )
+
+
+def _cgroup_of(record: Running | Starting) -> MemoryCgroup | None:
+    """The recorded cgroup if it is still there (a start may have crashed before creating it)."""
+    if record.cgroup is None or record.cgroup_version is None:
+        return None
+    cgroup = MemoryCgroup(Path(record.cgroup), record.cgroup_version)
+    return cgroup if cgroup.exists() else None
+
+
+async def _await_ready(info: IO[bytes], stdout: IO[bytes]) -> dict[str, int] | None:
+    """bubblewrap's --info-fd JSON once the sandbox says it is ready, or None if bubblewrap exited
+    first (its setup failed; the reason is in its log). Closes both pipes, also when cancelled."""
+    loop = asyncio.get_running_loop()
+    transports: list[asyncio.BaseTransport] = []
+
+    async def reader_of(pipe: IO[bytes]) -> asyncio.StreamReader:
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        transports.append(transport)
+        return reader
+
+    try:
+        data = b""
+        info_reader = await reader_of(info)
+        while True:
+            chunk = await info_reader.read(4096)
+            if not chunk:
+                return None
+            data += chunk
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(data)
+                if isinstance(parsed, dict) and "child-pid" in parsed:
+                    break
+        ready = await (await reader_of(stdout)).readline()
+        return parsed if ready == b"ready\n" else None
+    finally:
+        for transport in transports:
+            transport.close()
+        info.close()
+        stdout.close()
+
+
+def _wait_gone(identity: procfs.ProcessIdentity, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while procfs.is_alive(identity) and time.monotonic() < deadline:
+        _reap(identity.pid, timeout_s=0)
+        time.sleep(0.002)
+
+
+def _reap(pid: int, timeout_s: float = 5.0) -> None:
+    """Collect a killed child of this process, if it is one; another parent reaps its own."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done or time.monotonic() >= deadline:
+            return
+        time.sleep(0.002)
