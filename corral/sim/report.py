@@ -148,10 +148,12 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         "| ---: | ---: | ---: | ---: |",
         *[f"| {g} | {m1} | {m4} | {j} |" for g, m1, m4, j in gaps],
         "",
-        f"A host that leads the fleet by more than a replica's share × reservation ({share:.0f} × {reserve} MB) "
-        f"takes that replica's whole share, from every replica. The sharpest case is a freshly added, empty "
-        f"host: per-replica reservations then put {fresh1.max} of {n} on one host with one replica and "
-        f"{fresh4.max} with four ({fresh4.max / n:.0%} of the burst, more than the 1/N = 25% the seed suggests), "
+        f"Each replica's ledger keeps sending to the leading hosts until its own reservations have eaten their "
+        f"lead; with N replicas those hosts take N times that. So the pile-up grows with the fleet's spread: "
+        f"with four replicas, max {gaps[0][2]} at a {gaps[0][0]} MB gap and {widest[2]} at {widest[0]} MB. The "
+        f"sharpest case is a freshly added, empty host: per-replica reservations put {fresh1.max} of {n} on "
+        f"one host with one replica and {fresh4.max} with four ({fresh4.max / n:.0%} of the burst; the seed's "
+        f"1/N reading would be {1 / 4:.0%}), "
         f"while `corral` with four replicas put at most {fresh_corral.max} on any host.",
         "",
         "### How often the default policy meets the bar",
