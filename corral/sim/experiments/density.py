@@ -28,6 +28,8 @@ class DensityScenario:
     working_set_jitter: float = 0.2
     spike_probability: float = 0.0
     spike_mb: int = 1024
+    spike_window_s: tuple[float, float] = (10.0, 60.0)
+    spike_for_s: float = 20.0
     rate_per_s: float = 2.0
     duration_s: float = 600.0
     heartbeat_s: float = 10.0
@@ -99,6 +101,8 @@ def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult
         working_set_jitter=scn.working_set_jitter,
         spike_probability=scn.spike_probability,
         spike_mb=scn.spike_mb,
+        spike_window_s=scn.spike_window_s,
+        spike_for_s=scn.spike_for_s,
     )
     fleet = Fleet(
         FleetConfig(

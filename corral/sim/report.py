@@ -1,0 +1,381 @@
+"""Regenerate ``docs/simulation.md`` and its charts from one run of every experiment:
+``python -m corral.sim.report docs`` (``make sim-report``). Every number in the report comes from
+this run; the sentences around the numbers are chosen by comparing them, never typed in by hand."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from corral.core import reserve_mb
+from corral.sim import plots
+from corral.sim.experiments import (
+    BurstResult,
+    BurstScenario,
+    DensityScenario,
+    LeakScenario,
+    ScaleScenario,
+    StalenessScenario,
+)
+from corral.sim.experiments import burst as burst_exp
+from corral.sim.experiments import density as density_exp
+from corral.sim.experiments import leak as leak_exp
+from corral.sim.experiments import scale as scale_exp
+from corral.sim.experiments import staleness as staleness_exp
+from corral.sim.policies import BURST_POLICIES, POLICIES
+
+
+@dataclass(frozen=True, slots=True)
+class ReportConfig:
+    """What the report runs. The defaults are the published report; tests shrink them."""
+
+    seed: int = 1
+    burst: BurstScenario = field(default_factory=BurstScenario)
+    burst_seeds: int = 20
+    gaps_mb: tuple[int, ...] = (0, 100, 300, 1000, 2000, 4000)
+    density: DensityScenario = field(default_factory=DensityScenario)
+    staleness: StalenessScenario = field(default_factory=StalenessScenario)
+    scale: ScaleScenario = field(default_factory=ScaleScenario)
+    leak: LeakScenario = field(default_factory=LeakScenario)
+
+
+def _params(obj: Any, skip: Iterable[str] = ()) -> str:
+    """A scenario's parameters as one markdown line."""
+    items = [(k, v) for k, v in asdict(obj).items() if k not in set(skip)]
+    return ", ".join(f"`{k}={v}`" for k, v in items)
+
+
+def _ratio(x: float | None) -> str:
+    return "unbounded (the median host got nothing)" if x is None else f"{x:.2f}"
+
+
+def _dist(values: Sequence[int]) -> str:
+    counts: dict[int, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return ", ".join(f"{k}: {n} seed(s)" for k, n in sorted(counts.items()))
+
+
+def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
+    base = cfg.burst
+    seed = cfg.seed
+    grid: list[BurstResult] = []
+    for name in BURST_POLICIES:
+        for r in (1, 4):
+            grid.append(burst_exp.run(replace(base, policy=name, replicas=r), seed))
+    plots.burst_grid(grid, out / "sim" / "burst.png")
+    by = {(g.scenario.policy, g.scenario.replicas): g for g in grid}
+
+    seeds = range(1, cfg.burst_seeds + 1)
+    corral4 = [burst_exp.run(replace(base, policy="corral", replicas=4), s) for s in seeds]
+    p2_shared4 = [
+        burst_exp.run(replace(base, policy="corral", replicas=4, starts_limit=base.creates), s) for s in seeds
+    ]
+    gaps = [
+        (
+            g,
+            burst_exp.run(replace(base, policy="reservations", replicas=1, gap_mb=g), seed).max,
+            burst_exp.run(replace(base, policy="reservations", replicas=4, gap_mb=g), seed).max,
+            burst_exp.run(replace(base, policy="jitter", replicas=1, gap_mb=g), seed).max,
+        )
+        for g in cfg.gaps_mb
+    ]
+    widest = gaps[-1]
+    fresh1 = burst_exp.run(replace(base, policy="reservations", replicas=1, fresh_host=True), seed)
+    fresh4 = burst_exp.run(replace(base, policy="reservations", replicas=4, fresh_host=True), seed)
+    fresh_corral = burst_exp.run(replace(base, policy="corral", replicas=4, fresh_host=True), seed)
+
+    naive, corral = by[("naive", 1)], by[("corral", 4)]
+    res1, res4 = by[("reservations", 1)], by[("reservations", 4)]
+    jit, p2 = by[("jitter", 1)], by[("power_of_2", 4)]
+    shared4 = by[("shared_ledger", 4)]
+    n = base.creates
+    share = n / 4
+    reserve = reserve_mb(base.sandbox_mb)  # what a create is charged until measured
+    lines = [
+        "## burst: fifty creates inside one cache window",
+        "",
+        f"Scenario: {_params(base, skip=('policy', 'replicas'))}; seed {seed}. Each host starts with "
+        f"{burst_exp.PRELOAD_SANDBOXES} measured sandboxes whose resident memory puts hosts about `gap_mb` apart "
+        "in free memory (shuffled by the seed), so scores strictly order. Views are warm and up to "
+        "`view_ttl_s` old when the burst lands; policies are described in the table below.",
+        "",
+        "![burst](sim/burst.png)",
+        "",
+        "| policy | what it is | max (1 replica) | max/median | max (4 replicas) | max/median |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name in BURST_POLICIES:
+        a, b = by[(name, 1)], by[(name, 4)]
+        lines.append(
+            f"| `{name}` | {POLICIES[name].summary} | {a.max} | {_ratio(a.max_to_median)} | {b.max} | "
+            f"{_ratio(b.max_to_median)} |"
+        )
+    lines += [
+        "",
+        f"- **The pile-up is real.** The deterministic scorer over a {naive.mean_view_age_s:.0f}-second-old "
+        f"view (mean age of the oldest heartbeat used) sent {naive.max} of {n} creates to one host with one "
+        f"replica, and {by[('naive', 4)].max} with four: every decision read the same frozen numbers.",
+        f"- **Jitter is weak, as the seed says, but not zero here.** ±2% noise on scores of about 0.5 is larger "
+        f"than the {base.gap_mb} MB gap between hosts (about 0.6% of a score), so it split the burst over a few "
+        f"near-top hosts: max {jit.max}. With hosts {widest[0]} MB apart it put {widest[3]} of {n} on one "
+        "host (table below).",
+        f"- **Power-of-2 alone, over a stale view, is not enough.** Without a ledger each sample pair still "
+        f"compares frozen scores: the best-ranked hosts win every pair they appear in, the busiest host got "
+        f"{by[('power_of_2', 1)].max} with one replica and {p2.max} with four, and the bottom-ranked host can "
+        "never win.",
+        f"- **Per-replica reservations: the claim and the measurement.** With one replica the in-flight ledger "
+        f"walks the fleet in score order (max {res1.max}). With four, each replica walks the same order with its "
+        f"own ~{share:.0f} creates, so the top hosts get one replica's share of them four times over: max "
+        f"{res4.max} (max/median {_ratio(res4.max_to_median)}). The seed's '1/N amplitude' is not what this "
+        f"measures: the pile-up is N times what one replica's share puts on the top host, which depends on how "
+        f"far apart hosts are compared with the reservation ({reserve} MB here).",
+        f"- **A shared ledger fixes it at any replica count** (max {shared4.max} with four), and the `corral` "
+        f"policy, power-of-2 + shared ledger + the agents' starts limiter, gave max {corral.max}, max/median "
+        f"{_ratio(corral.max_to_median)}, refusals {corral.refusals or 'none'}: the limiter's "
+        f"`host_starts_saturated` refusals are retried on another host at once and never mistaken for a dead "
+        "host.",
+        "",
+        "### Under which conditions the per-replica claim holds",
+        "",
+        f"Fleet spread (`gap_mb`) varied, everything else as above, seed {seed}:",
+        "",
+        "| gap between hosts (MB) | `reservations`, 1 replica | `reservations`, 4 replicas | `jitter`, 1 replica |",
+        "| ---: | ---: | ---: | ---: |",
+        *[f"| {g} | {m1} | {m4} | {j} |" for g, m1, m4, j in gaps],
+        "",
+        f"Each replica's ledger keeps sending to the leading hosts until its own reservations have eaten their "
+        f"lead; with N replicas those hosts take N times that. So the pile-up grows with the fleet's spread: "
+        f"with four replicas, max {gaps[0][2]} at a {gaps[0][0]} MB gap and {widest[2]} at {widest[0]} MB. The "
+        f"sharpest case is a freshly added, empty host: per-replica reservations put {fresh1.max} of {n} on "
+        f"one host with one replica and {fresh4.max} with four ({fresh4.max / n:.0%} of the burst; the seed's "
+        f"1/N reading would be {1 / 4:.0%}), "
+        f"while `corral` with four replicas put at most {fresh_corral.max} on any host.",
+        "",
+        "### How often the default policy meets the bar",
+        "",
+        f"`corral`, four replicas, seeds 1-{cfg.burst_seeds}: max per host {_dist([r.max for r in corral4])}; "
+        f"max/median <= 1.25 in {sum(1 for r in corral4 if (r.max_to_median or 99) <= 1.25)} of "
+        f"{len(corral4)} seeds. Without the starts limiter (power-of-2 + shared ledger only): "
+        f"{_dist([r.max for r in p2_shared4])}. Sampling two hosts trades a little balance for O(1) decisions; "
+        "the agents' limiter is what trims the occasional sixth create off the luckiest host.",
+        "",
+    ]
+    return lines
+
+
+def _density_section(cfg: ReportConfig, out: Path) -> list[str]:
+    r = density_exp.run(cfg.density, cfg.seed)
+    plots.density(r, out / "sim" / "density.png")
+    c, w = r.committed, r.working_set
+    late = replace(
+        cfg.density, spike_probability=0.3, spike_mb=2048, spike_for_s=60.0, spike_window_s=(120.0, 600.0)
+    )
+    lr = density_exp.run(late, cfg.seed)
+    lw = lr.working_set
+    ratio = w.per_host / c.per_host if c.per_host else float("nan")
+    s = cfg.density
+    return [
+        "## density: committed vs working-set admission",
+        "",
+        f"Scenario: {_params(s)}; seed {cfg.seed}. The same Poisson stream of long-lived creates, more than "
+        "the fleet can hold, runs once per admission mode; refused creates are counted, not retried.",
+        "",
+        "![density](sim/density.png)",
+        "",
+        "| admission | sandboxes per host | OOM events | resident / committed |",
+        "| --- | ---: | ---: | ---: |",
+        f"| committed | {c.per_host:g} | {c.oom_events} | {c.resident_to_committed:.3f} |",
+        f"| working-set | {w.per_host:g} | {w.oom_events} | {w.resident_to_committed:.3f} |",
+        "",
+        f"Committed admission stopped at {c.per_host:g} sandboxes of {s.sandbox_mb} MB per "
+        f"{s.host_memory_mb} MB host while they held {c.resident_to_committed:.1%} of what they were promised. "
+        f"Working-set admission fitted {w.per_host:g} per host ({ratio:.1f}x), with {w.oom_events} OOM events: "
+        f"each create is charged its reserve until it has settled for {s.settle_s:g} s and been measured, so the "
+        "fleet fills at the pace measurements confirm. The bet is only as good as the touch model: a workload "
+        "whose memory keeps growing after it was measured is the case the pressure gate and headroom exist for.",
+        "",
+        f"Losing the bet, measured: the same run with {late.spike_probability:.0%} of sandboxes spiking by "
+        f"{late.spike_mb} MB for {late.spike_for_s:g} s at a random moment {late.spike_window_s[0]:g}-"
+        f"{late.spike_window_s[1]:g} s after they started, long after they were measured. Working-set admission "
+        f"then held {lw.per_host:g} per host and counted {lw.oom_events} OOM events (committed: "
+        f"{lr.committed.per_host:g} per host, {lr.committed.oom_events}). "
+        + (
+            "The headroom band absorbed these spikes."
+            if lw.oom_events == 0
+            else "That is the bet lost: overcommit is only safe for workloads whose idleness is real, which is "
+            "why stateful sandboxes are always charged in full."
+        ),
+        "",
+    ]
+
+
+def _staleness_section(cfg: ReportConfig, out: Path) -> list[str]:
+    r = staleness_exp.run(cfg.staleness, cfg.seed)
+    plots.staleness(r, out / "sim" / "staleness.png")
+    s = cfg.staleness
+    pts = {(p.policy, p.view_ttl_s): p for p in r.points}
+    fresh, old = s.view_ttls_s[0], s.view_ttls_s[-1]
+    header = "| policy | " + " | ".join(f"TTL {t:g} s" for t in s.view_ttls_s) + " |"
+    rows = [
+        f"| `{p}` | " + " | ".join(f"{pts[(p, t)].max_to_median:.2f}" for t in s.view_ttls_s) + " |"
+        for p in s.policies
+    ]
+    lines = [
+        "## staleness: old information",
+        "",
+        f"Scenario: {_params(s)}; seed {cfg.seed}. Arrival rate {s.rate_per_s:.2f}/s; hosts are large enough "
+        "that admission never binds. Load is live sandboxes per host, max-to-median averaged over one sample a "
+        "second after the warm-up (a median of zero counts as one).",
+        "",
+        "![staleness](sim/staleness.png)",
+        "",
+        header,
+        "| --- |" + " ---: |" * len(s.view_ttls_s),
+        *rows,
+        "",
+    ]
+    if all(p in s.policies for p in ("naive", "random", "power_of_2")):
+        nv, rd, p2 = pts[("naive", old)], pts[("random", old)], pts[("power_of_2", old)]
+        worse = "worse than" if nv.max_to_median > rd.max_to_median else "still no worse than"
+        lines += [
+            f"With views {nv.mean_view_age_s:.1f} s old on average, sending every create to the apparently "
+            f"least-loaded host is {worse} choosing at random ({nv.max_to_median:.2f} vs "
+            f"{rd.max_to_median:.2f}), as Mitzenmacher showed. The better of two random choices stays close to "
+            f"its fresh-information value ({pts[('power_of_2', fresh)].max_to_median:.2f} at TTL {fresh:g} s, "
+            f"{p2.max_to_median:.2f} at {old:g} s).",
+        ]
+    if "corral" in s.policies:
+        co = pts[("corral", old)]
+        lines += [
+            f"`corral` adds the shared ledger: every replica sees every in-flight placement until a heartbeat "
+            f"shows it, so its max-to-median at TTL {old:g} s was {co.max_to_median:.2f}.",
+        ]
+    lines.append("")
+    return lines
+
+
+def _scale_section(cfg: ReportConfig, out: Path) -> list[str]:
+    r = scale_exp.run(cfg.scale, cfg.seed)
+    plots.scale(r, out / "sim" / "scale.png")
+    s = cfg.scale
+    by = {(p.policy, p.n): p for p in r.points}
+    rows = []
+    for n in s.ns:
+        cells = []
+        for pol in s.policies:
+            p = by.get((pol, n))
+            cells.append(f"{p.max_load:g}" if p else "-")
+            if pol != "full_scan":
+                cells.append(f"{p.theory:.2f}" if p and p.theory is not None else "-")
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    cols = []
+    for pol in s.policies:
+        cols.append(f"`{pol}`")
+        if pol != "full_scan":
+            cols.append("theory")
+    big = max(s.ns)
+    rnd, two = by.get(("random", big)), by.get(("power_of_2", big))
+    lines = [
+        "## scale: balls into bins",
+        "",
+        f"Scenario: {_params(s)}; seed {cfg.seed}. n creates on n identical hosts, each decision seeing every "
+        "earlier one through one shared ledger (fresh information). Theory columns are the leading terms, "
+        "ln n / ln ln n and ln ln n / ln 2, without their O(1).",
+        "",
+        "![scale](sim/scale.png)",
+        "",
+        "| n | " + " | ".join(cols) + " |",
+        "| ---: |" + " ---: |" * len(cols),
+        *rows,
+        "",
+    ]
+    if rnd and two:
+        lines.append(
+            f"At n = {big}, one random choice left a host with {rnd.max_load:g} creates and the better of two "
+            f"left at most {two.max_load:g}: random grows with n, two choices barely move, the exponential gap "
+            f"the seed cites. A full scan with fresh information is perfect (1) but costs O(n) per decision; it "
+            f"is run only up to n = {s.full_scan_max_n}."
+        )
+    lines.append("")
+    return lines
+
+
+def _leak_section(cfg: ReportConfig, out: Path) -> list[str]:
+    r = leak_exp.run(cfg.leak, cfg.seed)
+    plots.leak(r, out / "sim" / "leak.png")
+    s = cfg.leak
+    la, tt = r.lease, r.ttl_only
+
+    def zero(x: float | None) -> str:
+        return f"{x:g} s" if x is not None else "never (within the run)"
+
+    return [
+        "## leak: a replica dies holding reservations",
+        "",
+        f"Scenario: the burst above with `policy=corral`, `replicas={s.burst.replicas}`; replica "
+        f"`r{s.crash_replica}` dies {s.crash_after_s:g} s into the burst; {_params(s, skip=('burst',))}; "
+        f"seed {cfg.seed}.",
+        "",
+        "![leak](sim/leak.png)",
+        "",
+        f"The dead replica held {la.held_by_dead_mb} MB of reservations. Live replicas release theirs once a "
+        f"heartbeat accounting for the sandbox has had `view_ttl_s` to reach every view, so outstanding memory "
+        f"peaks at {la.peak_mb} MB and drains within about a heartbeat plus a view TTL. With the replica's lease "
+        f"({s.lease_s:g} s) the dead replica's claims are dropped together and outstanding memory is zero from "
+        f"{zero(la.zero_at_s)}; with only the TTL ({s.ledger_ttl_s:g} s) it is zero from {zero(tt.zero_at_s)}. "
+        f"Final outstanding: {la.final_mb} MB and {tt.final_mb} MB.",
+        "",
+    ]
+
+
+def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
+    """Run every experiment, write the charts under ``docs/sim/`` and the report to
+    ``docs/simulation.md``; returns the report's path."""
+    cfg = cfg or ReportConfig()
+    docs.mkdir(parents=True, exist_ok=True)
+    body: list[str] = []
+    for section in (_burst_section, _density_section, _staleness_section, _scale_section, _leak_section):
+        body += section(cfg, docs)
+    head = [
+        "# Simulation: the seeds' claims, measured",
+        "",
+        "`corral.sim` is a deterministic discrete-event simulator of a corral fleet: hosts with the agent's "
+        "admission arithmetic, touch model, starts limiter and pressure gate; scheduler replicas with their own "
+        "view caches and a per-replica or shared ledger; bursts, Poisson streams, host outages and replica "
+        "crashes, on a virtual clock. It drives corral's own core (filters, scoring, selection, admission, "
+        "ledger); nothing is re-implemented. A run is a pure function of its scenario and seed.",
+        "",
+        "Regenerate this page and its charts with `make sim-report` (`python -m corral.sim.report docs`). "
+        f"Every number below comes from that run (seed {cfg.seed}), so regenerating gives the same page. "
+        "Each experiment is also a command: `corral sim burst|density|staleness|scale|leak [--seed N] [--json] "
+        "[--plot FILE.png]`.",
+        "",
+        "Common to every experiment unless stated: 32 GiB hosts with 2 GiB headroom; 4 GiB sandboxes charged "
+        "their 1 GiB reserve (working-set admission) until measured after settling; a reservation is released "
+        "when a heartbeat accounting for it has had a view TTL to reach every replica, and otherwise expires "
+        "with its owner's lease or its TTL; a host is treated as stale after `view_ttl + 3 heartbeats`, so a "
+        "cached view does not make healthy hosts look dead (seed 000 pairs a 30 s cutoff with a 30 s cache, "
+        "which would drop hosts late in every cache window). Only `corral` turns on the agents' own gate "
+        "and starts limiter; the other policies change the scheduler alone, as each fix does in seed 000.",
+        "",
+    ]
+    path = docs / "simulation.md"
+    path.write_text("\n".join(head + body).rstrip() + "\n")
+    return path
+
+
+def _main(argv: Sequence[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m corral.sim.report DOCS_DIR", file=sys.stderr)
+        return 2
+    path = generate(Path(argv[0]))
+    print(f"wrote {path} and its charts in {path.parent / 'sim'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

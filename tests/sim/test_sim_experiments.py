@@ -1,0 +1,61 @@
+from corral.sim.experiments.density import DensityScenario
+from corral.sim.experiments.density import run as run_density
+from corral.sim.experiments.leak import LeakScenario
+from corral.sim.experiments.leak import run as run_leak
+from corral.sim.experiments.scale import ScaleScenario
+from corral.sim.experiments.scale import run as run_scale
+from corral.sim.experiments.staleness import StalenessScenario
+from corral.sim.experiments.staleness import run as run_staleness
+
+
+def test_working_set_density_exceeds_committed_tenfold_without_oom() -> None:
+    r = run_density(DensityScenario(), 1).as_json()
+    assert r["committed_per_host"] == 7
+    assert r["working_set_per_host"] >= 10 * r["committed_per_host"]
+    assert r["working_set_oom_events"] == 0 and r["committed_oom_events"] == 0
+
+
+def test_memory_that_grows_after_measurement_is_counted_as_oom_events() -> None:
+    scn = DensityScenario(
+        duration_s=400.0,
+        spike_probability=0.3,
+        spike_mb=2048,
+        spike_for_s=60.0,
+        spike_window_s=(120.0, 400.0),
+    )
+    r = run_density(scn, 1)
+    assert r.working_set.oom_events > 0
+    assert r.committed.oom_events == 0
+
+
+def test_old_information_hurts_the_argmax_and_not_power_of_two() -> None:
+    scn = StalenessScenario(
+        hosts=20,
+        replicas=2,
+        view_ttls_s=(0.0, 30.0),
+        policies=("naive", "power_of_2"),
+        warmup_s=60.0,
+        measure_s=60.0,
+    )
+    pts = {(p.policy, p.view_ttl_s): p for p in run_staleness(scn, 1).points}
+    assert pts[("naive", 30.0)].max_to_median > 2 * pts[("naive", 0.0)].max_to_median
+    assert pts[("power_of_2", 30.0)].max_to_median < pts[("naive", 30.0)].max_to_median
+    assert pts[("naive", 30.0)].mean_view_age_s > pts[("naive", 0.0)].mean_view_age_s
+
+
+def test_two_choices_beat_one_and_a_full_scan_is_perfect() -> None:
+    r = run_scale(ScaleScenario(ns=(512,), trials=2, full_scan_max_n=512), 1)
+    by = {p.policy: p.max_load for p in r.points}
+    assert by["full_scan"] == 1
+    assert by["power_of_2"] < by["random"]
+
+
+def test_reserved_memory_returns_to_zero_after_a_replica_crash() -> None:
+    r = run_leak(LeakScenario(), 1)
+    for variant in (r.lease, r.ttl_only):
+        assert variant.held_by_dead_mb > 0
+        assert variant.final_mb == 0 and variant.zero_at_s is not None
+    # The lease ends the dead replica's claims long before their TTL would.
+    assert r.lease.zero_at_s is not None and r.ttl_only.zero_at_s is not None
+    assert r.lease.zero_at_s < r.ttl_only.zero_at_s
+    assert r.ttl_only.zero_at_s >= LeakScenario().ledger_ttl_s
