@@ -111,6 +111,9 @@ def burst(
     split: str = typer.Option("round_robin", help="round_robin or random split across replicas."),
     starts_limit: int | None = typer.Option(None, help="Override the policy's agent starts limiter."),
     fresh_host: bool = typer.Option(False, help="One host joins empty."),
+    stale_after_s: float | None = typer.Option(
+        None, help="Heartbeat age beyond which a host is skipped (default: view TTL + 3 heartbeats)."
+    ),
     seed: int = SEED,
     as_json: bool = JSON,
     plot: Path | None = PLOT,
@@ -129,6 +132,7 @@ def burst(
             split=split,
             starts_limit=starts_limit,
             fresh_host=fresh_host,
+            stale_after_s=stale_after_s,
         ),
         burst_exp.run,
         seed,

@@ -44,6 +44,8 @@ class BurstScenario:
     # Shared-ledger reservations of a dead replica end with its lease, or at the TTL (last resort).
     lease_s: float | None = 10.0
     ledger_ttl_s: float = 120.0
+    # None: view_ttl_s + 3 heartbeats (see FleetConfig); seed 000 uses 30 s.
+    stale_after_s: float | None = None
 
     def __post_init__(self) -> None:
         policy_named(self.policy)
@@ -61,6 +63,9 @@ class BurstResult:
     mean_view_age_s: float
     free_mb_before: dict[str, int]
     outstanding_mb_after: int
+    # Creates refused at least once before they were placed, and the longest such wait.
+    refused_then_placed: int = 0
+    max_wait_s: float = 0.0
 
     @property
     def max(self) -> int:
@@ -90,6 +95,8 @@ class BurstResult:
             "mean_view_age_s": round(self.mean_view_age_s, 3),
             "free_mb_before": self.free_mb_before,
             "outstanding_mb_after": self.outstanding_mb_after,
+            "refused_then_placed": self.refused_then_placed,
+            "max_wait_s": round(self.max_wait_s, 3),
         }
 
 
@@ -113,6 +120,7 @@ def build(scn: BurstScenario, seed: int) -> Fleet:
             split=scn.split,
             lease_s=scn.lease_s,
             ledger_ttl_s=scn.ledger_ttl_s,
+            stale_after_s=scn.stale_after_s,
         ),
         seed,
     )
@@ -149,4 +157,6 @@ def run(scn: BurstScenario, seed: int = 1) -> BurstResult:
         mean_view_age_s=m.mean_view_age_s,
         free_mb_before=free_before,
         outstanding_mb_after=fleet.outstanding_mb(),
+        refused_then_placed=len(m.waits_s),
+        max_wait_s=max(m.waits_s, default=0.0),
     )
