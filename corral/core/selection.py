@@ -103,9 +103,9 @@ def _best(
         ranked = [t[2] for t in sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)]
     else:
         ranked = [t[2] for t in heapq.nlargest(MAX_CANDIDATES, scored, key=lambda t: (t[0], t[1]))]
-    if best is not None and ranked and ranked[0] is not best:
-        ranked.remove(best)
-        ranked.insert(0, best)
+    if best is not None and (not ranked or ranked[0] is not best):
+        # a random tiebreak may have chosen a host the top list cut: the chosen one always leads
+        ranked = [best, *(h for h in ranked if h is not best)][:MAX_CANDIDATES]
     return Choice(best, best_score, oldest_heartbeat_at=oldest, candidates=tuple(ranked))
 
 

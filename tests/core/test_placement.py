@@ -231,3 +231,11 @@ def test_timeouts_orderings_are_enforced() -> None:
         Timeouts(stale_after_s=30, dead_after_s=30)
     with pytest.raises(ConfigError):
         Timeouts(bind_timeout_s=60, reservation_ttl_s=30)
+
+
+def test_candidates_lead_with_the_chosen_host_even_among_many_ties() -> None:
+    hosts = [make_host(f"h{i:02d}", admittable=20000) for i in range(40)]
+    for seed in range(30):
+        d = Placer(selector=FullScan()).place(hosts, REQ, now=0.0, rng=random.Random(seed))
+        assert d.candidates[0] is d.host and len(d.candidates) == 8
+        assert len({h.id for h in d.candidates}) == 8
