@@ -14,6 +14,7 @@ import builtins
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from corral.agent.errors import (
     AgentConflict,
@@ -35,8 +36,8 @@ from corral.agent.protocol import (
 )
 from corral.core.admission import (
     DEFAULT_POLICY,
+    AdmissionBook,
     AdmissionPolicy,
-    admittable_mb,
     charge_mb,
     fits,
     request_charge_mb,
@@ -77,6 +78,47 @@ class _Live:
     def settled_at(self, resident_mb: int) -> None:
         if resident_mb != self.usage.resident_mb:
             self.usage = SandboxUsage(self.spec.memory_mb, resident_mb, self.spec.stateful)
+
+
+class _LiveSet(dict[str, _Live]):
+    """The live sandboxes, with the host's admission book and observed total kept in step, so the
+    gate at every start costs O(1) however many sandboxes the host runs."""
+
+    def __init__(self, book: AdmissionBook) -> None:
+        super().__init__()
+        self.book = book
+        self.observed_mb = 0
+
+    def __setitem__(self, key: str, value: _Live) -> None:
+        self._forget(key)
+        super().__setitem__(key, value)
+        self.book.put(key, value.usage)
+        self.observed_mb += value.observed_mb or 0
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self._forget(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        if key in self:
+            self._forget(key)
+        return super().pop(key, *default)
+
+    def _forget(self, key: str) -> None:
+        old = self.get(key)
+        if old is not None:
+            self.book.remove(key)
+            self.observed_mb -= old.observed_mb or 0
+
+    def measured(self, key: str, observed_mb: int, settled: bool) -> None:
+        live = self[key]
+        self.observed_mb += observed_mb - (live.observed_mb or 0)
+        live.observed_mb = observed_mb
+        if settled:
+            live.settled_at(observed_mb)
+            self.book.put(key, live.usage)
 
 
 class Agent:
@@ -139,7 +181,7 @@ class Agent:
         self.signal = self._signal(pressure)
         self.gate = pressure_gate or self.signal.gate()
 
-        self._live: dict[str, _Live] = {}
+        self._live = _LiveSet(AdmissionBook(memory_mb_total, self.admission, policy))
         self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
@@ -168,11 +210,12 @@ class Agent:
         return [s.usage for s in self._live.values()]
 
     def admittable_mb(self) -> int:
-        """What the host can still admit before the starts in flight: the number a heartbeat publishes."""
-        return admittable_mb(self.memory_mb_total, self.usages(), self.admission, self.policy)
+        """What the host can still admit before the starts in flight: the number a heartbeat publishes
+        (the core's ``admittable_mb``, kept incrementally by its ``AdmissionBook``)."""
+        return self._live.book.admittable()
 
     def memory_mb_used(self) -> int:
-        return sum(s.observed_mb or 0 for s in self._live.values())
+        return self._live.observed_mb
 
     def used_ratio(self) -> float:
         return self.memory_mb_used() / self.memory_mb_total
@@ -405,9 +448,7 @@ class Agent:
                 continue  # no reading this round; keep the last one
             if mb is None:
                 continue
-            s.observed_mb = mb
-            if now - s.started_at >= self.settle_s:
-                s.settled_at(mb)
+            self._live.measured(sandbox_id, mb, settled=now - s.started_at >= self.settle_s)
         self.observe_pressure()
 
     def capacity(self) -> Capacity:

@@ -11,7 +11,8 @@ from corral.control.plane import ControlPlane
 from corral.store import Principal, Role
 
 
-def plane_of(request: Request) -> ControlPlane:
+async def plane_of(request: Request) -> ControlPlane:
+    # async on purpose: FastAPI runs a plain ``def`` dependency in a thread pool, on every request
     plane: ControlPlane = request.app.state.plane
     return plane
 

@@ -30,7 +30,7 @@ class ControlConfig:
     retry_after_min_s: float = 1.0
     retry_after_max_s: float = 30.0
     # Per-tenant defaults for a tenant created implicitly (the built-in "default" tenant).
-    default_max_sandboxes: int = 100_000
+    default_max_sandboxes: int = 10_000_000
     default_max_memory_mb: int = 1 << 40
     max_batch: int = 500
 

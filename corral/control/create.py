@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
-import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -49,11 +49,13 @@ from corral.store import (
     StateConflict,
     Store,
     StoreUnavailable,
+    TemplateRecord,
 )
 from corral.store import NotFound as StoreNotFound
 from corral.store import OverQuota as StoreOverQuota
 
 AGENT_UNAVAILABLE = "agent_unavailable"
+TEMPLATE_CACHE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +77,12 @@ class CreateSpec:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+# Seeded once from the OS: ids must not collide, but each create need not pay a getrandom syscall.
+_ids = random.Random(int.from_bytes(os.urandom(16), "big"))
+
+
 def new_sandbox_id() -> str:
-    return f"sb-{uuid.uuid4().hex[:20]}"
+    return f"sb-{_ids.getrandbits(80):020x}"
 
 
 class CreateFlow:
@@ -100,6 +106,7 @@ class CreateFlow:
         self.metrics = metrics
         self.retry_after = retry_after
         self._placers: dict[int, Placer] = {}
+        self._templates: dict[str, tuple[TemplateRecord, float]] = {}
         # Idempotency keys refused at least once, with when: "time from first refusal to success".
         self._first_refusal: dict[str, float] = {}
 
@@ -116,8 +123,19 @@ class CreateFlow:
 
     # -- step 1: the record ----------------------------------------------------------------------
 
+    async def _template(self, name: str) -> TemplateRecord | None:
+        """Templates change rarely and are read on every create: cache what exists, briefly."""
+        now = self.clock.now()
+        hit = self._templates.get(name)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        tpl = await self.store.get_template(name)
+        if tpl is not None:
+            self._templates[name] = (tpl, now + TEMPLATE_CACHE_S)
+        return tpl
+
     async def _resolve(self, spec: CreateSpec) -> tuple[int, float, bool]:
-        tpl = await self.store.get_template(spec.template)
+        tpl = await self._template(spec.template)
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb

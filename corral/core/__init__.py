@@ -3,6 +3,7 @@ corral outside itself, and no I/O."""
 
 from corral.core.admission import (
     DEFAULT_POLICY,
+    AdmissionBook,
     AdmissionPolicy,
     admittable_mb,
     charge_mb,
@@ -35,6 +36,7 @@ from corral.core.types import (
 __all__ = [
     "DEFAULT_FILTERS",
     "DEFAULT_POLICY",
+    "AdmissionBook",
     "AdmissionMode",
     "AdmissionPolicy",
     "Clock",

@@ -105,3 +105,42 @@ def host_fits(
     return fits(
         host.memory_mb_admittable, pending.memory_mb, request, host.memory_admission, policy
     ) and cpu_fits(host, pending, request, policy)
+
+
+class AdmissionBook:
+    """``admittable_mb`` kept incrementally for a host with many sandboxes: the same rule (each
+    sandbox charged ``charge_mb``), summed as sandboxes arrive, leave and get measured, so a gate that
+    runs at every start costs O(1) instead of O(sandboxes). ``admittable()`` always equals
+    ``admittable_mb(total, usages, mode, policy)`` over the usages it holds."""
+
+    __slots__ = ("_charged", "_charges", "memory_mb_total", "mode", "policy")
+
+    def __init__(
+        self, memory_mb_total: int, mode: AdmissionMode, policy: AdmissionPolicy = DEFAULT_POLICY
+    ) -> None:
+        self.memory_mb_total = memory_mb_total
+        self.mode = mode
+        self.policy = policy
+        self._charges: dict[str, int] = {}
+        self._charged = 0
+
+    def put(self, key: str, usage: SandboxUsage) -> None:
+        """Account for a sandbox, or re-account for it after a measurement."""
+        charge = charge_mb(usage.memory_mb, usage.stateful, self.mode, usage.resident_mb, self.policy)
+        self._charged += charge - self._charges.get(key, 0)
+        self._charges[key] = charge
+
+    def remove(self, key: str) -> None:
+        self._charged -= self._charges.pop(key, 0)
+
+    def charged_mb(self) -> int:
+        return self._charged
+
+    def admittable(self) -> int:
+        return self.memory_mb_total - self.policy.headroom_mb - self._charged
+
+    def __len__(self) -> int:
+        return len(self._charges)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._charges

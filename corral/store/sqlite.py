@@ -3,8 +3,9 @@
 Writes take ``BEGIN IMMEDIATE`` (the database's single write lock, so the capacity check and the
 insert of a reservation cannot interleave with another writer's), readers never block on writers
 (WAL), and a busy timeout makes writers from several processes queue rather than fail. Each connection
-lives on its own thread (aiosqlite), so a transaction waiting for the lock never blocks the event loop;
-within one process an asyncio lock keeps one write transaction open per connection at a time.
+lives on its own thread and every transaction runs whole on it, in one hop from the event loop: a
+transaction waiting for the lock never blocks the loop, and one process's writes queue on the writer
+thread, one transaction at a time.
 
 ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a crash of the process; a power
 loss can lose the last few commits but never corrupts the database.
@@ -15,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
-
-import aiosqlite
 
 from corral.core.clock import Clock
 from corral.store import rows
@@ -32,28 +32,41 @@ MEMORY = ":memory:"
 
 
 class _SqliteTx:
+    """A transaction on a plain sqlite3 connection, run on the store's own thread.
+
+    Its methods are coroutines that never suspend, so the shared async SQL core drives a whole
+    transaction in one call (:func:`_drive`): one thread hop per transaction instead of one per
+    statement, and no event-loop turn while the write lock is held.
+    """
+
     __slots__ = ("_conn",)
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
     async def fetchone(self, sql: str, params: Params | None = None) -> rows.Row | None:
-        got = await self._conn.execute_fetchall(sql, params or {})
-        for row in got:
-            return row
-        return None
+        row: rows.Row | None = self._conn.execute(sql, params or {}).fetchone()
+        return row
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[rows.Row]:
-        return list(await self._conn.execute_fetchall(sql, params or {}))
+        return list(self._conn.execute(sql, params or {}).fetchall())
 
     async def execute(self, sql: str, params: Params | None = None) -> int:
-        cur = await self._conn.execute(sql, params or {})
-        n = cur.rowcount
-        await cur.close()
-        return n
+        return self._conn.execute(sql, params or {}).rowcount
 
     async def executemany(self, sql: str, params: Sequence[Params]) -> None:
-        await self._conn.executemany(sql, params)
+        self._conn.executemany(sql, params)
+
+
+def _drive(coro: Awaitable[T]) -> T:
+    """Run a coroutine that never suspends to completion, synchronously."""
+    assert isinstance(coro, Coroutine)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a store transaction awaited something other than its own statements")
 
 
 def _unavailable(exc: sqlite3.Error) -> StoreError:
@@ -70,11 +83,12 @@ class SqliteStore(SqlStore):
         super().__init__(clock)
         self.path = path
         self.busy_timeout_s = busy_timeout_s
-        self._writer: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        # One thread per connection: every statement of a connection runs on its thread.
+        self._write_thread: ThreadPoolExecutor | None = None
+        self._read_thread: ThreadPoolExecutor | None = None
         self._open_lock = asyncio.Lock()
-        self._write_lock = asyncio.Lock()
-        self._read_lock = asyncio.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqliteStore:
@@ -93,89 +107,111 @@ class SqliteStore(SqlStore):
 
     # -- connections ---------------------------------------------------------------------------
 
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=self.busy_timeout_s)
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, timeout=self.busy_timeout_s, check_same_thread=False
+        )
         try:
-            await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             if not self.in_memory:
-                await self._wal(conn)
-            await conn.execute("PRAGMA synchronous = NORMAL")
+                self._wal(conn)
+            conn.execute("PRAGMA synchronous = NORMAL")
         except BaseException:
-            await conn.close()
+            conn.close()
             raise
         return conn
 
-    async def _wal(self, conn: aiosqlite.Connection) -> None:
+    def _wal(self, conn: sqlite3.Connection) -> None:
         # Switching to WAL needs a moment of exclusive access; a process starting next to busy ones
         # retries rather than failing (the busy handler does not cover this pragma).
         deadline = time.monotonic() + self.busy_timeout_s
         while True:
             try:
-                await conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA journal_mode = WAL")
                 return
             except sqlite3.OperationalError:
                 if time.monotonic() > deadline:
                     raise
-                await asyncio.sleep(0.01)
+                time.sleep(0.01)
 
-    async def _open(self) -> tuple[aiosqlite.Connection, aiosqlite.Connection]:
-        if self._writer is not None and self._reader is not None:
-            return self._writer, self._reader
+    async def _open(self) -> None:
+        if self._writer is not None:
+            return
         async with self._open_lock:
-            if self._writer is None:
-                try:
-                    self._writer = await self._connect()
-                    # One process's private in-memory database has only the one connection.
-                    self._reader = self._writer if self.in_memory else await self._connect()
-                except sqlite3.Error as exc:
-                    await self.close()
-                    raise _unavailable(exc) from exc
-            assert self._writer is not None and self._reader is not None
-            return self._writer, self._reader
+            if self._writer is not None:
+                return
+            loop = asyncio.get_running_loop()
+            wt = ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-w")
+            rt = wt if self.in_memory else ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-r")
+            try:
+                writer = await loop.run_in_executor(wt, self._connect)
+                # One process's private in-memory database has only the one connection.
+                reader = writer if self.in_memory else await loop.run_in_executor(rt, self._connect)
+            except sqlite3.Error as exc:
+                wt.shutdown(wait=False)
+                rt.shutdown(wait=False)
+                raise _unavailable(exc) from exc
+            self._write_thread, self._read_thread = wt, rt
+            self._writer, self._reader = writer, reader
 
     async def close(self) -> None:
         writer, reader = self._writer, self._reader
+        wt, rt = self._write_thread, self._read_thread
         self._writer = self._reader = None
-        for conn in {id(c): c for c in (writer, reader) if c is not None}.values():
-            await conn.close()
+        self._write_thread = self._read_thread = None
+        loop = asyncio.get_running_loop()
+        if reader is not None and reader is not writer and rt is not None:
+            await loop.run_in_executor(rt, reader.close)
+        if writer is not None and wt is not None:
+            await loop.run_in_executor(wt, writer.close)
+        for thread in {id(t): t for t in (wt, rt) if t is not None}.values():
+            thread.shutdown(wait=True)
 
     # -- transactions --------------------------------------------------------------------------
 
     async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        writer, _ = await self._open()
-        async with self._write_lock:
-            try:
-                await writer.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _unavailable(exc) from exc
-            try:
-                result = await fn(_SqliteTx(writer))
-                await writer.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                # Shielded: a cancelled caller must still leave no half-written transaction behind.
-                await asyncio.shield(self._rollback(writer))
-                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-                    raise _unavailable(exc) from exc
-                raise
+        await self._open()
+        assert self._write_thread is not None
+        # The transaction runs whole on the writer's thread; a cancelled caller cannot leave it open.
+        return await asyncio.get_running_loop().run_in_executor(self._write_thread, self._run_write, fn)
 
-    @staticmethod
-    async def _rollback(conn: aiosqlite.Connection) -> None:
-        if conn.in_transaction:
-            await conn.execute("ROLLBACK")
+    def _run_write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        conn = self._writer
+        if conn is None:
+            raise StoreUnavailable("sqlite: the store is closed")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _unavailable(exc) from exc
+        try:
+            result = _drive(fn(_SqliteTx(conn)))
+            conn.execute("COMMIT")
+            return result
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+                raise _unavailable(exc) from exc
+            raise
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        writer, reader = await self._open()
-        lock = self._write_lock if reader is writer else self._read_lock
-        async with lock:
+        await self._open()
+        assert self._read_thread is not None
+        return await asyncio.get_running_loop().run_in_executor(self._read_thread, self._run_read, fn)
+
+    def _run_read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        conn = self._reader
+        if conn is None:
+            raise StoreUnavailable("sqlite: the store is closed")
+        try:
+            conn.execute("BEGIN")
             try:
-                await reader.execute("BEGIN")
-                try:
-                    return await fn(_SqliteTx(reader))
-                finally:
-                    await asyncio.shield(self._rollback(reader))
-            except sqlite3.Error as exc:
-                raise _unavailable(exc) from exc
+                return _drive(fn(_SqliteTx(conn)))
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            raise _unavailable(exc) from exc
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)

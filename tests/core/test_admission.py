@@ -114,3 +114,34 @@ def test_pressure_gate_flips_only_across_the_band(readings: list[float]) -> None
             assert p >= 60.0
         if not was and now_open:
             assert p < 40.0
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["put", "remove"]),
+            st.sampled_from(["a", "b", "c", "d"]),
+            st.integers(1, 8192),
+            st.one_of(st.none(), st.integers(0, 8192)),
+            st.booleans(),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from([CM, WS]),
+)
+def test_the_admission_book_is_the_same_rule_kept_incrementally(
+    ops: list[tuple[str, str, int, int | None, bool]], mode: AdmissionMode
+) -> None:
+    from corral.core.admission import AdmissionBook
+
+    book = AdmissionBook(64 * GiB, mode)
+    model: dict[str, SandboxUsage] = {}
+    for op, key, mem, resident, stateful in ops:
+        if op == "put":
+            model[key] = SandboxUsage(mem, resident, stateful)
+            book.put(key, model[key])
+        else:
+            model.pop(key, None)
+            book.remove(key)
+        assert book.admittable() == admittable_mb(64 * GiB, model.values(), mode)
+        assert len(book) == len(model)

@@ -1,0 +1,43 @@
+"""The ceiling for bench/api.py: a FastAPI endpoint that answers a create with a fixed 201, served by
+the same uvicorn settings as corral. Whatever corral costs above this is corral's own."""
+
+from __future__ import annotations
+
+import sys
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from corral.api.server import _uvicorn
+
+BODY: dict[str, object] = {
+    "id": "sb-00000000000000000000",
+    "name": None,
+    "tenant": "t-0000",
+    "template": "default",
+    "host_id": "host-01",
+    "state": "running",
+    "memory_mb": 512,
+    "cpus": 1.0,
+    "stateful": False,
+    "metadata": {},
+    "created_at": "2026-01-01T00:00:00Z",
+    "expires_at": None,
+}
+
+app = FastAPI()
+
+
+@app.post("/v1/sandboxes", status_code=201)
+async def create(request: Request) -> JSONResponse:
+    await request.body()
+    return JSONResponse(BODY, status_code=201)
+
+
+@app.get("/readyz")
+async def ready() -> dict[str, str]:
+    return {"status": "ready"}
+
+
+if __name__ == "__main__":
+    _uvicorn(app, "127.0.0.1", int(sys.argv[1])).run()
