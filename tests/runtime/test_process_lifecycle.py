@@ -181,15 +181,17 @@ async def test_eight_concurrent_starts(process_runtime: ProcessRuntime) -> None:
 async def test_invalid_specs_are_refused_and_leave_nothing(
     process_runtime: ProcessRuntime, spec: SandboxSpec, message: str
 ) -> None:
-    with pytest.raises(InvalidSandbox, match=message):
+    with pytest.raises(InvalidSandbox, match=message) as refused:
         await process_runtime.start(spec)
+    assert refused.value.code == "invalid_request"
     assert list(process_runtime.records.ids()) == []
 
 
 async def test_duplicate_id_is_refused_and_the_first_keeps_running(process_runtime: ProcessRuntime) -> None:
     await process_runtime.start(SandboxSpec(id="twin", memory_mb=64))
-    with pytest.raises(SandboxExists):
+    with pytest.raises(SandboxExists) as refused:
         await process_runtime.start(SandboxSpec(id="twin", memory_mb=128))
+    assert refused.value.code == "name_conflict"
     assert (await process_runtime.exec("twin", ["echo", "ok"])).stdout == "ok\n"
 
 
