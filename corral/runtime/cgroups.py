@@ -222,19 +222,23 @@ def detect(leaf: str = "corral") -> CgroupRoot | None:
     """A writable memory-cgroup root beneath this process's own cgroup, or None when there is none.
 
     v1's memory controller is preferred when it is mounted (hybrid hosts keep it there); otherwise v2,
-    if the memory controller can be delegated to ``leaf``.
+    if the memory controller can be delegated to ``leaf`` below our own cgroup or, failing that, at
+    the top of the v2 mount.
     """
     own = _own_paths()
-    candidates: list[Path] = []
+    v1: list[Path] = []
+    v2: list[Path] = []
     for mountpoint, mount_root, fstype, options in _mounts():
         if fstype == "cgroup" and "memory" in options.split(",") and "memory" in own:
             base = _under(mountpoint, mount_root, own["memory"])
-            if base is not None:
-                candidates.insert(0, base / leaf)
+            v1 += [base / leaf] if base is not None else []
         elif fstype == "cgroup2" and "" in own:
             base = _under(mountpoint, mount_root, own[""])
-            if base is not None:
-                candidates.append(base / leaf)
+            v2 += [base / leaf] if base is not None else []
+            # On v2 our own cgroup cannot delegate memory while it holds our own process (no
+            # internal processes); the top of the mount can, for root. Tried last.
+            v2.append(Path(mountpoint) / leaf)
+    candidates = v1 + v2
     for path in candidates:
         try:
             return CgroupRoot.at(path)

@@ -55,11 +55,16 @@ _SKELETON_OOM_SCORE_ADJ = -999
 
 
 class InvalidSandbox(RuntimeFailure):
-    """The spec or the command cannot be run as given (bad id, too little memory, empty command)."""
+    """The spec or the command cannot be run as given (bad id, too little memory, empty command).
+    Nothing was created or run."""
+
+    code = "invalid_request"  # the API's code for it (DESIGN.md, refusals and errors)
 
 
 class SandboxExists(RuntimeFailure):
-    pass
+    """A sandbox with this id is already on this host; the existing one is untouched."""
+
+    code = "name_conflict"
 
 
 def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -180,15 +181,17 @@ async def test_eight_concurrent_starts(process_runtime: ProcessRuntime) -> None:
 async def test_invalid_specs_are_refused_and_leave_nothing(
     process_runtime: ProcessRuntime, spec: SandboxSpec, message: str
 ) -> None:
-    with pytest.raises(InvalidSandbox, match=message):
+    with pytest.raises(InvalidSandbox, match=message) as refused:
         await process_runtime.start(spec)
+    assert refused.value.code == "invalid_request"
     assert list(process_runtime.records.ids()) == []
 
 
 async def test_duplicate_id_is_refused_and_the_first_keeps_running(process_runtime: ProcessRuntime) -> None:
     await process_runtime.start(SandboxSpec(id="twin", memory_mb=64))
-    with pytest.raises(SandboxExists):
+    with pytest.raises(SandboxExists) as refused:
         await process_runtime.start(SandboxSpec(id="twin", memory_mb=128))
+    assert refused.value.code == "name_conflict"
     assert (await process_runtime.exec("twin", ["echo", "ok"])).stdout == "ok\n"
 
 
@@ -225,3 +228,39 @@ async def test_a_cancelled_start_leaves_nothing(
     assert not cgroup_root.child("cancelled").exists()
     # The id is free again.
     await process_runtime.start(SandboxSpec(id="cancelled", memory_mb=64))
+
+
+_START_AND_EXIT = """
+import asyncio, sys
+from pathlib import Path
+from corral.runtime.base import SandboxSpec
+from corral.runtime.cgroups import CgroupRoot
+from corral.runtime.process import ProcessRuntime
+
+root, cgroup_path, version = sys.argv[1], sys.argv[2], int(sys.argv[3])
+runtime = ProcessRuntime(Path(root), cgroup_root=CgroupRoot(Path(cgroup_path), version))
+asyncio.run(runtime.start(SandboxSpec(id="survivor", memory_mb=64, hostname="before-restart")))
+"""
+
+
+async def test_sandboxes_survive_the_agent_process_and_are_readopted(
+    make_process_runtime: Factory, cgroup_root: CgroupRoot, tmp_path: Path
+) -> None:
+    root = tmp_path / "sandboxes"
+    # An agent process starts a sandbox and exits (as a crash or an upgrade would end it).
+    done = subprocess.run(
+        [sys.executable, "-c", _START_AND_EXIT, str(root), str(cgroup_root.path), str(cgroup_root.version)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    # The next agent finds it running and can use and stop it.
+    process_runtime = make_process_runtime(root)
+    assert [h.id for h in await process_runtime.list()] == ["survivor"]
+    result = await process_runtime.exec("survivor", ["hostname"])
+    assert result.stdout == "before-restart\n"
+    record = process_runtime.records.load("survivor")
+    assert isinstance(record, Running)
+    await process_runtime.stop("survivor")
+    assert _gone(record.init.pid) and _gone(record.monitor.pid)
+    assert not cgroup_root.child("survivor").exists()

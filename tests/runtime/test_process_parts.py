@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from corral.runtime import bwrap, procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.capture import BoundedBuffer
-from corral.runtime.cgroups import MemoryCgroup, _under
+from corral.runtime.cgroups import CgroupError, CgroupRoot, MemoryCgroup, _under
 from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
 
 
@@ -185,3 +185,28 @@ def test_set_limit_writes_both_memory_and_swap(tmp_path: Path) -> None:
 def test_own_cgroup_below_a_mount(mountpoint: str, mount_root: str, own: str, expected: str | None) -> None:
     found = _under(mountpoint, mount_root, own)
     assert (str(found) if found else None) == expected
+
+
+def test_v2_root_delegates_memory_to_its_children(tmp_path: Path) -> None:
+    root = tmp_path / "corral"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    found = CgroupRoot.at(root)
+    assert found.version == 2
+    assert (root / "cgroup.subtree_control").read_text() == "+memory"
+    assert found.child("s1").path == root / "s1"
+
+
+def test_v2_root_without_memory_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "corral"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpu io\n")
+    (root / "cgroup.subtree_control").write_text("")
+    with pytest.raises(CgroupError, match="memory controller"):
+        CgroupRoot.at(root)
+
+
+def test_a_directory_outside_any_memory_hierarchy_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CgroupError, match="not in a memory cgroup"):
+        CgroupRoot.at(tmp_path / "plain")
