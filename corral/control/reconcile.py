@@ -47,6 +47,8 @@ class Reconciler:
         self._ticks = 0
         # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
         self._strays: set[tuple[str, str]] = set()
+        # Records said to be running that their host did not list, as of the previous sweep.
+        self._lost: set[str] = set()
 
     async def tick(self) -> None:
         """One round. Safe to call concurrently from several replicas."""
@@ -149,28 +151,42 @@ class Reconciler:
                     await self.store.delete_sandbox(sb.id)
 
     async def _stop_strays(self) -> None:
-        """Stop what hosts run that no record claims, once it has been seen stray twice in a row (a
-        create binding right now is stray for an instant)."""
+        """Compare what each live host runs with what the records say it runs. Both differences must
+        be seen twice in a row before anything is done (a create binding right now differs for an
+        instant): a sandbox no record claims is stopped; a record whose sandbox its host no longer
+        runs (it died, or the host was restarted without it) is marked ``stopped``."""
         snap = await self.view.get(fresh=True)
-        seen: set[tuple[str, str]] = set()
+        now = self.clock.now()
+        stale_after = self.config.timeouts.stale_after_s
+        strays: set[tuple[str, str]] = set()
+        lost: set[str] = set()
         for host in snap.records.values():
-            if not host.sandbox_ids:
-                continue
+            if now - host.heartbeat_at > stale_after:
+                continue  # a silent host is the dead-host path's business, not this one's
             known: set[str] = set()
             cursor = None
             while True:
                 page = await self.store.list_sandboxes(host_id=host.id, limit=1000, cursor=cursor)
-                known.update(s.id for s in page.items)
+                for sb in page.items:
+                    known.add(sb.id)
+                    if sb.state is SandboxState.RUNNING and sb.id not in host.sandbox_ids:
+                        lost.add(sb.id)
                 cursor = page.next_cursor
                 if cursor is None:
                     break
             for sid in host.sandbox_ids - known:
                 if await self.store.get_sandbox(sid) is None:
-                    seen.add((host.id, sid))
-        for host_id, sid in seen & self._strays:
+                    strays.add((host.id, sid))
+        for host_id, sid in strays & self._strays:
             log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)
             await self._stop(host_id, sid)
-        self._strays = seen - self._strays
+        for sid in lost & self._lost:
+            log.warning("sandbox %s is no longer running on its host; marking it stopped", sid)
+            with contextlib.suppress(StoreError):
+                await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.RUNNING)
+            self.routes.drop(sid)
+        self._strays = strays - self._strays
+        self._lost = lost - self._lost
 
     async def _committed_total(self) -> None:
         total = 0

@@ -322,3 +322,21 @@ async def test_deleting_before_a_heartbeat_ends_the_reservation(cluster: Cluster
         await cluster.http.delete(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))
     ).status_code == 204
     assert await cluster.plane.store.outstanding() == {}
+
+
+async def test_a_sandbox_its_host_lost_is_marked_stopped_and_a_stray_is_stopped(cluster: Cluster) -> None:
+    _, sb = await create(cluster)
+    await cluster.beat()
+    agent = next(a for a in cluster.fleet.agents if a.id == sb["host_id"])
+    await agent.runtime.stop(sb["id"])  # it dies on the host behind the agent's back
+    await agent.measure()
+    stray = cluster.fleet.agents[0]
+    from corral.agent.protocol import StartSandbox
+
+    await stray.start(StartSandbox(id="sb-stray", memory_mb=256))  # a sandbox no record claims
+    await cluster.beat()
+    for _ in range(2):  # both must be seen twice before anything is done
+        await cluster.plane.reconciler._stop_strays()
+    got = (await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))).json()
+    assert got["state"] == "stopped"
+    assert "sb-stray" not in stray.sandbox_ids()

@@ -92,3 +92,15 @@ def test_fill_until_refusal_then_errors_a_client_can_act_on(serve_sim: Proc) -> 
             assert time.monotonic() < deadline, r.text
             time.sleep(float(r.headers["Retry-After"]) / 4)
         assert r.status_code == 201
+
+
+def test_the_readme_sdk_example(serve_sim: Proc) -> None:
+    from corral.client import Corral
+
+    with Corral(serve_sim.url, TOKEN) as client:
+        with client.sandboxes.create(template="default", memory_mb=1024) as sb:
+            assert sb.host_id is not None and sb.host_id.startswith("host-")
+            assert sb.exec(["echo", "hi"]).stdout == "hi\n"
+            sid = sb.id
+        with admin(serve_sim.url) as c:
+            assert c.get(f"/v1/sandboxes/{sid}").status_code == 404  # killed on exit
