@@ -63,6 +63,10 @@ def _unavailable(exc: sqlite3.Error) -> StoreError:
     return StoreUnavailable(f"sqlite: {text}")
 
 
+def _probe(path: str) -> None:
+    sqlite3.connect(path).close()
+
+
 class SqliteStore(SqlStore):
     dialect = "sqlite"
 
@@ -124,6 +128,11 @@ class SqliteStore(SqlStore):
         async with self._open_lock:
             if self._writer is None:
                 try:
+                    if not self.in_memory:
+                        # Fail here, in our own thread, when the file cannot be opened: aiosqlite's
+                        # failed-connect path leaves its worker thread to call into a loop that may
+                        # be gone by then.
+                        await asyncio.to_thread(_probe, self.path)
                     self._writer = await self._connect()
                     # One process's private in-memory database has only the one connection.
                     self._reader = self._writer if self.in_memory else await self._connect()

@@ -30,7 +30,15 @@ async def main(url: str, index: int, ops: int, seed: int, role: str) -> dict[str
     rng = random.Random(seed)
     owner = f"w{index}"
     store = open_store(url)
-    stats = {"reserved": 0, "refused": 0, "confirmed": 0, "cancelled": 0, "already_ended": 0, "confirmed_by_heartbeat": 0, "swept": 0}
+    stats = {
+        "reserved": 0,
+        "refused": 0,
+        "confirmed": 0,
+        "cancelled": 0,
+        "already_ended": 0,
+        "confirmed_by_heartbeat": 0,
+        "swept": 0,
+    }
     held: list[str] = []
     await store.renew_replica(owner, LEASE_S if role == "die" else 600.0)
 
@@ -49,13 +57,24 @@ async def main(url: str, index: int, ops: int, seed: int, role: str) -> dict[str
         sid = f"{owner}-{i}"
         kind = rng.random()
         if kind < 0.6:
-            got = await store.reserve(rng.choice(HOSTS), memory_mb=rng.randint(200, 1200), cpu=0.25, owner=owner, ttl_s=ttl, sandbox_id=sid)
+            got = await store.reserve(
+                rng.choice(HOSTS),
+                memory_mb=rng.randint(200, 1200),
+                cpu=0.25,
+                owner=owner,
+                ttl_s=ttl,
+                sandbox_id=sid,
+            )
             made = [got] if got is not None else None
         elif kind < 0.85:
-            got = await store.reserve_best(rng.sample(HOSTS, 2), memory_mb=rng.randint(200, 1200), owner=owner, ttl_s=ttl, sandbox_id=sid)
+            got = await store.reserve_best(
+                rng.sample(HOSTS, 2), memory_mb=rng.randint(200, 1200), owner=owner, ttl_s=ttl, sandbox_id=sid
+            )
             made = [got] if got is not None else None
         else:
-            items = [ReserveItem(rng.choice(HOSTS), rng.randint(100, 600), 0.1, f"{sid}.{k}") for k in range(3)]
+            items = [
+                ReserveItem(rng.choice(HOSTS), rng.randint(100, 600), 0.1, f"{sid}.{k}") for k in range(3)
+            ]
             made = await store.reserve_batch(items, owner=owner, ttl_s=ttl)
         if made is None:
             stats["refused"] += 1
@@ -93,5 +112,11 @@ async def main(url: str, index: int, ops: int, seed: int, role: str) -> dict[str
 
 
 if __name__ == "__main__":
-    url, index, ops, seed, role = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    url, index, ops, seed, role = (
+        sys.argv[1],
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        sys.argv[5],
+    )
     print(json.dumps(asyncio.run(main(url, index, ops, seed, role))), flush=True)

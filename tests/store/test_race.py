@@ -46,7 +46,9 @@ async def test_eight_processes_never_overbook_and_leave_nothing_behind(store_url
     await store.migrate()
     try:
         for h in race_worker.HOSTS:
-            await store.upsert_heartbeat(beat(h, 1, admittable=race_worker.ADMITTABLE, total=race_worker.ADMITTABLE + 2048))
+            await store.upsert_heartbeat(
+                beat(h, 1, admittable=race_worker.ADMITTABLE, total=race_worker.ADMITTABLE + 2048)
+            )
         done = asyncio.Event()
         checker = asyncio.create_task(_checker(store, done))
         script = str(Path(race_worker.__file__))
