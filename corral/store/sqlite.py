@@ -2,9 +2,14 @@
 
 Writes take ``BEGIN IMMEDIATE`` (the database's single write lock, so the capacity check and the
 insert of a reservation cannot interleave with another writer's), readers never block on writers
-(WAL), and a busy timeout makes writers from several processes queue rather than fail. Each connection
-lives on its own thread (aiosqlite), so a transaction waiting for the lock never blocks the event loop;
-within one process an asyncio lock keeps one write transaction open per connection at a time.
+(WAL), and a busy timeout makes writers from several processes queue rather than fail.
+
+Each connection lives on a thread of its own, and a whole transaction runs there in one hop: the shared
+transaction code (:mod:`corral.store.sql`) is written against an async ``Tx``, but this backend's
+``Tx`` never suspends, so the coroutine is driven to completion on the connection's thread. The event
+loop is never blocked (not even while waiting for another process's write lock), a transaction costs
+one thread hop instead of one per statement, and because a connection's thread runs one job at a time,
+its transactions can never interleave.
 
 ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a crash of the process; a power
 loss can lose the last few commits but never corrupts the database.
@@ -15,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
-
-import aiosqlite
 
 from corral.core.clock import Clock
 from corral.store import rows
@@ -32,39 +36,127 @@ MEMORY = ":memory:"
 
 
 class _SqliteTx:
+    """Statements on a connection, run on the caller's thread: the awaits below never suspend."""
+
     __slots__ = ("_conn",)
 
-    def __init__(self, conn: aiosqlite.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
 
     async def fetchone(self, sql: str, params: Params | None = None) -> rows.Row | None:
-        got = await self._conn.execute_fetchall(sql, params or {})
-        for row in got:
-            return row
-        return None
+        row: rows.Row | None = self._conn.execute(sql, params or {}).fetchone()
+        return row
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[rows.Row]:
-        return list(await self._conn.execute_fetchall(sql, params or {}))
+        return self._conn.execute(sql, params or {}).fetchall()
 
     async def execute(self, sql: str, params: Params | None = None) -> int:
-        cur = await self._conn.execute(sql, params or {})
-        n = cur.rowcount
-        await cur.close()
-        return n
+        return self._conn.execute(sql, params or {}).rowcount
 
     async def executemany(self, sql: str, params: Sequence[Params]) -> None:
-        await self._conn.executemany(sql, params)
+        self._conn.executemany(sql, params)
 
 
-def _unavailable(exc: sqlite3.Error) -> StoreError:
+def _drive(work: Awaitable[T]) -> T:
+    """Run a coroutine that never suspends to its end, here and now."""
+    if not isinstance(work, Coroutine):
+        raise TypeError(f"expected a coroutine, got {type(work).__name__}")
+    try:
+        work.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    work.close()
+    raise RuntimeError("a store transaction awaited something other than its connection")
+
+
+class _Connection:
+    """One sqlite3 connection and the one thread it is used on."""
+
+    def __init__(self, path: str, busy_timeout_s: float, wal: bool) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
+        self._path = path
+        self._busy_timeout_s = busy_timeout_s
+        self._wal = wal
+        self._conn: sqlite3.Connection | None = None
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            self._conn = self._open()
+        return fn(self._conn)
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path, isolation_level=None, timeout=self._busy_timeout_s, check_same_thread=False
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+            if self._wal:
+                self._enable_wal(conn)
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL needs a moment of exclusive access; a process starting next to busy ones
+        # retries rather than failing (the busy handler does not cover this pragma).
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    async def close(self) -> None:
+        def shut(_: object = None) -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=False)
+
+
+def _translate(exc: sqlite3.Error) -> StoreError:
     text = str(exc)
     if "no such table" in text:
         return StoreError(f"the store's schema is missing (run migrate first): {text}")
     return StoreUnavailable(f"sqlite: {text}")
 
 
-def _probe(path: str) -> None:
-    sqlite3.connect(path).close()
+def _write_tx(fn: Callable[[Tx], Awaitable[T]]) -> Callable[[sqlite3.Connection], T]:
+    def job(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = _drive(fn(_SqliteTx(conn)))
+            conn.execute("COMMIT")
+            return result
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    return job
+
+
+def _read_tx(fn: Callable[[Tx], Awaitable[T]]) -> Callable[[sqlite3.Connection], T]:
+    def job(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN")  # one snapshot for every statement of the read
+        try:
+            return _drive(fn(_SqliteTx(conn)))
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+    return job
 
 
 class SqliteStore(SqlStore):
@@ -74,11 +166,10 @@ class SqliteStore(SqlStore):
         super().__init__(clock)
         self.path = path
         self.busy_timeout_s = busy_timeout_s
-        self._writer: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
-        self._open_lock = asyncio.Lock()
-        self._write_lock = asyncio.Lock()
-        self._read_lock = asyncio.Lock()
+        wal = path != MEMORY
+        self._writer = _Connection(path, busy_timeout_s, wal)
+        # One process's private in-memory database has only the one connection.
+        self._reader = _Connection(path, busy_timeout_s, wal) if wal else self._writer
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqliteStore:
@@ -95,96 +186,26 @@ class SqliteStore(SqlStore):
     def in_memory(self) -> bool:
         return self.path == MEMORY
 
-    # -- connections ---------------------------------------------------------------------------
-
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None, timeout=self.busy_timeout_s)
-        try:
-            await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            if not self.in_memory:
-                await self._wal(conn)
-            await conn.execute("PRAGMA synchronous = NORMAL")
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
-
-    async def _wal(self, conn: aiosqlite.Connection) -> None:
-        # Switching to WAL needs a moment of exclusive access; a process starting next to busy ones
-        # retries rather than failing (the busy handler does not cover this pragma).
-        deadline = time.monotonic() + self.busy_timeout_s
-        while True:
-            try:
-                await conn.execute("PRAGMA journal_mode = WAL")
-                return
-            except sqlite3.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.01)
-
-    async def _open(self) -> tuple[aiosqlite.Connection, aiosqlite.Connection]:
-        if self._writer is not None and self._reader is not None:
-            return self._writer, self._reader
-        async with self._open_lock:
-            if self._writer is None:
-                try:
-                    if not self.in_memory:
-                        # Fail here, in our own thread, when the file cannot be opened: aiosqlite's
-                        # failed-connect path leaves its worker thread to call into a loop that may
-                        # be gone by then.
-                        await asyncio.to_thread(_probe, self.path)
-                    self._writer = await self._connect()
-                    # One process's private in-memory database has only the one connection.
-                    self._reader = self._writer if self.in_memory else await self._connect()
-                except sqlite3.Error as exc:
-                    await self.close()
-                    raise _unavailable(exc) from exc
-            assert self._writer is not None and self._reader is not None
-            return self._writer, self._reader
-
     async def close(self) -> None:
-        writer, reader = self._writer, self._reader
-        self._writer = self._reader = None
-        for conn in {id(c): c for c in (writer, reader) if c is not None}.values():
-            await conn.close()
+        await self._writer.close()
+        if self._reader is not self._writer:
+            await self._reader.close()
 
     # -- transactions --------------------------------------------------------------------------
 
     async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        writer, _ = await self._open()
-        async with self._write_lock:
-            try:
-                await writer.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _unavailable(exc) from exc
-            try:
-                result = await fn(_SqliteTx(writer))
-                await writer.execute("COMMIT")
-                return result
-            except BaseException as exc:
-                # Shielded: a cancelled caller must still leave no half-written transaction behind.
-                await asyncio.shield(self._rollback(writer))
-                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-                    raise _unavailable(exc) from exc
-                raise
-
-    @staticmethod
-    async def _rollback(conn: aiosqlite.Connection) -> None:
-        if conn.in_transaction:
-            await conn.execute("ROLLBACK")
+        try:
+            return await self._writer.run(_write_tx(fn))
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        writer, reader = await self._open()
-        lock = self._write_lock if reader is writer else self._read_lock
-        async with lock:
-            try:
-                await reader.execute("BEGIN")
-                try:
-                    return await fn(_SqliteTx(reader))
-                finally:
-                    await asyncio.shield(self._rollback(reader))
-            except sqlite3.Error as exc:
-                raise _unavailable(exc) from exc
+        try:
+            return await self._reader.run(_read_tx(fn))
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
