@@ -711,6 +711,12 @@ class SqlStore(Store):
                 raise NameConflict(f"sandbox {rec.id!r} (or its name) already exists") from exc
             raise
 
+    async def purge_idempotency_keys(self, older_than: float) -> int:
+        async def run(tx: Tx) -> int:
+            return await tx.execute("DELETE FROM idempotency_keys WHERE created_at < :t", {"t": older_than})
+
+        return await self._write(run)
+
     async def set_sandbox_state(
         self,
         sandbox_id: str,

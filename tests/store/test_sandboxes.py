@@ -82,6 +82,16 @@ async def test_idempotency_key_returns_the_first_result(store: Store, tenant: Te
     assert gone.replayed and gone.record.id == "sb-1"
 
 
+async def test_idempotency_keys_can_be_purged(store: Store, tenant: TenantRecord, clock: ManualClock) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant), idempotency_key="old")
+    clock.advance(100)
+    await store.create_sandbox(sandbox("sb-2", tenant), idempotency_key="new")
+    assert await store.purge_idempotency_keys(T0 + 50) == 1
+    # The old key is forgotten (a retry creates anew); the new one still replays.
+    assert not (await store.create_sandbox(sandbox("sb-3", tenant), idempotency_key="old")).replayed
+    assert (await store.create_sandbox(sandbox("sb-4", tenant), idempotency_key="new")).record.id == "sb-2"
+
+
 async def test_concurrent_creates_with_one_key_make_one_sandbox(store: Store, tenant: TenantRecord) -> None:
     outs = await asyncio.gather(
         *(
