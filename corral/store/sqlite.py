@@ -74,13 +74,15 @@ class _Connection:
     """One sqlite3 connection and the one thread it is used on."""
 
     def __init__(self, path: str, busy_timeout_s: float, wal: bool) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
+        self._executor: ThreadPoolExecutor | None = None
         self._path = path
         self._busy_timeout_s = busy_timeout_s
         self._wal = wal
         self._conn: sqlite3.Connection | None = None
 
     async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
 
     def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -116,13 +118,18 @@ class _Connection:
                 time.sleep(0.01)
 
     async def close(self) -> None:
-        def shut(_: object = None) -> None:
+        """Close the connection and stop its thread; a later ``run`` opens both again."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+
+        def shut() -> None:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
 
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=False)
+        await asyncio.get_running_loop().run_in_executor(executor, shut)
+        executor.shutdown(wait=False)
 
 
 def _translate(exc: sqlite3.Error) -> StoreError:
