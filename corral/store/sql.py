@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import random
 import secrets
-import uuid
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -63,6 +64,9 @@ Params = Mapping[str, Any]
 
 MAX_PAGE = 1000
 _TOKEN_PREFIX = "crl_"
+
+# Seeded once from the OS: reservation ids must not collide; each need not cost a syscall.
+_ids = random.Random(int.from_bytes(os.urandom(16), "big"))
 
 
 class Tx(Protocol):
@@ -350,7 +354,7 @@ class SqlStore(Store):
         if now is None:
             now = self._now()
         return ReservationRecord(
-            id=uuid.uuid4().hex,
+            id=f"{_ids.getrandbits(128):032x}",
             host_id=host_id,
             memory_mb=memory_mb,
             cpu=rows.from_millicores(rows.to_millicores(cpu)),
@@ -1056,3 +1060,12 @@ def _check_sandbox(r: SandboxRecord) -> None:
 
 def _json(metadata: Mapping[str, str]) -> str:
     return json.dumps(dict(metadata), sort_keys=True)
+
+
+def _reseed_ids() -> None:
+    _ids.seed(int.from_bytes(os.urandom(16), "big"))
+
+
+# A forked worker (a pre-forking server) would otherwise draw the very same reservation ids as its
+# parent and siblings.
+os.register_at_fork(after_in_child=_reseed_ids)

@@ -2,14 +2,10 @@
 
 Writes take ``BEGIN IMMEDIATE`` (the database's single write lock, so the capacity check and the
 insert of a reservation cannot interleave with another writer's), readers never block on writers
-(WAL), and a busy timeout makes writers from several processes queue rather than fail.
-
-Each connection lives on a thread of its own, and a whole transaction runs there in one hop: the shared
-transaction code (:mod:`corral.store.sql`) is written against an async ``Tx``, but this backend's
-``Tx`` never suspends, so the coroutine is driven to completion on the connection's thread. The event
-loop is never blocked (not even while waiting for another process's write lock), a transaction costs
-one thread hop instead of one per statement, and because a connection's thread runs one job at a time,
-its transactions can never interleave.
+(WAL), and a busy timeout makes writers from several processes queue rather than fail. Each connection
+lives on its own thread and every transaction runs whole on it, in one hop from the event loop: a
+transaction waiting for the lock never blocks the loop, and one process's writes queue on the writer
+thread, one transaction at a time.
 
 ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a crash of the process; a power
 loss can lose the last few commits but never corrupts the database.
@@ -36,7 +32,12 @@ MEMORY = ":memory:"
 
 
 class _SqliteTx:
-    """Statements on a connection, run on the caller's thread: the awaits below never suspend."""
+    """A transaction on a plain sqlite3 connection, run on the store's own thread.
+
+    Its methods are coroutines that never suspend, so the shared async SQL core drives a whole
+    transaction in one call (:func:`_drive`): one thread hop per transaction instead of one per
+    statement, and no event-loop turn while the write lock is held.
+    """
 
     __slots__ = ("_conn",)
 
@@ -48,7 +49,7 @@ class _SqliteTx:
         return row
 
     async def fetchall(self, sql: str, params: Params | None = None) -> list[rows.Row]:
-        return self._conn.execute(sql, params or {}).fetchall()
+        return list(self._conn.execute(sql, params or {}).fetchall())
 
     async def execute(self, sql: str, params: Params | None = None) -> int:
         return self._conn.execute(sql, params or {}).rowcount
@@ -57,113 +58,22 @@ class _SqliteTx:
         self._conn.executemany(sql, params)
 
 
-def _drive(work: Awaitable[T]) -> T:
-    """Run a coroutine that never suspends to its end, here and now."""
-    if not isinstance(work, Coroutine):
-        raise TypeError(f"expected a coroutine, got {type(work).__name__}")
+def _drive(coro: Awaitable[T]) -> T:
+    """Run a coroutine that never suspends to completion, synchronously."""
+    assert isinstance(coro, Coroutine)
     try:
-        work.send(None)
+        coro.send(None)
     except StopIteration as done:
-        result: T = done.value
-        return result
-    work.close()
-    raise RuntimeError("a store transaction awaited something other than its connection")
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a store transaction awaited something other than its own statements")
 
 
-class _Connection:
-    """One sqlite3 connection and the one thread it is used on."""
-
-    def __init__(self, path: str, busy_timeout_s: float, wal: bool) -> None:
-        self._executor: ThreadPoolExecutor | None = None
-        self._path = path
-        self._busy_timeout_s = busy_timeout_s
-        self._wal = wal
-        self._conn: sqlite3.Connection | None = None
-
-    async def run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn)
-
-    def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._conn is None:
-            self._conn = self._open()
-        return fn(self._conn)
-
-    def _open(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self._path, isolation_level=None, timeout=self._busy_timeout_s, check_same_thread=False
-        )
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            if self._wal:
-                self._enable_wal(conn)
-            conn.execute("PRAGMA synchronous = NORMAL")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _enable_wal(self, conn: sqlite3.Connection) -> None:
-        # Switching to WAL needs a moment of exclusive access; a process starting next to busy ones
-        # retries rather than failing (the busy handler does not cover this pragma).
-        deadline = time.monotonic() + self._busy_timeout_s
-        while True:
-            try:
-                conn.execute("PRAGMA journal_mode = WAL")
-                return
-            except sqlite3.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-
-    async def close(self) -> None:
-        """Close the connection and stop its thread; a later ``run`` opens both again."""
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-
-        def shut() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(executor, shut)
-        executor.shutdown(wait=False)
-
-
-def _translate(exc: sqlite3.Error) -> StoreError:
+def _unavailable(exc: sqlite3.Error) -> StoreError:
     text = str(exc)
     if "no such table" in text:
         return StoreError(f"the store's schema is missing (run migrate first): {text}")
     return StoreUnavailable(f"sqlite: {text}")
-
-
-def _write_tx(fn: Callable[[Tx], Awaitable[T]]) -> Callable[[sqlite3.Connection], T]:
-    def job(conn: sqlite3.Connection) -> T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = _drive(fn(_SqliteTx(conn)))
-            conn.execute("COMMIT")
-            return result
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    return job
-
-
-def _read_tx(fn: Callable[[Tx], Awaitable[T]]) -> Callable[[sqlite3.Connection], T]:
-    def job(conn: sqlite3.Connection) -> T:
-        conn.execute("BEGIN")  # one snapshot for every statement of the read
-        try:
-            return _drive(fn(_SqliteTx(conn)))
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-
-    return job
 
 
 class SqliteStore(SqlStore):
@@ -173,10 +83,12 @@ class SqliteStore(SqlStore):
         super().__init__(clock)
         self.path = path
         self.busy_timeout_s = busy_timeout_s
-        wal = path != MEMORY
-        self._writer = _Connection(path, busy_timeout_s, wal)
-        # One process's private in-memory database has only the one connection.
-        self._reader = _Connection(path, busy_timeout_s, wal) if wal else self._writer
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        # One thread per connection: every statement of a connection runs on its thread.
+        self._write_thread: ThreadPoolExecutor | None = None
+        self._read_thread: ThreadPoolExecutor | None = None
+        self._open_lock = asyncio.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqliteStore:
@@ -193,26 +105,113 @@ class SqliteStore(SqlStore):
     def in_memory(self) -> bool:
         return self.path == MEMORY
 
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, timeout=self.busy_timeout_s, check_same_thread=False
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            if not self.in_memory:
+                self._wal(conn)
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _wal(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL needs a moment of exclusive access; a process starting next to busy ones
+        # retries rather than failing (the busy handler does not cover this pragma).
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+
+    async def _open(self) -> None:
+        if self._writer is not None:
+            return
+        async with self._open_lock:
+            if self._writer is not None:
+                return
+            loop = asyncio.get_running_loop()
+            wt = ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-w")
+            rt = wt if self.in_memory else ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-r")
+            try:
+                writer = await loop.run_in_executor(wt, self._connect)
+                # One process's private in-memory database has only the one connection.
+                reader = writer if self.in_memory else await loop.run_in_executor(rt, self._connect)
+            except sqlite3.Error as exc:
+                wt.shutdown(wait=False)
+                rt.shutdown(wait=False)
+                raise _unavailable(exc) from exc
+            self._write_thread, self._read_thread = wt, rt
+            self._writer, self._reader = writer, reader
+
     async def close(self) -> None:
-        await self._writer.close()
-        if self._reader is not self._writer:
-            await self._reader.close()
+        writer, reader = self._writer, self._reader
+        wt, rt = self._write_thread, self._read_thread
+        self._writer = self._reader = None
+        self._write_thread = self._read_thread = None
+        loop = asyncio.get_running_loop()
+        if reader is not None and reader is not writer and rt is not None:
+            await loop.run_in_executor(rt, reader.close)
+        if writer is not None and wt is not None:
+            await loop.run_in_executor(wt, writer.close)
+        for thread in {id(t): t for t in (wt, rt) if t is not None}.values():
+            thread.shutdown(wait=True)
 
     # -- transactions --------------------------------------------------------------------------
 
     async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        await self._open()
+        assert self._write_thread is not None
+        # The transaction runs whole on the writer's thread; a cancelled caller cannot leave it open.
+        return await asyncio.get_running_loop().run_in_executor(self._write_thread, self._run_write, fn)
+
+    def _run_write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        conn = self._writer
+        if conn is None:
+            raise StoreUnavailable("sqlite: the store is closed")
         try:
-            return await self._writer.run(_write_tx(fn))
-        except sqlite3.IntegrityError:
-            raise
+            conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _unavailable(exc) from exc
+        try:
+            result = _drive(fn(_SqliteTx(conn)))
+            conn.execute("COMMIT")
+            return result
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+                raise _unavailable(exc) from exc
+            raise
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        await self._open()
+        assert self._read_thread is not None
+        return await asyncio.get_running_loop().run_in_executor(self._read_thread, self._run_read, fn)
+
+    def _run_read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        conn = self._reader
+        if conn is None:
+            raise StoreUnavailable("sqlite: the store is closed")
         try:
-            return await self._reader.run(_read_tx(fn))
+            conn.execute("BEGIN")
+            try:
+                return _drive(fn(_SqliteTx(conn)))
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _unavailable(exc) from exc
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
