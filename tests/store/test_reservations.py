@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -226,7 +227,7 @@ async def test_the_store_admits_exactly_what_the_core_gate_admits(
 ) -> None:
     # The store's SQL condition is the core's ``fits`` evaluated where deciders cannot race; the two
     # must never disagree. The caller computes the charge with the core, as the control plane does.
-    host = f"p-{admittable}-{request_mb}-{len(held)}-{sum(held)}-{stateful}"
+    host = f"p-{secrets.token_hex(6)}"  # a fresh host per example, even when an example is replayed
     await store.upsert_heartbeat(beat(host, 1, admittable=admittable, total=admittable + 4096))
     pending = 0
     for mb in held:

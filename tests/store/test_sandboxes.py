@@ -4,6 +4,7 @@ changes; tenant-scoped reads; stable keyset pagination."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -292,9 +293,7 @@ async def test_pagination_visits_everything_once_in_order(
     store: Store, clock: ManualClock, n: int, limit: int, ticks: list[float], deleted: set[int]
 ) -> None:
     # Each example gets a fresh tenant in the same store, so ids and names never clash across examples.
-    tenant = await store.create_tenant(
-        f"t{clock.now()}-{n}-{limit}-{len(deleted)}", max_sandboxes=100, max_memory_mb=10**6
-    )
+    tenant = await store.create_tenant(f"t-{secrets.token_hex(6)}", max_sandboxes=100, max_memory_mb=10**6)
     made = []
     for i in range(n):
         clock.advance(ticks[i])  # several creates share one timestamp: the id breaks the tie
