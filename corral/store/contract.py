@@ -488,6 +488,11 @@ class Store(ABC):
         ``created_at``/``updated_at``/``version`` are set by the store."""
 
     @abstractmethod
+    async def purge_idempotency_keys(self, older_than: float) -> int:
+        """Forget idempotency keys first used before ``older_than`` (epoch seconds); a retry after
+        that creates anew. Returns how many were forgotten."""
+
+    @abstractmethod
     async def set_sandbox_state(
         self,
         sandbox_id: str,

@@ -715,6 +715,12 @@ class SqlStore(Store):
                 raise NameConflict(f"sandbox {rec.id!r} (or its name) already exists") from exc
             raise
 
+    async def purge_idempotency_keys(self, older_than: float) -> int:
+        async def run(tx: Tx) -> int:
+            return await tx.execute("DELETE FROM idempotency_keys WHERE created_at < :t", {"t": older_than})
+
+        return await self._write(run)
+
     async def set_sandbox_state(
         self,
         sandbox_id: str,
@@ -1054,3 +1060,12 @@ def _check_sandbox(r: SandboxRecord) -> None:
 
 def _json(metadata: Mapping[str, str]) -> str:
     return json.dumps(dict(metadata), sort_keys=True)
+
+
+def _reseed_ids() -> None:
+    _ids.seed(int.from_bytes(os.urandom(16), "big"))
+
+
+# A forked worker (a pre-forking server) would otherwise draw the very same reservation ids as its
+# parent and siblings.
+os.register_at_fork(after_in_child=_reseed_ids)

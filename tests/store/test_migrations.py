@@ -96,3 +96,14 @@ async def test_in_memory_sqlite() -> None:
             assert await store.list_tenants() == [t]
         finally:
             await store.close()
+
+
+async def test_a_closed_store_opens_again_on_use(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        await store.migrate()
+        t = await store.create_tenant("x", max_sandboxes=1, max_memory_mb=1)
+        await store.close()
+        assert await store.get_tenant(t.id) == t
+    finally:
+        await store.close()

@@ -4,6 +4,7 @@ changes; tenant-scoped reads; stable keyset pagination."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -80,6 +81,16 @@ async def test_idempotency_key_returns_the_first_result(store: Store, tenant: Te
     await store.delete_sandbox("sb-1")
     gone = await store.create_sandbox(sandbox("x", tenant), idempotency_key="k1", request_hash="h")
     assert gone.replayed and gone.record.id == "sb-1"
+
+
+async def test_idempotency_keys_can_be_purged(store: Store, tenant: TenantRecord, clock: ManualClock) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant), idempotency_key="old")
+    clock.advance(100)
+    await store.create_sandbox(sandbox("sb-2", tenant), idempotency_key="new")
+    assert await store.purge_idempotency_keys(T0 + 50) == 1
+    # The old key is forgotten (a retry creates anew); the new one still replays.
+    assert not (await store.create_sandbox(sandbox("sb-3", tenant), idempotency_key="old")).replayed
+    assert (await store.create_sandbox(sandbox("sb-4", tenant), idempotency_key="new")).record.id == "sb-2"
 
 
 async def test_concurrent_creates_with_one_key_make_one_sandbox(store: Store, tenant: TenantRecord) -> None:
@@ -282,9 +293,7 @@ async def test_pagination_visits_everything_once_in_order(
     store: Store, clock: ManualClock, n: int, limit: int, ticks: list[float], deleted: set[int]
 ) -> None:
     # Each example gets a fresh tenant in the same store, so ids and names never clash across examples.
-    tenant = await store.create_tenant(
-        f"t{clock.now()}-{n}-{limit}-{len(deleted)}", max_sandboxes=100, max_memory_mb=10**6
-    )
+    tenant = await store.create_tenant(f"t-{secrets.token_hex(6)}", max_sandboxes=100, max_memory_mb=10**6)
     made = []
     for i in range(n):
         clock.advance(ticks[i])  # several creates share one timestamp: the id breaks the tie
