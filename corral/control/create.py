@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import random
 from collections import Counter
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from corral.core import (
     candidate_limit,
 )
 from corral.core.ledger import Ledger
+from corral.ids import random_hex
 from corral.store import (
     IdempotencyMismatch,
     NameConflict,
@@ -77,12 +77,8 @@ class CreateSpec:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-# Seeded once from the OS: ids must not collide, but each create need not pay a getrandom syscall.
-_ids = random.Random(int.from_bytes(os.urandom(16), "big"))
-
-
 def new_sandbox_id() -> str:
-    return f"sb-{_ids.getrandbits(80):020x}"
+    return f"sb-{random_hex(80)}"
 
 
 class CreateFlow:

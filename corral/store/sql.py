@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import random
 import secrets
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
@@ -29,6 +27,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral.core.clock import Clock, SystemClock
 from corral.core.types import AdmissionMode, HostState, Pending
+from corral.ids import random_hex
 from corral.store import rows
 from corral.store.contract import (
     LIVE_STATES,
@@ -64,9 +63,6 @@ Params = Mapping[str, Any]
 
 MAX_PAGE = 1000
 _TOKEN_PREFIX = "crl_"
-
-# Seeded once from the OS: reservation ids must not collide; each need not cost a syscall.
-_ids = random.Random(int.from_bytes(os.urandom(16), "big"))
 
 
 class Tx(Protocol):
@@ -354,7 +350,7 @@ class SqlStore(Store):
         if now is None:
             now = self._now()
         return ReservationRecord(
-            id=f"{_ids.getrandbits(128):032x}",
+            id=random_hex(128),
             host_id=host_id,
             memory_mb=memory_mb,
             cpu=rows.from_millicores(rows.to_millicores(cpu)),
@@ -1060,12 +1056,3 @@ def _check_sandbox(r: SandboxRecord) -> None:
 
 def _json(metadata: Mapping[str, str]) -> str:
     return json.dumps(dict(metadata), sort_keys=True)
-
-
-def _reseed_ids() -> None:
-    _ids.seed(int.from_bytes(os.urandom(16), "big"))
-
-
-# A forked worker (a pre-forking server) would otherwise draw the very same reservation ids as its
-# parent and siblings.
-os.register_at_fork(after_in_child=_reseed_ids)

@@ -4,7 +4,6 @@ nothing, and the books (host counters vs reservation rows) always balance."""
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 
 import pytest
@@ -238,19 +237,3 @@ async def test_the_store_admits_exactly_what_the_core_gate_admits(
     charge = request_charge_mb(req, mode)
     got = await store.reserve(host, memory_mb=charge, owner="r", ttl_s=60)
     assert (got is not None) == fits(admittable, pending, req, mode)
-
-
-def test_reservation_ids_differ_across_forked_workers() -> None:
-    # A pre-forking server forks after import: each worker must still draw its own ids.
-    from corral.store import sql
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report one id and leave at once
-        os.write(write, f"{sql._ids.getrandbits(128):032x}".encode())
-        os._exit(0)
-    os.close(write)
-    child = os.read(read, 64).decode()
-    os.close(read)
-    os.waitpid(pid, 0)
-    assert len(child) == 32 and child != f"{sql._ids.getrandbits(128):032x}"
