@@ -117,7 +117,22 @@ _V1 = (
     "CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at {real} NOT NULL)",
 )
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),)
+# A tenant's usage as running counters, kept in the same transaction as every change to its sandboxes:
+# the quota check on each create reads one row instead of counting the tenant's sandboxes.
+_LIVE = "('reserved', 'starting', 'running', 'waiting_capacity', 'orphaned')"
+_V2 = (
+    "ALTER TABLE tenants ADD COLUMN live_sandboxes BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE tenants ADD COLUMN live_memory_mb BIGINT NOT NULL DEFAULT 0",
+    f"""UPDATE tenants SET
+        live_sandboxes = (SELECT count(*) FROM sandboxes s WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE}),
+        live_memory_mb = (SELECT coalesce(sum(memory_mb), 0) FROM sandboxes s
+                          WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE})""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
+    Migration(2, "tenant usage counters", _V2),
+)
 
 LATEST = MIGRATIONS[-1].version
 

@@ -512,6 +512,18 @@ class SqlStore(Store):
                 for h, mb, c, rmb, rc in got
                 if int(mb) != int(rmb) or int(c) != int(rc) or int(mb) < 0 or int(c) < 0
             ]
+            clause, params = in_list("st", sorted(st.value for st in LIVE_STATES))
+            for t, n, mb, rn, rmb in await tx.fetchall(
+                f"""SELECT t.id, t.live_sandboxes, t.live_memory_mb, coalesce(x.n, 0), coalesce(x.mb, 0)
+                    FROM tenants t LEFT JOIN (
+                      SELECT tenant_id, count(*) AS n, CAST(sum(memory_mb) AS BIGINT) AS mb FROM sandboxes
+                      WHERE state IN {clause} GROUP BY tenant_id) x ON x.tenant_id = t.id""",
+                params,
+            ):
+                if int(n) != int(rn) or int(mb) != int(rmb):
+                    problems.append(
+                        f"tenant {t}: usage counters {n} / {mb} MiB, live sandboxes {rn} / {rmb} MiB"
+                    )
             stray = await tx.fetchone(
                 "SELECT count(*) FROM reservations WHERE host_id NOT IN (SELECT id FROM hosts)"
             )
@@ -601,14 +613,18 @@ class SqlStore(Store):
         return rows.sandbox_from_row(row) if row is not None else None
 
     async def _usage(self, tx: Tx, tenant_id: str) -> Usage:
-        clause, params = in_list("st", sorted(s.value for s in LIVE_STATES))
         row = await tx.fetchone(
-            f"SELECT count(*), CAST(coalesce(sum(memory_mb), 0) AS BIGINT) FROM sandboxes "
-            f"WHERE tenant_id = :t AND state IN {clause}",
-            {"t": tenant_id, **params},
+            "SELECT live_sandboxes, live_memory_mb FROM tenants WHERE id = :t", {"t": tenant_id}
         )
-        assert row is not None
-        return Usage(int(row[0]), int(row[1]))
+        return Usage(int(row[0]), int(row[1])) if row is not None else Usage(0, 0)
+
+    async def _count_usage(self, tx: Tx, tenant_id: str, sandboxes: int, memory_mb: int) -> None:
+        if sandboxes or memory_mb:
+            await tx.execute(
+                "UPDATE tenants SET live_sandboxes = live_sandboxes + :n, live_memory_mb = live_memory_mb + :mb "
+                "WHERE id = :t",
+                {"t": tenant_id, "n": sandboxes, "mb": memory_mb},
+            )
 
     async def create_sandbox(
         self,
@@ -640,7 +656,8 @@ class SqlStore(Store):
         async def run(tx: Tx) -> CreateOutcome:
             # The tenant's row lock serialises its creates: the quota count below cannot be raced.
             tenant = await tx.fetchone(
-                f"SELECT max_sandboxes, max_memory_mb FROM tenants WHERE id = :t{self.for_update}",
+                "SELECT max_sandboxes, max_memory_mb, live_sandboxes, live_memory_mb FROM tenants "
+                f"WHERE id = :t{self.for_update}",
                 {"t": rec.tenant_id},
             )
             if tenant is None:
@@ -665,7 +682,7 @@ class SqlStore(Store):
                 if taken is not None:
                     raise NameConflict(f"name {rec.name!r} is taken by sandbox {taken[0]}")
             if rec.state in LIVE_STATES:
-                used = await self._usage(tx, rec.tenant_id)
+                used = Usage(int(tenant[2]), int(tenant[3]))
                 if used.sandboxes + 1 > int(tenant[0]):
                     raise OverQuota("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
                 if used.memory_mb + rec.memory_mb > int(tenant[1]):
@@ -689,6 +706,8 @@ class SqlStore(Store):
                     "rid": rec.reservation_id,
                 },
             )
+            if rec.state in LIVE_STATES:
+                await self._count_usage(tx, rec.tenant_id, 1, rec.memory_mb)
             if idempotency_key is not None:
                 await tx.execute(
                     "INSERT INTO idempotency_keys (tenant_id, key, request_hash, sandbox_id, record, created_at) "
@@ -753,10 +772,25 @@ class SqlStore(Store):
         # two concurrent compare-and-sets on the same state exactly one passes.
         sql = f"UPDATE sandboxes SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {rows.SANDBOX_COLS}"
 
+        # Usage counters move only when a sandbox crosses between live and not-live states; when every
+        # state it may be in now is on the same side as the new one, the one UPDATE is the whole story.
+        same_side = expected is not None and all(
+            (st in LIVE_STATES) == (new_state in LIVE_STATES) for st in expected
+        )
+
         async def run(tx: Tx) -> SandboxRecord:
+            before = None
+            if not same_side:
+                before = await tx.fetchone(
+                    f"SELECT state FROM sandboxes WHERE id = :id{self.for_update}", {"id": sandbox_id}
+                )
             row = await tx.fetchone(sql, params)
             if row is not None:
-                return rows.sandbox_from_row(row)
+                rec = rows.sandbox_from_row(row)
+                if before is not None:
+                    delta = int(new_state in LIVE_STATES) - int(SandboxState(before[0]) in LIVE_STATES)
+                    await self._count_usage(tx, rec.tenant_id, delta, delta * rec.memory_mb)
+                return rec
             current = await self._sandbox(tx, sandbox_id)
             if current is None:
                 raise NotFound(f"sandbox {sandbox_id!r}")
@@ -841,7 +875,15 @@ class SqlStore(Store):
 
     async def delete_sandbox(self, sandbox_id: str) -> bool:
         async def run(tx: Tx) -> bool:
-            return await tx.execute("DELETE FROM sandboxes WHERE id = :id", {"id": sandbox_id}) > 0
+            gone = await tx.fetchone(
+                "DELETE FROM sandboxes WHERE id = :id RETURNING tenant_id, state, memory_mb",
+                {"id": sandbox_id},
+            )
+            if gone is None:
+                return False
+            if SandboxState(gone[1]) in LIVE_STATES:
+                await self._count_usage(tx, str(gone[0]), -1, -int(gone[2]))
+            return True
 
         return await self._write(run)
 

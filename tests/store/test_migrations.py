@@ -10,9 +10,11 @@ import pytest
 
 from corral.core import ManualClock
 from corral.store import InvalidRecord, StoreError, open_store
-from corral.store.migrations import LATEST
+from corral.store.migrations import LATEST, MIGRATIONS
 
 from .test_tenants import raw_rows
+
+ALL_VERSIONS = [(m.version,) for m in MIGRATIONS]
 
 
 async def test_migrate_twice_is_a_no_op(store_url: str, clock: ManualClock) -> None:
@@ -23,7 +25,7 @@ async def test_migrate_twice_is_a_no_op(store_url: str, clock: ManualClock) -> N
         assert [t.name for t in await store.list_templates()] == ["default"]
     finally:
         await store.close()
-    assert raw_rows(store_url, "SELECT version FROM schema_migrations") == [(LATEST,)]
+    assert raw_rows(store_url, "SELECT version FROM schema_migrations ORDER BY version") == ALL_VERSIONS
 
 
 async def test_concurrent_migrations_in_one_process(store_url: str) -> None:
@@ -34,7 +36,7 @@ async def test_concurrent_migrations_in_one_process(store_url: str) -> None:
     finally:
         for s in stores:
             await s.close()
-    assert raw_rows(store_url, "SELECT version FROM schema_migrations") == [(LATEST,)]
+    assert raw_rows(store_url, "SELECT version FROM schema_migrations ORDER BY version") == ALL_VERSIONS
 
 
 @pytest.mark.slow
@@ -57,7 +59,7 @@ def test_concurrent_migrations_across_processes(store_url: str) -> None:
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
     assert [out.strip() for out, _ in outs] == [str(LATEST)] * 4
-    assert raw_rows(store_url, "SELECT version FROM schema_migrations") == [(LATEST,)]
+    assert raw_rows(store_url, "SELECT version FROM schema_migrations ORDER BY version") == ALL_VERSIONS
     assert raw_rows(store_url, "SELECT name FROM templates") == [("default",)]
 
 

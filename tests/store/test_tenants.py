@@ -7,7 +7,18 @@ import sqlite3
 import psycopg
 import pytest
 
-from corral.store import InvalidRecord, NameConflict, NotFound, Principal, Role, Store, TemplateRecord
+from corral.store import (
+    InvalidRecord,
+    NameConflict,
+    NotFound,
+    Principal,
+    Role,
+    SandboxRecord,
+    SandboxState,
+    Store,
+    TemplateRecord,
+    Usage,
+)
 
 from .conftest import T0
 
@@ -101,3 +112,24 @@ async def test_templates(store: Store) -> None:
     assert await store.delete_template("python") is True
     assert await store.delete_template("python") is False
     assert await store.get_template("python") is None
+
+
+async def test_usage_counters_follow_every_change(store: Store) -> None:
+    tenant = await store.create_tenant("counted", max_sandboxes=100, max_memory_mb=10**6)
+
+    def rec(i: int, mb: int) -> SandboxRecord:
+        return SandboxRecord(id=f"sb-c{i}", tenant_id=tenant.id, template="default", memory_mb=mb, cpus=1)
+
+    for i, mb in enumerate([512, 1024, 2048]):
+        await store.create_sandbox(rec(i, mb))
+    assert await store.usage(tenant.id) == Usage(3, 3584)
+    await store.set_sandbox_state("sb-c0", SandboxState.RUNNING, expect=SandboxState.RESERVED)
+    assert await store.usage(tenant.id) == Usage(3, 3584)
+    await store.set_sandbox_state("sb-c1", SandboxState.STOPPED)  # leaves the live states
+    assert await store.usage(tenant.id) == Usage(2, 2560)
+    await store.set_sandbox_state("sb-c1", SandboxState.ORPHANED)  # and comes back
+    assert await store.usage(tenant.id) == Usage(3, 3584)
+    await store.delete_sandbox("sb-c2")
+    await store.set_sandbox_state("sb-c0", SandboxState.FAILED, expect=[SandboxState.RUNNING])
+    assert await store.usage(tenant.id) == Usage(1, 1024)
+    assert await store.audit() == []
