@@ -14,6 +14,8 @@ loss can lose the last few commits but never corrupts the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -29,6 +31,8 @@ from corral.store.sql import Params, SqlStore, Tx
 T = TypeVar("T")
 
 MEMORY = ":memory:"
+CHECKPOINT_EVERY = 1000
+log = logging.getLogger("corral.store.sqlite")
 
 
 class _SqliteTx:
@@ -56,6 +60,10 @@ class _SqliteTx:
 
     async def executemany(self, sql: str, params: Sequence[Params]) -> None:
         self._conn.executemany(sql, params)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _drive(coro: Awaitable[T]) -> T:
@@ -89,6 +97,12 @@ class SqliteStore(SqlStore):
         self._write_thread: ThreadPoolExecutor | None = None
         self._read_thread: ThreadPoolExecutor | None = None
         self._open_lock = asyncio.Lock()
+        self._write_lock = asyncio.Lock()
+        self._read_lock = asyncio.Lock()
+        self._commits = 0
+        self._checkpoint_thread: ThreadPoolExecutor | None = None
+        self._checkpoint_conn: sqlite3.Connection | None = None
+        self._checkpointing: asyncio.Future[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqliteStore:
@@ -116,6 +130,11 @@ class SqliteStore(SqlStore):
             if not self.in_memory:
                 self._wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
+            # Statements run on the event loop must never wait for a lock (see "transactions").
+            conn.execute("PRAGMA busy_timeout = 0")
+            # Checkpoints (copying the log back into the database, with an fsync) run on a thread of
+            # their own, never inside a commit on the event loop (see ``_checkpoint_soon``).
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
         except BaseException:
             conn.close()
             raise
@@ -155,7 +174,20 @@ class SqliteStore(SqlStore):
             self._writer, self._reader = writer, reader
 
     async def close(self) -> None:
+        if self._checkpointing is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpointing
+        ckpt, self._checkpoint_thread = self._checkpoint_thread, None
+        if ckpt is not None:
+            conn, self._checkpoint_conn = self._checkpoint_conn, None
+            if conn is not None:
+                await asyncio.get_running_loop().run_in_executor(ckpt, conn.close)
+            ckpt.shutdown(wait=True)
         writer, reader = self._writer, self._reader
+        if writer is not None and not self.in_memory:
+            # Leave the database whole in its main file: the log folded in and truncated.
+            with contextlib.suppress(sqlite3.Error):
+                writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         wt, rt = self._write_thread, self._read_thread
         self._writer = self._reader = None
         self._write_thread = self._read_thread = None
@@ -168,24 +200,75 @@ class SqliteStore(SqlStore):
             thread.shutdown(wait=True)
 
     # -- transactions --------------------------------------------------------------------------
+    #
+    # A transaction first runs inline, on the event loop: the connection's busy timeout is zero, so
+    # taking the write lock either succeeds at once or fails at once, and a transaction of a few
+    # statements on a local file costs less than the hop to a thread would. Only when another
+    # process holds the lock does the transaction move to the connection's thread, which waits for
+    # it there (busy timeout) while the loop goes on: the loop never waits on another writer.
 
     async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         await self._open()
-        assert self._write_thread is not None
-        # The transaction runs whole on the writer's thread; a cancelled caller cannot leave it open.
-        return await asyncio.get_running_loop().run_in_executor(self._write_thread, self._run_write, fn)
+        async with self._write_lock:
+            conn = self._writer
+            if conn is None:
+                raise StoreUnavailable("sqlite: the store is closed")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc):
+                    raise _unavailable(exc) from exc
+                assert self._write_thread is not None
+                result = await asyncio.get_running_loop().run_in_executor(
+                    self._write_thread, self._run_write_waiting, conn, fn
+                )
+            except sqlite3.Error as exc:
+                raise _unavailable(exc) from exc
+            else:
+                result = self._finish_write(conn, fn)
+        self._checkpoint_soon()
+        return result
 
-    def _run_write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        conn = self._writer
-        if conn is None:
-            raise StoreUnavailable("sqlite: the store is closed")
+    def _checkpoint_soon(self) -> None:
+        """Every ``CHECKPOINT_EVERY`` commits, copy the log back into the database on the checkpoint
+        thread (PASSIVE: it never blocks a reader or a writer), so the log stays small."""
+        if self.in_memory or self._commits < CHECKPOINT_EVERY or self._checkpointing is not None:
+            return
+        if self._checkpoint_thread is None:
+            self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-ckpt")
+        self._commits = 0
+        fut = asyncio.get_running_loop().run_in_executor(self._checkpoint_thread, self._checkpoint, "PASSIVE")
+        self._checkpointing = fut
+        fut.add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, fut: asyncio.Future[None]) -> None:
+        self._checkpointing = None
+        if not fut.cancelled() and fut.exception() is not None:
+            log.warning("sqlite checkpoint failed: %s", fut.exception())
+
+    def _checkpoint(self, mode: str) -> None:
+        if self._checkpoint_conn is None:
+            self._checkpoint_conn = self._connect()
+            self._checkpoint_conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        self._checkpoint_conn.execute(f"PRAGMA wal_checkpoint({mode})")
+
+    def _run_write_waiting(self, conn: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """On the writer's thread: wait for another process's write lock, then run the transaction."""
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute("PRAGMA busy_timeout = 0")
         except sqlite3.Error as exc:
             raise _unavailable(exc) from exc
+        return self._finish_write(conn, fn)
+
+    def _finish_write(self, conn: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
         try:
             result = _drive(fn(_SqliteTx(conn)))
             conn.execute("COMMIT")
+            self._commits += 1
             return result
         except BaseException as exc:
             if conn.in_transaction:
@@ -196,13 +279,31 @@ class SqliteStore(SqlStore):
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         await self._open()
-        assert self._read_thread is not None
-        return await asyncio.get_running_loop().run_in_executor(self._read_thread, self._run_read, fn)
+        async with self._write_lock if self.in_memory else self._read_lock:
+            conn = self._reader
+            if conn is None:
+                raise StoreUnavailable("sqlite: the store is closed")
+            try:
+                return self._run_read(conn, fn)
+            except StoreUnavailable as exc:
+                if not isinstance(exc.__cause__, sqlite3.OperationalError) or not _busy(exc.__cause__):
+                    raise
+            # A WAL reader is only ever busy for a moment (another process recovering the log):
+            # wait for it on the reader's thread.
+            assert self._read_thread is not None
+            return await asyncio.get_running_loop().run_in_executor(
+                self._read_thread, self._run_read_waiting, conn, fn
+            )
 
-    def _run_read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        conn = self._reader
-        if conn is None:
-            raise StoreUnavailable("sqlite: the store is closed")
+    def _run_read_waiting(self, conn: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        try:
+            return self._run_read(conn, fn)
+        finally:
+            conn.execute("PRAGMA busy_timeout = 0")
+
+    @staticmethod
+    def _run_read(conn: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
         try:
             conn.execute("BEGIN")
             try:
