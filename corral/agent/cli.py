@@ -17,6 +17,7 @@ from corral.agent.agent import Agent
 from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.http import create_app
 from corral.agent.pressure import PressureSignal, host_signal
+from corral.aio import loop_factory
 from corral.core.admission import AdmissionPolicy
 from corral.core.clock import SystemClock
 from corral.core.types import AdmissionMode
@@ -143,7 +144,8 @@ def agent_command(
         address=address,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(agent, token, host, port, advertise))
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(_serve(agent, token, host, port, advertise))
 
 
 def _url(host: str, port: int) -> str:

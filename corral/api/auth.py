@@ -33,8 +33,11 @@ async def principal(request: Request, plane: Plane) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-async def user(p: Caller) -> Principal:
-    """A tenant or an admin: who may own sandboxes."""
+async def user(request: Request) -> Principal:
+    """A tenant or an admin: who may own sandboxes. (One dependency, not a chain: it runs on every
+    request of the hot routes.)"""
+    plane: ControlPlane = request.app.state.plane
+    p = await plane.authenticate(_bearer(request))
     if p.role is Role.AGENT:
         raise Forbidden("agent tokens may only heartbeat")
     return p

@@ -26,6 +26,7 @@ from corral.api.schemas import (
     TemplateOut,
     TenantBody,
     TenantOut,
+    sandbox_json,
 )
 from corral.control.create import CreateSpec
 from corral.control.errors import InvalidRequest
@@ -73,8 +74,8 @@ async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchOut:
 
 
 @router.get("/v1/sandboxes/{sandbox_id}", response_model=SandboxOut)
-async def get_sandbox(sandbox_id: str, p: User, plane: Plane) -> SandboxOut:
-    return SandboxOut.of(await plane.sandboxes.get(sandbox_id, scope(p)))
+async def get_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
+    return JSONResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, scope(p))))
 
 
 @router.get("/v1/sandboxes", response_model=SandboxList)

@@ -108,20 +108,26 @@ class SandboxOut(BaseModel):
 
     @classmethod
     def of(cls, r: SandboxRecord) -> SandboxOut:
-        return cls(
-            id=r.id,
-            name=r.name,
-            tenant=r.tenant_id,
-            template=r.template,
-            host_id=r.host_id,
-            state=r.state,
-            memory_mb=r.memory_mb,
-            cpus=r.cpus,
-            stateful=r.stateful,
-            metadata=dict(r.metadata),
-            created_at=iso(r.created_at),
-            expires_at=iso(r.expires_at),
-        )
+        return cls.model_validate(sandbox_json(r))
+
+
+def sandbox_json(r: SandboxRecord) -> dict[str, object]:
+    """A sandbox as the API shows it (``SandboxOut``'s fields), built without a validation pass: the
+    hot routes answer with this directly."""
+    return {
+        "id": r.id,
+        "name": r.name,
+        "tenant": r.tenant_id,
+        "template": r.template,
+        "host_id": r.host_id,
+        "state": r.state.value,
+        "memory_mb": r.memory_mb,
+        "cpus": r.cpus,
+        "stateful": r.stateful,
+        "metadata": dict(r.metadata),
+        "created_at": iso(r.created_at),
+        "expires_at": iso(r.expires_at),
+    }
 
 
 class SandboxList(BaseModel):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
+from corral.aio import loop_factory
 from corral.api.app import create_app
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig, default_replica_id
@@ -171,5 +172,5 @@ def run(coro: Coroutine[object, object, None]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn turns SIGINT/SIGTERM into a graceful shutdown of its server; the finally blocks above
     # then stop the fleet and the control plane.
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(coro)
+    with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory()) as runner:
+        runner.run(coro)

@@ -20,7 +20,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from corral.core.clock import Clock
 from corral.store import rows
@@ -62,6 +62,20 @@ class _SqliteTx:
         self._conn.executemany(sql, params)
 
 
+_Pending = tuple[Callable[[Tx], Awaitable[Any]], "asyncio.Future[Any]"]
+_Outcome = tuple[bool, Any]
+
+
+def _settle(batch: list[_Pending], outcomes: list[_Outcome]) -> None:
+    for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):
+        if fut.done():
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
@@ -100,6 +114,8 @@ class SqliteStore(SqlStore):
         self._write_lock = asyncio.Lock()
         self._read_lock = asyncio.Lock()
         self._commits = 0
+        self._queue: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
         self._checkpoint_thread: ThreadPoolExecutor | None = None
         self._checkpoint_conn: sqlite3.Connection | None = None
         self._checkpointing: asyncio.Future[None] | None = None
@@ -174,6 +190,9 @@ class SqliteStore(SqlStore):
             self._writer, self._reader = writer, reader
 
     async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            with contextlib.suppress(Exception):
+                await self._flusher
         if self._checkpointing is not None:
             with contextlib.suppress(Exception):
                 await self._checkpointing
@@ -208,26 +227,79 @@ class SqliteStore(SqlStore):
     # it there (busy timeout) while the loop goes on: the loop never waits on another writer.
 
     async def _write(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        # Group commit: the writes that arrive in one turn of the event loop share one BEGIN ... COMMIT,
+        # each in a savepoint of its own, so one write's failure rolls back that write alone. Callers
+        # learn their outcome only after the COMMIT.
         await self._open()
-        async with self._write_lock:
-            conn = self._writer
-            if conn is None:
-                raise StoreUnavailable("sqlite: the store is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((fn, fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+        result: T = await fut
+        return result
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let the writers of this turn of the loop join the batch
+        while self._queue:
+            batch, self._queue = self._queue, []
+            async with self._write_lock:
+                conn = self._writer
+                if conn is None:
+                    _settle(batch, [(False, StoreUnavailable("sqlite: the store is closed"))] * len(batch))
+                    continue
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    if not _busy(exc):
+                        _settle(batch, [(False, _unavailable(exc))] * len(batch))
+                        continue
+                    assert self._write_thread is not None
+                    outcomes = await asyncio.get_running_loop().run_in_executor(
+                        self._write_thread, self._run_batch_waiting, conn, batch
+                    )
+                else:
+                    outcomes = self._run_batch(conn, batch)
+                _settle(batch, outcomes)
+            self._checkpoint_soon()
+
+    def _run_batch_waiting(self, conn: sqlite3.Connection, batch: list[_Pending]) -> list[_Outcome]:
+        """On the writer's thread: wait for another process's write lock, then run the batch."""
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             try:
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
-                    raise _unavailable(exc) from exc
-                assert self._write_thread is not None
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self._write_thread, self._run_write_waiting, conn, fn
-                )
-            except sqlite3.Error as exc:
-                raise _unavailable(exc) from exc
-            else:
-                result = self._finish_write(conn, fn)
-        self._checkpoint_soon()
-        return result
+            finally:
+                conn.execute("PRAGMA busy_timeout = 0")
+        except sqlite3.Error as exc:
+            return [(False, _unavailable(exc))] * len(batch)
+        return self._run_batch(conn, batch)
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> list[_Outcome]:
+        """Run each write in its own savepoint of the open transaction, then commit them together."""
+        outcomes: list[_Outcome] = []
+        for fn, fut in batch:
+            if fut.cancelled():
+                outcomes.append((False, asyncio.CancelledError()))  # its caller is gone: do nothing
+                continue
+            conn.execute("SAVEPOINT w")
+            try:
+                outcomes.append((True, _drive(fn(_SqliteTx(conn)))))
+            except Exception as exc:
+                conn.execute("ROLLBACK TO w")
+                failed = exc
+                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+                    failed = _unavailable(exc)
+                outcomes.append((False, failed))
+            conn.execute("RELEASE w")
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(False, _unavailable(exc))] * len(batch)
+        self._commits += 1
+        return outcomes
 
     def _checkpoint_soon(self) -> None:
         """Every ``CHECKPOINT_EVERY`` commits, copy the log back into the database on the checkpoint
@@ -251,31 +323,6 @@ class SqliteStore(SqlStore):
             self._checkpoint_conn = self._connect()
             self._checkpoint_conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
         self._checkpoint_conn.execute(f"PRAGMA wal_checkpoint({mode})")
-
-    def _run_write_waiting(self, conn: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        """On the writer's thread: wait for another process's write lock, then run the transaction."""
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            finally:
-                conn.execute("PRAGMA busy_timeout = 0")
-        except sqlite3.Error as exc:
-            raise _unavailable(exc) from exc
-        return self._finish_write(conn, fn)
-
-    def _finish_write(self, conn: sqlite3.Connection, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        try:
-            result = _drive(fn(_SqliteTx(conn)))
-            conn.execute("COMMIT")
-            self._commits += 1
-            return result
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-                raise _unavailable(exc) from exc
-            raise
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         await self._open()
