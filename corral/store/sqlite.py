@@ -1,11 +1,11 @@
 """The embedded store: SQLite in WAL mode, one file, nothing to install.
 
 Writes take ``BEGIN IMMEDIATE`` (the database's single write lock, so the capacity check and the
-insert of a reservation cannot interleave with another writer's), readers never block on writers
-(WAL), and a busy timeout makes writers from several processes queue rather than fail. Each connection
-lives on its own thread and every transaction runs whole on it, in one hop from the event loop: a
-transaction waiting for the lock never blocks the loop, and one process's writes queue on the writer
-thread, one transaction at a time.
+insert of a reservation cannot interleave with another writer's); readers never block on writers
+(WAL). A transaction runs inline on the event loop with a zero busy timeout, so it either gets the
+lock at once or learns at once that another process has it; only then does it move to its
+connection's thread, which waits there while the loop goes on. The writes of one loop turn share one
+commit (group commit), each in a savepoint of its own. Checkpoints run on a thread of their own.
 
 ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a crash of the process; a power
 loss can lose the last few commits but never corrupts the database.
@@ -142,7 +142,6 @@ class SqliteStore(SqlStore):
             self.path, isolation_level=None, timeout=self.busy_timeout_s, check_same_thread=False
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             if not self.in_memory:
                 self._wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -243,25 +242,28 @@ class SqliteStore(SqlStore):
         await asyncio.sleep(0)  # let the writers of this turn of the loop join the batch
         while self._queue:
             batch, self._queue = self._queue, []
-            async with self._write_lock:
-                conn = self._writer
-                if conn is None:
-                    _settle(batch, [(False, StoreUnavailable("sqlite: the store is closed"))] * len(batch))
-                    continue
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                except sqlite3.OperationalError as exc:
-                    if not _busy(exc):
-                        _settle(batch, [(False, _unavailable(exc))] * len(batch))
-                        continue
-                    assert self._write_thread is not None
-                    outcomes = await asyncio.get_running_loop().run_in_executor(
-                        self._write_thread, self._run_batch_waiting, conn, batch
-                    )
-                else:
-                    outcomes = self._run_batch(conn, batch)
-                _settle(batch, outcomes)
+            try:
+                async with self._write_lock:
+                    _settle(batch, await self._commit_batch(batch))
+            finally:
+                # Whatever happened above, no caller is left waiting for an answer that never comes.
+                _settle(batch, [(False, StoreUnavailable("sqlite: the write was not committed"))] * len(batch))
             self._checkpoint_soon()
+
+    async def _commit_batch(self, batch: list[_Pending]) -> list[_Outcome]:
+        conn = self._writer
+        if conn is None:
+            return [(False, StoreUnavailable("sqlite: the store is closed"))] * len(batch)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            if not (isinstance(exc, sqlite3.OperationalError) and _busy(exc)):
+                return [(False, _unavailable(exc))] * len(batch)
+            assert self._write_thread is not None
+            return await asyncio.get_running_loop().run_in_executor(
+                self._write_thread, self._run_batch_waiting, conn, batch
+            )
+        return self._run_batch(conn, batch)
 
     def _run_batch_waiting(self, conn: sqlite3.Connection, batch: list[_Pending]) -> list[_Outcome]:
         """On the writer's thread: wait for another process's write lock, then run the batch."""
@@ -276,28 +278,36 @@ class SqliteStore(SqlStore):
         return self._run_batch(conn, batch)
 
     def _run_batch(self, conn: sqlite3.Connection, batch: list[_Pending]) -> list[_Outcome]:
-        """Run each write in its own savepoint of the open transaction, then commit them together."""
+        """Run each write in its own savepoint of the open transaction, then commit them together.
+
+        Some failures (disk full, I/O error) roll back the whole transaction, not just one statement:
+        then every write of the batch, including those that had succeeded, is reported unavailable.
+        """
         outcomes: list[_Outcome] = []
-        for fn, fut in batch:
-            if fut.cancelled():
-                outcomes.append((False, asyncio.CancelledError()))  # its caller is gone: do nothing
-                continue
-            conn.execute("SAVEPOINT w")
-            try:
-                outcomes.append((True, _drive(fn(_SqliteTx(conn)))))
-            except Exception as exc:
-                conn.execute("ROLLBACK TO w")
-                failed = exc
-                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-                    failed = _unavailable(exc)
-                outcomes.append((False, failed))
-            conn.execute("RELEASE w")
         try:
+            for fn, fut in batch:
+                if fut.cancelled():
+                    outcomes.append((False, asyncio.CancelledError()))  # its caller is gone: do nothing
+                    continue
+                conn.execute("SAVEPOINT w")
+                try:
+                    outcomes.append((True, _drive(fn(_SqliteTx(conn)))))
+                except Exception as exc:
+                    if not conn.in_transaction:
+                        raise  # the whole transaction is gone with it
+                    conn.execute("ROLLBACK TO w")
+                    failed = exc
+                    if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+                        failed = _unavailable(exc)
+                    outcomes.append((False, failed))
+                conn.execute("RELEASE w")
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return [(False, _unavailable(exc))] * len(batch)
+        except Exception as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            gone = _unavailable(exc) if isinstance(exc, sqlite3.Error) else StoreUnavailable(f"sqlite: {exc}")
+            return [(False, gone)] * len(batch)
         self._commits += 1
         return outcomes
 
