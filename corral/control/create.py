@@ -185,7 +185,7 @@ class CreateFlow:
         started = self.clock.now()
         record, replayed = await self._new_record(tenant_id, spec, idempotency_key)
         if replayed:
-            return record, True
+            return await self._replay(record), True
         try:
             placed = await self._place_and_bind(record, dict(spec.env))
         except BaseException as exc:
@@ -195,6 +195,21 @@ class CreateFlow:
             raise
         self._observe_success(placed, started, tenant_id, idempotency_key)
         return placed, False
+
+    async def _replay(self, first: SandboxRecord) -> SandboxRecord:
+        """What a repeated Idempotency-Key answers: the sandbox the first call made, as it is now."""
+        current = await self.store.get_sandbox(first.id, tenant_id=first.tenant_id)
+        if current is None or current.state is SandboxState.DELETED:
+            raise NotFound(f"the sandbox this Idempotency-Key created, {first.id}, has been deleted")
+        if current.state is SandboxState.RESERVED:
+            # The first call is still placing it: ask again in a moment, and get its outcome.
+            raise Unavailable(
+                f"a create with this Idempotency-Key is in progress ({first.id})",
+                code="create_in_progress",
+                retry_after_s=1,
+                details={"sandbox_id": first.id},
+            )
+        return current
 
     def _observe_success(
         self, placed: SandboxRecord, started: float, tenant_id: str, idempotency_key: str | None
@@ -211,9 +226,11 @@ class CreateFlow:
                 del self._first_refusal[k]
 
     async def _forget(self, record: SandboxRecord) -> None:
-        """Remove a record that was never placed. Best effort: the store may be the thing that failed."""
+        """Remove a record that was never placed, and its idempotency key with it, so that a retry
+        with the same key creates anew. Best effort: the store may be the thing that failed (the
+        reconciler settles a record left behind)."""
         with contextlib.suppress(Exception):
-            await self.store.delete_sandbox(record.id)
+            await self.store.delete_sandbox(record.id, forget_idempotency=True)
 
     def _refused(self, refusal: Refusal, snap: FleetSnapshot, extra: Counter[str]) -> Unavailable:
         reasons = Counter(refusal.reasons)

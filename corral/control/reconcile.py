@@ -21,6 +21,8 @@ from corral.store import SandboxState, Store, StoreError
 log = logging.getLogger("corral.reconcile")
 
 LEADER_LEASE = "reconciler"
+# How long a repeated Idempotency-Key returns the first create's sandbox (E2B and Stripe keep a day).
+IDEMPOTENCY_KEY_TTL_S = 24 * 3600.0
 
 
 class Reconciler:
@@ -72,6 +74,8 @@ class Reconciler:
             await self._stop_strays()
         if self._ticks % 10 == 1:  # a full read of running sandboxes: not every round
             await self._committed_total()
+        if self._ticks % 60 == 1:
+            await self.store.purge_idempotency_keys(self.clock.now() - IDEMPOTENCY_KEY_TTL_S)
 
     async def _stop(self, host_id: str, sandbox_id: str) -> bool:
         snap = await self.view.get()

@@ -529,8 +529,9 @@ class Store(ABC):
         ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
 
     @abstractmethod
-    async def delete_sandbox(self, sandbox_id: str) -> bool:
-        """Remove the record (its name becomes free). True if it existed."""
+    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool:
+        """Remove the record (its name becomes free). True if it existed. ``forget_idempotency``: a
+        create that was refused leaves no trace, so its key, retried, creates anew."""
 
     @abstractmethod
     async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:

@@ -873,8 +873,10 @@ class SqlStore(Store):
 
         return await self._read(run)
 
-    async def delete_sandbox(self, sandbox_id: str) -> bool:
+    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool:
         async def run(tx: Tx) -> bool:
+            if forget_idempotency:
+                await tx.execute("DELETE FROM idempotency_keys WHERE sandbox_id = :id", {"id": sandbox_id})
             gone = await tx.fetchone(
                 "DELETE FROM sandboxes WHERE id = :id RETURNING tenant_id, state, memory_mb",
                 {"id": sandbox_id},

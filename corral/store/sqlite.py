@@ -247,7 +247,9 @@ class SqliteStore(SqlStore):
                     _settle(batch, await self._commit_batch(batch))
             finally:
                 # Whatever happened above, no caller is left waiting for an answer that never comes.
-                _settle(batch, [(False, StoreUnavailable("sqlite: the write was not committed"))] * len(batch))
+                _settle(
+                    batch, [(False, StoreUnavailable("sqlite: the write was not committed"))] * len(batch)
+                )
             self._checkpoint_soon()
 
     async def _commit_batch(self, batch: list[_Pending]) -> list[_Outcome]:

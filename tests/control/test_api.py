@@ -340,3 +340,27 @@ async def test_a_sandbox_its_host_lost_is_marked_stopped_and_a_stray_is_stopped(
     got = (await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))).json()
     assert got["state"] == "stopped"
     assert "sb-stray" not in stray.sandbox_ids()
+
+
+async def test_a_refused_create_retried_with_its_key_creates_anew(tmp_path: Path) -> None:
+    c = await make_cluster(tmp_path, hosts=1, memory_mb=8192)
+    try:
+        h = {**c.as_(ADMIN), "Idempotency-Key": "retry-me"}
+        big = {"memory_mb": 8192, "stateful": True}
+        r = await c.http.post("/v1/sandboxes", json=big, headers=h)
+        assert r.status_code == 503
+        # the key is free again: the retry is a fresh attempt, not a replay of the refusal
+        r = await c.http.post("/v1/sandboxes", json=big, headers=h)
+        assert r.status_code == 503 and "Idempotent-Replayed" not in r.headers
+        assert (await c.plane.store.list_sandboxes(limit=10)).items == []
+        ok = {**c.as_(ADMIN), "Idempotency-Key": "fits"}
+        first = await c.http.post("/v1/sandboxes", json={"memory_mb": 1024}, headers=ok)
+        again = await c.http.post("/v1/sandboxes", json={"memory_mb": 1024}, headers=ok)
+        assert again.json()["state"] == "running" and again.json()["id"] == first.json()["id"]
+        await c.http.delete(f"/v1/sandboxes/{first.json()['id']}", headers=c.as_(ADMIN))
+        gone = await c.http.post("/v1/sandboxes", json={"memory_mb": 1024}, headers=ok)
+        assert gone.status_code == 404
+    finally:
+        await c.http.aclose()
+        await c.plane.stop()
+        await c.plane.store.close()

@@ -45,7 +45,7 @@ async def test_a_failure_that_ends_the_whole_transaction_answers_every_caller(tm
             asyncio.create_task(store.create_template(big)),
             asyncio.create_task(store.renew_replica("r2", 10)),
         ]
-        done, pending = await asyncio.wait(tasks, timeout=10)
+        _, pending = await asyncio.wait(tasks, timeout=10)
         assert not pending, "every caller must get an answer"
         # the renewals had run, but their transaction did not survive: they must not report success
         for t in tasks:
