@@ -13,8 +13,7 @@ import asyncio
 import builtins
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from corral.agent.errors import (
     AgentConflict,
@@ -80,40 +79,45 @@ class _Live:
             self.usage = SandboxUsage(self.spec.memory_mb, resident_mb, self.spec.stateful)
 
 
-class _LiveSet(dict[str, _Live]):
+class _LiveSet(Mapping[str, _Live]):
     """The live sandboxes, with the host's admission book and observed total kept in step, so the
-    gate at every start costs O(1) however many sandboxes the host runs."""
+    gate at every start costs O(1) however many sandboxes the host runs. A read-only mapping plus
+    the few writes below: nothing can change the set without the book hearing of it."""
 
     def __init__(self, book: AdmissionBook) -> None:
-        super().__init__()
+        self._items: dict[str, _Live] = {}
         self.book = book
         self.observed_mb = 0
 
+    def __getitem__(self, key: str) -> _Live:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def __setitem__(self, key: str, value: _Live) -> None:
-        self._forget(key)
-        super().__setitem__(key, value)
+        self.pop(key, None)
+        self._items[key] = value
         self.book.put(key, value.usage)
         self.observed_mb += value.observed_mb or 0
 
     def __delitem__(self, key: str) -> None:
-        if key not in self:
+        if self.pop(key, None) is None:
             raise KeyError(key)
-        self._forget(key)
-        super().__delitem__(key)
 
-    def pop(self, key: str, *default: Any) -> Any:
-        if key in self:
-            self._forget(key)
-        return super().pop(key, *default)
-
-    def _forget(self, key: str) -> None:
-        old = self.get(key)
-        if old is not None:
-            self.book.remove(key)
-            self.observed_mb -= old.observed_mb or 0
+    def pop(self, key: str, default: _Live | None = None) -> _Live | None:
+        old = self._items.pop(key, None)
+        if old is None:
+            return default
+        self.book.remove(key)
+        self.observed_mb -= old.observed_mb or 0
+        return old
 
     def measured(self, key: str, observed_mb: int, settled: bool) -> None:
-        live = self[key]
+        live = self._items[key]
         self.observed_mb += observed_mb - (live.observed_mb or 0)
         live.observed_mb = observed_mb
         if settled:

@@ -67,7 +67,7 @@ async def create_sandbox(
 async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchOut:
     if body.count > plane.config.max_batch:
         raise InvalidRequest("count", f"at most {plane.config.max_batch} per batch")
-    records = await plane.creates.create_batch(owner(p, plane), _spec(body.spec), body.count)
+    records = await plane.batches.create(owner(p, plane), _spec(body.spec), body.count)
     for r in records:
         await plane.sandboxes.remember(r)
     return BatchOut(sandboxes=[SandboxOut.of(r) for r in records])

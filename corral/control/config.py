@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from corral.core import AdmissionPolicy, ConfigError, Timeouts
+from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
 
 
 def default_replica_id() -> str:
@@ -22,6 +22,8 @@ class ControlConfig:
     # full scan). The K sampled hosts go to the store, which reserves on the one with the most room by
     # its current totals, so replicas see each other's in-flight work at the moment of commit.
     k: int | None = None
+    # Spread (the default: a flat fleet, room for spikes) or pack (fill hosts so others can retire).
+    strategy: Strategy = Strategy.SPREAD
     # Placement attempts per create: a conflict at reserve or a retryable agent refusal costs one.
     max_attempts: int = 6
     replica_lease_s: float = 15.0
@@ -38,7 +40,7 @@ class ControlConfig:
     def create_deadline_s(self) -> float:
         """The longest a live replica can spend on one create: every attempt binding to the limit.
         A record still unplaced after this was left by a replica that died."""
-        return self.max_attempts * self.timeouts.bind_timeout_s + 5.0
+        return self.max_attempts * self.timeouts.bind_timeout_s + 30.0  # + the store's own latency
 
     def __post_init__(self) -> None:
         if self.k is not None and self.k < 0:

@@ -9,7 +9,6 @@ replica's lease, or at its hard TTL.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -18,44 +17,43 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
-from corral.agent.protocol import StartSandbox
+from corral.agent.errors import AgentError, AgentRefusal
 from corral.control.agents import AgentDirectory
+from corral.control.binding import Binder, as_bad_gateway, elsewhere_reason
 from corral.control.config import ControlConfig
-from corral.control.errors import Conflict, ControlError, InvalidRequest, NotFound, OverQuota, Unavailable
+from corral.control.errors import Conflict, InvalidRequest, NotFound, OverQuota, Unavailable
 from corral.control.metrics import Metrics
 from corral.control.retry import RetryAfter
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import (
     Clock,
     CreateRequest,
+    Decision,
     FullScan,
     NoCapacity,
     NoHealthyHosts,
     Placer,
     PowerOfK,
     Refusal,
-    Scheduler,
+    Scorer,
+    Strategy,
     candidate_limit,
 )
-from corral.core.ledger import Ledger
 from corral.ids import random_hex
 from corral.store import (
     IdempotencyMismatch,
     NameConflict,
-    ReserveItem,
+    ReservationRecord,
     SandboxRecord,
     SandboxState,
-    StateConflict,
     Store,
-    StoreUnavailable,
     TemplateRecord,
 )
 from corral.store import NotFound as StoreNotFound
 from corral.store import OverQuota as StoreOverQuota
 
-AGENT_UNAVAILABLE = "agent_unavailable"
 TEMPLATE_CACHE_S = 5.0
+FIRST_REFUSALS_KEPT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +99,7 @@ class CreateFlow:
         self.rng = rng
         self.metrics = metrics
         self.retry_after = retry_after
+        self.binder = Binder(agents, config.timeouts.bind_timeout_s)
         self._placers: dict[int, Placer] = {}
         self._templates: dict[str, tuple[TemplateRecord, float]] = {}
         # Idempotency keys refused at least once, with when: "time from first refusal to success".
@@ -113,7 +112,10 @@ class CreateFlow:
         if placer is None:
             selector = FullScan() if k == 0 else PowerOfK(k)
             placer = self._placers[k] = Placer(
-                selector=selector, stale_after_s=self.config.timeouts.stale_after_s, policy=self.config.policy
+                selector=selector,
+                scorer=Scorer(strategy=self.config.strategy, policy=self.config.policy),
+                stale_after_s=self.config.timeouts.stale_after_s,
+                policy=self.config.policy,
             )
         return placer
 
@@ -139,7 +141,7 @@ class CreateFlow:
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
         return memory_mb, cpus, stateful
 
-    async def _new_record(
+    async def new_record(
         self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
     ) -> tuple[SandboxRecord, bool]:
         memory_mb, cpus, stateful = await self._resolve(spec)
@@ -183,17 +185,19 @@ class CreateFlow:
     ) -> tuple[SandboxRecord, bool]:
         """Place one sandbox. Returns (record, replayed)."""
         started = self.clock.now()
-        record, replayed = await self._new_record(tenant_id, spec, idempotency_key)
+        record, replayed = await self.new_record(tenant_id, spec, idempotency_key)
         if replayed:
             return await self._replay(record), True
         try:
             placed = await self._place_and_bind(record, dict(spec.env))
         except BaseException as exc:
-            await self._forget(record)
+            await self.forget(record)
             if isinstance(exc, Unavailable) and idempotency_key:
+                if len(self._first_refusal) >= FIRST_REFUSALS_KEPT:  # bounded: forget the oldest
+                    del self._first_refusal[next(iter(self._first_refusal))]
                 self._first_refusal.setdefault(f"{tenant_id}/{idempotency_key}", started)
             raise
-        self._observe_success(placed, started, tenant_id, idempotency_key)
+        self.observe_success(placed, started, tenant_id, idempotency_key)
         return placed, False
 
     async def _replay(self, first: SandboxRecord) -> SandboxRecord:
@@ -211,7 +215,7 @@ class CreateFlow:
             )
         return current
 
-    def _observe_success(
+    def observe_success(
         self, placed: SandboxRecord, started: float, tenant_id: str, idempotency_key: str | None
     ) -> None:
         host = placed.host_id or ""
@@ -221,18 +225,15 @@ class CreateFlow:
             first = self._first_refusal.pop(f"{tenant_id}/{idempotency_key}", None)
             if first is not None:
                 self.metrics.refusal_to_success.observe(max(0.0, self.clock.now() - first))
-        if len(self._first_refusal) > 10_000:  # bounded: forget the oldest refusals
-            for k in list(self._first_refusal)[:5_000]:
-                del self._first_refusal[k]
 
-    async def _forget(self, record: SandboxRecord) -> None:
+    async def forget(self, record: SandboxRecord) -> None:
         """Remove a record that was never placed, and its idempotency key with it, so that a retry
         with the same key creates anew. Best effort: the store may be the thing that failed (the
         reconciler settles a record left behind)."""
         with contextlib.suppress(Exception):
             await self.store.delete_sandbox(record.id, forget_idempotency=True)
 
-    def _refused(self, refusal: Refusal, snap: FleetSnapshot, extra: Counter[str]) -> Unavailable:
+    def refused(self, refusal: Refusal, snap: FleetSnapshot, extra: Counter[str]) -> Unavailable:
         reasons = Counter(refusal.reasons)
         reasons.update(extra)
         code = refusal.code
@@ -249,10 +250,9 @@ class CreateFlow:
 
     async def _place_and_bind(self, record: SandboxRecord, env: dict[str, str]) -> SandboxRecord:
         cfg = self.config
-        t = cfg.timeouts
         req = CreateRequest(memory_mb=record.memory_mb, cpu=record.cpus, stateful=record.stateful)
         exclude: set[str] = set()
-        agent_refusals: Counter[str] = Counter()
+        elsewhere: Counter[str] = Counter()  # why hosts that were tried did not take it
         reread = False
         attempts = 0
         snap = await self.view.get()
@@ -272,200 +272,76 @@ class CreateFlow:
                     reread = True
                     snap = await self.view.get(fresh=True)
                     continue
-                raise self._refused(refusal, snap, agent_refusals) from None
+                raise self.refused(refusal, snap, elsewhere) from None
             if attempts >= cfg.max_attempts:
-                raise self._refused(NoCapacity({}, len(snap.hosts)), snap, agent_refusals)
+                raise self.refused(NoCapacity({}, len(snap.hosts)), snap, elsewhere)
             attempts += 1
             self.metrics.view_age.observe(decision.view_age_s)
             # Claim locally before the first await, so this replica's concurrent decisions see it.
-            local = self.view.note(decision.host.id, decision.charge_mb, req.cpu)
-            charge = decision.charge_mb
-            candidates = [h.id for h in decision.candidates if h.id not in exclude] or [decision.host.id]
+            claim = self.view.claim(decision.host.id, decision.charge_mb, req.cpu)
             try:
-                res = await self.store.reserve_best(
-                    candidates,
-                    memory_mb=charge,
-                    cpu=req.cpu,
-                    owner=cfg.replica_id,
-                    ttl_s=t.reservation_ttl_s,
-                    sandbox_id=record.id,
-                )
+                res = await self._reserve(decision, req, record)
             except BaseException:
-                local.release()
+                claim.release()
                 raise
             if res is None:
                 # Other replicas took the room since our read: drop these hosts, read afresh.
-                local.release()
+                claim.release()
                 self.metrics.reserve_conflicts.inc()
-                exclude.update(candidates)
+                exclude.update(h.id for h in decision.candidates)
                 snap = await self.view.get(fresh=True)
                 continue
             if res.host_id != decision.host.id:
                 # The store's current totals preferred another of the candidates.
-                local.release()
-                local = self.view.note(res.host_id, charge, req.cpu)
-            host_id = res.host_id
-            address = snap.records[host_id].address if host_id in snap.records else ""
+                claim.release()
+                claim = self.view.claim(res.host_id, res.memory_mb, req.cpu)
+            self.view.committed(claim)
+            host_id, address = res.host_id, snap.address(res.host_id)
             try:
-                await self._bind(record, host_id, address, env)
-            except AgentRefusal as e:
-                agent_refusals[e.code] += 1
-                self.metrics.agent_refusals.labels(host_id, e.code).inc()
-            except (AgentUnavailable, TimeoutError):
-                agent_refusals[AGENT_UNAVAILABLE] += 1
-                self.metrics.agent_refusals.labels(host_id, AGENT_UNAVAILABLE).inc()
-                await self._stop_quietly(host_id, address, record.id)
-            except AgentError as e:
-                await self.store.cancel(res.id)
-                local.release()
-                raise ControlError(
-                    f"host {host_id} could not start the sandbox: {e.message}", code=e.code
-                ) from e
-            except BaseException:
-                await self._cancel_quietly(res.id)
-                local.release()
-                raise
-            else:
-                try:
-                    return await self.store.set_sandbox_state(
-                        record.id,
-                        SandboxState.RUNNING,
-                        expect=SandboxState.RESERVED,
-                        host_id=host_id,
-                        reservation_id=res.id,
-                    )
-                except BaseException:
-                    # The record could not say where the sandbox runs: do not leave it running unowned.
-                    await self._stop_quietly(host_id, address, record.id)
-                    await self._cancel_quietly(res.id)
-                    local.release()
+                await self.binder.start(record, host_id, address, env)
+                return await self.store.set_sandbox_state(
+                    record.id,
+                    SandboxState.RUNNING,
+                    expect=SandboxState.RESERVED,
+                    host_id=host_id,
+                    reservation_id=res.id,
+                )
+            except BaseException as exc:
+                # Whatever went wrong, nothing this attempt took may outlive it.
+                if not isinstance(exc, AgentRefusal):
+                    await self.binder.stop_quietly(host_id, address, record.id)
+                await self.cancel_quietly(res.id)
+                claim.release()
+                reason = elsewhere_reason(exc)
+                if reason is None:
+                    if isinstance(exc, AgentError):
+                        raise as_bad_gateway(host_id, exc) from exc
                     raise
-            # A retryable refusal on this host: end the claim at once and try another host.
-            await self.store.cancel(res.id)
-            local.release()
+            elsewhere[reason] += 1
+            self.metrics.agent_refusals.labels(host_id, reason).inc()
             exclude.add(host_id)
 
-    async def _bind(self, record: SandboxRecord, host_id: str, address: str, env: dict[str, str]) -> None:
-        client = self.agents.client(host_id, address)
-        start = StartSandbox(
-            id=record.id,
-            memory_mb=record.memory_mb,
-            cpus=record.cpus,
-            stateful=record.stateful,
-            template=record.template,
-            env=env,
-        )
-        await asyncio.wait_for(client.start(start), self.config.timeouts.bind_timeout_s)
+    async def _reserve(
+        self, decision: Decision, req: CreateRequest, record: SandboxRecord
+    ) -> ReservationRecord | None:
+        """The durable claim. Spreading, the store chooses among the sampled candidates by its current
+        totals (replicas see each other's in-flight work at commit); packing, it is the chosen host."""
+        t = self.config.timeouts
+        kw = {
+            "cpu": req.cpu,
+            "owner": self.config.replica_id,
+            "ttl_s": t.reservation_ttl_s,
+            "sandbox_id": record.id,
+        }
+        if self.config.strategy is Strategy.PACK:
+            return await self.store.reserve(decision.host.id, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
+        # Only candidates charged the same as the chosen one (same admission mode) share its charge.
+        mode = decision.host.memory_admission
+        candidates = [h.id for h in decision.candidates if h.memory_admission is mode]
+        return await self.store.reserve_best(candidates, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
 
-    async def _stop_quietly(self, host_id: str, address: str, sandbox_id: str) -> None:
-        """A bind that timed out may still have started the sandbox: make sure it is not left running."""
-        with contextlib.suppress(Exception):
-            await self.agents.client(host_id, address).stop(sandbox_id)
-
-    async def _cancel_quietly(self, reservation_id: str) -> None:
+    async def cancel_quietly(self, reservation_id: str) -> None:
+        """End a claim at once. If the store cannot be told now, the replica's lease or the
+        reservation's TTL ends it."""
         with contextlib.suppress(Exception):
             await self.store.cancel(reservation_id)
-
-    # -- batch -------------------------------------------------------------------------------------
-
-    async def create_batch(self, tenant_id: str, spec: CreateSpec, count: int) -> list[SandboxRecord]:
-        """``count`` sandboxes of one spec, reserved all-or-nothing in one transaction."""
-        if spec.name is not None:
-            raise InvalidRequest("spec.name", "a batch cannot share one name")
-        started = self.clock.now()
-        records: list[SandboxRecord] = []
-        try:
-            for _ in range(count):
-                records.append((await self._new_record(tenant_id, spec, None))[0])
-            placed = await self._reserve_and_bind_batch(records, dict(spec.env))
-        except BaseException:
-            for r in records:
-                await self._forget(r)
-            raise
-        for p in placed:
-            self._observe_success(p, started, tenant_id, None)
-        return placed
-
-    async def _reserve_and_bind_batch(
-        self, records: list[SandboxRecord], env: dict[str, str]
-    ) -> list[SandboxRecord]:
-        cfg = self.config
-        first = records[0]
-        req = CreateRequest(memory_mb=first.memory_mb, cpu=first.cpus, stateful=first.stateful)
-        snap = await self.view.get()
-        reserved = None
-        for fresh in (False, True):
-            if fresh:
-                snap = await self.view.get(fresh=True)
-            # Decide every member against the view plus the batch's own earlier members.
-            batch_ledger = Ledger(self.clock, ttl_s=cfg.timeouts.reservation_ttl_s)
-            view_pending = self.view.pending_fn(snap)
-            sched = Scheduler(self.placer(len(snap.hosts)), batch_ledger, self.rng, owner="batch")
-            items: list[ReserveItem] = []
-            try:
-                for rec in records:
-                    decision, _ = sched.schedule(
-                        snap.hosts, req, now=self.clock.now(), exclude=frozenset(), base_pending=view_pending
-                    )
-                    items.append(ReserveItem(decision.host.id, decision.charge_mb, req.cpu, rec.id))
-            except (NoCapacity, NoHealthyHosts) as refusal:
-                if fresh:
-                    raise self._refused(refusal, snap, Counter()) from None
-                continue
-            reserved = await self.store.reserve_batch(
-                items, owner=cfg.replica_id, ttl_s=cfg.timeouts.reservation_ttl_s
-            )
-            if reserved is not None:
-                break
-            self.metrics.reserve_conflicts.inc()
-        if reserved is None:
-            raise self._refused(NoCapacity({}, len(snap.hosts)), snap, Counter())
-        locals_ = [self.view.note(r.host_id, r.memory_mb, r.cpu) for r in reserved]
-        results = await asyncio.gather(
-            *(
-                self._bind_one_of_batch(rec, res.id, res.host_id, snap, env)
-                for rec, res in zip(records, reserved, strict=True)
-            ),
-            return_exceptions=True,
-        )
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
-            # All or nothing: undo the members that did start, end every claim, report the first failure.
-            for rec, res, out in zip(records, reserved, results, strict=True):
-                if not isinstance(out, BaseException):
-                    address = snap.records[res.host_id].address if res.host_id in snap.records else ""
-                    await self._stop_quietly(res.host_id, address, rec.id)
-                await self._cancel_quietly(res.id)
-            for local in locals_:
-                local.release()
-            err = failures[0]
-            if isinstance(err, ControlError):
-                raise err
-            if isinstance(err, AgentError | TimeoutError | StoreUnavailable):
-                raise self._refused(
-                    NoCapacity({}, len(snap.hosts)), snap, Counter({AGENT_UNAVAILABLE: 1})
-                ) from err
-            raise err
-        return [r for r in results if isinstance(r, SandboxRecord)]
-
-    async def _bind_one_of_batch(
-        self,
-        record: SandboxRecord,
-        reservation_id: str,
-        host_id: str,
-        snap: FleetSnapshot,
-        env: dict[str, str],
-    ) -> SandboxRecord:
-        address = snap.records[host_id].address if host_id in snap.records else ""
-        await self._bind(record, host_id, address, env)
-        try:
-            return await self.store.set_sandbox_state(
-                record.id,
-                SandboxState.RUNNING,
-                expect=SandboxState.RESERVED,
-                host_id=host_id,
-                reservation_id=reservation_id,
-            )
-        except StateConflict:
-            await self._stop_quietly(host_id, address, record.id)
-            raise

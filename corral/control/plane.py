@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.control.agents import AgentDirectory
+from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
 from corral.control.errors import Conflict, NotFound, Unauthorized, Unavailable
@@ -71,6 +72,7 @@ class ControlPlane:
         self.creates = CreateFlow(
             store, self.view, agents, self.config, self.clock, self.rng, self.metrics, self.retry_after
         )
+        self.batches = BatchCreate(self.creates)
         self.sandboxes = Sandboxes(store, self.view, agents, self.routes)
         self.heartbeats = HeartbeatIntake(store, self.metrics)
         self.reconciler = Reconciler(

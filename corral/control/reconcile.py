@@ -90,6 +90,8 @@ class Reconciler:
 
     async def _reap_expired(self) -> None:
         for sb in await self.store.expired_sandboxes():
+            if sb.state is SandboxState.RESERVED:
+                continue  # its create is still placing it (or left it: _settle_unbound's business)
             if sb.host_id and sb.state is SandboxState.RUNNING and not await self._stop(sb.host_id, sb.id):
                 await self.store.set_sandbox_state(sb.id, SandboxState.DELETED)
                 continue

@@ -1,9 +1,10 @@
 """The fleet as this replica last read it: a cache of positive facts, at most ``view_ttl`` old.
 
-A cached absence is not a death: before refusing, the create flow forces one fresh read. Reservations
-this replica made since the last read are kept in a local ledger and subtracted on top of the read's
+A cached absence is not a death: before refusing, the create flow forces one fresh read. Claims this
+replica made since the last read are kept in a local ledger and subtracted on top of the read's
 reserved totals, so the next decision in this replica sees them before the next read does. A read
-replaces them (the store's totals now include them), which is why each read opens a new ledger owner.
+that began after a claim's reservation was committed includes it, and retires the claim; a claim whose
+reservation is still being written is never retired by a read.
 """
 
 from __future__ import annotations
@@ -23,6 +24,29 @@ class FleetSnapshot:
     read_at: float
     generation: int
 
+    def address(self, host_id: str) -> str:
+        """Where the host's agent listens, as its last heartbeat said ("" for in-process agents)."""
+        rec = self.records.get(host_id)
+        return rec.address if rec is not None else ""
+
+
+class Claim:
+    """This replica's own note of capacity it is taking on a host, until a read of the store shows it."""
+
+    __slots__ = ("_res", "committed_at")
+
+    def __init__(self, res: Reservation) -> None:
+        self._res = res
+        # None while the reservation is being written: no read may retire the claim before then.
+        self.committed_at: float | None = None
+
+    @property
+    def host_id(self) -> str:
+        return self._res.host_id
+
+    def release(self) -> None:
+        self._res.release()
+
 
 class ViewCache:
     def __init__(self, store: Store, clock: Clock, ttl_s: float, ledger_ttl_s: float) -> None:
@@ -35,7 +59,7 @@ class ViewCache:
         self._generation = 0
         # Local, short-lived claims this replica made since its last read, with when each was made.
         self.recent = Ledger(clock, ttl_s=max(ledger_ttl_s, 2 * ttl_s, 0.1))
-        self._claims: list[tuple[float, Reservation]] = []
+        self._claims: list[Claim] = []
 
     async def get(self, *, fresh: bool = False) -> FleetSnapshot:
         if not fresh and self._usable():
@@ -57,11 +81,11 @@ class ViewCache:
         self._generation += 1
         # Claims made before this read began are in the store's totals now; later ones may not be.
         kept = []
-        for made_at, res in self._claims:
-            if made_at < started:
-                res.release()
-            elif res.active:
-                kept.append((made_at, res))
+        for claim in self._claims:
+            if claim.committed_at is not None and claim.committed_at < started:
+                claim.release()
+            elif claim._res.active:
+                kept.append(claim)
         self._claims = kept
         snap = FleetSnapshot(
             hosts=tuple(r.view() for r in records),
@@ -95,9 +119,12 @@ class ViewCache:
 
         return pending
 
-    def note(self, host_id: str, memory_mb: int, cpu: float) -> Reservation:
-        """Remember a reservation this replica just made, until a read includes it. Release the
-        returned claim if the store's reservation is cancelled."""
-        res = self.recent.reserve(host_id, memory_mb, cpu)
-        self._claims.append((self._clock.now(), res))
-        return res
+    def claim(self, host_id: str, memory_mb: int, cpu: float) -> Claim:
+        """Note capacity this replica is about to reserve, before the store has it. Call
+        ``committed`` once the store's reservation exists, ``release`` if it does not (or ended)."""
+        claim = Claim(self.recent.reserve(host_id, memory_mb, cpu))
+        self._claims.append(claim)
+        return claim
+
+    def committed(self, claim: Claim) -> None:
+        claim.committed_at = self._clock.now()

@@ -32,7 +32,7 @@ from corral.core.clock import Clock
 from corral.store import rows
 from corral.store.contract import InvalidRecord, ReservationRecord, ReserveItem, StoreError, StoreUnavailable
 from corral.store.migrations import LATEST, MIGRATIONS, statements
-from corral.store.sql import Params, SqlStore, Tx, _check_reservation
+from corral.store.sql import ROOM_ORDER, Params, SqlStore, Tx, _check_reservation
 
 T = TypeVar("T")
 
@@ -101,7 +101,7 @@ _RESERVE_BEST = _pg(
     f"""WITH pick AS (
         SELECT id FROM hosts
         WHERE id = ANY(:c) AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb
-        ORDER BY memory_mb_admittable - reserved_mb DESC, random() LIMIT 1
+        ORDER BY {ROOM_ORDER}, random() LIMIT 1
     ), h AS (
         UPDATE hosts SET reserved_mb = hosts.reserved_mb + :mb, reserved_cpu_m = hosts.reserved_cpu_m + :cpu
         FROM pick

@@ -62,6 +62,10 @@ T = TypeVar("T")
 Params = Mapping[str, Any]
 
 MAX_PAGE = 1000
+# How reserve_best ranks candidates that fit: the fraction of the host's memory still free after what
+# is reserved, the memory term of the core's spread score (corral.core.scoring), not raw MiB, so a
+# large host does not win over an emptier small one.
+ROOM_ORDER = "CAST(memory_mb_admittable - reserved_mb AS REAL) / CASE WHEN memory_mb_total > 0 THEN memory_mb_total ELSE 1 END DESC"
 _TOKEN_PREFIX = "crl_"
 
 
@@ -423,7 +427,7 @@ class SqlStore(Store):
             best = await tx.fetchone(
                 f"""SELECT id FROM hosts WHERE id IN {clause} AND state = 'ready'
                       AND memory_mb_admittable - reserved_mb >= :mb
-                    ORDER BY memory_mb_admittable - reserved_mb DESC, id LIMIT 1""",
+                    ORDER BY {ROOM_ORDER}, id LIMIT 1""",
                 {**params, "mb": memory_mb},
             )
             if best is None:

@@ -1,0 +1,64 @@
+"""Starting a reserved sandbox on its host's agent, and what each way an agent can say no means for
+the create: try another host (counted under its reason), or end the create with a 502."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable, Code
+from corral.agent.protocol import StartSandbox
+from corral.control.agents import AgentDirectory
+from corral.control.errors import BadGateway
+from corral.store import SandboxRecord
+
+AGENT_UNAVAILABLE = "agent_unavailable"
+
+# Refusals that say "not this host" rather than "not now": another host may well take it.
+_ELSEWHERE = {Code.TEMPLATE_MISSING}
+
+
+def elsewhere_reason(exc: BaseException) -> str | None:
+    """Why a failed bind should be tried on another host, or None when it should end the create.
+
+    A refusal (starts saturated, memory pressure, does not fit) is "not now, not here"; an agent
+    that cannot be reached or answers too late may be gone. Neither is a reason to give up on the
+    fleet, and neither marks the host dead: it is only excluded from this create.
+    """
+    if isinstance(exc, AgentRefusal):
+        return exc.code
+    if isinstance(exc, AgentUnavailable | TimeoutError):
+        return AGENT_UNAVAILABLE
+    if isinstance(exc, AgentError) and exc.code in _ELSEWHERE:
+        return exc.code
+    return None
+
+
+def as_bad_gateway(host_id: str, exc: AgentError) -> BadGateway:
+    return BadGateway(f"host {host_id} could not start the sandbox: {exc.message}", code=exc.code)
+
+
+class Binder:
+    def __init__(self, agents: AgentDirectory, bind_timeout_s: float) -> None:
+        self.agents = agents
+        self.bind_timeout_s = bind_timeout_s
+
+    async def start(self, record: SandboxRecord, host_id: str, address: str, env: Mapping[str, str]) -> None:
+        start = StartSandbox(
+            id=record.id,
+            memory_mb=record.memory_mb,
+            cpus=record.cpus,
+            stateful=record.stateful,
+            template=record.template,
+            env=dict(env),
+        )
+        client = self.agents.client(host_id, address)
+        await asyncio.wait_for(client.start(start), self.bind_timeout_s)
+
+    async def stop_quietly(self, host_id: str, address: str, sandbox_id: str) -> None:
+        """A bind that failed late (timed out, or its record could not be written) may still have
+        started the sandbox: make sure it is not left running. Best effort; the reconciler stops
+        any stray a host reports later."""
+        with contextlib.suppress(Exception):
+            await self.agents.client(host_id, address).stop(sandbox_id)
