@@ -65,7 +65,9 @@ def serve(
     if kind == "process":
         # A process host is a slice of this machine, not a 32 GiB fiction.
         mem = memory_mb or max(2048, (host_memory_mb() or 8192) // hosts)
-        cpus = host_cpus or max(1.0, (os.cpu_count() or 1) / hosts)
+        # CPU is not partitioned between process hosts (no CPU limit is enforced): each may use every
+        # core of this machine, and the admission policy overcommits it.
+        cpus = host_cpus or float(os.cpu_count() or 1)
     else:
         mem = memory_mb or 32768
         cpus = host_cpus or 16.0

@@ -10,6 +10,7 @@ from corral.core.admission import (
     cpu_fits,
     fits,
     host_fits,
+    memory_fits,
     request_charge_mb,
     reserve_mb,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "first_failure",
     "fits",
     "host_fits",
+    "memory_fits",
     "request_charge_mb",
     "reserve_mb",
 ]

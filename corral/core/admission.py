@@ -98,13 +98,18 @@ def cpu_fits(
     return host.cpu_used + pending.cpu + request.cpu <= host.cpu_total * policy.cpu_overcommit
 
 
-def host_fits(
+def memory_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
     """The scheduler's view of the gate: the host's published verdict minus what is still pending."""
-    return fits(
-        host.memory_mb_admittable, pending.memory_mb, request, host.memory_admission, policy
-    ) and cpu_fits(host, pending, request, policy)
+    return fits(host.memory_mb_admittable, pending.memory_mb, request, host.memory_admission, policy)
+
+
+def host_fits(
+    host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
+) -> bool:
+    """Memory and CPU both."""
+    return memory_fits(host, pending, request, policy) and cpu_fits(host, pending, request, policy)
 
 
 class AdmissionBook:

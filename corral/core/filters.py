@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, host_fits
+from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, cpu_fits, memory_fits
 from corral.core.types import NO_PENDING, CreateRequest, HostState, HostView, Pending
 
 PendingFn = Callable[[str], Pending]
@@ -26,6 +26,7 @@ class Reason:
     RUNTIME = "runtime_mismatch"
     GPU = "gpu_mismatch"
     FIT = "does_not_fit"
+    CPU = "cpu_exhausted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +102,19 @@ class GpuMatches(Filter):
 
 
 class Fits(Filter):
-    # Last: the only filter that reads the ledger.
+    # Memory, the resource that kills: the admission arithmetic minus what is pending.
     reason = Reason.FIT
 
     def passes(self, host: HostView, req: CreateRequest, ctx: FilterContext) -> bool:
-        return host_fits(host, ctx.pending(host.id), req, ctx.policy)
+        return memory_fits(host, ctx.pending(host.id), req, ctx.policy)
+
+
+class CpuFits(Filter):
+    # CPU degrades rather than kills, so it is overcommitted by a factor; a refusal still says which.
+    reason = Reason.CPU
+
+    def passes(self, host: HostView, req: CreateRequest, ctx: FilterContext) -> bool:
+        return cpu_fits(host, ctx.pending(host.id), req, ctx.policy)
 
 
 DEFAULT_FILTERS: tuple[Filter, ...] = (
@@ -117,6 +126,7 @@ DEFAULT_FILTERS: tuple[Filter, ...] = (
     RuntimeMatches(),
     GpuMatches(),
     Fits(),
+    CpuFits(),
 )
 
 

@@ -464,21 +464,16 @@ def _cgroup_of(record: Running | Starting) -> MemoryCgroup | None:
 
 async def _await_ready(info: IO[bytes], stdout: IO[bytes]) -> dict[str, int] | None:
     """bubblewrap's --info-fd JSON once the sandbox says it is ready, or None if bubblewrap exited
-    first (its setup failed; the reason is in its log). Closes both pipes, also when cancelled."""
-    loop = asyncio.get_running_loop()
-    transports: list[asyncio.BaseTransport] = []
+    first (its setup failed; the reason is in its log). Closes both pipes, also when cancelled.
 
-    async def reader_of(pipe: IO[bytes]) -> asyncio.StreamReader:
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
-        transports.append(transport)
-        return reader
-
+    The pipes are watched with ``add_reader`` and read here, never handed to a pipe transport: a
+    transport closes its file descriptor on its own schedule (uvloop on the next loop turn), and a
+    second close of the same number could then close a socket the server has just accepted on it.
+    """
     try:
         data = b""
-        info_reader = await reader_of(info)
         while True:
-            chunk = await info_reader.read(4096)
+            chunk = await _read_some(info.fileno())
             if not chunk:
                 return None
             data += chunk
@@ -486,13 +481,33 @@ async def _await_ready(info: IO[bytes], stdout: IO[bytes]) -> dict[str, int] | N
                 parsed = json.loads(data)
                 if isinstance(parsed, dict) and "child-pid" in parsed:
                     break
-        ready = await (await reader_of(stdout)).readline()
-        return parsed if ready == b"ready\n" else None
+        line = b""
+        while not line.endswith(b"\n"):
+            chunk = await _read_some(stdout.fileno())
+            if not chunk:
+                break
+            line += chunk
+        return parsed if line == b"ready\n" else None
     finally:
-        for transport in transports:
-            transport.close()
         info.close()
         stdout.close()
+
+
+async def _read_some(fd: int) -> bytes:
+    """Up to 4 KiB from a pipe once it is readable (b"" at its end), without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    readable: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, ready)
+    try:
+        await readable
+    finally:
+        loop.remove_reader(fd)
+    return os.read(fd, 4096)
 
 
 def _wait_gone(identity: procfs.ProcessIdentity, timeout_s: float) -> None:

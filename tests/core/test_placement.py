@@ -239,3 +239,10 @@ def test_candidates_lead_with_the_chosen_host_even_among_many_ties() -> None:
         d = Placer(selector=FullScan()).place(hosts, REQ, now=0.0, rng=random.Random(seed))
         assert d.candidates[0] is d.host and len(d.candidates) == 8
         assert len({h.id for h in d.candidates}) == 8
+
+
+def test_a_refusal_says_whether_memory_or_cpu_ran_out() -> None:
+    hosts = [make_host("mem", admittable=100), make_host("cpu", cpu_total=1.0, cpu_used=4.0)]
+    with pytest.raises(NoCapacity) as err:
+        Placer().place(hosts, REQ, now=0.0, rng=random.Random(0))
+    assert err.value.reasons == {Reason.FIT: 1, Reason.CPU: 1}
