@@ -44,6 +44,10 @@ class Claim:
     def host_id(self) -> str:
         return self._res.host_id
 
+    @property
+    def active(self) -> bool:
+        return self._res.active
+
     def release(self) -> None:
         self._res.release()
 
@@ -62,13 +66,16 @@ class ViewCache:
         self._claims: list[Claim] = []
 
     async def get(self, *, fresh: bool = False) -> FleetSnapshot:
+        """The cached view, or a new read when it is too old; ``fresh``: a read that began after this
+        call did (one read serves every caller that asked while it was waiting its turn)."""
         if not fresh and self._usable():
             assert self._snapshot is not None
             return self._snapshot
+        asked = self._generation
         async with self._lock:
-            if not fresh and self._usable():
-                assert self._snapshot is not None
-                return self._snapshot  # another coroutine refreshed it while we waited
+            snap = self._snapshot
+            if snap is not None and (snap.generation > asked if fresh else self._usable()):
+                return snap  # another coroutine read it while we waited
             return await self._read()
 
     def _usable(self) -> bool:
@@ -77,21 +84,22 @@ class ViewCache:
 
     async def _read(self) -> FleetSnapshot:
         started = self._clock.now()
+        self._generation += 1  # numbered as it starts: "a read that began after I asked"
+        generation = self._generation
         records = await self._store.list_hosts()
-        self._generation += 1
         # Claims made before this read began are in the store's totals now; later ones may not be.
         kept = []
         for claim in self._claims:
             if claim.committed_at is not None and claim.committed_at < started:
                 claim.release()
-            elif claim._res.active:
+            elif claim.active:
                 kept.append(claim)
         self._claims = kept
         snap = FleetSnapshot(
             hosts=tuple(r.view() for r in records),
             records={r.id: r for r in records},
             read_at=started,
-            generation=self._generation,
+            generation=generation,
         )
         self._snapshot = snap
         self._invalid = False
