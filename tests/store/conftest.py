@@ -13,44 +13,20 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from corral.core import ManualClock
 from corral.store import Store, open_store
+from tests.pg import drop_schema, require_pg, with_schema
 
-DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 T0 = 1_000_000.0
-
-
-def pg_base_url() -> str:
-    return os.environ.get("CORRAL_TEST_POSTGRES_URL", DEFAULT_PG)
-
-
-def with_schema(url: str, schema: str) -> str:
-    return f"{url}{'&' if '?' in url else '?'}schema={schema}"
-
-
-def drop_schema(url: str, schema: str) -> None:
-    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> str:
     """The PostgreSQL base URL, once it is known to answer."""
-    url = pg_base_url()
-    try:
-        with psycopg.connect(url, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.Error as exc:
-        message = f"PostgreSQL not reachable at {url} (set CORRAL_TEST_POSTGRES_URL): {exc}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message + " -- under CI the PostgreSQL tests must run", pytrace=False)
-        pytest.skip(message)
-    return url
+    return require_pg()
 
 
 @pytest.fixture(scope="session")
