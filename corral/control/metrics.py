@@ -67,7 +67,7 @@ class Metrics:
         self.placements = Counter("corral_placements", "Sandboxes placed, by host", ["host"], registry=r)
         self.refusals = Counter("corral_refusals", "Create refusals, by reason", ["reason"], registry=r)
         self.agent_refusals = Counter(
-            "corral_agent_refusals", "Binds an agent refused, by host and code", ["host", "code"], registry=r
+            "corral_bind_refusals", "Binds an agent refused, by host and code", ["host", "code"], registry=r
         )
         self.reserve_conflicts = Counter(
             "corral_reserve_conflicts", "Reservations the store refused (room taken meanwhile)", registry=r
