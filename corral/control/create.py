@@ -170,6 +170,7 @@ class CreateFlow:
                 "Idempotency-Key", "this Idempotency-Key was used with another request body"
             ) from e
         except StoreOverQuota as e:
+            self.metrics.refusals.labels(OverQuota.code).inc()
             raise OverQuota(
                 str(e),
                 details={"limit": e.limit, "allowed": e.allowed, "used": e.used, "requested": e.requested},

@@ -154,7 +154,8 @@ class Reconciler:
                         sb.id, SandboxState.RUNNING, expect=SandboxState.RESERVED, host_id=owner
                     )
                 else:
-                    await self.store.delete_sandbox(sb.id)
+                    # The create never happened: a retry with its Idempotency-Key must create anew.
+                    await self.store.delete_sandbox(sb.id, forget_idempotency=True)
 
     async def _stop_strays(self) -> None:
         """Compare what each live host runs with what the records say it runs. Both differences must
