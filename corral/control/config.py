@@ -40,7 +40,8 @@ class ControlConfig:
     def create_deadline_s(self) -> float:
         """The longest a live replica can spend on one create: every attempt binding to the limit.
         A record still unplaced after this was left by a replica that died."""
-        return self.max_attempts * self.timeouts.bind_timeout_s + 30.0  # + the store's own latency
+        # One attempt more than a create may make covers the store's own latency between binds.
+        return (self.max_attempts + 1) * self.timeouts.bind_timeout_s
 
     def __post_init__(self) -> None:
         if self.k is not None and self.k < 0:

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, 
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral.core.clock import Clock, SystemClock
+from corral.core.scoring import ScoreWeights
 from corral.core.types import AdmissionMode, HostState, Pending
 from corral.ids import random_hex
 from corral.store import rows
@@ -62,10 +63,21 @@ T = TypeVar("T")
 Params = Mapping[str, Any]
 
 MAX_PAGE = 1000
-# How reserve_best ranks candidates that fit: the fraction of the host's memory still free after what
-# is reserved, the memory term of the core's spread score (corral.core.scoring), not raw MiB, so a
-# large host does not win over an emptier small one.
-ROOM_ORDER = "CAST(memory_mb_admittable - reserved_mb AS REAL) / CASE WHEN memory_mb_total > 0 THEN memory_mb_total ELSE 1 END DESC"
+
+
+def room_order(weights: ScoreWeights = ScoreWeights()) -> str:
+    """How reserve_best ranks the candidates that fit: the memory and CPU terms of the core's spread
+    score (``corral.core.scoring.Scorer.headroom``), weighted alike, on the store's current totals.
+    Fractions, not raw amounts, so a large host does not win over an emptier small one; CPU counts,
+    so a host whose sandboxes were measured small does not take every create."""
+    mem = "CAST(memory_mb_admittable - reserved_mb AS REAL) / CASE WHEN memory_mb_total > 0 THEN memory_mb_total ELSE 1 END"
+    cpu = (
+        "(cpu_total - cpu_used - reserved_cpu_m / 1000.0) / CASE WHEN cpu_total > 0 THEN cpu_total ELSE 1 END"
+    )
+    return f"({weights.memory!r} * {mem} + {weights.cpu!r} * {cpu}) DESC"
+
+
+ROOM_ORDER = room_order()
 _TOKEN_PREFIX = "crl_"
 
 

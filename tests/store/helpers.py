@@ -18,8 +18,8 @@ def beat(
     return Heartbeat(
         host_id=host_id,
         seq=seq,
-        cpu_total=16.0,
-        cpu_used=1.0,
+        cpu_total=kw.pop("cpu_total", 16.0),  # type: ignore[arg-type]
+        cpu_used=kw.pop("cpu_used", 1.0),  # type: ignore[arg-type]
         memory_mb_total=total,
         memory_mb_used=total - admittable,
         memory_mb_admittable=admittable,

@@ -124,6 +124,19 @@ async def test_reserve_best_takes_the_candidate_with_most_room(store: Store) -> 
     assert await store.audit() == []
 
 
+async def test_reserve_best_ranks_by_free_fraction_of_memory_and_cpu(store: Store) -> None:
+    # A big host half full loses to a small empty one: fractions, not raw MiB.
+    await store.upsert_heartbeat(beat("big", 1, admittable=64_000, total=128_000))
+    await store.upsert_heartbeat(beat("small", 1, admittable=15_000, total=16_384))
+    got = await store.reserve_best(["big", "small"], memory_mb=100, owner="r", ttl_s=60)
+    assert got is not None and got.host_id == "small"
+    # With memory alike, the host whose CPUs are busier loses (sandboxes measured small still use CPU).
+    await store.upsert_heartbeat(beat("busy", 1, admittable=10_000, cpu_used=14.0))
+    await store.upsert_heartbeat(beat("idle", 1, admittable=10_000, cpu_used=1.0))
+    got = await store.reserve_best(["busy", "idle"], memory_mb=100, owner="r", ttl_s=60)
+    assert got is not None and got.host_id == "idle"
+
+
 async def test_reserve_best_sees_expired_room(store: Store, clock: ManualClock) -> None:
     await hosts(store, 2, admittable=1000)
     assert await store.reserve("h00", memory_mb=1000, owner="r", ttl_s=5)
