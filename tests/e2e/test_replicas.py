@@ -170,7 +170,10 @@ def test_four_replicas_share_one_ledger(tmp_path: Path, pg_store: str) -> None:
         rs = asyncio.run(burst(fleet, 50, {"memory_mb": 512}, [0, 1, 2, 3]))
         assert all(r.status_code == 201 for r in rs), [r.text for r in rs if r.status_code != 201][:3]
         per_host = Counter(r.json()["host_id"] for r in rs)
-        assert max(per_host.values()) <= 5, per_host
+        # Four deciders at once, on a store they share: 4-5 per host, now and then a sixth (never the
+        # half-burst a per-replica ledger piles up; see docs/simulation.md).
+        assert max(per_host.values()) <= 6, per_host
+        assert len(per_host) == 12, per_host
         with fleet.admin() as c:
             for r in rs:
                 assert c.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
