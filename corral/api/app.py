@@ -3,7 +3,7 @@ transport; servers hand it to uvicorn."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -20,8 +20,11 @@ def create_app(
     admin_token: str | None = None,
     agent_token: str | None = None,
     manage: bool = True,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
-    """``manage``: start and stop the control plane with the app's lifespan."""
+    """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
+    the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
+    process (code after ``Server.serve()`` returns may never run)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -32,6 +35,8 @@ def create_app(
         finally:
             if manage:
                 await plane.stop()
+            if on_shutdown is not None:
+                await on_shutdown()
 
     app = FastAPI(title="corral", version=__version__, lifespan=lifespan)
     app.state.plane = plane

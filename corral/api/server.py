@@ -104,7 +104,20 @@ async def serve(opts: ServeOptions) -> None:
         max_concurrent_starts=opts.max_concurrent_starts,
         state_root=opts.state_dir,
     )
-    app = create_app(plane, admin_token=admin, agent_token=opts.agent_token, manage=False)
+    stopped = False
+
+    async def shut_down() -> None:
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
+        await fleet.stop(stop_sandboxes=opts.runtime == "process")
+        await plane.stop()
+        await store.close()
+
+    app = create_app(
+        plane, admin_token=admin, agent_token=opts.agent_token, manage=False, on_shutdown=shut_down
+    )
     try:
         await plane.start(admin_token=admin, agent_token=opts.agent_token)
         await fleet.start()
@@ -116,9 +129,7 @@ async def serve(opts: ServeOptions) -> None:
         print(f"try:  CORRAL_URL={url} CORRAL_TOKEN=... corral burst -n 50", flush=True)
         await server.serve()
     finally:
-        await fleet.stop(stop_sandboxes=opts.runtime == "process")
-        await plane.stop()
-        await store.close()
+        await shut_down()  # when the server never started; after a normal shutdown, a no-op
 
 
 @dataclass(frozen=True)
@@ -157,7 +168,9 @@ async def api(opts: ApiOptions) -> None:
     )
     store = open_store(opts.store)
     plane = ControlPlane(store, HttpAgents(opts.agent_token), config)
-    app = create_app(plane, admin_token=admin, agent_token=opts.agent_token, manage=True)
+    app = create_app(
+        plane, admin_token=admin, agent_token=opts.agent_token, manage=True, on_shutdown=store.close
+    )
     server = _uvicorn(app, opts.host, opts.port)
     print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
     if generated:
@@ -165,7 +178,7 @@ async def api(opts: ApiOptions) -> None:
     try:
         await server.serve()
     finally:
-        await store.close()
+        await store.close()  # when the server never started; after its shutdown, a no-op
 
 
 def run(coro: Coroutine[object, object, None]) -> None:
