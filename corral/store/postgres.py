@@ -380,19 +380,9 @@ class PostgresStore(SqlStore):
     async def reserve_batch(
         self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
     ) -> list[ReservationRecord] | None:
-        for it in items:
-            _check_reservation(it.memory_mb, it.cpu, ttl_s)
         if not items:
             return []
-        now = self._now()
-        records = [
-            self._reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id, now) for i in items
-        ]
-        need: dict[str, list[int]] = {}
-        for r in records:
-            t = need.setdefault(r.host_id, [0, 0])
-            t[0] += r.memory_mb
-            t[1] += rows.to_millicores(r.cpu)
+        records, need = self._batch(items, owner, ttl_s)
         hosts = sorted(need)
         params = {
             "hids": hosts,

@@ -449,13 +449,12 @@ class SqlStore(Store):
 
         return await self._write(run)
 
-    async def reserve_batch(
-        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
-    ) -> list[ReservationRecord] | None:
+    def _batch(
+        self, items: Sequence[ReserveItem], owner: str, ttl_s: float
+    ) -> tuple[list[ReservationRecord], dict[str, list[int]]]:
+        """A batch's reservation records, and what it needs per host: [memory MiB, millicores]."""
         for it in items:
             _check_reservation(it.memory_mb, it.cpu, ttl_s)
-        if not items:
-            return []
         now = self._now()
         records = [
             self._reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id, now) for i in items
@@ -465,6 +464,15 @@ class SqlStore(Store):
             t = need.setdefault(r.host_id, [0, 0])
             t[0] += r.memory_mb
             t[1] += rows.to_millicores(r.cpu)
+        return records, need
+
+    async def reserve_batch(
+        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
+    ) -> list[ReservationRecord] | None:
+        if not items:
+            return []
+        records, need = self._batch(items, owner, ttl_s)
+        now = records[0].created_at
 
         async def run(tx: Tx) -> list[ReservationRecord]:
             await self._lock_hosts(tx, need)
