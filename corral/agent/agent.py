@@ -155,7 +155,10 @@ class Agent:
         heartbeat_interval_s: float = 2.0,
         sink: HeartbeatSink | None = None,
         address: str = "",
-        settle_s: float = 2.0,
+        # Longer than a guest takes to touch its working set (the touch model ramps over ~5 s): a
+        # measurement taken earlier reads low, the host looks emptier than it is, and a burst that
+        # outlasts the settle piles onto whichever host was measured first.
+        settle_s: float = 10.0,
         gpu: str | None = None,
         role: str = "worker",
         stream_restore: bool = False,
