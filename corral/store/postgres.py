@@ -97,11 +97,17 @@ _RESERVE = _pg(
 
 # Omega's shared state in one round trip: among the candidates, the one with the most room by the
 # store's current totals. ``picked`` without ``took`` means another writer won that host's row first.
+# SKIP LOCKED passes over a host whose row another reservation is writing: a writer that queued for
+# that lock would re-check only that the host still fits, not that it is still the roomiest, so
+# every writer queued behind one lock lands on the same host (a burst across four replicas put
+# twelve of fifty creates on one host of twelve). When every candidate is locked, nothing is picked
+# and the locking path below waits for the rows and decides on their newest totals.
 _RESERVE_BEST = _pg(
     f"""WITH pick AS (
         SELECT id FROM hosts
         WHERE id = ANY(:c) AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb
         ORDER BY {ROOM_ORDER}, random() LIMIT 1
+        FOR UPDATE SKIP LOCKED
     ), h AS (
         UPDATE hosts SET reserved_mb = hosts.reserved_mb + :mb, reserved_cpu_m = hosts.reserved_cpu_m + :cpu
         FROM pick
