@@ -8,8 +8,9 @@ table locks, no SERIALIZABLE retries. Multi-row writes lock host rows in id orde
 :mod:`corral.store.sql`); a deadlock or serialisation failure that slips through is retried.
 
 Every "cannot reach the server" error (refused, pool timeout, connection lost) surfaces as
-:class:`StoreUnavailable`; the pool replaces broken connections, so the store recovers by itself when
-the server is back.
+:class:`StoreUnavailable`. The first such error opens a breaker (:mod:`corral.store.outage`): later
+calls fail at once instead of each waiting out a connection attempt, and a probe watches for the
+server's return, then starts a fresh pool so no call inherits a connection the outage killed.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 import psycopg.errors
 from psycopg import sql as pgsql
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from corral.core.clock import Clock
 from corral.store import rows
 from corral.store.contract import InvalidRecord, ReservationRecord, ReserveItem, StoreError, StoreUnavailable
 from corral.store.migrations import LATEST, MIGRATIONS, statements
+from corral.store.outage import Breaker
 from corral.store.sql import ROOM_ORDER, Params, SqlStore, Tx, _check_reservation
 
 T = TypeVar("T")
@@ -40,6 +42,8 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _PLACEHOLDER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 _WRITE_RETRIES = 5
 _BEST_TRIES = 3
+_PROBE_CONNECT_TIMEOUT_S = 1
+_RETRY_WAIT_S = 1.0
 
 
 @lru_cache(maxsize=512)
@@ -73,6 +77,15 @@ class _PgTx:
 
 def _is_unique(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.errors.UniqueViolation)
+
+
+def _is_unreachable(exc: psycopg.Error) -> bool:
+    """No answer from the server (refused, timed out, connection lost: no SQLSTATE), a connection
+    exception (class 08) or the server shutting down (57P01-57P03); not a query it refused."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _translate(exc: psycopg.Error) -> StoreError:
@@ -178,6 +191,8 @@ class PostgresStore(SqlStore):
         self.pool_timeout_s = pool_timeout_s
         self._pool: AsyncConnectionPool[Any] | None = None
         self._open_lock = asyncio.Lock()
+        self.breaker = Breaker(self._probe, self._renew_pool, self.clock)
+        self._retired: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
@@ -219,9 +234,35 @@ class PostgresStore(SqlStore):
             return self._pool
 
     async def close(self) -> None:
+        await self.breaker.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+        for task in list(self._retired):
+            await task
+
+    async def _probe(self) -> None:
+        """One fresh connection and a trivial query, bounded to about a second: is the server back?"""
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": _PROBE_CONNECT_TIMEOUT_S}
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, **kwargs)
+        try:
+            await asyncio.wait_for(conn.execute("SELECT 1"), _PROBE_CONNECT_TIMEOUT_S)
+        finally:
+            await conn.close()
+
+    async def _renew_pool(self) -> None:
+        """After an outage: a new pool, which connects at once, instead of the old one's dead
+        connections and reconnect back-off. The old pool closes in the background."""
+        old, self._pool = self._pool, None
+        if old is not None:
+            task = asyncio.get_running_loop().create_task(old.close())
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+
+    def _unreachable(self, exc: psycopg.Error) -> None:
+        """Open the breaker when ``exc`` says the server could not be reached or went away."""
+        if _is_unreachable(exc):
+            self.breaker.trip(exc)
 
     # -- transactions --------------------------------------------------------------------------
 
@@ -230,6 +271,7 @@ class PostgresStore(SqlStore):
 
     async def _transaction(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction of a pooled connection, retrying deadlocks."""
+        self.breaker.check()
         pool = await self._get_pool()
         attempt = 0
         while True:
@@ -246,6 +288,7 @@ class PostgresStore(SqlStore):
                 if _is_unique(exc):
                     raise
                 if isinstance(exc, psycopg.OperationalError):
+                    self._unreachable(exc)
                     await self._evict_broken(pool)
                 raise _translate(exc) from exc
 
@@ -258,6 +301,7 @@ class PostgresStore(SqlStore):
 
     async def _autocommit(self, sql: str, params: Params) -> rows.Row | None:
         """One statement, its own transaction: the hot paths' single round trip."""
+        self.breaker.check()
         pool = await self._get_pool()
         try:
             # getconn/putconn rather than ``connection()``: in autocommit there is no transaction to
@@ -271,19 +315,26 @@ class PostgresStore(SqlStore):
                 await pool.putconn(conn)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
+                self._unreachable(exc)
                 await self._evict_broken(pool)
             raise _translate(exc) from exc
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        self.breaker.check()
         pool = await self._get_pool()
         # Reads are safe to repeat: one retry rides over a connection the server dropped (the pool
         # hands out a fresh one), so a restarted server costs no failed read.
         for attempt in (0, 1):
+            # The retry waits briefly: a restarted server gives a fresh connection in milliseconds,
+            # while a server that is gone would hold the caller for the pool's whole timeout.
+            wait = self.pool_timeout_s if attempt == 0 else min(self.pool_timeout_s, _RETRY_WAIT_S)
             try:
-                async with pool.connection() as conn:
+                async with pool.connection(timeout=wait) as conn:
                     return await fn(_PgTx(conn))
             except psycopg.OperationalError as exc:
-                if attempt or isinstance(exc, psycopg.errors.TransactionRollback):
+                # A pool that waited out its timeout has no live connection to retry on.
+                if attempt or isinstance(exc, psycopg.errors.TransactionRollback | PoolTimeout):
+                    self._unreachable(exc)
                     raise _translate(exc) from exc
                 await self._evict_broken(pool)
             except psycopg.Error as exc:

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from corral.testing import CuttableProxy
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
 from .procs import Proc, free_port, start, wait_ready
-from .proxy import CuttableProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
