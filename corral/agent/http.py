@@ -1,6 +1,7 @@
 """The agent's HTTP API: a thin FastAPI wrapper over :class:`~corral.agent.agent.Agent`.
 
-Every route needs ``Authorization: Bearer <token>`` (compared in constant time). Every error has the
+Every route but ``/healthz`` needs ``Authorization: Bearer <host key>``: the key enrolment gave this
+host, which only the control plane holds (compared in constant time). Every error has the
 DESIGN.md body ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
 503 with a ``Retry-After`` header; bad input is 422 naming the field.
 """
@@ -45,9 +46,10 @@ def _field(error: Mapping[str, Any]) -> str:
 
 
 def create_app(agent: Agent, token: str) -> FastAPI:
-    """The agent's ASGI app. Tests plug it into ``httpx.ASGITransport``; the CLI serves it with uvicorn."""
+    """The agent's ASGI app. Tests plug it into ``httpx.ASGITransport``; the CLI serves it with uvicorn.
+    ``token``: the host key callers must present."""
     if not token:
-        raise ValueError("an agent needs a token: its API must never be open")
+        raise ValueError("an agent needs a host key: its API must never be open")
     expected = token.encode()
 
     def authorized(request: Request) -> bool:

@@ -14,6 +14,8 @@ from corral.store.contract import (
     CreateOutcome,
     Heartbeat,
     HeartbeatResult,
+    HostBusy,
+    HostCredentials,
     HostRecord,
     IdempotencyMismatch,
     InvalidRecord,
@@ -33,6 +35,7 @@ from corral.store.contract import (
     StoreUnavailable,
     TemplateRecord,
     TenantRecord,
+    TokenRecord,
     Usage,
 )
 
@@ -64,6 +67,8 @@ __all__ = [
     "CreateOutcome",
     "Heartbeat",
     "HeartbeatResult",
+    "HostBusy",
+    "HostCredentials",
     "HostRecord",
     "IdempotencyMismatch",
     "InvalidRecord",
@@ -83,6 +88,7 @@ __all__ = [
     "StoreUnavailable",
     "TemplateRecord",
     "TenantRecord",
+    "TokenRecord",
     "Usage",
     "open_store",
 ]
