@@ -141,7 +141,10 @@ class SqliteStore(SqlStore):
     def _private(self) -> None:
         """The database holds token hashes and host keys: owner-only. SQLite gives its -wal and -shm
         files the database file's mode, so creating (or tightening) that one covers all three."""
-        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        try:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError:
+            return  # sqlite3 itself then says why it cannot open it, as the store's own error
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.chmod(self.path + suffix, 0o600)
