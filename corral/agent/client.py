@@ -106,7 +106,7 @@ class HttpAgentClient(AgentClient):
         token = self._token if isinstance(self._token, str) else await self._token()
         return {"Authorization": f"Bearer {token}"}
 
-    async def _call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+    async def _send(self, method: str, path: str, body: Any, timeout_s: float | None) -> httpx.Response:
         kwargs: dict[str, Any] = {}
         headers = await self._auth()
         if body is not None:
@@ -116,11 +116,17 @@ class HttpAgentClient(AgentClient):
         if timeout_s is not None:
             kwargs["timeout"] = timeout_s
         try:
-            resp = await self._client.request(method, path, **kwargs)
+            return await self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise AgentUnavailable(message=f"agent unreachable: {exc!r}") from exc
+
+    async def _call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        resp = await self._send(method, path, body, timeout_s)
         if resp.status_code == 401 and self._on_refused is not None:
+            # The host was re-enrolled since its key was cached: look it up again, once. The agent
+            # refused before doing anything, so even a start is safe to send again.
             self._on_refused()
+            resp = await self._send(method, path, body, timeout_s)
         if resp.is_success:
             if resp.status_code == 204 or not resp.content:
                 return None

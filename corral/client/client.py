@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 
@@ -265,15 +264,13 @@ class Tokens:
         self._client = client
 
     def list(self) -> builtins.list[TokenInfo]:
-        return parse(TokenList, self._client.request("GET", "/v1/tokens")).tokens
+        return parse(TokenList, self._client.request("GET", wire.TOKENS_PATH)).tokens
 
     def issue_admin(self) -> IssuedToken:
-        return parse(IssuedToken, self._client.request("POST", "/v1/tokens/admin"))
+        return parse(IssuedToken, self._client.request("POST", wire.TOKENS_PATH + "/admin"))
 
     def issue_tenant(self, tenant: str) -> IssuedToken:
-        return parse(
-            IssuedToken, self._client.request("POST", f"/v1/tenants/{quote(tenant, safe='')}/tokens")
-        )
+        return parse(IssuedToken, self._client.request("POST", wire.tenant_tokens_path(tenant)))
 
     def revoke(self, token_id: str) -> None:
-        self._client.request("DELETE", f"/v1/tokens/{quote(token_id, safe='')}")
+        self._client.request("DELETE", wire.token_path(token_id))

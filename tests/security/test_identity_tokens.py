@@ -7,14 +7,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from corral.api.app import create_app
+from corral.client import AsyncCorral, NotFound, Unauthorized
+from corral.control import errors
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
-from corral.control.errors import Forbidden, Unauthorized
 from corral.control.plane import REVOCATION_POLL_S, ControlPlane
 from corral.core import ManualClock
 from corral.store import Role, open_store
+
+from .conftest import ADMIN, Cluster
 
 
 @pytest.fixture
@@ -42,11 +47,11 @@ async def test_a_revocation_reaches_the_other_replica_within_its_poll(
     assert who.role is Role.TENANT
     admin = await a.authenticate("admin-token-for-planes")
     await a.revoke_token(who.token_id, admin)
-    with pytest.raises(Unauthorized):
+    with pytest.raises(errors.Unauthorized):
         await a.authenticate(token)  # the replica that revoked it: at once
     # The other replica follows the store's epoch: once its poll interval has passed, it is refused.
     clock.advance(REVOCATION_POLL_S)
-    with pytest.raises(Unauthorized):
+    with pytest.raises(errors.Unauthorized):
         await b.authenticate(token)
     # ...and a token nobody revoked keeps working through the cache flush
     assert (await b.authenticate("admin-token-for-planes")).role is Role.ADMIN
@@ -60,14 +65,14 @@ async def test_reenrolment_reaches_the_other_replica(
     assert (await b.authenticate(old.agent_token)).host_id == "h1"
     await a.enrol_host("h1")
     clock.advance(REVOCATION_POLL_S)
-    with pytest.raises(Unauthorized):
+    with pytest.raises(errors.Unauthorized):
         await b.authenticate(old.agent_token)
 
 
 async def test_a_token_cannot_revoke_itself(planes: tuple[ControlPlane, ControlPlane, ManualClock]) -> None:
     a, _, _ = planes
     admin = await a.authenticate("admin-token-for-planes")
-    with pytest.raises(Forbidden):
+    with pytest.raises(errors.Forbidden):
         await a.revoke_token(admin.token_id, admin)
 
 
@@ -81,10 +86,33 @@ async def test_serve_restarted_with_another_admin_token_revokes_the_previous_one
             if not issued:  # a token an operator issued through the API is theirs to revoke, not serve's
                 issued = await plane.issue_admin_token()
             else:
-                with pytest.raises(Unauthorized):
+                with pytest.raises(errors.Unauthorized):
                     await plane.authenticate("first-serve-admin-token")
             assert (await plane.authenticate(token)).role is Role.ADMIN
             assert (await plane.authenticate(issued)).role is Role.ADMIN
         finally:
             await plane.stop()
             await plane.store.close()
+
+
+async def test_the_sdk_rotates_a_tenant_token_and_enrols_and_forgets_a_host(cluster: Cluster) -> None:
+    transport = httpx.ASGITransport(app=create_app(cluster.plane, manage=False))
+    async with AsyncCorral("http://corral.test", ADMIN, transport=transport) as admin:
+        r = await cluster.http.post("/v1/tenants", json={"name": "acme"}, headers=cluster.as_(ADMIN))
+        old = r.json()["token"]
+        new = await admin.tokens.issue_tenant("acme")
+        old_id = next(t.id for t in await admin.tokens.list() if t.tenant == new.tenant and t.id != new.id)
+        await admin.tokens.revoke(old_id)
+        with pytest.raises(NotFound):
+            await admin.tokens.revoke(old_id)
+        async with AsyncCorral("http://corral.test", old, transport=transport) as tenant:
+            with pytest.raises(Unauthorized):
+                await tenant.sandboxes.list().__anext__()
+        async with AsyncCorral("http://corral.test", new.token, transport=transport) as tenant:
+            sb = await tenant.sandboxes.create("default", memory_mb=256)
+            await sb.kill()
+        creds = await admin.hosts.enrol("h-new")
+        assert creds.host_id == "h-new" and creds.agent_token != creds.host_key
+        await admin.hosts.forget("h-new")
+        with pytest.raises(NotFound):
+            await admin.hosts.forget("h-new")
