@@ -89,6 +89,7 @@ def serve(
     from corral.api.server import BadToken, ServeOptions, run
     from corral.api.server import serve as serve_
     from corral.control.localfleet import process_runtime_available
+    from corral.store import TokenRevoked
 
     kind = runtime or ("process" if process_runtime_available() else "sim")
     if kind not in ("process", "sim"):
@@ -121,8 +122,8 @@ def serve(
     )
     try:
         run(serve_(opts))
-    except BadToken as e:
-        raise typer.BadParameter(str(e)) from None
+    except (BadToken, TokenRevoked) as e:
+        raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
 
 @app.command()
@@ -144,6 +145,7 @@ def api(
     (`corral hosts token ID`)."""
     from corral.api.server import ApiOptions, BadToken, run
     from corral.api.server import api as api_
+    from corral.store import TokenRevoked
 
     agent_token = _shared_agent_token(dev_shared_agent_token)
     opts = ApiOptions(
@@ -161,8 +163,8 @@ def api(
     )
     try:
         run(api_(opts))
-    except BadToken as e:
-        raise typer.BadParameter(str(e)) from None
+    except (BadToken, TokenRevoked) as e:
+        raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
 
 app.command("agent")(agent_command)

@@ -169,17 +169,26 @@ async def api(opts: ApiOptions) -> None:
     )
     store = open_store(opts.store)
     plane = ControlPlane(store, HttpAgents(store.host_key, shared_token=opts.agent_token), config)
-    app = create_app(
-        plane, admin_token=admin, agent_token=opts.agent_token, manage=True, on_shutdown=store.close
-    )
-    server = _uvicorn(app, opts.host, opts.port)
-    print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
-    if generated:
-        print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
+    stopped = False
+
+    async def shut_down() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            await plane.stop()
+            await store.close()
+
+    app = create_app(plane, manage=False, on_shutdown=shut_down)
     try:
+        # Before serving, so a refused configuration (a revoked CORRAL_TOKEN) stops the process.
+        await plane.start(admin_token=admin, agent_token=opts.agent_token)
+        server = _uvicorn(app, opts.host, opts.port)
+        print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
+        if generated:
+            print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
         await server.serve()
     finally:
-        await store.close()  # when the server never started; after its shutdown, a no-op
+        await shut_down()  # when the server never started; after its shutdown, a no-op
 
 
 def run(coro: Coroutine[object, object, None]) -> None:

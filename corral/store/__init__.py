@@ -36,6 +36,7 @@ from corral.store.contract import (
     TemplateRecord,
     TenantRecord,
     TokenRecord,
+    TokenRevoked,
     Usage,
 )
 
@@ -89,6 +90,7 @@ __all__ = [
     "TemplateRecord",
     "TenantRecord",
     "TokenRecord",
+    "TokenRevoked",
     "Usage",
     "open_store",
 ]

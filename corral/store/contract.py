@@ -87,6 +87,12 @@ class HostBusy(StoreError):
     code = "host_has_sandboxes"
 
 
+class TokenRevoked(StoreError):
+    """A configured token that was revoked: it is never adopted again."""
+
+    code = "token_revoked"
+
+
 class InvalidRecord(StoreError, ValueError):
     """Input the store refuses before touching anything (negative memory, unknown state, ...)."""
 
@@ -596,7 +602,8 @@ class Store(ABC):
     @abstractmethod
     async def ensure_token(self, plaintext: str, tenant_id: str | None, role: Role) -> Principal:
         """Store a given token (from configuration at start-up); idempotent. Raises
-        :class:`NameConflict` if the token is already stored for another tenant or role."""
+        :class:`NameConflict` if the token is already stored for another tenant or role, and
+        :class:`TokenRevoked` if it was revoked."""
 
     @abstractmethod
     async def resolve_token(self, plaintext: str) -> Principal | None: ...

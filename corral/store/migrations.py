@@ -134,6 +134,8 @@ _V2 = (
 # next start with another one can revoke it. ``host_keys`` holds the key the control plane presents
 # when it calls a host's agent. ``auth_epoch`` counts revocations: replicas poll this one row to drop
 # their cached tokens instead of asking the store about every token on every request.
+# ``revoked_tokens`` remembers revoked hashes, so a replica restarted with a stale configured token
+# cannot bring it back.
 _V3 = (
     "ALTER TABLE tokens ADD COLUMN host_id TEXT",
     "ALTER TABLE tokens ADD COLUMN source TEXT",
@@ -141,6 +143,7 @@ _V3 = (
     "CREATE TABLE host_keys (host_id TEXT PRIMARY KEY, key TEXT NOT NULL, created_at {real} NOT NULL)",
     "CREATE TABLE auth_epoch (id INTEGER PRIMARY KEY, epoch BIGINT NOT NULL)",
     "INSERT INTO auth_epoch (id, epoch) VALUES (1, 0)",
+    "CREATE TABLE revoked_tokens (hash TEXT PRIMARY KEY, revoked_at {real} NOT NULL)",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (

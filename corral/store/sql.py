@@ -56,6 +56,7 @@ from corral.store.contract import (
     TemplateRecord,
     TenantRecord,
     TokenRecord,
+    TokenRevoked,
     Usage,
     _Unset,
     as_states,
@@ -1022,6 +1023,8 @@ class SqlStore(Store):
                 and await tx.fetchone("SELECT id FROM tenants WHERE id = :t", {"t": tenant_id}) is None
             ):
                 raise NotFound(f"tenant {tenant_id!r}")
+            if await tx.fetchone("SELECT 1 FROM revoked_tokens WHERE hash = :h", {"h": digest}):
+                raise TokenRevoked("this token was revoked; configure a new one")
             await tx.execute(
                 "INSERT INTO tokens (id, hash, tenant_id, role, created_at, source) "
                 "VALUES (:id, :h, :t, :r, :now, :src) ON CONFLICT (hash) DO NOTHING",
@@ -1037,12 +1040,11 @@ class SqlStore(Store):
                 await tx.execute(
                     "UPDATE tokens SET source = :src WHERE id = :id", {"src": source, "id": row[0]}
                 )
-                gone = await tx.execute(
-                    "DELETE FROM tokens WHERE source = :src AND role = :r AND id <> :id",
+                await self._revoke_where(
+                    tx,
+                    "source = :src AND role = :r AND id <> :id",
                     {"src": source, "r": want.value, "id": row[0]},
                 )
-                if gone:
-                    await self._bump_epoch(tx)
             return Principal(row[0], row[1], Role(row[2]))
 
         return await self._write(run)
@@ -1062,12 +1064,22 @@ class SqlStore(Store):
     async def _bump_epoch(tx: Tx) -> None:
         await tx.execute("UPDATE auth_epoch SET epoch = epoch + 1 WHERE id = 1")
 
+    async def _revoke_where(self, tx: Tx, where: str, params: Params) -> int:
+        """Revoke every token matching ``where`` in this transaction: remember its hash, delete it, and
+        advance the epoch replicas follow. Returns how many."""
+        await tx.execute(
+            f"INSERT INTO revoked_tokens (hash, revoked_at) SELECT hash, :revoked_at FROM tokens WHERE {where} "
+            "ON CONFLICT (hash) DO NOTHING",
+            {**params, "revoked_at": self._now()},
+        )
+        gone = await tx.execute(f"DELETE FROM tokens WHERE {where}", params)
+        if gone:
+            await self._bump_epoch(tx)
+        return gone
+
     async def revoke_token(self, token_id: str) -> bool:
         async def run(tx: Tx) -> bool:
-            gone = await tx.execute("DELETE FROM tokens WHERE id = :id", {"id": token_id}) > 0
-            if gone:
-                await self._bump_epoch(tx)
-            return gone
+            return await self._revoke_where(tx, "id = :id", {"id": token_id}) > 0
 
         return await self._write(run)
 
@@ -1107,7 +1119,7 @@ class SqlStore(Store):
                 "ON CONFLICT (id) DO UPDATE SET seq = -1",
                 {"id": host_id, "now": now},
             )
-            await tx.execute("DELETE FROM tokens WHERE host_id = :h", {"h": host_id})
+            await self._revoke_where(tx, "host_id = :h", {"h": host_id})
             await tx.execute(
                 "INSERT INTO tokens (id, hash, tenant_id, role, created_at, host_id) "
                 "VALUES (:id, :h, NULL, :r, :now, :host)",
@@ -1149,10 +1161,7 @@ class SqlStore(Store):
             await self._end_where(tx, "host_id = :h", {"h": host_id})
             found = await tx.execute("DELETE FROM hosts WHERE id = :h", {"h": host_id}) > 0
             found = await tx.execute("DELETE FROM host_keys WHERE host_id = :h", {"h": host_id}) > 0 or found
-            if await tx.execute("DELETE FROM tokens WHERE host_id = :h", {"h": host_id}) > 0:
-                await self._bump_epoch(tx)
-                found = True
-            return found
+            return await self._revoke_where(tx, "host_id = :h", {"h": host_id}) > 0 or found
 
         return await self._write(run)
 

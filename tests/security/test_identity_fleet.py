@@ -239,6 +239,12 @@ def test_rotated_admin_tokens_keep_replicas_working(fleet: Fleet) -> None:
         )
         # and the replicas, and the agents through them, carry on
         eventually(lambda r=replica: _fresh(fleet, r, new) == set(HOSTS), "both hosts fresh")
+    # A replica restarted with the stale configuration does not bring the revoked token back.
+    stale = start(
+        "replica-stale", api_args(fleet.store, free_port(), "r-stale"), fleet.logdir, {"CORRAL_TOKEN": ADMIN}
+    )
+    assert stale.popen.wait(60) != 0
+    assert "revoked" in stale.output()
     r = httpx.post(f"{fleet.url(0)}/v1/sandboxes", json={"memory_mb": 64}, headers=as_(new), timeout=30)
     assert r.status_code == 201, r.text
     assert httpx.delete(f"{fleet.url(1)}/v1/sandboxes/{r.json()['id']}", headers=as_(new)).status_code == 204

@@ -17,7 +17,7 @@ from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.plane import REVOCATION_POLL_S, ControlPlane
 from corral.core import ManualClock
-from corral.store import Role, open_store
+from corral.store import Role, TokenRevoked, open_store
 
 from .conftest import ADMIN, Cluster
 
@@ -93,6 +93,14 @@ async def test_serve_restarted_with_another_admin_token_revokes_the_previous_one
         finally:
             await plane.stop()
             await plane.store.close()
+    # and going back to the first one is refused: a revoked token stays revoked
+    plane = ControlPlane(open_store(url), LocalAgents(), ControlConfig(replica_id="serve"))
+    try:
+        with pytest.raises(TokenRevoked):
+            await plane.start(admin_token="first-serve-admin-token", replace_admin_token=True)
+    finally:
+        await plane.stop()
+        await plane.store.close()
 
 
 async def test_the_sdk_rotates_a_tenant_token_and_enrols_and_forgets_a_host(cluster: Cluster) -> None:

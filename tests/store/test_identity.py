@@ -15,6 +15,7 @@ from corral.store import (
     SandboxRecord,
     SandboxState,
     Store,
+    TokenRevoked,
 )
 
 from .test_tenants import raw_rows
@@ -103,3 +104,20 @@ async def test_the_sqlite_files_are_owner_only(store: Store, store_url: str) -> 
         if os.path.exists(path + suffix):
             assert stat.S_IMODE(os.stat(path + suffix).st_mode) == 0o600, suffix
     assert os.path.exists(path + "-wal")
+
+
+async def test_a_revoked_token_cannot_be_configured_again(store: Store) -> None:
+    tenant = await store.create_tenant("t", max_sandboxes=10, max_memory_mb=10_000)
+    who = await store.ensure_token("configured-admin-token-0", tenant.id, Role.ADMIN)
+    assert await store.revoke_token(who.token_id)
+    # A replica restarted with the stale configuration must not bring it back.
+    with pytest.raises(TokenRevoked):
+        await store.ensure_token("configured-admin-token-0", tenant.id, Role.ADMIN)
+    with pytest.raises(TokenRevoked):
+        await store.adopt_token("configured-admin-token-0", tenant.id, Role.ADMIN, source="serve")
+    assert await store.resolve_token("configured-admin-token-0") is None
+    # so are a re-enrolled host's old token and those a configured token replaced
+    old = await store.enrol_host("h1")
+    await store.enrol_host("h1")
+    with pytest.raises(TokenRevoked):
+        await store.ensure_token(old.agent_token, None, Role.AGENT)
