@@ -124,3 +124,25 @@ async def test_the_sdk_rotates_a_tenant_token_and_enrols_and_forgets_a_host(clus
         await admin.hosts.forget("h-new")
         with pytest.raises(NotFound):
             await admin.hosts.forget("h-new")
+
+
+async def test_only_an_admin_reaches_the_identity_routes(cluster: Cluster) -> None:
+    r = await cluster.http.post("/v1/tenants", json={"name": "acme"}, headers=cluster.as_(ADMIN))
+    tenant = r.json()["token"]
+    creds = await cluster.plane.enrol_host(cluster.fleet.agents[0].id)
+    host = cluster.fleet.agents[0].id
+    for token in (tenant, creds.agent_token):
+        for method, path in [
+            ("POST", f"/v1/hosts/{host}/token"),
+            ("POST", "/v1/hosts/h-new/token"),
+            ("DELETE", f"/v1/hosts/{host}"),
+            ("GET", "/v1/tokens"),
+            ("POST", "/v1/tokens/admin"),
+            ("POST", "/v1/tenants/acme/tokens"),
+            ("DELETE", f"/v1/tokens/{(await cluster.plane.authenticate(ADMIN)).token_id}"),
+        ]:
+            r = await cluster.http.request(method, path, headers=cluster.as_(token))
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (method, path, r.text)
+    # nothing changed: the host's credentials still work, the admin token too
+    assert (await cluster.plane.authenticate(creds.agent_token)).host_id == host
+    assert (await cluster.http.get("/v1/tokens", headers=cluster.as_(ADMIN))).status_code == 200
