@@ -11,7 +11,14 @@ import typer
 
 from corral import __version__
 from corral.agent.cli import agent_command, host_memory_mb
-from corral.client.cli import burst_command, exec_command, hosts_command, kill_command, ps_command
+from corral.client.cli import (
+    burst_command,
+    exec_command,
+    hosts_command,
+    kill_command,
+    ps_command,
+    tokens_command,
+)
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
 
@@ -29,6 +36,29 @@ def main() -> None:
 def version() -> None:
     """Print corral's version."""
     typer.echo(__version__)
+
+
+DevSharedAgentToken = Annotated[
+    bool,
+    typer.Option(
+        "--dev-shared-agent-token",
+        help="Development only: accept CORRAL_AGENT_TOKEN from every agent, for any host, and present it "
+        "to every agent (instead of enrolled hosts' own credentials).",
+    ),
+]
+
+
+def _shared_agent_token(enabled: bool) -> str | None:
+    token = os.environ.get("CORRAL_AGENT_TOKEN") or None
+    if enabled and token is None:
+        raise typer.BadParameter("set CORRAL_AGENT_TOKEN", param_hint="--dev-shared-agent-token")
+    if token is not None and not enabled:
+        raise typer.BadParameter(
+            "CORRAL_AGENT_TOKEN is set: a fleet-wide agent token is a development mode, say so with "
+            "--dev-shared-agent-token (or enrol hosts: `corral hosts token ID`)",
+            param_hint="CORRAL_AGENT_TOKEN",
+        )
+    return token
 
 
 @app.command()
@@ -53,11 +83,13 @@ def serve(
     ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Process runtime state.")] = None,
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
+    dev_shared_agent_token: DevSharedAgentToken = False,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
     from corral.api.server import BadToken, ServeOptions, run
     from corral.api.server import serve as serve_
     from corral.control.localfleet import process_runtime_available
+    from corral.store import TokenRevoked
 
     kind = runtime or ("process" if process_runtime_available() else "sim")
     if kind not in ("process", "sim"):
@@ -81,7 +113,7 @@ def serve(
         host_cpus=cpus,
         admission=admission,
         admin_token=os.environ.get("CORRAL_TOKEN") or None,
-        agent_token=os.environ.get("CORRAL_AGENT_TOKEN") or None,
+        agent_token=_shared_agent_token(dev_shared_agent_token),
         heartbeat_interval_s=heartbeat_interval,
         k=k,
         state_dir=state_dir,
@@ -90,8 +122,8 @@ def serve(
     )
     try:
         run(serve_(opts))
-    except BadToken as e:
-        raise typer.BadParameter(str(e)) from None
+    except (BadToken, TokenRevoked) as e:
+        raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
 
 @app.command()
@@ -107,16 +139,15 @@ def api(
     lease_s: Annotated[float, typer.Option("--lease-s", min=0.5, help="Replica lease.")] = 15.0,
     bind_timeout: Annotated[float, typer.Option("--bind-timeout", min=0.1)] = 30.0,
     reconcile_interval: Annotated[float, typer.Option("--reconcile-interval", min=0.05)] = 1.0,
+    dev_shared_agent_token: DevSharedAgentToken = False,
 ) -> None:
-    """Run one control-plane replica against a shared store; agents join over HTTP."""
+    """Run one control-plane replica against a shared store; agents join over HTTP once enrolled
+    (`corral hosts token ID`)."""
     from corral.api.server import ApiOptions, BadToken, run
     from corral.api.server import api as api_
+    from corral.store import TokenRevoked
 
-    agent_token = os.environ.get("CORRAL_AGENT_TOKEN")
-    if not agent_token:
-        raise typer.BadParameter(
-            "set CORRAL_AGENT_TOKEN: the token agents present", param_hint="CORRAL_AGENT_TOKEN"
-        )
+    agent_token = _shared_agent_token(dev_shared_agent_token)
     opts = ApiOptions(
         host=host,
         port=port,
@@ -132,14 +163,15 @@ def api(
     )
     try:
         run(api_(opts))
-    except BadToken as e:
-        raise typer.BadParameter(str(e)) from None
+    except (BadToken, TokenRevoked) as e:
+        raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
 
 app.command("agent")(agent_command)
 app.command("burst")(burst_command)
 app.command("ps")(ps_command)
 app.command("hosts")(hosts_command)
+app.command("tokens")(tokens_command)
 app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_command)
 app.command("kill")(kill_command)
 app.add_typer(sim_app, name="sim")

@@ -9,10 +9,12 @@ import asyncio
 import logging
 import os
 import random
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from corral.agent import credentials
 from corral.agent.agent import Agent
 from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.http import create_app
@@ -75,15 +77,29 @@ def agent_command(
             help="Control plane base URL; repeat it (or separate with commas) to name several replicas.",
         ),
     ],
-    id: Annotated[str, typer.Option("--id", help="This agent's id (unique in the fleet).")],
-    token: Annotated[
-        str,
+    id: Annotated[
+        str | None, typer.Option("--id", help="This agent's id (default: the host named in --token-file).")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
         typer.Option(
-            "--token",
-            envvar="CORRAL_AGENT_TOKEN",
-            help="Agent token: callers must present it, and the heartbeats carry it.",
+            "--token-file",
+            help="This host's credentials (mode 0600), from `corral hosts token ID --out FILE`.",
         ),
-    ],
+    ] = None,
+    dev_shared_token: Annotated[
+        bool,
+        typer.Option(
+            "--dev-shared-token",
+            help="Development only: one token (--token or CORRAL_AGENT_TOKEN) for every host, both ways.",
+        ),
+    ] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token", envvar="CORRAL_AGENT_TOKEN", help="The shared token (only with --dev-shared-token)."
+        ),
+    ] = None,
     runtime: Annotated[str, typer.Option("--runtime", help="sim | process")] = "sim",
     memory_mb: Annotated[
         int | None, typer.Option("--memory-mb", min=1, help="Memory to offer (default: the host's).")
@@ -107,10 +123,7 @@ def agent_command(
     ] = None,
 ) -> None:
     """Run a host agent: its HTTP API and its heartbeats to the control plane."""
-    if not token:
-        raise typer.BadParameter(
-            "an agent needs a token (--token or CORRAL_AGENT_TOKEN)", param_hint="--token"
-        )
+    id, agent_token, host_key = _identity(id, token_file, dev_shared_token, token)
     host, port = parse_listen(listen)
     rt = build_runtime(runtime)
     total_mb = memory_mb or host_memory_mb() or 4096
@@ -128,7 +141,7 @@ def agent_command(
     urls = [u.strip() for item in control_plane for u in item.split(",") if u.strip()]
     if not urls:
         raise typer.BadParameter("at least one control-plane URL", param_hint="--control-plane")
-    sink = http_heartbeat_sink(urls, token)
+    sink = http_heartbeat_sink(urls, agent_token)
     agent = Agent(
         id,
         rt,
@@ -145,18 +158,48 @@ def agent_command(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(agent, token, host, port, advertise))
+        runner.run(_serve(agent, host_key, host, port, advertise))
+
+
+def _identity(
+    id: str | None, token_file: Path | None, dev_shared_token: bool, token: str | None
+) -> tuple[str, str, str]:
+    """(host id, token the agent presents, key it expects) from the enrolment file, or in the
+    development mode, one shared token for both directions."""
+    if dev_shared_token:
+        if token_file is not None:
+            raise typer.BadParameter("either --token-file or --dev-shared-token", param_hint="--token-file")
+        if not token:
+            raise typer.BadParameter(
+                "--dev-shared-token needs --token or CORRAL_AGENT_TOKEN", param_hint="--token"
+            )
+        if not id:
+            raise typer.BadParameter("--dev-shared-token needs --id", param_hint="--id")
+        return id, token, token
+    if token_file is None:
+        raise typer.BadParameter(
+            "an agent needs its host's credentials: enrol it (`corral hosts token ID --out FILE`) "
+            "and pass --token-file FILE",
+            param_hint="--token-file",
+        )
+    try:
+        creds = credentials.load(token_file)
+    except credentials.BadCredentials as exc:
+        raise typer.BadParameter(str(exc), param_hint="--token-file") from None
+    if id is not None and id != creds.host_id:
+        raise typer.BadParameter(f"--id {id} but the credentials are for {creds.host_id}", param_hint="--id")
+    return creds.host_id, creds.agent_token, creds.host_key
 
 
 def _url(host: str, port: int) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-async def _serve(agent: Agent, token: str, host: str, port: int, advertise: str | None) -> None:
+async def _serve(agent: Agent, host_key: str, host: str, port: int, advertise: str | None) -> None:
     import uvicorn
 
     server = uvicorn.Server(
-        uvicorn.Config(create_app(agent, token), host=host, port=port, log_level="warning")
+        uvicorn.Config(create_app(agent, host_key), host=host, port=port, log_level="warning")
     )
     # Adopt before accepting any start, so a restarted agent never starts a twin of what still runs.
     adopted = await agent.adopt()

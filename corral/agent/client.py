@@ -9,6 +9,7 @@ with the agent's stable code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -82,33 +83,50 @@ _INFOS = TypeAdapter(list[SandboxInfo])
 
 
 class HttpAgentClient(AgentClient):
-    """Talks to an agent's HTTP API. ``transport`` is the test seam (``httpx.ASGITransport(app)``)."""
+    """Talks to an agent's HTTP API. ``transport`` is the test seam (``httpx.ASGITransport(app)``).
+
+    ``token`` is the host's key, or a coroutine function giving it (looked up when first needed);
+    ``on_refused`` runs when the agent answers 401, so a key that was rotated is looked up again."""
 
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: str | Callable[[], Awaitable[str]],
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 30.0,
+        on_refused: Callable[[], None] | None = None,
     ) -> None:
+        self._token = token
+        self._on_refused = on_refused
         self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            transport=transport,
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {token}"},
+            base_url=base_url.rstrip("/"), transport=transport, timeout=timeout_s
         )
 
-    async def _call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+    async def _auth(self) -> dict[str, str]:
+        token = self._token if isinstance(self._token, str) else await self._token()
+        return {"Authorization": f"Bearer {token}"}
+
+    async def _send(self, method: str, path: str, body: Any, timeout_s: float | None) -> httpx.Response:
         kwargs: dict[str, Any] = {}
+        headers = await self._auth()
         if body is not None:
             kwargs["content"] = body.model_dump_json()
-            kwargs["headers"] = {"Content-Type": "application/json"}
+            headers["Content-Type"] = "application/json"
+        kwargs["headers"] = headers
         if timeout_s is not None:
             kwargs["timeout"] = timeout_s
         try:
-            resp = await self._client.request(method, path, **kwargs)
+            return await self._client.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise AgentUnavailable(message=f"agent unreachable: {exc!r}") from exc
+
+    async def _call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+        resp = await self._send(method, path, body, timeout_s)
+        if resp.status_code == 401 and self._on_refused is not None:
+            # The host was re-enrolled since its key was cached: look it up again, once. The agent
+            # refused before doing anything, so even a start is safe to send again.
+            self._on_refused()
+            resp = await self._send(method, path, body, timeout_s)
         if resp.is_success:
             if resp.status_code == 204 or not resp.content:
                 return None

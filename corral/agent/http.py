@@ -1,6 +1,7 @@
 """The agent's HTTP API: a thin FastAPI wrapper over :class:`~corral.agent.agent.Agent`.
 
-Every route needs ``Authorization: Bearer <token>`` (compared in constant time). Every error has the
+Every route but ``/healthz`` needs ``Authorization: Bearer <host key>``: the key enrolment gave this
+host, which only the control plane holds (compared in constant time). Every error has the
 DESIGN.md body ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
 503 with a ``Retry-After`` header; bad input is 422 naming the field.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -18,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.agent.agent import Agent
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
@@ -45,15 +47,19 @@ def _field(error: Mapping[str, Any]) -> str:
 
 
 def create_app(agent: Agent, token: str) -> FastAPI:
-    """The agent's ASGI app. Tests plug it into ``httpx.ASGITransport``; the CLI serves it with uvicorn."""
+    """The agent's ASGI app. Tests plug it into ``httpx.ASGITransport``; the CLI serves it with uvicorn.
+    ``token``: the host key callers must present."""
     if not token:
-        raise ValueError("an agent needs a token: its API must never be open")
+        raise ValueError("an agent needs a host key: its API must never be open")
     expected = token.encode()
 
-    def authorized(request: Request) -> bool:
-        scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+    def key_presented(header: str) -> bool:
+        scheme, _, presented = header.partition(" ")
         # Constant-time, so the answer's timing says nothing about how much of a guess was right.
         return scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), expected)
+
+    def authorized(request: Request) -> bool:
+        return key_presented(request.headers.get("authorization", ""))
 
     def authenticate(request: Request) -> None:
         if not authorized(request):
@@ -132,4 +138,23 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api)
+    app.add_middleware(_KeyGate, key_presented=key_presented)
     return app
+
+
+class _KeyGate:
+    """Refuses a call without the host key before its body is read: a stranger's request costs the
+    agent one header comparison, whatever it sends after the headers."""
+
+    def __init__(self, app: ASGIApp, key_presented: Callable[[str], bool]) -> None:
+        self.app = app
+        self.key_presented = key_presented
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/healthz":
+            header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+            if not self.key_presented(header.decode("latin-1")):
+                response = error_response(AgentUnauthorized(message="missing or invalid bearer token"))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

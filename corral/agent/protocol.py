@@ -7,8 +7,25 @@ is the agent's own verdict, computed with :func:`corral.core.admission.admittabl
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.agent.inputs import (
+    MAX_SANDBOXES_PER_HOST,
+    MAX_TEMPLATES_PER_HOST,
+    AbsPath,
+    Address,
+    AdmittableMb,
+    Argv,
+    Count,
+    Cpus,
+    Env,
+    MemoryMb,
+    Seq,
+    Timestamp,
+    Word,
+)
 from corral.core.types import AdmissionMode, HostState, HostView
 
 # Sandbox ids and hostnames travel in URLs and become hostnames: keep them to a safe alphabet.
@@ -17,7 +34,9 @@ HOSTNAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB: anything larger is a typo, not a sandbox
 MAX_CPUS = 1024.0
 MAX_EXEC_TIMEOUT_S = 3600.0
-MAX_ENV = 256
+
+
+SandboxId = Annotated[str, Field(pattern=ID_PATTERN)]
 
 
 class _Model(BaseModel):
@@ -35,7 +54,7 @@ class StartSandbox(_Model):
     cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)
     stateful: bool = Field(default=False, strict=True)
     template: str | None = Field(default=None, min_length=1, max_length=128)
-    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
+    env: Env = Field(default_factory=dict)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
     network: bool = Field(default=False, strict=True)  # loopback only unless asked
 
@@ -55,10 +74,10 @@ class SandboxInfo(_Lenient):
 
 
 class ExecRequest(_Model):
-    command: list[str] = Field(min_length=1, max_length=4096)
+    command: Argv
     timeout_s: float = Field(default=30.0, gt=0, le=MAX_EXEC_TIMEOUT_S)
-    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
-    cwd: str | None = Field(default=None, pattern=r"^/", max_length=4096)
+    env: Env = Field(default_factory=dict)
+    cwd: AbsPath | None = None
 
 
 class ExecResponse(_Lenient):
@@ -73,31 +92,31 @@ class ExecResponse(_Lenient):
 class Capacity(_Lenient):
     """What a host can take, as a heartbeat carries it (and ``GET /v1/capacity`` answers on demand)."""
 
-    cpu_total: float
-    cpu_used: float
-    memory_mb_total: int
-    memory_mb_used: int
+    cpu_total: Cpus
+    cpu_used: Cpus
+    memory_mb_total: MemoryMb
+    memory_mb_used: MemoryMb
     memory_admission: AdmissionMode
-    memory_mb_admittable: int
-    templates: list[str] | None = None  # None: any template
-    runtime: str
-    gpu: str | None = None
-    role: str = "worker"
+    memory_mb_admittable: AdmittableMb
+    templates: list[Word] | None = Field(default=None, max_length=MAX_TEMPLATES_PER_HOST)  # None: any
+    runtime: Word
+    gpu: Word | None = None
+    role: Word = "worker"
     stream_restore: bool = False
     # Informational: the control plane's filters do not need them, operators do.
     intake_open: bool = True
-    starts_in_flight: int = 0
-    max_concurrent_starts: int = 0
+    starts_in_flight: Count = 0
+    max_concurrent_starts: Count = 0
 
 
 class Heartbeat(Capacity):
-    agent_id: str
+    agent_id: str = Field(pattern=ID_PATTERN)
     # Strictly increasing per agent, and seeded from the clock so it keeps increasing across restarts:
     # a receiver may drop any heartbeat whose seq is not above the last one it kept.
-    seq: int = Field(ge=1)
-    address: str
-    sent_at: float
-    sandbox_ids: list[str] = Field(default_factory=list)
+    seq: Seq
+    address: Address
+    sent_at: Timestamp
+    sandbox_ids: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
 
     def host_view(self, heartbeat_at: float | None = None, state: HostState = HostState.READY) -> HostView:
         """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);

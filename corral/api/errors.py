@@ -13,13 +13,19 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.errors import AgentError
-from corral.control.errors import ControlError
+from corral.control.errors import ControlError, PayloadTooLarge
 from corral.store import InvalidRecord, StoreError, StoreUnavailable
 from corral.store import NotFound as StoreNotFound
 
 log = logging.getLogger("corral.api")
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    401: "unauthorized",
+    403: "forbidden",
+    PayloadTooLarge.status: PayloadTooLarge.code,
+}
 
 
 def error_response(

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from corral.agent.protocol import ExecRequest
+from corral.agent.protocol import ID_PATTERN, ExecRequest
 from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.api.auth import Admin, Agent, Plane, User, owner, scope
 from corral.api.schemas import (
+    NAME_PATTERN,
     BatchBody,
     BatchOut,
     ExecBody,
     ExecOut,
+    HostCredentialsOut,
     HostList,
     HostOut,
+    IssuedToken,
     SandboxList,
     SandboxOut,
     SandboxSpecBody,
@@ -26,6 +29,8 @@ from corral.api.schemas import (
     TemplateOut,
     TenantBody,
     TenantOut,
+    TokenOut,
+    iso,
     sandbox_json,
 )
 from corral.control.create import CreateSpec
@@ -35,6 +40,7 @@ from corral.store import SandboxState, TemplateRecord
 router = APIRouter()
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=256)]
+HostId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 
 def _spec(body: SandboxSpecBody) -> CreateSpec:
@@ -128,6 +134,65 @@ async def undrain_host(host_id: str, _: Admin, plane: Plane) -> HostOut:
     return HostOut.of(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
 
 
+@router.post("/v1/hosts/{host_id}/token", status_code=201, response_model=HostCredentialsOut)
+async def enrol_host(host_id: HostId, _: Admin, plane: Plane) -> HostCredentialsOut:
+    """Enrol a host (or rotate its credentials): its previous token and key stop working."""
+    creds = await plane.enrol_host(host_id)
+    return HostCredentialsOut(host_id=creds.host_id, agent_token=creds.agent_token, host_key=creds.host_key)
+
+
+@router.delete("/v1/hosts/{host_id}", status_code=204)
+async def forget_host(host_id: HostId, _: Admin, plane: Plane) -> Response:
+    await plane.forget_host(host_id)
+    return Response(status_code=204)
+
+
+@router.get("/v1/tokens")
+async def list_tokens(_: Admin, plane: Plane) -> dict[str, list[TokenOut]]:
+    return {
+        "tokens": [
+            TokenOut(
+                id=t.id,
+                role=t.role.value,
+                tenant=t.tenant_id,
+                host_id=t.host_id,
+                source=t.source,
+                created_at=iso(t.created_at),
+            )
+            for t in await plane.tokens()
+        ]
+    }
+
+
+@router.post("/v1/tokens/admin", status_code=201, response_model=IssuedToken)
+async def issue_admin_token(_: Admin, plane: Plane) -> IssuedToken:
+    """A further admin token: hand it to replicas (CORRAL_TOKEN), then revoke the old one."""
+    token = await plane.issue_admin_token()
+    return await _issued(plane, token)
+
+
+@router.post("/v1/tenants/{name}/tokens", status_code=201, response_model=IssuedToken)
+async def issue_tenant_token(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)], _: Admin, plane: Plane
+) -> IssuedToken:
+    """A further token for the tenant: rotate by issuing one, then revoking the old one."""
+    _tenant, token = await plane.issue_tenant_token(name)
+    return await _issued(plane, token)
+
+
+async def _issued(plane: Plane, token: str) -> IssuedToken:
+    p = await plane.authenticate(token)
+    return IssuedToken(id=p.token_id, role=p.role.value, tenant=p.tenant_id, token=token)
+
+
+@router.delete("/v1/tokens/{token_id}", status_code=204)
+async def revoke_token(
+    token_id: Annotated[str, Path(max_length=64)], caller: Admin, plane: Plane
+) -> Response:
+    await plane.revoke_token(token_id, caller)
+    return Response(status_code=204)
+
+
 @router.post("/v1/templates", status_code=201, response_model=TemplateOut)
 async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> TemplateOut:
     tpl = await plane.create_template(
@@ -159,8 +224,8 @@ async def list_tenants(_: Admin, plane: Plane) -> dict[str, list[TenantOut]]:
 
 
 @router.post("/v1/agent/heartbeat")
-async def heartbeat(hb: WireHeartbeat, _: Agent, plane: Plane) -> dict[str, object]:
-    result = await plane.heartbeat(hb)
+async def heartbeat(hb: WireHeartbeat, sender: Agent, plane: Plane) -> dict[str, object]:
+    result = await plane.heartbeat(hb, sender)
     return {"accepted": result.accepted, "confirmed": result.confirmed, "state": result.host.state.value}
 
 

@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corral.agent.credentials import HostCredentials
+from corral.agent.inputs import AbsPath, Env, check_argv
 from corral.store import HostRecord, SandboxRecord, SandboxState, TemplateRecord, TenantRecord
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 TEMPLATE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
-ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 MAX_MEMORY_MB = 1024 * 1024  # 1 TiB
 MAX_CPUS = 1024.0
 MAX_TTL_S = 30 * 24 * 3600.0
@@ -33,7 +34,7 @@ class SandboxSpecBody(_Body):
     ttl_seconds: float | None = Field(default=None, gt=0, le=MAX_TTL_S)
     name: str | None = Field(default=None, pattern=NAME_PATTERN)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    env: Env = Field(default_factory=dict)
 
     @field_validator("metadata")
     @classmethod
@@ -41,16 +42,8 @@ class SandboxSpecBody(_Body):
         for k, val in v.items():
             if not 0 < len(k) <= 128 or len(val) > 1024:
                 raise ValueError("metadata keys are 1-128 characters, values at most 1024")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        import re
-
-        for k, val in v.items():
-            if not re.match(ENV_KEY_PATTERN, k) or len(val) > 32768 or "\x00" in val:
-                raise ValueError(f"bad environment variable {k!r}")
+            if "\x00" in k or "\x00" in val:
+                raise ValueError(f"metadata {k[:64]!r} contains a NUL byte")
         return v
 
 
@@ -60,18 +53,16 @@ class BatchBody(_Body):
 
 
 class ExecBody(_Body):
+    # A list is the argv; a string is a shell command line.
     command: list[str] | str = Field(min_length=1)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    env: dict[str, str] = Field(default_factory=dict, max_length=256)
-    cwd: str | None = Field(default=None, pattern=r"^/", max_length=4096)
+    env: Env = Field(default_factory=dict)
+    cwd: AbsPath | None = None
 
     @field_validator("command")
     @classmethod
     def _command(cls, v: list[str] | str) -> list[str] | str:
-        if isinstance(v, list) and (len(v) > 4096 or not v[0]):
-            raise ValueError("command must be a non-empty list of at most 4096 arguments")
-        if any("\x00" in a for a in ([v] if isinstance(v, str) else v)):
-            raise ValueError("command must not contain NUL bytes")
+        check_argv([v] if isinstance(v, str) else v)
         return v
 
     def argv(self) -> list[str]:
@@ -90,6 +81,27 @@ class TenantBody(_Body):
     name: str = Field(pattern=NAME_PATTERN)
     max_sandboxes: int = Field(default=1000, ge=0, le=10_000_000, strict=True)
     max_memory_mb: int = Field(default=1024 * 1024, ge=0, le=1 << 40, strict=True)
+
+
+class HostCredentialsOut(HostCredentials):
+    """Enrolment's answer, shown once: the control plane keeps only a hash of the agent token, and the
+    host key (it must present that one)."""
+
+
+class TokenOut(BaseModel):
+    id: str
+    role: str
+    tenant: str | None
+    host_id: str | None
+    source: str | None
+    created_at: str | None
+
+
+class IssuedToken(BaseModel):
+    id: str
+    role: str
+    tenant: str | None
+    token: str
 
 
 class SandboxOut(BaseModel):

@@ -88,8 +88,8 @@ async def serve(opts: ServeOptions) -> None:
     policy = AdmissionPolicy(headroom_mb=opts.headroom_mb)
     config = ControlConfig(timeouts=_timeouts(opts.heartbeat_interval_s), policy=policy, k=opts.k)
     store = open_store(opts.store)
-    remote = HttpAgents(opts.agent_token) if opts.agent_token else None
-    directory = LocalAgents(remote)
+    # Agents in this process are called directly; any that join over the network are enrolled hosts.
+    directory = LocalAgents(HttpAgents(store.host_key, shared_token=opts.agent_token))
     plane = ControlPlane(store, directory, config)
     fleet = build_local_fleet(
         plane,
@@ -115,11 +115,10 @@ async def serve(opts: ServeOptions) -> None:
         await plane.stop()
         await store.close()
 
-    app = create_app(
-        plane, admin_token=admin, agent_token=opts.agent_token, manage=False, on_shutdown=shut_down
-    )
+    app = create_app(plane, manage=False, on_shutdown=shut_down)
     try:
-        await plane.start(admin_token=admin, agent_token=opts.agent_token)
+        # One process owns this store: the admin token it starts with is the only configured one.
+        await plane.start(admin_token=admin, agent_token=opts.agent_token, replace_admin_token=True)
         await fleet.start()
         server = _uvicorn(app, opts.host, opts.port)
         url = f"http://{opts.host}:{opts.port}"
@@ -135,7 +134,8 @@ async def serve(opts: ServeOptions) -> None:
 @dataclass(frozen=True)
 class ApiOptions:
     store: str
-    agent_token: str
+    # Development only: one fleet-wide agent token instead of enrolled hosts.
+    agent_token: str | None = None
     host: str = "127.0.0.1"
     port: int = 8700
     admin_token: str | None = None
@@ -150,7 +150,8 @@ class ApiOptions:
 async def api(opts: ApiOptions) -> None:
     """One replica: stateless, all state in the store; agents reached at their published addresses."""
     admin, generated = token_or_new(opts.admin_token)
-    token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
+    if opts.agent_token is not None:
+        token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
     base = _timeouts(opts.heartbeat_interval_s)
     timeouts = Timeouts(
         heartbeat_interval_s=base.heartbeat_interval_s,
@@ -167,18 +168,27 @@ async def api(opts: ApiOptions) -> None:
         reconcile_interval_s=min(opts.reconcile_interval_s, opts.lease_s / 3),
     )
     store = open_store(opts.store)
-    plane = ControlPlane(store, HttpAgents(opts.agent_token), config)
-    app = create_app(
-        plane, admin_token=admin, agent_token=opts.agent_token, manage=True, on_shutdown=store.close
-    )
-    server = _uvicorn(app, opts.host, opts.port)
-    print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
-    if generated:
-        print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
+    plane = ControlPlane(store, HttpAgents(store.host_key, shared_token=opts.agent_token), config)
+    stopped = False
+
+    async def shut_down() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            await plane.stop()
+            await store.close()
+
+    app = create_app(plane, manage=False, on_shutdown=shut_down)
     try:
+        # Before serving, so a refused configuration (a revoked CORRAL_TOKEN) stops the process.
+        await plane.start(admin_token=admin, agent_token=opts.agent_token)
+        server = _uvicorn(app, opts.host, opts.port)
+        print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
+        if generated:
+            print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
         await server.serve()
     finally:
-        await store.close()  # when the server never started; after its shutdown, a no-op
+        await shut_down()  # when the server never started; after its shutdown, a no-op
 
 
 def run(coro: Coroutine[object, object, None]) -> None:

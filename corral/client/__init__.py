@@ -5,17 +5,19 @@ idempotency key and raise ``CapacityUnavailable`` at the deadline: transient, so
 ``waiting_capacity`` and never write it to a status column as a failure.
 """
 
-from corral.client.async_client import AsyncCorral, AsyncHosts, AsyncSandboxes
-from corral.client.client import Corral, Hosts, Sandboxes
+from corral.client.async_client import AsyncCorral, AsyncHosts, AsyncSandboxes, AsyncTokens
+from corral.client.client import Corral, Hosts, Sandboxes, Tokens
 from corral.client.errors import (
     CapacityUnavailable,
     CorralError,
     Forbidden,
+    HostBusy,
     InvalidRequest,
     Misdirected,
     NameConflict,
     NotFound,
     OverQuota,
+    PayloadTooLarge,
     SandboxOrphaned,
     Unauthorized,
     Unreachable,
@@ -29,6 +31,7 @@ __all__ = [
     "AsyncHosts",
     "AsyncSandbox",
     "AsyncSandboxes",
+    "AsyncTokens",
     "CapacityUnavailable",
     "Corral",
     "CorralError",
@@ -36,12 +39,14 @@ __all__ = [
     "ExecResult",
     "Forbidden",
     "Host",
+    "HostBusy",
     "Hosts",
     "InvalidRequest",
     "Misdirected",
     "NameConflict",
     "NotFound",
     "OverQuota",
+    "PayloadTooLarge",
     "RetryBudget",
     "RetryPolicy",
     "Sandbox",
@@ -49,6 +54,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxView",
     "Sandboxes",
+    "Tokens",
     "Unauthorized",
     "Unreachable",
 ]

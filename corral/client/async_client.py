@@ -16,7 +16,19 @@ import httpx
 
 from corral.client import wire
 from corral.client.errors import CorralError, Unreachable
-from corral.client.models import BatchCreated, ExecResult, Host, HostList, SandboxPage, SandboxRecord, parse
+from corral.client.models import (
+    BatchCreated,
+    ExecResult,
+    Host,
+    HostCredentials,
+    HostList,
+    IssuedToken,
+    SandboxPage,
+    SandboxRecord,
+    TokenInfo,
+    TokenList,
+    parse,
+)
 from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
 from corral.client.sandbox import AsyncSandbox
 
@@ -54,6 +66,7 @@ class AsyncCorral:
         )
         self.sandboxes = AsyncSandboxes(self)
         self.hosts = AsyncHosts(self)
+        self.tokens = AsyncTokens(self)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -234,3 +247,30 @@ class AsyncHosts:
 
     async def undrain(self, host_id: str) -> None:
         await self._client.request("POST", wire.host_path(host_id) + "/undrain")
+
+    async def enrol(self, host_id: str) -> HostCredentials:
+        """Enrol a host, or rotate its credentials (the previous ones stop working)."""
+        return parse(HostCredentials, await self._client.request("POST", wire.host_path(host_id) + "/token"))
+
+    async def forget(self, host_id: str) -> None:
+        """Forget a host with no live sandboxes and revoke its credentials."""
+        await self._client.request("DELETE", wire.host_path(host_id))
+
+
+class AsyncTokens:
+    """``client.tokens``: as :class:`corral.client.client.Tokens`, awaited."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def list(self) -> builtins.list[TokenInfo]:
+        return parse(TokenList, await self._client.request("GET", wire.TOKENS_PATH)).tokens
+
+    async def issue_admin(self) -> IssuedToken:
+        return parse(IssuedToken, await self._client.request("POST", wire.TOKENS_PATH + "/admin"))
+
+    async def issue_tenant(self, tenant: str) -> IssuedToken:
+        return parse(IssuedToken, await self._client.request("POST", wire.tenant_tokens_path(tenant)))
+
+    async def revoke(self, token_id: str) -> None:
+        await self._client.request("DELETE", wire.token_path(token_id))

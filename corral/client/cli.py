@@ -1,4 +1,4 @@
-"""Client-side commands: ``corral burst``, ``ps``, ``hosts``, ``exec``, ``kill``.
+"""Client-side commands: ``corral burst``, ``ps``, ``hosts``, ``tokens``, ``exec``, ``kill``.
 
 Plain functions, registered by the main CLI (``app.command("burst")(burst_command)``; ``COMMANDS``
 lists them all). They reach the server only through a ``ClientFactory`` found on the click context:
@@ -17,6 +17,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import httpx
@@ -27,6 +28,7 @@ from rich.table import Table
 from corral.client.async_client import AsyncCorral
 from corral.client.burst import BurstReport, run_burst
 from corral.client.client import Corral
+from corral.client.credentials import write_private
 from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unreachable
 from corral.client.retry import RetryPolicy
 
@@ -198,11 +200,22 @@ def ps_command(
 
 def hosts_command(
     ctx: typer.Context,
+    action: Annotated[
+        str | None, typer.Argument(metavar="[token|forget]", help="Enrol (or re-enrol) a host; forget one.")
+    ] = None,
+    host_id: Annotated[str | None, typer.Argument(metavar="[ID]", help="The host.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="With `token`: write the credentials here, mode 0600.")
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List hosts with their admission verdict and load (admin token)."""
+    """List hosts with their admission verdict and load; `hosts token ID` enrols a host (or rotates
+    its credentials), `hosts forget ID` forgets one with no live sandboxes (admin token)."""
+    if action is not None:
+        _host_action(ctx, action, host_id, out, url, token)
+        return
     try:
         with _factory(ctx).sync_client(url, token) as client:
             hosts = client.hosts.list()
@@ -229,6 +242,72 @@ def hosts_command(
             str(h.sandboxes),
         )
     Console().print(table)
+
+
+def _host_action(
+    ctx: typer.Context, action: str, host_id: str | None, out: Path | None, url: str | None, token: str | None
+) -> None:
+    if action not in ("token", "forget") or not host_id:
+        raise typer.BadParameter("expected `hosts token ID` or `hosts forget ID`")
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            if action == "forget":
+                client.hosts.forget(host_id)
+                typer.echo(f"forgot {host_id}")
+                return
+            creds = client.hosts.enrol(host_id)
+    except CorralError as err:
+        _fail(err)
+    text = creds.model_dump_json() + "\n"
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    write_private(out, text)
+    typer.echo(f"credentials for {host_id} in {out}: run `corral agent --token-file {out} ...`", err=True)
+
+
+def tokens_command(
+    ctx: typer.Context,
+    action: Annotated[str, typer.Argument(metavar="list|admin|tenant|revoke", help="What to do.")] = "list",
+    target: Annotated[
+        str | None, typer.Argument(metavar="[NAME|ID]", help="The tenant (tenant) or token id (revoke).")
+    ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Tokens (admin token): `list`; `admin` issues another admin token; `tenant NAME` another token for
+    a tenant; `revoke ID` revokes one. Rotate = issue, switch users over, revoke the old one."""
+    if action not in ("list", "admin", "tenant", "revoke") or (action in ("tenant", "revoke") and not target):
+        raise typer.BadParameter(
+            "expected `tokens list`, `tokens admin`, `tokens tenant NAME` or `tokens revoke ID`"
+        )
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            if action == "revoke":
+                assert target is not None
+                client.tokens.revoke(target)
+                typer.echo(f"revoked {target}")
+                return
+            if action == "list":
+                tokens = client.tokens.list()
+                if as_json:
+                    _print_json({"tokens": [t.model_dump(mode="json") for t in tokens]})
+                    return
+                table = Table(title=f"{len(tokens)} tokens", title_justify="left")
+                for column in ("id", "role", "tenant", "host", "source", "created"):
+                    table.add_column(column, no_wrap=True)
+                for t in tokens:
+                    created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
+                    table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
+                Console().print(table)
+                return
+            issued = (
+                client.tokens.issue_admin() if action == "admin" else client.tokens.issue_tenant(target or "")
+            )
+    except CorralError as err:
+        _fail(err)
+    _print_json(issued.model_dump(mode="json"))
 
 
 def exec_command(
@@ -278,6 +357,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "burst": burst_command,
     "ps": ps_command,
     "hosts": hosts_command,
+    "tokens": tokens_command,
     "exec": exec_command,
     "kill": kill_command,
 }

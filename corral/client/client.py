@@ -15,7 +15,19 @@ import httpx
 
 from corral.client import wire
 from corral.client.errors import CorralError, Unreachable
-from corral.client.models import BatchCreated, ExecResult, Host, HostList, SandboxPage, SandboxRecord, parse
+from corral.client.models import (
+    BatchCreated,
+    ExecResult,
+    Host,
+    HostCredentials,
+    HostList,
+    IssuedToken,
+    SandboxPage,
+    SandboxRecord,
+    TokenInfo,
+    TokenList,
+    parse,
+)
 from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
 from corral.client.sandbox import Sandbox
 
@@ -53,6 +65,7 @@ class Corral:
         )
         self.sandboxes = Sandboxes(self)
         self.hosts = Hosts(self)
+        self.tokens = Tokens(self)
 
     def close(self) -> None:
         self._http.close()
@@ -232,3 +245,32 @@ class Hosts:
 
     def undrain(self, host_id: str) -> None:
         self._client.request("POST", wire.host_path(host_id) + "/undrain")
+
+    def enrol(self, host_id: str) -> HostCredentials:
+        """Enrol a host, or rotate its credentials (the previous ones stop working)."""
+        return parse(HostCredentials, self._client.request("POST", wire.host_path(host_id) + "/token"))
+
+    def forget(self, host_id: str) -> None:
+        """Forget a host with no live sandboxes and revoke its credentials."""
+        self._client.request("DELETE", wire.host_path(host_id))
+
+
+class Tokens:
+    """``client.tokens``: issue, list and revoke API tokens (admin token). Rotating is issuing a new
+    token, moving its users to it, then revoking the old one; a revoked token stops working on every
+    replica within about a second."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def list(self) -> builtins.list[TokenInfo]:
+        return parse(TokenList, self._client.request("GET", wire.TOKENS_PATH)).tokens
+
+    def issue_admin(self) -> IssuedToken:
+        return parse(IssuedToken, self._client.request("POST", wire.TOKENS_PATH + "/admin"))
+
+    def issue_tenant(self, tenant: str) -> IssuedToken:
+        return parse(IssuedToken, self._client.request("POST", wire.tenant_tokens_path(tenant)))
+
+    def revoke(self, token_id: str) -> None:
+        self._client.request("DELETE", wire.token_path(token_id))

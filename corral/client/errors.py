@@ -84,6 +84,18 @@ class Misdirected(CorralError):
     code = "misdirected"
 
 
+class HostBusy(CorralError):
+    """409: a host cannot be forgotten while live sandboxes are on it."""
+
+    code = "host_has_sandboxes"
+
+
+class PayloadTooLarge(CorralError):
+    """413: the request's body is over the route's cap."""
+
+    code = "payload_too_large"
+
+
 class InvalidRequest(CorralError):
     """422: the request is wrong; ``field`` names the offending field when the server said which."""
 
@@ -177,6 +189,8 @@ _BY_CODE: dict[str, type[CorralError]] = {
         NameConflict,
         SandboxOrphaned,
         Misdirected,
+        HostBusy,
+        PayloadTooLarge,
         InvalidRequest,
         OverQuota,
     )
@@ -189,6 +203,7 @@ _BY_STATUS: dict[int, type[CorralError]] = {
     404: NotFound,
     409: NameConflict,
     410: SandboxOrphaned,
+    413: PayloadTooLarge,
     421: Misdirected,
     422: InvalidRequest,
 }

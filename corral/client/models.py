@@ -61,6 +61,39 @@ class Host(_Wire):
     sandboxes: int = 0
 
 
+class HostCredentials(_Wire):
+    """A host's credentials from enrolment: the agent's token and the key the control plane presents to
+    the agent. Shown once; write them where only the agent's user can read them."""
+
+    host_id: str
+    agent_token: str
+    host_key: str
+
+
+class TokenInfo(_Wire):
+    """A stored token, without its secret."""
+
+    id: str
+    role: str
+    tenant: str | None = None
+    host_id: str | None = None
+    source: str | None = None
+    created_at: datetime | None = None
+
+
+class TokenList(_Wire):
+    tokens: list[TokenInfo]
+
+
+class IssuedToken(_Wire):
+    """A new token: ``token`` is its secret, shown once."""
+
+    id: str
+    role: str
+    tenant: str | None = None
+    token: str
+
+
 class SandboxPage(_Wire):
     sandboxes: list[SandboxRecord]
     next_cursor: str | None = None

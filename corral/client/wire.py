@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -121,3 +122,14 @@ def body_of(response: httpx.Response) -> Any:
         raise CorralError(
             f"server answered {response.status_code} with a body that is not JSON", code="bad_response"
         ) from exc
+
+
+TOKENS_PATH = "/v1/tokens"
+
+
+def token_path(token_id: str) -> str:
+    return f"{TOKENS_PATH}/{quote(token_id, safe='')}"
+
+
+def tenant_tokens_path(tenant: str) -> str:
+    return f"/v1/tenants/{quote(tenant, safe='')}/tokens"

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
+from corral.runtime.process import MIN_MEMORY_MB
 
 
 def default_replica_id() -> str:
@@ -35,6 +36,9 @@ class ControlConfig:
     default_max_sandboxes: int = 10_000_000
     default_max_memory_mb: int = 1 << 40
     max_batch: int = 500
+    # The least memory a sandbox may ask for: what the strictest runtime can start at all. A smaller
+    # request is the caller's mistake (422), never a capacity refusal the SDKs would retry.
+    min_memory_mb: int = MIN_MEMORY_MB
 
     @property
     def create_deadline_s(self) -> float:

@@ -137,6 +137,10 @@ class CreateFlow:
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
+        if memory_mb < self.config.min_memory_mb:
+            raise InvalidRequest(
+                "memory_mb", f"memory_mb: at least {self.config.min_memory_mb} MiB, got {memory_mb}"
+            )
         cpus = spec.cpus if spec.cpus is not None else tpl.cpus
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
         return memory_mb, cpus, stateful

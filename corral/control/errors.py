@@ -63,6 +63,20 @@ class Conflict(ControlError):
     status = 409
 
 
+class HostBusy(ControlError):
+    """A host cannot be forgotten while live sandboxes are on it."""
+
+    code = "host_has_sandboxes"
+    status = 409
+
+
+class PayloadTooLarge(ControlError):
+    """The request's body is over its route's cap; refused before it is read in full."""
+
+    code = "payload_too_large"
+    status = 413
+
+
 class Gone(ControlError):
     code = "sandbox_orphaned"
     status = 410

@@ -14,7 +14,8 @@ from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
-from corral.control.errors import Conflict, NotFound, Unauthorized, Unavailable
+from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized, Unavailable
+from corral.control.errors import HostBusy as HostBusyError
 from corral.control.heartbeats import HeartbeatIntake
 from corral.control.metrics import Metrics
 from corral.control.reconcile import Reconciler
@@ -25,6 +26,8 @@ from corral.control.view import ViewCache
 from corral.core import Clock, SystemClock
 from corral.store import (
     HeartbeatResult,
+    HostBusy,
+    HostCredentials,
     HostRecord,
     NameConflict,
     Principal,
@@ -33,12 +36,19 @@ from corral.store import (
     StoreUnavailable,
     TemplateRecord,
     TenantRecord,
+    TokenRecord,
 )
 from corral.store import NotFound as StoreNotFound
 
 DEFAULT_TENANT = "default"
-# How long a resolved token is trusted without asking the store again (a revoked token lives this long).
+# How long a resolved token is trusted without asking the store again, unless a revocation comes first.
 TOKEN_CACHE_S = 10.0
+# How often a replica reads the store's revocation epoch: a token revoked anywhere stops working on
+# every replica within this long (plus one store read). One read per replica per interval, however
+# many tokens are in use.
+REVOCATION_POLL_S = 1.0
+# Where ``corral serve`` records the admin token it was configured with.
+SERVE_TOKEN_SOURCE = "serve"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,18 +92,35 @@ class ControlPlane:
         self.migrated = False
         self.default_tenant_id: str | None = None
         self._tokens: dict[bytes, tuple[Principal, float]] = {}
+        self._epoch: int | None = None
+        self._epoch_read_at = float("-inf")
+        # A fleet-wide agent token (development only) may heartbeat as any host.
+        self.shared_agent_token = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self, *, admin_token: str | None = None, agent_token: str | None = None) -> None:
+    async def start(
+        self,
+        *,
+        admin_token: str | None = None,
+        agent_token: str | None = None,
+        replace_admin_token: bool = False,
+    ) -> None:
+        """``replace_admin_token``: the configured admin token is the only one this server adopts
+        (``corral serve``): one it adopted before is revoked. Replicas leave that to an operator, so a
+        rolling restart never locks replicas out of each other."""
         await self.store.migrate()
         self.migrated = True
         tenant = await self._ensure_tenant(DEFAULT_TENANT)
         self.default_tenant_id = tenant.id
         if admin_token:
-            await self.store.ensure_token(admin_token, tenant.id, Role.ADMIN)
+            if replace_admin_token:
+                await self.store.adopt_token(admin_token, tenant.id, Role.ADMIN, source=SERVE_TOKEN_SOURCE)
+            else:
+                await self.store.ensure_token(admin_token, tenant.id, Role.ADMIN)
         if agent_token:
             await self.store.ensure_token(agent_token, None, Role.AGENT)
+            self.shared_agent_token = True
         await self.store.renew_replica(self.config.replica_id, self.config.replica_lease_s)
         self._task = asyncio.create_task(self.reconciler.run(), name="corral-reconciler")
 
@@ -131,12 +158,14 @@ class ControlPlane:
     # -- auth --------------------------------------------------------------------------------------
 
     async def authenticate(self, token: str | None) -> Principal:
-        """Resolve a bearer token. Positive answers are cached briefly (the hot path then costs no
-        store read) and serve on while the store is unreachable, so running sandboxes keep serving."""
+        """Resolve a bearer token. Positive answers are cached (the hot path then costs no store read)
+        until the store's revocation epoch moves, and serve on while the store is unreachable, so
+        running sandboxes keep serving."""
         if not token:
             raise Unauthorized("missing bearer token")
         key = hashlib.sha256(token.encode()).digest()
         now = self.clock.now()
+        await self._follow_revocations(now)
         cached = self._tokens.get(key)
         if cached is not None and cached[1] > now:
             return cached[0]
@@ -154,9 +183,74 @@ class ControlPlane:
         self._tokens[key] = (principal, now + TOKEN_CACHE_S)
         return principal
 
+    async def _follow_revocations(self, now: float) -> None:
+        if now - self._epoch_read_at < REVOCATION_POLL_S:
+            return
+        # Marked before the read: requests arriving meanwhile use the cache rather than all reading.
+        self._epoch_read_at = now
+        try:
+            epoch = await self.store.auth_epoch()
+        except StoreUnavailable:
+            return
+        if epoch != self._epoch:
+            self._tokens.clear()
+            self._epoch = epoch
+
+    def forget_cached_tokens(self) -> None:
+        """This replica's own revocation takes effect here at once (others follow the epoch)."""
+        self._tokens.clear()
+        self._epoch_read_at = float("-inf")
+
+    async def tokens(self, tenant_id: str | None = None) -> list[TokenRecord]:
+        return await self.store.list_tokens(tenant_id=tenant_id)
+
+    async def issue_admin_token(self) -> str:
+        assert self.default_tenant_id is not None
+        return await self.store.issue_token(self.default_tenant_id, Role.ADMIN)
+
+    async def issue_tenant_token(self, name: str) -> tuple[TenantRecord, str]:
+        tenant = await self.store.get_tenant_by_name(name)
+        if tenant is None:
+            raise NotFound(f"no tenant {name!r}")
+        return tenant, await self.store.issue_token(tenant.id, Role.TENANT)
+
+    async def revoke_token(self, token_id: str, caller: Principal) -> None:
+        if token_id == caller.token_id:
+            # An operator revoking the token in hand would lock themselves out mid-rotation.
+            raise Forbidden("a token cannot revoke itself; revoke it with another admin token")
+        if not await self.store.revoke_token(token_id):
+            raise NotFound(f"no token {token_id}")
+        self.forget_cached_tokens()
+
+    async def enrol_host(self, host_id: str) -> HostCredentials:
+        creds = await self.store.enrol_host(host_id)
+        self.forget_cached_tokens()
+        self.agents.forget_key(host_id)
+        self.view.invalidate()
+        return creds
+
+    async def forget_host(self, host_id: str) -> None:
+        try:
+            found = await self.store.forget_host(host_id)
+        except HostBusy as e:
+            raise HostBusyError(str(e)) from e
+        if not found:
+            raise NotFound(f"no host {host_id}")
+        self.forget_cached_tokens()
+        self.agents.forget_key(host_id)
+        self.view.invalidate()
+
     # -- hosts -------------------------------------------------------------------------------------
 
-    async def heartbeat(self, hb: WireHeartbeat) -> HeartbeatResult:
+    async def heartbeat(self, hb: WireHeartbeat, sender: Principal | None = None) -> HeartbeatResult:
+        """``sender``: who sent it over the network (None: an agent in this process). An agent token
+        speaks for its own host only; a fleet-wide one only in the development mode that made it."""
+        if sender is not None:
+            if sender.role is not Role.AGENT:
+                raise Forbidden("only an agent token may heartbeat")
+            own = sender.host_id == hb.agent_id
+            if not (own or (sender.host_id is None and self.shared_agent_token)):
+                raise Forbidden(f"this agent token does not speak for host {hb.agent_id}")
         return await self.heartbeats.accept(hb)
 
     async def hosts(self) -> list[HostStatus]:
@@ -175,6 +269,8 @@ class ControlPlane:
     # -- templates and tenants ----------------------------------------------------------------
 
     async def create_template(self, tpl: TemplateRecord) -> TemplateRecord:
+        if tpl.memory_mb < self.config.min_memory_mb:
+            raise InvalidRequest("memory_mb", f"memory_mb: at least {self.config.min_memory_mb} MiB")
         try:
             return await self.store.create_template(tpl)
         except NameConflict as e:

@@ -14,6 +14,8 @@ from corral.store.contract import (
     CreateOutcome,
     Heartbeat,
     HeartbeatResult,
+    HostBusy,
+    HostCredentials,
     HostRecord,
     IdempotencyMismatch,
     InvalidRecord,
@@ -33,6 +35,8 @@ from corral.store.contract import (
     StoreUnavailable,
     TemplateRecord,
     TenantRecord,
+    TokenRecord,
+    TokenRevoked,
     Usage,
 )
 
@@ -64,6 +68,8 @@ __all__ = [
     "CreateOutcome",
     "Heartbeat",
     "HeartbeatResult",
+    "HostBusy",
+    "HostCredentials",
     "HostRecord",
     "IdempotencyMismatch",
     "InvalidRecord",
@@ -83,6 +89,8 @@ __all__ = [
     "StoreUnavailable",
     "TemplateRecord",
     "TenantRecord",
+    "TokenRecord",
+    "TokenRevoked",
     "Usage",
     "open_store",
 ]

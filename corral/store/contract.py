@@ -81,6 +81,18 @@ class StateConflict(StoreError):
         super().__init__(f"sandbox {sandbox_id} is {current.value} (version {version})")
 
 
+class HostBusy(StoreError):
+    """A host cannot be forgotten while sandboxes are live on it."""
+
+    code = "host_has_sandboxes"
+
+
+class TokenRevoked(StoreError):
+    """A configured token that was revoked: it is never adopted again."""
+
+    code = "token_revoked"
+
+
 class InvalidRecord(StoreError, ValueError):
     """Input the store refuses before touching anything (negative memory, unknown state, ...)."""
 
@@ -290,11 +302,35 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who a token speaks for. ``tenant_id`` is None for admin and agent tokens issued fleet-wide."""
+    """Who a token speaks for. ``tenant_id`` is None for agent tokens; ``host_id`` names the one host
+    an agent token speaks for (None: a fleet-wide development token)."""
 
     token_id: str
     tenant_id: str | None
     role: Role
+    host_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A stored token, without its secret (only a hash of it is kept)."""
+
+    id: str
+    role: Role
+    tenant_id: str | None
+    host_id: str | None
+    source: str | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class HostCredentials:
+    """What enrolling a host hands out, once: the token its agent presents to the control plane and
+    the key the control plane presents to its agent."""
+
+    host_id: str
+    agent_token: str
+    host_key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,13 +602,46 @@ class Store(ABC):
     @abstractmethod
     async def ensure_token(self, plaintext: str, tenant_id: str | None, role: Role) -> Principal:
         """Store a given token (from configuration at start-up); idempotent. Raises
-        :class:`NameConflict` if the token is already stored for another tenant or role."""
+        :class:`NameConflict` if the token is already stored for another tenant or role, and
+        :class:`TokenRevoked` if it was revoked."""
 
     @abstractmethod
     async def resolve_token(self, plaintext: str) -> Principal | None: ...
 
     @abstractmethod
-    async def revoke_token(self, token_id: str) -> bool: ...
+    async def revoke_token(self, token_id: str) -> bool:
+        """Delete the token and advance the revocation epoch. True if it existed."""
+
+    @abstractmethod
+    async def adopt_token(
+        self, plaintext: str, tenant_id: str | None, role: Role, *, source: str
+    ) -> Principal:
+        """Store a configured token as ``source``'s, revoking every other token of that role and
+        source (a server restarted with another token leaves the previous one dead)."""
+
+    @abstractmethod
+    async def list_tokens(self, *, tenant_id: str | None = None) -> list[TokenRecord]:
+        """Every stored token (or a tenant's), oldest first, without secrets."""
+
+    @abstractmethod
+    async def auth_epoch(self) -> int:
+        """A counter that grows with every revocation (revoke, re-enrolment, forgetting a host)."""
+
+    # -- host identity -------------------------------------------------------------------------
+
+    @abstractmethod
+    async def enrol_host(self, host_id: str) -> HostCredentials:
+        """Create the host's record if new, and give it fresh credentials: its previous agent
+        tokens and key are revoked, and its ``seq`` starts over (in one transaction)."""
+
+    @abstractmethod
+    async def host_key(self, host_id: str) -> str | None:
+        """The key the control plane presents to ``host_id``'s agent; None if not enrolled."""
+
+    @abstractmethod
+    async def forget_host(self, host_id: str) -> bool:
+        """Delete the host, its reservations and its credentials. Raises :class:`HostBusy` while a
+        live sandbox is on it. True if there was anything to forget."""
 
     # -- templates -----------------------------------------------------------------------------
 

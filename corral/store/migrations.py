@@ -129,9 +129,27 @@ _V2 = (
                           WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE})""",
 )
 
+# Host identity and token lifecycle. An agent token names its host (``tokens.host_id``), so a token
+# speaks for one host only. ``tokens.source`` marks a token adopted from a server's configuration, so the
+# next start with another one can revoke it. ``host_keys`` holds the key the control plane presents
+# when it calls a host's agent. ``auth_epoch`` counts revocations: replicas poll this one row to drop
+# their cached tokens instead of asking the store about every token on every request.
+# ``revoked_tokens`` remembers revoked hashes, so a replica restarted with a stale configured token
+# cannot bring it back.
+_V3 = (
+    "ALTER TABLE tokens ADD COLUMN host_id TEXT",
+    "ALTER TABLE tokens ADD COLUMN source TEXT",
+    "CREATE INDEX tokens_host ON tokens (host_id)",
+    "CREATE TABLE host_keys (host_id TEXT PRIMARY KEY, key TEXT NOT NULL, created_at {real} NOT NULL)",
+    "CREATE TABLE auth_epoch (id INTEGER PRIMARY KEY, epoch BIGINT NOT NULL)",
+    "INSERT INTO auth_epoch (id, epoch) VALUES (1, 0)",
+    "CREATE TABLE revoked_tokens (hash TEXT PRIMARY KEY, revoked_at {real} NOT NULL)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
+    Migration(3, "host identity: per-host agent tokens and keys, token sources, revocation epoch", _V3),
 )
 
 LATEST = MIGRATIONS[-1].version

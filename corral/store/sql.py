@@ -36,6 +36,8 @@ from corral.store.contract import (
     CreateOutcome,
     Heartbeat,
     HeartbeatResult,
+    HostBusy,
+    HostCredentials,
     HostRecord,
     IdempotencyMismatch,
     InvalidRecord,
@@ -53,6 +55,8 @@ from corral.store.contract import (
     Store,
     TemplateRecord,
     TenantRecord,
+    TokenRecord,
+    TokenRevoked,
     Usage,
     _Unset,
     as_states,
@@ -991,6 +995,16 @@ class SqlStore(Store):
         return plaintext
 
     async def ensure_token(self, plaintext: str, tenant_id: str | None, role: Role) -> Principal:
+        return await self._ensure_token(plaintext, tenant_id, role, None)
+
+    async def adopt_token(
+        self, plaintext: str, tenant_id: str | None, role: Role, *, source: str
+    ) -> Principal:
+        return await self._ensure_token(plaintext, tenant_id, role, source)
+
+    async def _ensure_token(
+        self, plaintext: str, tenant_id: str | None, role: Role, source: str | None
+    ) -> Principal:
         if len(plaintext) < 16:
             raise InvalidRecord("token: must be at least 16 characters")
         try:
@@ -1009,15 +1023,28 @@ class SqlStore(Store):
                 and await tx.fetchone("SELECT id FROM tenants WHERE id = :t", {"t": tenant_id}) is None
             ):
                 raise NotFound(f"tenant {tenant_id!r}")
+            if await tx.fetchone("SELECT 1 FROM revoked_tokens WHERE hash = :h", {"h": digest}):
+                raise TokenRevoked("this token was revoked; configure a new one")
             await tx.execute(
-                "INSERT INTO tokens (id, hash, tenant_id, role, created_at) VALUES (:id, :h, :t, :r, :now) "
-                "ON CONFLICT (hash) DO NOTHING",
-                {"id": token_id, "h": digest, "t": tenant_id, "r": want.value, "now": now},
+                "INSERT INTO tokens (id, hash, tenant_id, role, created_at, source) "
+                "VALUES (:id, :h, :t, :r, :now, :src) ON CONFLICT (hash) DO NOTHING",
+                {"id": token_id, "h": digest, "t": tenant_id, "r": want.value, "now": now, "src": source},
             )
-            row = await tx.fetchone("SELECT id, tenant_id, role FROM tokens WHERE hash = :h", {"h": digest})
+            row = await tx.fetchone(
+                "SELECT id, tenant_id, role, host_id FROM tokens WHERE hash = :h", {"h": digest}
+            )
             assert row is not None
-            if row[1] != tenant_id or row[2] != want.value:
+            if row[1] != tenant_id or row[2] != want.value or row[3] is not None:
                 raise NameConflict("this token is already stored for another tenant or role")
+            if source is not None:
+                await tx.execute(
+                    "UPDATE tokens SET source = :src WHERE id = :id", {"src": source, "id": row[0]}
+                )
+                await self._revoke_where(
+                    tx,
+                    "source = :src AND role = :r AND id <> :id",
+                    {"src": source, "r": want.value, "id": row[0]},
+                )
             return Principal(row[0], row[1], Role(row[2]))
 
         return await self._write(run)
@@ -1026,14 +1053,115 @@ class SqlStore(Store):
         digest = token_hash(plaintext)
 
         async def run(tx: Tx) -> Principal | None:
-            row = await tx.fetchone("SELECT id, tenant_id, role FROM tokens WHERE hash = :h", {"h": digest})
-            return Principal(row[0], row[1], Role(row[2])) if row is not None else None
+            row = await tx.fetchone(
+                "SELECT id, tenant_id, role, host_id FROM tokens WHERE hash = :h", {"h": digest}
+            )
+            return Principal(row[0], row[1], Role(row[2]), row[3]) if row is not None else None
 
         return await self._read(run)
 
+    @staticmethod
+    async def _bump_epoch(tx: Tx) -> None:
+        await tx.execute("UPDATE auth_epoch SET epoch = epoch + 1 WHERE id = 1")
+
+    async def _revoke_where(self, tx: Tx, where: str, params: Params) -> int:
+        """Revoke every token matching ``where`` in this transaction: remember its hash, delete it, and
+        advance the epoch replicas follow. Returns how many."""
+        await tx.execute(
+            f"INSERT INTO revoked_tokens (hash, revoked_at) SELECT hash, :revoked_at FROM tokens WHERE {where} "
+            "ON CONFLICT (hash) DO NOTHING",
+            {**params, "revoked_at": self._now()},
+        )
+        gone = await tx.execute(f"DELETE FROM tokens WHERE {where}", params)
+        if gone:
+            await self._bump_epoch(tx)
+        return gone
+
     async def revoke_token(self, token_id: str) -> bool:
         async def run(tx: Tx) -> bool:
-            return await tx.execute("DELETE FROM tokens WHERE id = :id", {"id": token_id}) > 0
+            return await self._revoke_where(tx, "id = :id", {"id": token_id}) > 0
+
+        return await self._write(run)
+
+    async def list_tokens(self, *, tenant_id: str | None = None) -> list[TokenRecord]:
+        where = "" if tenant_id is None else "WHERE tenant_id = :t"
+
+        async def run(tx: Tx) -> list[TokenRecord]:
+            got = await tx.fetchall(
+                f"SELECT id, role, tenant_id, host_id, source, created_at FROM tokens {where} "
+                "ORDER BY created_at, id",
+                {"t": tenant_id},
+            )
+            return [TokenRecord(r[0], Role(r[1]), r[2], r[3], r[4], float(r[5])) for r in got]
+
+        return await self._read(run)
+
+    async def auth_epoch(self) -> int:
+        async def run(tx: Tx) -> int:
+            row = await tx.fetchone("SELECT epoch FROM auth_epoch WHERE id = 1")
+            return int(row[0]) if row is not None else 0
+
+        return await self._read(run)
+
+    # -- host identity -------------------------------------------------------------------------
+
+    async def enrol_host(self, host_id: str) -> HostCredentials:
+        if not host_id:
+            raise InvalidRecord("host_id: must not be empty")
+        creds = HostCredentials(host_id, _TOKEN_PREFIX + secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        now = self._now()
+
+        async def run(tx: Tx) -> HostCredentials:
+            # A new identity starts its sequence over: whatever the previous credentials sent no
+            # longer binds the host.
+            await tx.execute(
+                "INSERT INTO hosts (id, registered_at) VALUES (:id, :now) "
+                "ON CONFLICT (id) DO UPDATE SET seq = -1",
+                {"id": host_id, "now": now},
+            )
+            await self._revoke_where(tx, "host_id = :h", {"h": host_id})
+            await tx.execute(
+                "INSERT INTO tokens (id, hash, tenant_id, role, created_at, host_id) "
+                "VALUES (:id, :h, NULL, :r, :now, :host)",
+                {
+                    "id": "tok_" + secrets.token_hex(8),
+                    "h": token_hash(creds.agent_token),
+                    "r": Role.AGENT.value,
+                    "now": now,
+                    "host": host_id,
+                },
+            )
+            await tx.execute(
+                "INSERT INTO host_keys (host_id, key, created_at) VALUES (:h, :k, :now) "
+                "ON CONFLICT (host_id) DO UPDATE SET key = excluded.key, created_at = excluded.created_at",
+                {"h": host_id, "k": creds.host_key, "now": now},
+            )
+            await self._bump_epoch(tx)
+            return creds
+
+        return await self._write(run)
+
+    async def host_key(self, host_id: str) -> str | None:
+        async def run(tx: Tx) -> str | None:
+            row = await tx.fetchone("SELECT key FROM host_keys WHERE host_id = :h", {"h": host_id})
+            return str(row[0]) if row is not None else None
+
+        return await self._read(run)
+
+    async def forget_host(self, host_id: str) -> bool:
+        clause, params = in_list("s", sorted(s.value for s in LIVE_STATES))
+
+        async def run(tx: Tx) -> bool:
+            live = await tx.fetchone(
+                f"SELECT count(*) FROM sandboxes WHERE host_id = :h AND state IN {clause}",
+                {"h": host_id, **params},
+            )
+            if live is not None and int(live[0]) > 0:
+                raise HostBusy(f"host {host_id} has {int(live[0])} live sandboxes")
+            await self._end_where(tx, "host_id = :h", {"h": host_id})
+            found = await tx.execute("DELETE FROM hosts WHERE id = :h", {"h": host_id}) > 0
+            found = await tx.execute("DELETE FROM host_keys WHERE host_id = :h", {"h": host_id}) > 0 or found
+            return await self._revoke_where(tx, "host_id = :h", {"h": host_id}) > 0 or found
 
         return await self._write(run)
 

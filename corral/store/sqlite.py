@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -137,7 +138,20 @@ class SqliteStore(SqlStore):
 
     # -- connections ---------------------------------------------------------------------------
 
+    def _private(self) -> None:
+        """The database holds token hashes and host keys: owner-only. SQLite gives its -wal and -shm
+        files the database file's mode, so creating (or tightening) that one covers all three."""
+        try:
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        except OSError:
+            return  # sqlite3 itself then says why it cannot open it, as the store's own error
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(self.path + suffix, 0o600)
+
     def _connect(self) -> sqlite3.Connection:
+        if not self.in_memory:
+            self._private()
         conn = sqlite3.connect(
             self.path, isolation_level=None, timeout=self.busy_timeout_s, check_same_thread=False
         )

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from corral.agent import Heartbeat, HttpAgentClient, StartSandbox
 from corral.agent.cli import agent_command, parse_listen
+from corral.client.credentials import write_private
 
 APP = typer.Typer()
 APP.command()(agent_command)
@@ -38,11 +39,23 @@ def test_parse_listen() -> None:
             parse_listen(bad)
 
 
-def test_token_is_required_and_read_from_the_environment() -> None:
+def test_credentials_are_required_and_the_shared_token_only_in_development_mode(tmp_path: Path) -> None:
     runner = CliRunner()
     base = ["--control-plane", "http://127.0.0.1:1", "--id", "a"]
-    result = runner.invoke(APP, base, env={"CORRAL_AGENT_TOKEN": ""})
-    assert result.exit_code != 0
+    result = runner.invoke(APP, base, env={"CORRAL_AGENT_TOKEN": "t"})
+    assert result.exit_code != 0 and "--token-file" in result.output
+    result = runner.invoke(APP, [*base, "--dev-shared-token"], env={"CORRAL_AGENT_TOKEN": ""})
+    assert result.exit_code != 0 and "CORRAL_AGENT_TOKEN" in result.output
+    # A credentials file others can read is refused, as ssh refuses such a private key.
+    creds = tmp_path / "a.json"
+    creds.write_text(json.dumps({"host_id": "a", "agent_token": "t" * 20, "host_key": "k" * 20}))
+    creds.chmod(0o644)
+    result = runner.invoke(APP, [*base, "--token-file", str(creds)])
+    assert result.exit_code != 0 and "readable by others" in result.output
+    creds.chmod(0o600)
+    result = runner.invoke(APP, ["--control-plane", "http://x:1", "--id", "b", "--token-file", str(creds)])
+    assert result.exit_code != 0 and "credentials are for a" in result.output
+    base = [*base, "--dev-shared-token"]
     result = runner.invoke(APP, [*base, "--runtime", "vm"], env={"CORRAL_AGENT_TOKEN": "t"})
     assert result.exit_code != 0 and "unknown runtime" in result.output
     result = runner.invoke(APP, [*base, "--listen", "nowhere"], env={"CORRAL_AGENT_TOKEN": "t"})
@@ -91,8 +104,24 @@ async def test_agent_command_serves_and_heartbeats(
     control_plane: tuple[str, list[tuple[str, Heartbeat]]], tmp_path: Path
 ) -> None:
     url, beats = control_plane
-    env = {**os.environ, "CORRAL_AGENT_TOKEN": "e2e-token"}
-    args = ["--control-plane", url, "--id", "e2e", "--listen", "127.0.0.1:0", "--memory-mb", "8192"]
+    creds = tmp_path / "e2e.json"
+    write_private(
+        creds,
+        json.dumps(
+            {"host_id": "e2e", "agent_token": "e2e-agent-token-0123", "host_key": "e2e-host-key-0123"}
+        ),
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_AGENT_TOKEN"}
+    args = [
+        "--control-plane",
+        url,
+        "--token-file",
+        str(creds),
+        "--listen",
+        "127.0.0.1:0",
+        "--memory-mb",
+        "8192",
+    ]
     args += [
         "--cpus",
         "2",
@@ -110,11 +139,11 @@ async def test_agent_command_serves_and_heartbeats(
         _wait_for(lambda: len(beats) >= 1 or proc.poll() is not None, "a first heartbeat")
         assert proc.poll() is None, (tmp_path / "agent.log").read_text()
         auth, first = beats[0]
-        assert auth == "Bearer e2e-token"
+        assert auth == "Bearer e2e-agent-token-0123"
         # Asked for port 0, the agent publishes the port it actually got.
         assert first.address.startswith("http://127.0.0.1:") and not first.address.endswith(":0")
         assert (first.agent_id, first.runtime) == ("e2e", "sim")
-        client = HttpAgentClient(first.address, "e2e-token")
+        client = HttpAgentClient(first.address, "e2e-host-key-0123")
         assert first.memory_mb_total == 8192 and first.memory_mb_admittable == 8192 - 1024
 
         # Heartbeats start only once the API is listening, so the address works at once.
@@ -127,6 +156,9 @@ async def test_agent_command_serves_and_heartbeats(
         assert seqs == sorted(set(seqs))
         async with httpx.AsyncClient() as raw:
             assert (await raw.get(f"{first.address}/v1/capacity")).status_code == 401
+            # The agent's own token opens nothing on it: callers need the host key.
+            as_agent = {"Authorization": "Bearer e2e-agent-token-0123"}
+            assert (await raw.get(f"{first.address}/v1/capacity", headers=as_agent)).status_code == 401
     finally:
         if client is not None:
             await client.aclose()

@@ -27,6 +27,7 @@ from corral.agent import (
 )
 from corral.agent.errors import error_from_response
 from corral.agent.http import create_app
+from corral.control.agents import HttpAgents
 from corral.core import ManualClock
 from corral.core.types import AdmissionMode
 from corral.runtime.sim import SimRuntime
@@ -165,3 +166,35 @@ async def test_a_twelve_host_sim_fleet_with_thousands_of_sandboxes() -> None:
     assert all(hb.memory_mb_admittable == a.admittable_mb() for hb, a in zip(beats, agents, strict=True))
     # Measured at ~300 MiB each, a 2 GiB sandbox costs far less than its promise.
     assert all(0 < hb.memory_mb_used < 250 * 2048 for hb in beats)
+
+
+async def test_http_agents_present_each_hosts_key_and_follow_a_rotation(
+    make_agent: Callable[..., Agent],
+) -> None:
+    keys = {"h1": "first-key-of-host-h1", "h2": "the-key-of-host-h2"}
+    lookups: list[str] = []
+
+    async def lookup(host_id: str) -> str | None:
+        lookups.append(host_id)
+        return keys.get(host_id)
+
+    apps = {h: create_app(make_agent(), keys[h]) for h in keys}
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        transport = httpx.ASGITransport(app=apps[request.url.host])
+        return await transport.handle_async_request(request)
+
+    directory = HttpAgents(lookup, transport=httpx.MockTransport(route))
+    try:
+        assert await directory.client("h1", "http://h1").list() == []
+        assert await directory.client("h2", "http://h2").list() == []
+        # h1 is re-enrolled behind this replica's back: the agent refuses the cached key once, and
+        # the call goes through with the new one.
+        keys["h1"] = "second-key-of-host-h1"
+        apps["h1"] = create_app(make_agent(), keys["h1"])
+        assert await directory.client("h1", "http://h1").list() == []
+        assert lookups == ["h1", "h2", "h1"]
+        with pytest.raises(AgentUnavailable):
+            await directory.client("h3", "http://h3").list()  # never enrolled: no key to present
+    finally:
+        await directory.aclose()

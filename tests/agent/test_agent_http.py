@@ -282,3 +282,38 @@ async def test_metrics_are_behind_the_token_and_in_base_units(
     assert float(lines['corral_agent_refusals_total{agent="host-1",reason="host_does_not_fit"}']) == 1
     assert float(lines['corral_agent_intake_open{agent="host-1"}']) == 1
     assert 0 < float(lines['corral_agent_resident_to_committed_ratio{agent="host-1"}']) < 1
+
+
+async def test_a_call_without_the_host_key_is_refused_before_its_body_is_read(
+    make_agent: Callable[..., Agent],
+) -> None:
+    app = create_app(make_agent(), TOKEN)
+    reads = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": b"x" * (1024 * 1024), "more_body": True}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    for headers in ([], [(b"authorization", b"Bearer wrong-key")]):
+        sent.clear()
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/sandboxes",
+            "raw_path": b"/v1/sandboxes",
+            "query_string": b"",
+            "headers": [(b"content-length", b"10485760"), *headers],
+            "http_version": "1.1",
+            "scheme": "http",
+            "server": ("agent", 80),
+            "client": ("x", 1),
+            "root_path": "",
+        }
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 401
+    assert reads == 0

@@ -9,6 +9,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corral.agent.protocol import Heartbeat
+
 from .conftest import ADMIN, make_cluster
 
 json_values = st.recursive(
@@ -42,6 +44,10 @@ field_names = st.sampled_from(
     ]
 )
 bodies = st.dictionaries(field_names, json_values, max_size=6) | json_values
+# A heartbeat is probed from a valid one with some fields replaced, so the probe reaches its bounds.
+heartbeat_fields = st.sampled_from(sorted(Heartbeat.model_fields))
+big_numbers = st.integers(-(2**80), 2**80) | st.floats() | st.sampled_from([2**63, 2**63 - 1, -1, 0])
+heartbeat_changes = st.dictionaries(heartbeat_fields, json_values | big_numbers, max_size=4)
 routes = st.sampled_from(
     [
         ("POST", "/v1/sandboxes"),
@@ -55,6 +61,13 @@ routes = st.sampled_from(
         ("POST", "/v1/hosts/nope/drain"),
         ("POST", "/v1/agent/heartbeat"),
         ("PUT", "/v1/sandboxes"),
+        ("POST", "/v1/hosts/h-new/token"),
+        ("POST", "/v1/hosts/%00bad/token"),
+        ("DELETE", "/v1/hosts/nope"),
+        ("GET", "/v1/tokens"),
+        ("POST", "/v1/tokens/admin"),
+        ("POST", "/v1/tenants/nope/tokens"),
+        ("DELETE", "/v1/tokens/tok_nope"),
     ]
 )
 queries = st.dictionaries(
@@ -67,15 +80,34 @@ def test_no_input_produces_a_500(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         c = await make_cluster(tmp_path, hosts=2)
+        host = c.fleet.agents[0]
+        creds = await c.plane.enrol_host(host.id)
+        valid_heartbeat = host.heartbeat().model_dump(mode="json")
         try:
 
             @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-            @given(route=routes, body=bodies, query=queries, raw=st.booleans(), key=st.text(max_size=10))
+            @given(
+                route=routes,
+                body=bodies,
+                query=queries,
+                raw=st.booleans(),
+                key=st.text(max_size=10),
+                changes=heartbeat_changes,
+            )
             def probe(
-                route: tuple[str, str], body: object, query: dict[str, str], raw: bool, key: str
+                route: tuple[str, str],
+                body: object,
+                query: dict[str, str],
+                raw: bool,
+                key: str,
+                changes: dict[str, object],
             ) -> None:
                 method, path = route
-                headers = {**c.as_(ADMIN), "Content-Type": "application/json"}
+                token = ADMIN
+                if path == "/v1/agent/heartbeat":
+                    token = creds.agent_token
+                    body = {**valid_heartbeat, "seq": valid_heartbeat["seq"] + len(seen), **changes}
+                headers = {**c.as_(token), "Content-Type": "application/json"}
                 if key.isprintable() and key.isascii():
                     headers["Idempotency-Key"] = key
                 content = json.dumps(body).encode() if not raw else json.dumps(body).encode()[:-1]

@@ -8,11 +8,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from corral.agent.credentials import HostCredentials
+from corral.client.credentials import write_private
 
 CORRAL = [sys.executable, "-m", "corral"]
 
@@ -75,3 +78,40 @@ def wait_ready(proc: Proc, url: str, path: str = "/readyz", timeout: float = 30)
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{proc.name} not ready after {timeout}s:\n{proc.output()}")
+
+
+def enrol(api_url: str, admin_token: str, host_id: str, directory: Path) -> tuple[Path, HostCredentials]:
+    """Enrol ``host_id`` as an operator does and write its credentials file (mode 0600). Every test
+    that starts ``corral agent`` processes starts them with ``--token-file`` on this file."""
+    r = httpx.post(
+        f"{api_url}/v1/hosts/{host_id}/token", headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
+    )
+    r.raise_for_status()
+    path = directory / f"{host_id}.credentials.json"
+    write_private(path, r.text)
+    return path, HostCredentials.model_validate_json(r.text)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll until ``cond`` holds. The deadline is generous: tests assert that it happens, not how fast."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def api_args(store: str, port: int, replica_id: str, *extra: str) -> list[str]:
+    """``corral api`` arguments for one replica heartbeating-fast on loopback."""
+    return [
+        "api",
+        "--store",
+        store,
+        "--port",
+        str(port),
+        "--replica-id",
+        replica_id,
+        "--heartbeat-interval",
+        "0.5",
+        *extra,
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,12 +16,11 @@ import pytest
 from corral.testing import CuttableProxy
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
-from .procs import Proc, free_port, start, wait_ready
+from .procs import Proc, api_args, enrol, free_port, start, wait_for, wait_ready
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 ADMIN = "replicas-admin-token-0123456789"
-AGENT = "replicas-agent-token-0123456789"
 HOST_MB = 8192  # (8192 - 2048 headroom) / 512 = 12 stateful 512 MiB sandboxes per host
 PER_HOST = 12
 
@@ -31,6 +30,7 @@ class Fleet:
     replicas: list[Proc]
     agents: list[Proc]
     agent_urls: dict[str, str]
+    host_keys: dict[str, str]
 
     def client(self, i: int) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -44,7 +44,8 @@ class Fleet:
     def agent_counts(self) -> dict[str, int]:
         out = {}
         for host, url in self.agent_urls.items():
-            r = httpx.get(url + "/v1/sandboxes", headers={"Authorization": f"Bearer {AGENT}"}, timeout=10)
+            key = self.host_keys[host]
+            r = httpx.get(url + "/v1/sandboxes", headers={"Authorization": f"Bearer {key}"}, timeout=10)
             r.raise_for_status()
             body = r.json()
             out[host] = len(body["sandboxes"] if isinstance(body, dict) else body)
@@ -56,30 +57,24 @@ class Fleet:
 
 
 def launch(tmp_path: Path, store_url: str, replicas: int, hosts: int, bind_timeout: float = 10.0) -> Fleet:
-    env = {"CORRAL_TOKEN": ADMIN, "CORRAL_AGENT_TOKEN": AGENT}
+    env = {"CORRAL_TOKEN": ADMIN}
     reps = []
     for i in range(replicas):
         port = free_port()
         reps.append(
             start(
                 f"replica-{i}",
-                [
-                    "api",
-                    "--store",
+                api_args(
                     store_url,
-                    "--port",
-                    str(port),
-                    "--replica-id",
+                    port,
                     f"r{i}",
-                    "--heartbeat-interval",
-                    "0.5",
                     "--lease-s",
                     "3",
                     "--bind-timeout",
                     "2",
                     "--reconcile-interval",
                     "0.5",
-                ],
+                ),
                 tmp_path,
                 env,
             )
@@ -87,10 +82,12 @@ def launch(tmp_path: Path, store_url: str, replicas: int, hosts: int, bind_timeo
         reps[-1].url = f"http://127.0.0.1:{port}"
     for r in reps:
         wait_ready(r, r.url, timeout=60)
-    agents, urls = [], {}
+    agents, urls, keys = [], {}, {}
     for i in range(hosts):
         port = free_port()
         host_id = f"host-{i + 1:02d}"
+        creds_file, creds = enrol(reps[0].url, ADMIN, host_id, tmp_path)
+        keys[host_id] = creds.host_key
         agents.append(
             start(
                 host_id,
@@ -100,8 +97,8 @@ def launch(tmp_path: Path, store_url: str, replicas: int, hosts: int, bind_timeo
                     "agent",
                     "--control-plane",
                     ",".join(r.url for r in reps[i % replicas :] + reps[: i % replicas]),
-                    "--id",
-                    host_id,
+                    "--token-file",
+                    str(creds_file),
                     "--runtime",
                     "sim",
                     "--memory-mb",
@@ -118,7 +115,7 @@ def launch(tmp_path: Path, store_url: str, replicas: int, hosts: int, bind_timeo
             )
         )
         urls[host_id] = f"http://127.0.0.1:{port}"
-    fleet = Fleet(reps, agents, urls)
+    fleet = Fleet(reps, agents, urls, keys)
     wait_for(lambda: len(fresh_hosts(fleet)) == hosts, 60, "every agent heartbeating")
     return fleet
 
@@ -126,14 +123,6 @@ def launch(tmp_path: Path, store_url: str, replicas: int, hosts: int, bind_timeo
 def fresh_hosts(fleet: Fleet) -> list[dict]:  # type: ignore[type-arg]
     with fleet.admin() as c:
         return [h for h in c.get("/v1/hosts").json()["hosts"] if h["heartbeat_age_s"] < 5]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def reserved_total(fleet: Fleet) -> int:
