@@ -6,6 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# Processes (threads included) one sandbox may have at once: enough for a build or a test suite, far
+# below what would exhaust the host's pid space.
+DEFAULT_PIDS = 512
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
@@ -17,6 +21,7 @@ class SandboxSpec:
     hostname: str | None = None  # defaults to the sandbox id
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = False  # loopback only unless asked
+    pids: int = DEFAULT_PIDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,10 @@ class Runtime(Protocol):
 
     async def resident_mb(self, sandbox_id: str) -> int | None:
         """Measured resident memory (working set), or None when it cannot be measured yet."""
+        ...
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        """Processes of the sandbox the kernel killed for overrunning its memory limit, so far."""
         ...
 
     async def list(self) -> list[SandboxHandle]:
