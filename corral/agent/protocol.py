@@ -7,9 +7,11 @@ is the agent's own verdict, computed with :func:`corral.core.admission.admittabl
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from corral.core.types import AdmissionMode, HostState, HostView
+from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, HostView
 
 # Sandbox ids and hostnames travel in URLs and become hostnames: keep them to a safe alphabet.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -18,6 +20,7 @@ MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB: anything larger is a typo, not a san
 MAX_CPUS = 1024.0
 MAX_EXEC_TIMEOUT_S = 3600.0
 MAX_ENV = 256
+MAX_HEARTBEAT_SANDBOXES = 65_536
 
 
 class _Model(BaseModel):
@@ -38,6 +41,8 @@ class StartSandbox(_Model):
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
     network: bool = Field(default=False, strict=True)  # loopback only unless asked
+    # Its pids limit; None: the runtime's default.
+    pids: int | None = Field(default=None, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
 
 
 class SandboxInfo(_Lenient):
@@ -52,6 +57,7 @@ class SandboxInfo(_Lenient):
     resident_mb: int | None = None
     # What the local gate charges for it right now, in the agent's admission mode.
     charged_mb: int
+    oom_kills: int = 0
 
 
 class ExecRequest(_Model):
@@ -98,6 +104,10 @@ class Heartbeat(Capacity):
     address: str
     sent_at: float
     sandbox_ids: list[str] = Field(default_factory=list)
+    # Sandbox id -> processes the kernel's OOM killer has killed in it so far; only nonzero counts.
+    oom_kills: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=0, lt=2**63)]] = Field(
+        default_factory=dict, max_length=MAX_HEARTBEAT_SANDBOXES
+    )
 
     def host_view(self, heartbeat_at: float | None = None, state: HostState = HostState.READY) -> HostView:
         """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corral.core.types import DEFAULT_SANDBOX_PIDS, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.store import HostRecord, SandboxRecord, SandboxState, TemplateRecord, TenantRecord
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -84,6 +85,7 @@ class TemplateBody(_Body):
     memory_mb: int = Field(default=512, gt=0, le=MAX_MEMORY_MB, strict=True)
     stateful: bool = Field(default=False, strict=True)
     description: str = Field(default="", max_length=1024)
+    pids: int = Field(default=DEFAULT_SANDBOX_PIDS, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
 
 
 class TenantBody(_Body):
@@ -105,6 +107,7 @@ class SandboxOut(BaseModel):
     metadata: dict[str, str]
     created_at: str | None
     expires_at: str | None
+    oom_kills: int = 0  # processes the kernel killed in it for overrunning its memory limit
 
     @classmethod
     def of(cls, r: SandboxRecord) -> SandboxOut:
@@ -127,6 +130,7 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "metadata": dict(r.metadata),
         "created_at": iso(r.created_at),
         "expires_at": iso(r.expires_at),
+        "oom_kills": r.oom_kills,
     }
 
 
@@ -192,11 +196,17 @@ class TemplateOut(BaseModel):
     memory_mb: int
     stateful: bool
     description: str
+    pids: int
 
     @classmethod
     def of(cls, t: TemplateRecord) -> TemplateOut:
         return cls(
-            name=t.name, cpus=t.cpus, memory_mb=t.memory_mb, stateful=t.stateful, description=t.description
+            name=t.name,
+            cpus=t.cpus,
+            memory_mb=t.memory_mb,
+            stateful=t.stateful,
+            description=t.description,
+            pids=t.pids,
         )
 
 

@@ -36,4 +36,6 @@ class HeartbeatIntake:
     async def accept(self, hb: WireHeartbeat) -> HeartbeatResult:
         result = await self.store.upsert_heartbeat(to_store(hb))
         self.metrics.heartbeats.labels("true" if result.accepted else "false").inc()
+        if result.accepted and hb.oom_kills:
+            await self.store.record_oom_kills(hb.agent_id, hb.oom_kills)
         return result

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# Processes (threads included) one sandbox may have at once: enough for a build or a test suite, far
-# below what would exhaust the host's pid space.
-DEFAULT_PIDS = 512
+from corral.core.types import DEFAULT_SANDBOX_PIDS
+
+DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,17 @@ class RuntimeFailure(Exception):
 
 class SandboxNotFound(RuntimeFailure):
     pass
+
+
+class InvalidSandbox(RuntimeFailure):
+    """The spec or the command cannot be run as given (bad id, too little memory, an environment or
+    command execve would refuse). Nothing was created or run. ``field`` names what was wrong."""
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, field: str = "body") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Runtime(Protocol):

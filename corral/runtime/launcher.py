@@ -4,7 +4,7 @@ The launcher is compiled with gcc against libseccomp into a private cache, one b
 so an upgraded corral never runs a stale one. The agent runs it as root, so the cache must be a
 directory only this user can write: anything else is refused rather than trusted.
 
-A command reaches it as a *spec* on an inherited descriptor (a sealed-size memfd), never on its
+A command reaches it as a *spec* on an inherited descriptor (a memfd), never on its
 command line or in its environment: NUL-terminated strings, the magic, the working directory, the
 argument count and arguments, the environment count and ``KEY=VALUE`` entries.
 """
@@ -40,7 +40,12 @@ class LauncherUnavailable(Exception):
 
 
 class BadCommand(ValueError):
-    """A command, environment or working directory the launcher must not be given."""
+    """A command, environment or working directory the launcher must not be given; ``field`` is
+    which of ``command``, ``env`` or ``cwd``."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def cache_dir() -> Path:
@@ -121,28 +126,34 @@ def clean_env() -> dict[str, str]:
 def check_command(command: Sequence[str], env: Mapping[str, str], cwd: str) -> None:
     """Refuse what execve would refuse (or silently cut), before anything is spawned."""
     if not command:
-        raise BadCommand("command must not be empty")
-    if not cwd.startswith("/") or "\0" in cwd or len(cwd.encode()) > 4095:
-        raise BadCommand("cwd must be an absolute path without NUL bytes")
-    total = 0
+        raise BadCommand("command must not be empty", "command")
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd.encode()) > 4095:
+        raise BadCommand("cwd must be an absolute path without NUL bytes, at most 4095 bytes", "cwd")
+    command_bytes = 0
     for part in command:
         if not isinstance(part, str) or "\0" in part:
-            raise BadCommand("command must be a list of strings without NUL bytes")
-        total += _string_bytes(part, "command argument")
+            raise BadCommand("command must be a list of strings without NUL bytes", "command")
+        command_bytes += _string_bytes(part, "command")
+    total = command_bytes
     for key, value in env.items():
         if not ENV_NAME.match(key):
-            raise BadCommand(f"environment variable name {key!r} is invalid: use [A-Za-z_][A-Za-z0-9_]*")
+            raise BadCommand(
+                f"environment variable name {key!r} is invalid: use [A-Za-z_][A-Za-z0-9_]*", "env"
+            )
         if "\0" in value:
-            raise BadCommand(f"environment variable {key} holds a NUL byte")
-        total += _string_bytes(f"{key}={value}", f"environment variable {key}")
+            raise BadCommand(f"environment variable {key} holds a NUL byte", "env")
+        total += _string_bytes(f"{key}={value}", "env")
     if total > MAX_EXEC_BYTES:
-        raise BadCommand(f"command and environment take {total} bytes; at most {MAX_EXEC_BYTES}")
+        raise BadCommand(
+            f"command and environment take {total} bytes; at most {MAX_EXEC_BYTES}",
+            "command" if 2 * command_bytes >= total else "env",
+        )
 
 
-def _string_bytes(text: str, what: str) -> int:
+def _string_bytes(text: str, field: str) -> int:
     size = len(text.encode()) + 1 + 8  # the string, its NUL and its pointer
     if size - 9 > MAX_STRING_BYTES:
-        raise BadCommand(f"{what} is longer than {MAX_STRING_BYTES} bytes")
+        raise BadCommand(f"an item of {field} is longer than {MAX_STRING_BYTES} bytes", field)
     return size
 
 

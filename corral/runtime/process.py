@@ -35,8 +35,16 @@ from pathlib import Path
 from typing import IO, Literal
 
 from corral.core.clock import Clock, SystemClock
+from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.runtime import bwrap, launcher, procfs
-from corral.runtime.base import ExecResult, RuntimeFailure, SandboxHandle, SandboxNotFound, SandboxSpec
+from corral.runtime.base import (
+    ExecResult,
+    InvalidSandbox,
+    RuntimeFailure,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+)
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
@@ -44,8 +52,6 @@ from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS, UidAllocator, U
 
 DEFAULT_ROOT = Path("/run/corral/sandboxes")
 MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
-MIN_PIDS = 8  # bubblewrap's reaper, the init and a shell, with room for a pipeline
-MAX_PIDS = 1 << 22  # the kernel's own ceiling (pid_max)
 NOBODY = 65534
 _MIB = 1024 * 1024
 _START_TIMEOUT_S = 10.0
@@ -59,13 +65,6 @@ _SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
 # The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
 # went, the whole sandbox would go with it, instead of the one process that overran the limit.
 _SKELETON_OOM_SCORE_ADJ = -999
-
-
-class InvalidSandbox(RuntimeFailure):
-    """The spec or the command cannot be run as given (bad id, too little memory, empty command).
-    Nothing was created or run."""
-
-    code = "invalid_request"  # the API's code for it (DESIGN.md, refusals and errors)
 
 
 class SandboxExists(RuntimeFailure):
@@ -182,21 +181,28 @@ class ProcessRuntime:
         if not valid_id(spec.id):
             raise InvalidSandbox(
                 f"sandbox id {spec.id!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit"
+                "starting with a letter or digit",
+                "id",
             )
         if spec.memory_mb < MIN_MEMORY_MB:
-            raise InvalidSandbox(f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}")
+            raise InvalidSandbox(
+                f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}", "memory_mb"
+            )
         if spec.hostname is not None and not (
             0 < len(spec.hostname.encode()) <= 64 and spec.hostname.isprintable()
         ):
-            raise InvalidSandbox(f"hostname {spec.hostname!r} is invalid: 1-64 printable characters")
-        if not MIN_PIDS <= spec.pids <= MAX_PIDS:
-            raise InvalidSandbox(f"pids must be between {MIN_PIDS} and {MAX_PIDS}, got {spec.pids}")
+            raise InvalidSandbox(
+                f"hostname {spec.hostname!r} is invalid: 1-64 printable characters", "hostname"
+            )
+        if not MIN_SANDBOX_PIDS <= spec.pids <= MAX_SANDBOX_PIDS:
+            raise InvalidSandbox(
+                f"pids must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}, got {spec.pids}", "pids"
+            )
         try:
             # The spec's environment is applied at every exec: it must be one an exec can carry.
             launcher.check_command(["true"], bwrap.sandbox_env(spec.id, spec.env), "/")
         except launcher.BadCommand as exc:
-            raise InvalidSandbox(str(exc)) from None
+            raise InvalidSandbox(str(exc), "env") from None
 
     async def _launch(
         self, spec: SandboxSpec, directory: Path, cgroup: SandboxCgroup | None, uid: int | None
@@ -364,9 +370,9 @@ class ProcessRuntime:
         cwd: str | None = None,
     ) -> ExecResult:
         if not timeout_s > 0:
-            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}")
+            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise InvalidSandbox("environment variable names and values must be strings")
+            raise InvalidSandbox("environment variable names and values must be strings", "env")
         record = self._live(sandbox_id)
         hostname = record.spec.hostname or record.spec.id[:64]
         try:
@@ -374,7 +380,7 @@ class ProcessRuntime:
                 command, bwrap.sandbox_env(hostname, record.spec.env, env), cwd or bwrap.SANDBOX_HOME
             )
         except launcher.BadCommand as exc:
-            raise InvalidSandbox(str(exc)) from None
+            raise InvalidSandbox(str(exc), exc.field) from None
         cgroup = _cgroup_of(record)
         # Only the init's pid, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.

@@ -129,9 +129,17 @@ _V2 = (
                           WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE})""",
 )
 
+# Each sandbox's pids limit comes from its template; OOM kills inside a sandbox are reported by its
+# host's heartbeats and kept on its record.
+_V4 = (
+    "ALTER TABLE templates ADD COLUMN pids BIGINT NOT NULL DEFAULT 512",
+    "ALTER TABLE sandboxes ADD COLUMN oom_kills BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
+    Migration(4, "template pids limit, sandbox OOM kills", _V4),
 )
 
 LATEST = MIGRATIONS[-1].version
