@@ -171,3 +171,14 @@ async def test_the_host_side_launcher_carries_no_tenant_input(process_runtime: P
             seen_launcher = seen_launcher or (b"launcher-" in cmdline and b"\0exec\0" in cmdline)
     assert seen_launcher, "the scan ran while the exec's launcher was on the host"
     assert (await running).exit_code == 0
+
+
+async def test_state_is_private(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="private", memory_mb=64, env={"TOKEN": "secret"}))
+    root = process_runtime.records.root
+    assert root.stat().st_mode & 0o777 == 0o700
+    directory = process_runtime.records.dir("private")
+    assert directory.stat().st_mode & 0o777 == 0o700
+    files = list(directory.iterdir())
+    assert {f.name for f in files} == {"sandbox.json", "bwrap.log"}
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
