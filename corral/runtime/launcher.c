@@ -10,8 +10,9 @@
  *   launcher spawn UID GID PROCS... -- PROGRAM ARG...
  *       join the cgroups (write our pid to each PROCS file), drop every supplementary group and
  *       become UID/GID, then exec PROGRAM (bubblewrap) with the environment we were given
- *   launcher exec INIT_PID UID GID SPEC_FD PROCS...
- *       run the command described in SPEC_FD inside the namespaces of INIT_PID as UID/GID (ids inside
+ *   launcher exec INIT_PID PID_NS UID GID SPEC_FD PROCS...
+ *       run the command described in SPEC_FD inside the namespaces of INIT_PID (whose pid namespace
+ *       must still be inode PID_NS: a recycled pid is refused) as UID/GID (ids inside
  *       the sandbox's user namespace), in its cgroups, with an empty bounding set, no_new_privs and
  *       the seccomp filter; exit with its status (128+N when killed by signal N)
  *   launcher check-spec
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -274,6 +276,20 @@ static void drop_bounding_set(void) {
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
 }
 
+/* Whatever an exec runs is what the OOM killer should take first when the sandbox overruns its limit,
+ * before the sandbox's skeleton (bubblewrap and its init), which would end the whole sandbox. Raising
+ * one's own score needs no privilege; lowering the skeleton's does, which not every host grants. */
+#define WORKLOAD_OOM_SCORE_ADJ "500"
+
+static void prefer_for_oom_kill(void) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (write(fd, WORKLOAD_OOM_SCORE_ADJ, sizeof WORKLOAD_OOM_SCORE_ADJ - 1) < 0) {
+        /* best effort: the limit holds either way */
+    }
+    close(fd);
+}
+
 static void close_other_fds(void) {
 #ifdef SYS_close_range
     if (syscall(SYS_close_range, 3u, ~0u, 0u) == 0) return;
@@ -282,11 +298,15 @@ static void close_other_fds(void) {
 }
 
 static int exec_in(int argc, char **argv) {
-    if (argc < 4) fail_msg("usage: exec INIT_PID UID GID SPEC_FD PROCS...");
+    if (argc < 5) fail_msg("usage: exec INIT_PID PID_NS UID GID SPEC_FD PROCS...");
     long init = parse_id(argv[0], "pid");
-    uid_t uid = (uid_t)parse_id(argv[1], "uid");
-    gid_t gid = (gid_t)parse_id(argv[2], "gid");
-    int spec_fd = (int)parse_id(argv[3], "fd");
+    char *end;
+    errno = 0;
+    unsigned long long pid_ns = strtoull(argv[1], &end, 10);
+    if (errno != 0 || *end != '\0') fail_msg("bad pid namespace");
+    uid_t uid = (uid_t)parse_id(argv[2], "uid");
+    gid_t gid = (gid_t)parse_id(argv[3], "gid");
+    int spec_fd = (int)parse_id(argv[4], "fd");
     struct spec s = parse_spec(spec_fd);
     close(spec_fd);
     scmp_filter_ctx filter = build_filter();
@@ -299,8 +319,11 @@ static int exec_in(int argc, char **argv) {
         snprintf(path, sizeof path, "/proc/%ld/ns/%s", init, NAMESPACES[i].name);
         fds[i] = open(path, O_RDONLY | O_CLOEXEC);
         if (fds[i] < 0) fail(path);
+        struct stat ns;
+        if (NAMESPACES[i].type == CLONE_NEWPID && (fstat(fds[i], &ns) != 0 || ns.st_ino != pid_ns))
+            fail_msg("the sandbox's init is gone (its pid now names another process)");
     }
-    for (int i = 4; i < argc; i++) join_cgroup(argv[i]);
+    for (int i = 5; i < argc; i++) join_cgroup(argv[i]);
     /* Host root may join every namespace before the user namespace; a runtime that is not root owns
      * the sandbox's user namespace and must join it first to be allowed into the others. */
     int root = geteuid() == 0;
@@ -320,6 +343,7 @@ static int exec_in(int argc, char **argv) {
         if (root && setns(fds[N_NS - 1], CLONE_NEWUSER) != 0) fail("user");
         close(fds[N_NS - 1]);
         drop_bounding_set();
+        prefer_for_oom_kill();
         become(uid, gid);
         if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS");
         close_other_fds();

@@ -382,10 +382,11 @@ class ProcessRuntime:
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
         cgroup = _cgroup_of(record)
-        # Only the init's pid, the sandbox user's ids and cgroup files on the command line; the
+        # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
-        argv = [str(launcher.path()), "exec", str(record.init.pid), str(bwrap.SANDBOX_UID)]
+        init = record.init
+        argv = [str(launcher.path()), "exec", str(init.pid), str(init.pid_ns), str(bwrap.SANDBOX_UID)]
         argv += [
             str(bwrap.SANDBOX_GID),
             str(spec_fd),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,8 @@ async def test_every_sandbox_process_is_unprivileged(process_runtime: ProcessRun
         assert status["NoNewPrivs"] == "1", pid
         assert status["CapBnd"] == status["CapEff"] == status["CapPrm"] == "0000000000000000", pid
         assert status["Seccomp"] == "2", pid
+    # The workload, not the sandbox's skeleton, is what the OOM killer takes first.
+    assert (await process_runtime.exec("locked", ["cat", "/proc/self/oom_score_adj"])).stdout == "500\n"
 
 
 @pytest.mark.parametrize(
@@ -182,3 +185,18 @@ async def test_state_is_private(process_runtime: ProcessRuntime) -> None:
     files = list(directory.iterdir())
     assert {f.name for f in files} == {"sandbox.json", "bwrap.log"}
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+
+
+async def test_the_launcher_refuses_a_recycled_init_pid(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="target", memory_mb=64))
+    init = _record(process_runtime, "target").init
+    spec = launcher.memfd("spec", launcher.encode(["id"], {}, "/"))
+    try:
+        # The same pid, but not the pid namespace the record names: as if the pid had been reused.
+        argv = [str(launcher.path()), "exec", str(init.pid), str(init.pid_ns + 1), "1000", "1000", str(spec)]
+        done = subprocess.run(
+            argv, pass_fds=(spec,), capture_output=True, env=launcher.clean_env(), check=False
+        )
+    finally:
+        os.close(spec)
+    assert done.returncode == 125 and b"gone" in done.stderr and done.stdout == b""
