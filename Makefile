@@ -12,11 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Host packages the process runtime needs (bubblewrap). Installed only when missing.
+# Host packages the process runtime needs: bubblewrap, and gcc with libseccomp's headers to build the
+# sandbox launcher (corral builds it on first use). Installed only when missing.
+SYSTEM_PACKAGES := bubblewrap gcc libc6-dev libseccomp-dev
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
-	  else echo "bubblewrap missing: install it (apt-get install bubblewrap) for the process runtime"; fi; }
+	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing:$$missing: install them (apt-get install$$missing) for the process runtime"; fi; fi
 
 serve: $(STAMP) system-deps
 	$(BIN)/corral serve

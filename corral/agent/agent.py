@@ -44,7 +44,14 @@ from corral.core.admission import (
 from corral.core.clock import Clock, SystemClock
 from corral.core.pressure import PressureGate
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
-from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxSpec
+from corral.runtime.base import (
+    DEFAULT_PIDS,
+    InvalidSandbox,
+    Runtime,
+    RuntimeFailure,
+    SandboxNotFound,
+    SandboxSpec,
+)
 
 log = logging.getLogger("corral.agent")
 
@@ -59,7 +66,7 @@ START_FAILED_RETRY_S = 1.0
 class _Live:
     """A sandbox the agent accounts for."""
 
-    __slots__ = ("observed_mb", "spec", "started_at", "usage")
+    __slots__ = ("observed_mb", "oom_kills", "spec", "started_at", "usage")
 
     def __init__(self, spec: SandboxSpec, started_at: float) -> None:
         self.spec = spec
@@ -69,6 +76,7 @@ class _Live:
         self.usage = SandboxUsage(spec.memory_mb, None, spec.stateful)
         # The latest reading of any age, for the host's memory_mb_used.
         self.observed_mb: int | None = None
+        self.oom_kills = 0  # processes the kernel's OOM killer killed in it, as last read
 
     @property
     def resident_mb(self) -> int | None:
@@ -197,6 +205,7 @@ class Agent:
         self.refusals: dict[str, int] = {}
         self.heartbeats_sent = 0
         self.heartbeat_failures = 0
+        self.oom_kills_total = 0  # over every sandbox this agent has run, gone ones included
 
     def _signal(self, pressure: PressureSignal | PressureSource | None) -> PressureSignal:
         if isinstance(pressure, PressureSignal):
@@ -321,10 +330,13 @@ class Agent:
             hostname=req.hostname,
             env=dict(req.env),
             network=req.network,
+            pids=req.pids if req.pids is not None else DEFAULT_PIDS,
         )
         self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
         try:
             handle = await self.runtime.start(spec)
+        except InvalidSandbox as exc:
+            raise AgentInvalid(Code.INVALID, str(exc), details={"field": exc.field}) from exc
         except RuntimeFailure as exc:
             raise self._refuse(
                 Code.START_FAILED, f"runtime {self.runtime.name}: {exc}", START_FAILED_RETRY_S
@@ -383,6 +395,9 @@ class Agent:
         except SandboxNotFound:
             self._live.pop(sandbox_id, None)  # it died under us; stop accounting for it
             raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
+        except InvalidSandbox as exc:
+            # What the kernel would refuse (E2BIG, a NUL it would cut) is the caller's input.
+            raise AgentInvalid(Code.INVALID, str(exc), details={"field": exc.field}) from exc
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         return ExecResponse(
@@ -417,6 +432,7 @@ class Agent:
             hostname=spec.hostname or sandbox_id,
             started_at=s.started_at,
             resident_mb=s.resident_mb,
+            oom_kills=s.oom_kills,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
         )
 
@@ -453,10 +469,25 @@ class Agent:
                 continue
             except RuntimeFailure:
                 continue  # no reading this round; keep the last one
+            await self._count_oom_kills(sandbox_id, s)
             if mb is None:
                 continue
             self._live.measured(sandbox_id, mb, settled=now - s.started_at >= self.settle_s)
         self.observe_pressure()
+
+    async def _count_oom_kills(self, sandbox_id: str, s: _Live) -> None:
+        try:
+            kills = await self.runtime.oom_kills(sandbox_id)
+        except RuntimeFailure:
+            return  # gone or unreadable this round; the next measurement tells
+        if kills > s.oom_kills:
+            self.oom_kills_total += kills - s.oom_kills
+            log.info("agent %s: sandbox %s had %d OOM kills", self.id, sandbox_id, kills)
+            s.oom_kills = kills
+
+    def oom_kills(self) -> dict[str, int]:
+        """Sandbox id -> OOM kills so far, for the sandboxes that had any."""
+        return {i: s.oom_kills for i, s in self._live.items() if s.oom_kills}
 
     def capacity(self) -> Capacity:
         return Capacity(
@@ -487,6 +518,7 @@ class Agent:
             address=self.address,
             sent_at=self.clock.now(),
             sandbox_ids=self.sandbox_ids(),
+            oom_kills=self.oom_kills(),
         )
 
     async def beat(self) -> Heartbeat:

@@ -38,7 +38,7 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_runtime(name: str) -> Runtime:
+def build_runtime(name: str, sandbox_uids: str | None = None) -> Runtime:
     if name == "sim":
         from corral.runtime.sim import SimRuntime
 
@@ -51,7 +51,13 @@ def build_runtime(name: str) -> Runtime:
             raise typer.BadParameter(
                 f"the process runtime is not available: {exc}", param_hint="--runtime"
             ) from exc
-        runtime: Runtime = ProcessRuntime()
+        from corral.runtime.uids import DEFAULT_UIDS, parse_range
+
+        try:
+            uids = parse_range(sandbox_uids) if sandbox_uids else DEFAULT_UIDS
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--sandbox-uids") from exc
+        runtime: Runtime = ProcessRuntime(uids=uids)
         return runtime
     raise typer.BadParameter(
         f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})", param_hint="--runtime"
@@ -121,11 +127,19 @@ def agent_command(
     template: Annotated[
         list[str] | None, typer.Option("--template", help="A template this host has (repeat; default: any).")
     ] = None,
+    sandbox_uids: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox-uids",
+            help="START-END: host uids the process runtime leases to its sandboxes, one each "
+            "(default 2000000-2065535; agents on one machine share it safely).",
+        ),
+    ] = None,
 ) -> None:
     """Run a host agent: its HTTP API and its heartbeats to the control plane."""
     id, agent_token, host_key = _identity(id, token_file, dev_shared_token, token)
     host, port = parse_listen(listen)
-    rt = build_runtime(runtime)
+    rt = build_runtime(runtime, sandbox_uids)
     total_mb = memory_mb or host_memory_mb() or 4096
     total_cpus = cpus or float(os.cpu_count() or 1)
     if headroom_mb >= total_mb:

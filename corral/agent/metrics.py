@@ -53,6 +53,11 @@ class AgentCollector(Collector):
         failures = CounterMetricFamily(
             "corral_agent_heartbeat_failures", "Heartbeats that could not be delivered.", labels=label
         )
+        oom_kills = CounterMetricFamily(
+            "corral_agent_sandbox_oom_kills",
+            "Processes the kernel's OOM killer killed inside this agent's sandboxes (their memory limit).",
+            labels=label,
+        )
         for agent in self._current():
             a = [agent.id]
             infos = agent.list()
@@ -69,4 +74,16 @@ class AgentCollector(Collector):
             for reason, n in sorted(agent.refusals.items()):
                 refusals.add_metric([*a, reason], n)
             failures.add_metric(a, agent.heartbeat_failures)
-        yield from (total, used, admittable, ratio, sandboxes, in_flight, intake, refusals, failures)
+            oom_kills.add_metric(a, agent.oom_kills_total)
+        yield from (
+            total,
+            used,
+            admittable,
+            ratio,
+            sandboxes,
+            in_flight,
+            intake,
+            refusals,
+            failures,
+            oom_kills,
+        )

@@ -26,7 +26,7 @@ from corral.agent.inputs import (
     Timestamp,
     Word,
 )
-from corral.core.types import AdmissionMode, HostState, HostView
+from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, HostView
 
 # Sandbox ids and hostnames travel in URLs and become hostnames: keep them to a safe alphabet.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -57,6 +57,8 @@ class StartSandbox(_Model):
     env: Env = Field(default_factory=dict)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
     network: bool = Field(default=False, strict=True)  # loopback only unless asked
+    # Its pids limit; None: the runtime's default.
+    pids: int | None = Field(default=None, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
 
 
 class SandboxInfo(_Lenient):
@@ -71,6 +73,7 @@ class SandboxInfo(_Lenient):
     resident_mb: int | None = None
     # What the local gate charges for it right now, in the agent's admission mode.
     charged_mb: int
+    oom_kills: int = 0
 
 
 class ExecRequest(_Model):
@@ -117,6 +120,10 @@ class Heartbeat(Capacity):
     address: Address
     sent_at: Timestamp
     sandbox_ids: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
+    # Sandbox id -> processes the kernel's OOM killer has killed in it so far; only nonzero counts.
+    oom_kills: dict[SandboxId, Annotated[int, Field(ge=0, lt=2**63)]] = Field(
+        default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST
+    )
 
     def host_view(self, heartbeat_at: float | None = None, state: HostState = HostState.READY) -> HostView:
         """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);

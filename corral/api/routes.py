@@ -202,6 +202,7 @@ async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> Templat
             memory_mb=body.memory_mb,
             stateful=body.stateful,
             description=body.description,
+            pids=body.pids,
         )
     )
     return TemplateOut.of(tpl)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.agent.credentials import HostCredentials
 from corral.agent.inputs import AbsPath, Env, check_argv
+from corral.core.types import DEFAULT_SANDBOX_PIDS, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.store import HostRecord, SandboxRecord, SandboxState, TemplateRecord, TenantRecord
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -75,6 +76,7 @@ class TemplateBody(_Body):
     memory_mb: int = Field(default=512, gt=0, le=MAX_MEMORY_MB, strict=True)
     stateful: bool = Field(default=False, strict=True)
     description: str = Field(default="", max_length=1024)
+    pids: int = Field(default=DEFAULT_SANDBOX_PIDS, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
 
 
 class TenantBody(_Body):
@@ -117,6 +119,7 @@ class SandboxOut(BaseModel):
     metadata: dict[str, str]
     created_at: str | None
     expires_at: str | None
+    oom_kills: int = 0  # processes the kernel killed in it for overrunning its memory limit
 
     @classmethod
     def of(cls, r: SandboxRecord) -> SandboxOut:
@@ -139,6 +142,7 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "metadata": dict(r.metadata),
         "created_at": iso(r.created_at),
         "expires_at": iso(r.expires_at),
+        "oom_kills": r.oom_kills,
     }
 
 
@@ -204,11 +208,17 @@ class TemplateOut(BaseModel):
     memory_mb: int
     stateful: bool
     description: str
+    pids: int
 
     @classmethod
     def of(cls, t: TemplateRecord) -> TemplateOut:
         return cls(
-            name=t.name, cpus=t.cpus, memory_mb=t.memory_mb, stateful=t.stateful, description=t.description
+            name=t.name,
+            cpus=t.cpus,
+            memory_mb=t.memory_mb,
+            stateful=t.stateful,
+            description=t.description,
+            pids=t.pids,
         )
 
 

@@ -125,7 +125,9 @@ class BatchCreate:
         async with gate:
             for attempt in range(SATURATED_RETRIES + 1):
                 try:
-                    await flow.binder.start(record, res.host_id, address, env)
+                    await flow.binder.start(
+                        record, res.host_id, address, env, await flow.pids_of(record.template)
+                    )
                     break
                 except AgentRefusal as e:
                     # Too many starts at once is "wait a moment", and the reservation still holds.

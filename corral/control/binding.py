@@ -44,7 +44,14 @@ class Binder:
         self.agents = agents
         self.bind_timeout_s = bind_timeout_s
 
-    async def start(self, record: SandboxRecord, host_id: str, address: str, env: Mapping[str, str]) -> None:
+    async def start(
+        self,
+        record: SandboxRecord,
+        host_id: str,
+        address: str,
+        env: Mapping[str, str],
+        pids: int | None = None,
+    ) -> None:
         start = StartSandbox(
             id=record.id,
             memory_mb=record.memory_mb,
@@ -52,6 +59,7 @@ class Binder:
             stateful=record.stateful,
             template=record.template,
             env=dict(env),
+            pids=pids,
         )
         client = self.agents.client(host_id, address)
         await asyncio.wait_for(client.start(start), self.bind_timeout_s)

@@ -132,6 +132,11 @@ class CreateFlow:
             self._templates[name] = (tpl, now + TEMPLATE_CACHE_S)
         return tpl
 
+    async def pids_of(self, template: str) -> int | None:
+        """The pids limit a sandbox of ``template`` runs with (None: the runtime's default)."""
+        tpl = await self._template(template)
+        return tpl.pids if tpl is not None else None
+
     async def _resolve(self, spec: CreateSpec) -> tuple[int, float, bool]:
         tpl = await self._template(spec.template)
         if tpl is None:
@@ -303,7 +308,7 @@ class CreateFlow:
             self.view.committed(claim)
             host_id, address = res.host_id, snap.address(res.host_id)
             try:
-                await self.binder.start(record, host_id, address, env)
+                await self.binder.start(record, host_id, address, env, await self.pids_of(record.template))
                 return await self.store.set_sandbox_state(
                     record.id,
                     SandboxState.RUNNING,

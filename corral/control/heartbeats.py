@@ -32,8 +32,23 @@ class HeartbeatIntake:
     def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store = store
         self.metrics = metrics
+        # Host -> the OOM counts it last reported and the store has: a heartbeat repeats them all,
+        # only a rise needs a write.
+        self._oom_recorded: dict[str, dict[str, int]] = {}
 
     async def accept(self, hb: WireHeartbeat) -> HeartbeatResult:
         result = await self.store.upsert_heartbeat(to_store(hb))
         self.metrics.heartbeats.labels("true" if result.accepted else "false").inc()
+        if result.accepted:
+            await self._record_oom_kills(hb.agent_id, hb.oom_kills)
         return result
+
+    async def _record_oom_kills(self, host_id: str, counts: dict[str, int]) -> None:
+        recorded = self._oom_recorded.get(host_id, {})
+        risen = {sid: n for sid, n in counts.items() if n > recorded.get(sid, 0)}
+        if risen:
+            await self.store.record_oom_kills(host_id, risen)
+        if counts:
+            self._oom_recorded[host_id] = dict(counts)  # forgets the sandboxes the host no longer has
+        else:
+            self._oom_recorded.pop(host_id, None)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
+from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import Heartbeat
 from corral.control.agents import LocalAgents
 from corral.control.plane import ControlPlane
@@ -104,4 +105,7 @@ def build_local_fleet(
         )
         agents.append(agent)
         directory.add(host_id, LocalAgentClient(agent))
+    # The agents live in this process: their own metrics (OOM kills in their sandboxes, refusals by
+    # reason) are served on the control plane's /metrics, as a remote agent serves them on its own.
+    plane.metrics.registry.register(AgentCollector(agents))
     return LocalFleet(agents, directory)

@@ -3,10 +3,10 @@ is simply not found."""
 
 from __future__ import annotations
 
-from corral.agent.errors import AgentError, AgentSandboxNotFound, AgentUnavailable
+from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, AgentUnavailable
 from corral.agent.protocol import ExecRequest, ExecResponse
 from corral.control.agents import AgentDirectory
-from corral.control.errors import BadGateway, Gone, NotFound, NotRunning, Unavailable
+from corral.control.errors import BadGateway, Gone, InvalidRequest, NotFound, NotRunning, Unavailable
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
 from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
@@ -87,6 +87,9 @@ class Sandboxes:
             raise Unavailable(
                 f"host {route.host_id} is unreachable", code="host_unreachable", retry_after_s=2
             ) from e
+        except AgentInvalid as e:
+            # The host's runtime refused the input itself (what execve would refuse): the caller's.
+            raise InvalidRequest(str(e.details.get("field", "body")), e.message) from e
         except AgentError as e:
             raise BadGateway(e.message, code=e.code) from e
 

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+# Processes (threads included) one sandbox may run at once, by default: enough for a build or a test
+# suite, far below what would exhaust a host's pid space. Below the minimum the sandbox's own skeleton
+# (reaper, init, a shell) could not run; the maximum is the kernel's pid_max ceiling.
+DEFAULT_SANDBOX_PIDS = 512
+MIN_SANDBOX_PIDS = 8
+MAX_SANDBOX_PIDS = 1 << 22
+
 
 class AdmissionMode(StrEnum):
     """How a host charges memory: promises (committed) or measurements (working-set)."""

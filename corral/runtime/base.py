@@ -6,6 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from corral.core.types import DEFAULT_SANDBOX_PIDS
+
+DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxSpec:
@@ -17,6 +21,7 @@ class SandboxSpec:
     hostname: str | None = None  # defaults to the sandbox id
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = False  # loopback only unless asked
+    pids: int = DEFAULT_PIDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,17 @@ class SandboxNotFound(RuntimeFailure):
     pass
 
 
+class InvalidSandbox(RuntimeFailure):
+    """The spec or the command cannot be run as given (bad id, too little memory, an environment or
+    command execve would refuse). Nothing was created or run. ``field`` names what was wrong."""
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, field: str = "body") -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class Runtime(Protocol):
     name: str
 
@@ -65,6 +81,10 @@ class Runtime(Protocol):
 
     async def resident_mb(self, sandbox_id: str) -> int | None:
         """Measured resident memory (working set), or None when it cannot be measured yet."""
+        ...
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        """Processes of the sandbox the kernel killed for overrunning its memory limit, so far."""
         ...
 
     async def list(self) -> list[SandboxHandle]:

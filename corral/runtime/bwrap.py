@@ -1,8 +1,9 @@
-"""The command lines that build and enter a sandbox: bubblewrap to create its namespaces, nsenter to
-run a command inside them, and a one-line shell wrapper that puts a process in the sandbox's cgroup
-before it execs (so nothing the sandbox runs is ever outside its limit, not even for a moment).
+"""The command line that builds a sandbox: bubblewrap, run as the sandbox's own host uid, creating its
+namespaces, its filesystem (the host's system directories read-only, a curated /etc, private tmpfs
+home and /tmp), dropping every capability, forbidding nested user namespaces and loading the seccomp
+filter. Commands are run inside by the launcher (see :mod:`corral.runtime.launcher`).
 
-Pure functions returning argv lists; :func:`probe` is the only one that runs anything.
+Pure functions returning argument lists; :func:`probe` is the only one that runs anything.
 """
 
 from __future__ import annotations
@@ -12,26 +13,53 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
-# Host directories a sandbox sees read-only (those that exist on this host). /etc is included so
-# that the dynamic loader, CA certificates and resolv.conf work; passwd and group are replaced.
-SYSTEM_PATHS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+from corral.runtime import launcher
 
-SANDBOX_HOME = "/home/sandbox"
+# Host directories a sandbox sees read-only (those that exist on this host). /etc is not one of them:
+# it holds the host's accounts and configuration; the sandbox gets the curated set below.
+SYSTEM_PATHS: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What of the host's /etc a program needs to run, resolve names and verify certificates.
+HOST_ETC: tuple[str, ...] = (
+    "resolv.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "mime.types",
+)
+
+# The one user a sandbox has. Its name and home are defined here only.
+SANDBOX_USER = "sandbox"
+SANDBOX_HOME = f"/home/{SANDBOX_USER}"
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-# Inside the sandbox only its own user exists, so tools that look the uid up (id, whoami, ssh,
-# Python's getpass) work, and the host's account list stays private.
-PASSWD = (
-    "root:x:0:0:root:/root:/bin/sh\n"
-    f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{SANDBOX_HOME}:/bin/sh\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-)
-GROUP = f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
+
+def etc_files(hostname: str) -> dict[str, bytes]:
+    """The generated part of the sandbox's /etc: only its own user exists, so tools that look the uid
+    up (id, whoami, ssh, Python's getpass) work, and the host's account list stays private."""
+    passwd = (
+        "root:x:0:0:root:/root:/bin/sh\n"
+        f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:{SANDBOX_USER}:{SANDBOX_HOME}:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+    group = f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
+    hosts = f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+    nsswitch = "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
+    return {
+        "passwd": passwd.encode(),
+        "group": group.encode(),
+        "hosts": hosts.encode(),
+        "nsswitch.conf": nsswitch.encode(),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +67,18 @@ class Layout:
     """Everything about one sandbox's filesystem and namespaces that the command line encodes."""
 
     hostname: str
-    # Descriptors to read the sandbox's passwd and group from: bubblewrap runs as an unprivileged host
-    # user that may not be allowed to walk to the runtime's state directory, but can read what it is
-    # handed.
-    passwd_fd: int
-    group_fd: int
+    # /etc file name -> a descriptor to read it from: bubblewrap runs as the sandbox's host uid, which
+    # may not walk to the runtime's private state, but can read what it is handed.
+    etc_fds: Mapping[str, int] = field(default_factory=dict)
+    seccomp_fd: int | None = None
     network: bool = False
     system_paths: Sequence[str] = SYSTEM_PATHS
+    host_etc: Sequence[str] = HOST_ETC
 
 
 def sandbox_env(hostname: str, *layers: Mapping[str, str] | None) -> dict[str, str]:
-    """The environment a sandbox process gets: defaults, then each layer in turn (the spec's, then
-    an exec's). Passed as the process environment, never on a command line, where every host user
-    could read it in ``ps``."""
+    """The environment a command in the sandbox gets: defaults, then each layer in turn (the spec's,
+    then an exec's). Applied by the launcher at the final execve inside, never to a host process."""
     env = base_env(hostname)
     for layer in layers:
         env.update(layer or {})
@@ -62,8 +89,8 @@ def base_env(hostname: str) -> dict[str, str]:
     return {
         "PATH": DEFAULT_PATH,
         "HOME": SANDBOX_HOME,
-        "USER": "sandbox",
-        "LOGNAME": "sandbox",
+        "USER": SANDBOX_USER,
+        "LOGNAME": SANDBOX_USER,
         "HOSTNAME": hostname,
         "LANG": "C.UTF-8",
         "TMPDIR": "/tmp",
@@ -81,31 +108,41 @@ def _system_binds(paths: Sequence[str]) -> list[str]:
     return argv
 
 
-def sandbox_argv(layout: Layout, init: Sequence[str], *, info_fd: int, bwrap: str = "bwrap") -> list[str]:
-    """bubblewrap's command line for a sandbox whose long-lived process is ``init``. bubblewrap writes
-    the init's host pid to ``info_fd``; the sandbox prints ``ready`` on stdout when it is set up.
+def _etc_binds(layout: Layout) -> list[str]:
+    argv: list[str] = []
+    for name in layout.host_etc:
+        source = os.path.join("/etc", name)
+        if os.path.exists(source):  # follows links: /etc/resolv.conf often points into /run
+            argv += ["--ro-bind", source, source]
+    for name, fd in sorted(layout.etc_fds.items()):
+        argv += ["--ro-bind-data", str(fd), f"/etc/{name}"]
+    return argv
+
+
+def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
+    """bubblewrap's options for a sandbox (handed to it with ``--args FD``, so the hostname is on no
+    command line). bubblewrap writes the init's host pid to ``info_fd``; the sandbox prints ``ready``
+    on stdout when it is set up (see :func:`init_command`).
 
     Deliberately no ``--die-with-parent``: the sandbox must outlive the agent that started it, so a
     restarted agent can re-adopt it. bubblewrap itself is pid 1 inside and reaps orphans there.
     """
     argv = [
-        bwrap,
         "--unshare-user",
+        # A second, nested user namespace with a limit of one: no process inside can create another.
+        "--disable-userns",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
+        "--cap-drop",
+        "ALL",
     ]
     argv += ["--share-net"] if layout.network else ["--unshare-net"]
     argv += ["--hostname", layout.hostname, "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
     argv += _system_binds(layout.system_paths)
+    argv += _etc_binds(layout)
     argv += [
-        "--ro-bind-data",
-        str(layout.passwd_fd),
-        "/etc/passwd",
-        "--ro-bind-data",
-        str(layout.group_fd),
-        "/etc/group",
         "--proc",
         "/proc",
         "--dev",
@@ -128,55 +165,54 @@ def sandbox_argv(layout: Layout, init: Sequence[str], *, info_fd: int, bwrap: st
         SANDBOX_HOME,
         "--new-session",
     ]
-    # The shell announces readiness on stdout once every mount is in place and ``init`` is there to
-    # run, then becomes ``init``.
-    ready = 'command -v "$1" >/dev/null && echo ready && exec "$@"'
-    argv += ["--info-fd", str(info_fd), "--", "/bin/sh", "-c", ready, "init", *init]
+    if layout.seccomp_fd is not None:
+        argv += ["--seccomp", str(layout.seccomp_fd)]
+    argv += ["--info-fd", str(info_fd)]
     return argv
 
 
-def enter_argv(
-    init_pid: int, command: Sequence[str], *, cwd: str | None = None, nsenter: str = "nsenter"
-) -> list[str]:
-    """nsenter's command line to run ``command`` in every namespace of the sandbox whose init is
-    ``init_pid``, as the sandbox user (so it holds no capability there)."""
-    return [
-        nsenter,
-        f"--target={init_pid}",
-        "--user",
-        "--mount",
-        "--pid",
-        "--net",
-        "--uts",
-        "--ipc",
-        "--cgroup",
-        f"--setuid={SANDBOX_UID}",
-        f"--setgid={SANDBOX_GID}",
-        f"--wdns={cwd or SANDBOX_HOME}",
-        "--",
-        *command,
-    ]
+def init_command(init: Sequence[str]) -> list[str]:
+    """What follows bubblewrap's options on its own command line (``--args`` carries options only):
+    a shell that announces readiness on stdout once every mount is in place and ``init`` is there to
+    run, then becomes ``init``."""
+    ready = 'command -v "$1" >/dev/null && echo ready && exec "$@"'
+    return ["--", "/bin/sh", "-c", ready, "init", *init]
 
 
-def wrapped_argv(command: Sequence[str], *, procs_file: Path | None) -> list[str]:
-    """``command`` behind a shell that first moves itself into the cgroup, then execs: everything
-    ``command`` starts is in the cgroup from its first instruction."""
-    if procs_file is None:
-        return list(command)
-    # $0 is the cgroup.procs file, $$ this shell.
-    return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs_file), *command]
+def encode_args(args: Sequence[str]) -> bytes:
+    """The NUL-separated form ``--args FD`` reads."""
+    return b"".join(arg.encode() + b"\0" for arg in args)
 
 
 @functools.cache
 def probe(host_uid: int = 65534, host_gid: int = 65534) -> str | None:
     """None when bubblewrap can build namespaced sandboxes here, otherwise why it cannot."""
-    for tool in ("bwrap", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    command = ["bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true"]
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed"
+    reason = launcher.unavailable_reason()
+    if reason is not None:
+        return reason
+    command = [
+        "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "true",
+    ]
     as_user = {"user": host_uid, "group": host_gid, "extra_groups": []} if os.geteuid() == 0 else {}
     try:
-        done = subprocess.run(command, capture_output=True, timeout=10, check=False, **as_user)  # type: ignore[call-overload]
+        done = subprocess.run(  # type: ignore[call-overload]
+            command, capture_output=True, timeout=10, check=False, env=launcher.clean_env(), **as_user
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap did not run: {exc}"
     if done.returncode != 0:

@@ -1,8 +1,17 @@
-"""Memory cgroups for sandboxes, on cgroup v1 (``memory.limit_in_bytes``) or v2 (``memory.max``).
+"""Cgroups for sandboxes: memory, CPU and pids limits, on cgroup v1 or v2.
 
 One :class:`CgroupRoot` per runtime: a directory under which every sandbox gets a child cgroup with its
-configured limit. By default the root is created *beneath the agent's own memory cgroup*, so sandboxes
-stay inside whatever budget the host already gave the agent instead of escaping to the top of the tree.
+configured limits. On v2 that is one directory with the memory, cpu and pids controllers; on v1 it is
+the memory hierarchy's, plus one in each of the cpu and pids hierarchies where those are mounted and
+writable (hybrid hosts). By default each root is created *beneath the agent's own cgroup*, so
+sandboxes stay inside whatever budget the host already gave the agent instead of escaping to the top.
+
+| limit  | v1                                        | v2                  |
+| ------ | ----------------------------------------- | ------------------- |
+| memory | memory.limit_in_bytes (+ memsw)           | memory.max (+ swap) |
+| CPU    | cpu.cfs_quota_us / cpu.cfs_period_us      | cpu.max             |
+| pids   | pids.max                                  | pids.max            |
+| OOM    | memory.oom_control ``oom_kill``           | memory.events       |
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _MIB = 1024 * 1024
+CPU_PERIOD_US = 100_000
+_MIN_QUOTA_US = 1_000  # the kernel's floor for a CFS quota
+_V2_CONTROLLERS = ("memory", "cpu", "pids")
 
 
 class CgroupError(Exception):
@@ -35,32 +47,125 @@ def _stat_value(path: Path, key: str) -> int:
     return 0
 
 
+def cpu_quota_us(cpus: float, period_us: int = CPU_PERIOD_US) -> int:
+    """CFS quota per period for ``cpus`` CPUs' worth of time."""
+    return max(_MIN_QUOTA_US, round(cpus * period_us))
+
+
 @dataclass(frozen=True, slots=True)
-class MemoryCgroup:
-    """One sandbox's memory cgroup. ``version`` is 1 or 2."""
+class SandboxCgroup:
+    """One sandbox's cgroup(s). ``version`` is 1 or 2; ``path`` is the memory cgroup (v1) or the
+    unified one (v2); ``extra`` are, on v1, the sandbox's cgroups in the cpu and pids hierarchies."""
 
     path: Path
     version: int
+    extra: tuple[Path, ...] = ()
 
     @property
     def procs_file(self) -> Path:
         return self.path / "cgroup.procs"
 
+    @property
+    def procs_files(self) -> list[Path]:
+        """Every cgroup.procs a process of the sandbox must be written to."""
+        return [self.path / "cgroup.procs", *(p / "cgroup.procs" for p in self.extra)]
+
+    def _dirs(self) -> list[Path]:
+        return [self.path, *self.extra]
+
+    def _with(self, name: str) -> Path | None:
+        """The directory (of ours) that holds the control file ``name``, if any."""
+        for directory in self._dirs():
+            if (directory / name).exists():
+                return directory / name
+        return None
+
     def exists(self) -> bool:
         return self.path.is_dir()
 
-    def create(self, limit_mb: int) -> None:
+    def create(self, limit_mb: int, *, cpus: float | None = None, pids: int | None = None) -> None:
+        made: list[Path] = []
         try:
-            self.path.mkdir()
+            for directory in self._dirs():
+                directory.mkdir()
+                made.append(directory)
         except FileExistsError:
+            self._rmdirs(made)
             raise CgroupError(f"cgroup {self.path} already exists") from None
         except OSError as exc:
+            self._rmdirs(made)
             raise CgroupError(f"cannot create cgroup {self.path}: {exc.strerror}") from exc
         try:
             self.set_limit(limit_mb)
+            if cpus is not None:
+                self.set_cpus(cpus)
+            if pids is not None:
+                self.set_pids(pids)
         except OSError as exc:
             self.remove()
-            raise CgroupError(f"cannot set the memory limit on {self.path}: {exc.strerror}") from exc
+            raise CgroupError(f"cannot set the limits on {self.path}: {exc.strerror}") from exc
+
+    @staticmethod
+    def _rmdirs(dirs: list[Path]) -> None:
+        for directory in dirs:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+    def set_cpus(self, cpus: float) -> None:
+        """A CFS quota of ``cpus`` CPUs; a no-op where no cpu controller is ours."""
+        if self.version == 2:
+            target = self._with("cpu.max")
+            if target is not None:
+                target.write_text(f"{cpu_quota_us(cpus)} {CPU_PERIOD_US}")
+            return
+        quota = self._with("cpu.cfs_quota_us")
+        if quota is not None:
+            (quota.parent / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            quota.write_text(str(cpu_quota_us(cpus)))
+
+    def cpu_quota(self) -> tuple[int, int] | None:
+        """(quota, period) in microseconds, or None when unlimited or not ours to set."""
+        if self.version == 2:
+            target = self._with("cpu.max")
+            if target is None:
+                return None
+            quota, period = target.read_text().split()
+            return None if quota == "max" else (int(quota), int(period))
+        quota_file = self._with("cpu.cfs_quota_us")
+        if quota_file is None:
+            return None
+        quota_us = int(quota_file.read_text())
+        return (
+            None if quota_us < 0 else (quota_us, int((quota_file.parent / "cpu.cfs_period_us").read_text()))
+        )
+
+    def throttled(self) -> tuple[int, int]:
+        """(periods throttled, time throttled in microseconds) so far; zeros without a cpu controller."""
+        stat_file = self._with("cpu.cfs_quota_us" if self.version == 1 else "cpu.max")
+        if stat_file is None:
+            return (0, 0)
+        stat_path = stat_file.parent / "cpu.stat"
+        if self.version == 2:
+            return (_stat_value(stat_path, "nr_throttled"), _stat_value(stat_path, "throttled_usec"))
+        return (_stat_value(stat_path, "nr_throttled"), _stat_value(stat_path, "throttled_time") // 1000)
+
+    def set_pids(self, limit: int) -> None:
+        target = self._with("pids.max")
+        if target is not None:
+            target.write_text(str(limit))
+
+    def pids_limit(self) -> int | None:
+        target = self._with("pids.max")
+        return None if target is None else _read_int(target)
+
+    def oom_kills(self) -> int:
+        """Processes the OOM killer killed in this cgroup because of its memory limit."""
+        try:
+            if self.version == 2:
+                return _stat_value(self.path / "memory.events", "oom_kill")
+            return _stat_value(self.path / "memory.oom_control", "oom_kill")
+        except OSError:
+            return 0
 
     def set_limit(self, limit_mb: int) -> None:
         limit = str(limit_mb * _MIB)
@@ -88,11 +193,6 @@ class MemoryCgroup:
             usage = _read_int(self.path / "memory.usage_in_bytes")
             inactive = _stat_value(self.path / "memory.stat", "total_inactive_file")
         return max(0, usage - inactive)
-
-    def delegate(self, uid: int, gid: int) -> None:
-        """Let ``uid`` move its own processes into this cgroup (and only this one), so a launcher
-        that already dropped root can still join it before it execs."""
-        os.chown(self.procs_file, uid, gid)
 
     def pids(self) -> list[int]:
         try:
@@ -122,70 +222,100 @@ class MemoryCgroup:
             time.sleep(0.002)
 
     def remove(self, *, timeout_s: float = 5.0) -> None:
-        """Kill what is left and remove the directory; a missing cgroup is already removed."""
+        """Kill what is left and remove the directories; a missing cgroup is already removed."""
         self.kill(timeout_s=timeout_s)
+        for directory in self.extra:
+            self._remove_dir(directory, timeout_s)
+        self._remove_dir(self.path, timeout_s)
+
+    def _remove_dir(self, directory: Path, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                self.path.rmdir()
+                directory.rmdir()
                 return
             except FileNotFoundError:
                 return
             except OSError as exc:
                 # EBUSY while the last killed task finishes exiting.
                 if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise CgroupError(f"cannot remove cgroup {self.path}: {exc.strerror}") from exc
+                    raise CgroupError(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
                 self.kill(timeout_s=timeout_s)
                 time.sleep(0.002)
 
 
 @dataclass(frozen=True, slots=True)
 class CgroupRoot:
-    """The directory that holds one runtime's sandbox cgroups."""
+    """The directory that holds one runtime's sandbox cgroups (plus, on v1, its cpu and pids twins)."""
 
     path: Path
     version: int
+    extra: tuple[Path, ...] = ()
 
-    def child(self, name: str) -> MemoryCgroup:
-        return MemoryCgroup(self.path / name, self.version)
+    def child(self, name: str) -> SandboxCgroup:
+        return SandboxCgroup(self.path / name, self.version, tuple(p / name for p in self.extra))
 
     def remove_if_empty(self) -> bool:
         """Remove the root once no sandbox cgroup is left under it; True when it is gone."""
-        try:
-            self.path.rmdir()
-        except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        return True
+        gone = True
+        for directory in [*self.extra, self.path]:
+            try:
+                directory.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                gone = False
+        return gone
 
     @classmethod
-    def at(cls, path: Path) -> CgroupRoot:
+    def at(cls, path: Path, extra: tuple[Path, ...] = ()) -> CgroupRoot:
         """An explicit root; created if missing. v2 is recognised by its ``cgroup.controllers``."""
         path.mkdir(parents=True, exist_ok=True)
         version = 2 if (path / "cgroup.controllers").exists() else 1
         if version == 1 and not (path / "memory.limit_in_bytes").exists():
             raise CgroupError(f"{path} is not in a memory cgroup hierarchy")
         if version == 2:
-            _enable_memory_v2(path)
+            _enable_v2(path)
         if not os.access(path, os.W_OK):
             raise CgroupError(f"{path} is not writable")
-        return cls(path, version)
+        return cls(path, version, extra)
 
 
-def _enable_memory_v2(path: Path) -> None:
-    if "memory" not in (path / "cgroup.controllers").read_text().split():
-        # Ask the parent to delegate it; refused when the parent holds processes (no internal tasks).
+def _enable_v2(path: Path) -> None:
+    """Delegate memory (required), cpu and pids (where the host allows) to the sandboxes below."""
+    offered = (path / "cgroup.controllers").read_text().split()
+    if "memory" not in offered:
+        # Ask the parent; refused when the parent holds processes (no internal tasks).
         with contextlib.suppress(OSError):
-            (path.parent / "cgroup.subtree_control").write_text("+memory")
-    if "memory" not in (path / "cgroup.controllers").read_text().split():
+            (path.parent / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in _V2_CONTROLLERS))
+        offered = (path / "cgroup.controllers").read_text().split()
+    if "memory" not in offered:
         raise CgroupError(f"the memory controller is not available at {path}")
     subtree = path / "cgroup.subtree_control"
-    if "memory" not in subtree.read_text().split():
+    wanted = [c for c in _V2_CONTROLLERS if c in offered]
+    if set(wanted) <= set(subtree.read_text().split()):
+        return
+    try:
+        subtree.write_text(" ".join(f"+{c}" for c in wanted))
+    except OSError:
+        # One controller the host will not delegate must not cost the memory limit.
         try:
             subtree.write_text("+memory")
         except OSError as exc:
             raise CgroupError(f"cannot enable the memory controller below {path}: {exc.strerror}") from exc
+
+
+def _v1_twin(path: Path, marker: str) -> Path | None:
+    """A writable root in a v1 cpu or pids hierarchy (recognised by ``marker``), or None."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    if (path / marker).exists() and os.access(path, os.W_OK):
+        return path
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    return None
 
 
 def _mounts() -> list[tuple[str, str, str, str]]:
@@ -219,17 +349,20 @@ def _own_paths() -> dict[str, str]:
 
 
 def detect(leaf: str = "corral") -> CgroupRoot | None:
-    """A writable memory-cgroup root beneath this process's own cgroup, or None when there is none.
+    """A writable cgroup root beneath this process's own cgroup, or None when there is none.
 
-    v1's memory controller is preferred when it is mounted (hybrid hosts keep it there); otherwise v2,
+    v1's memory controller is preferred when it is mounted (hybrid hosts keep it there), with the cpu
+    and pids hierarchies beside it when they are writable; otherwise v2,
     if the memory controller can be delegated to ``leaf`` below our own cgroup or, failing that, at
     the top of the v2 mount.
     """
     own = _own_paths()
     v1: list[Path] = []
     v2: list[Path] = []
+    twins: dict[str, Path] = {}  # v1 cpu and pids roots, when those hierarchies are mounted
     for mountpoint, mount_root, fstype, options in _mounts():
-        if fstype == "cgroup" and "memory" in options.split(",") and "memory" in own:
+        controllers = options.split(",")
+        if fstype == "cgroup" and "memory" in controllers and "memory" in own:
             base = _under(mountpoint, mount_root, own["memory"])
             v1 += [base / leaf] if base is not None else []
         elif fstype == "cgroup2" and "" in own:
@@ -238,8 +371,22 @@ def detect(leaf: str = "corral") -> CgroupRoot | None:
             # On v2 our own cgroup cannot delegate memory while it holds our own process (no
             # internal processes); the top of the mount can, for root. Tried last.
             v2.append(Path(mountpoint) / leaf)
-    candidates = v1 + v2
-    for path in candidates:
+        for controller in ("cpu", "pids"):
+            if fstype == "cgroup" and controller in controllers and controller in own:
+                base = _under(mountpoint, mount_root, own[controller])
+                if base is not None:
+                    twins.setdefault(controller, base / leaf)
+    for path in v1:
+        try:
+            root = CgroupRoot.at(path)
+        except (CgroupError, OSError):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            continue
+        marks = {"cpu": "cpu.cfs_quota_us", "pids": "pids.max"}
+        extra = [_v1_twin(twin, marks[name]) for name, twin in sorted(twins.items())]
+        return CgroupRoot(root.path, 1, tuple(p for p in extra if p is not None))
+    for path in v2:
         try:
             return CgroupRoot.at(path)
         except (CgroupError, OSError):

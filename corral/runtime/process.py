@@ -1,14 +1,18 @@
 """The ``process`` runtime: each sandbox is a process tree in its own user, pid, mount, network, uts,
-ipc and cgroup namespaces (bubblewrap), inside a memory cgroup with the sandbox's limit.
+ipc and cgroup namespaces (bubblewrap), running as its own host uid, inside cgroups with the sandbox's
+memory, CPU and pids limits, without capabilities, new privileges or nested user namespaces, under a
+seccomp filter. docs/isolation.md is the threat model.
 
 A sandbox is made of:
 
 * a long-lived init (``sleep infinity`` under bubblewrap's own pid-1 reaper) that holds the namespaces
-  open; every exec joins them with nsenter;
-* a memory cgroup that every process of the sandbox is placed in before it runs its first instruction;
+  open; every exec joins them through the launcher, which alone carries the tenant's command, env and
+  cwd, on a descriptor, to the final execve inside;
+* cgroups that every process of the sandbox is placed in before it runs its first instruction;
 * private tmpfs mounts for its home and /tmp, charged to that cgroup;
-* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroup) and
-  bubblewrap's log.
+* a host uid leased for it alone (see :mod:`corral.runtime.uids`);
+* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroups, uid)
+  and bubblewrap's log.
 
 Sandboxes deliberately outlive the agent that starts them (no ``--die-with-parent``): a restarted agent
 re-adopts them from their records, after checking that the recorded pid is still that sandbox's init
@@ -28,14 +32,23 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Literal
 
 from corral.core.clock import Clock, SystemClock
-from corral.runtime import bwrap, procfs
-from corral.runtime.base import ExecResult, RuntimeFailure, SandboxHandle, SandboxNotFound, SandboxSpec
+from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
+from corral.runtime import bwrap, launcher, procfs
+from corral.runtime.base import (
+    ExecResult,
+    InvalidSandbox,
+    RuntimeFailure,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+)
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
-from corral.runtime.cgroups import CgroupError, CgroupRoot, MemoryCgroup, detect
+from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
+from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS, UidAllocator, UidsExhausted
 
 DEFAULT_ROOT = Path("/run/corral/sandboxes")
 MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
@@ -52,13 +65,6 @@ _SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
 # The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
 # went, the whole sandbox would go with it, instead of the one process that overran the limit.
 _SKELETON_OOM_SCORE_ADJ = -999
-
-
-class InvalidSandbox(RuntimeFailure):
-    """The spec or the command cannot be run as given (bad id, too little memory, empty command).
-    Nothing was created or run."""
-
-    code = "invalid_request"  # the API's code for it (DESIGN.md, refusals and errors)
 
 
 class SandboxExists(RuntimeFailure):
@@ -96,8 +102,8 @@ class ProcessRuntime:
         root: Path | None = None,
         *,
         cgroup_root: CgroupRoot | Literal["auto"] | None = "auto",
-        host_uid: int = NOBODY,
-        host_gid: int = NOBODY,
+        uids: range = DEFAULT_UIDS,
+        uid_lease_dir: Path = DEFAULT_LEASE_DIR,
         output_limit_bytes: int = DEFAULT_LIMIT,
         system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
         init_command: Sequence[str] = ("sleep", "infinity"),
@@ -107,15 +113,14 @@ class ProcessRuntime:
         # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
         self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
         privileged = os.geteuid() == 0
-        # Only root can hand the sandbox to another host user; otherwise it runs as ourselves.
-        self._host_ids = (host_uid, host_gid) if privileged else None
+        # Only root can hand a sandbox to a host user of its own; otherwise it runs as ourselves.
+        self._uids = UidAllocator(uid_lease_dir, uids, self.records.root) if privileged else None
         self._privileged = privileged
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
         self._init = tuple(init_command)
-        # Absolute paths: the sandbox's environment (its PATH included) is the launcher's.
-        self._bwrap = shutil.which("bwrap") or "bwrap"
-        self._nsenter = shutil.which("nsenter") or "nsenter"
+        # Absolute: the launcher execs it without a PATH search.
+        self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._clock = clock or SystemClock()
         self._me = procfs.identify(os.getpid())
         self._starting: set[str] = set()
@@ -132,6 +137,7 @@ class ProcessRuntime:
             starter=self._me,
             cgroup=str(cgroup.path) if cgroup else None,
             cgroup_version=cgroup.version if cgroup else None,
+            cgroup_extra=tuple(str(p) for p in cgroup.extra) if cgroup else (),
         )
         try:
             directory = self.records.claim(spec.id, starting)
@@ -143,19 +149,27 @@ class ProcessRuntime:
             ) from exc
         self._starting.add(spec.id)
         running: Running | None = None
-        created: MemoryCgroup | None = None
+        created: SandboxCgroup | None = None
+        uid: int | None = None
         try:
+            if self._uids is not None:
+                uid = self._uids.acquire(spec.id)  # after the claim: a lease must never predate its record
             if cgroup is not None:
-                cgroup.create(spec.memory_mb)  # refuses a cgroup that exists: it is not ours to reuse
+                # Refuses a cgroup that exists: it is not ours to reuse.
+                cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
                 created = cgroup
-            running = await self._launch(spec, directory, cgroup)
+            running = await self._launch(spec, directory, cgroup, uid)
             self.records.commit(spec.id, running)
         except BaseException as exc:
             # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
             init = running.init if running else None
             launched = self._launching.get(spec.id)
-            await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, init, created, None, launched))
-            if isinstance(exc, RuntimeFailure | CgroupError | OSError):
+            await asyncio.shield(
+                asyncio.to_thread(self._teardown, spec.id, init, created, None, launched, uid)
+            )
+            if isinstance(
+                exc, RuntimeFailure | CgroupError | OSError | UidsExhausted | launcher.LauncherUnavailable
+            ):
                 raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
             raise
         finally:
@@ -167,59 +181,73 @@ class ProcessRuntime:
         if not valid_id(spec.id):
             raise InvalidSandbox(
                 f"sandbox id {spec.id!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "
-                "starting with a letter or digit"
+                "starting with a letter or digit",
+                "id",
             )
         if spec.memory_mb < MIN_MEMORY_MB:
-            raise InvalidSandbox(f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}")
+            raise InvalidSandbox(
+                f"memory_mb must be at least {MIN_MEMORY_MB}, got {spec.memory_mb}", "memory_mb"
+            )
         if spec.hostname is not None and not (
             0 < len(spec.hostname.encode()) <= 64 and spec.hostname.isprintable()
         ):
-            raise InvalidSandbox(f"hostname {spec.hostname!r} is invalid: 1-64 printable characters")
-        for key in spec.env:
-            if not key or "=" in key or "\0" in key:
-                raise InvalidSandbox(f"environment variable name {key!r} is invalid")
+            raise InvalidSandbox(
+                f"hostname {spec.hostname!r} is invalid: 1-64 printable characters", "hostname"
+            )
+        if not MIN_SANDBOX_PIDS <= spec.pids <= MAX_SANDBOX_PIDS:
+            raise InvalidSandbox(
+                f"pids must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}, got {spec.pids}", "pids"
+            )
+        try:
+            # The spec's environment is applied at every exec: it must be one an exec can carry.
+            launcher.check_command(["true"], bwrap.sandbox_env(spec.id, spec.env), "/")
+        except launcher.BadCommand as exc:
+            raise InvalidSandbox(str(exc), "env") from None
 
-    async def _launch(self, spec: SandboxSpec, directory: Path, cgroup: MemoryCgroup | None) -> Running:
-        etc = directory / "etc"
-        etc.mkdir()
-        (etc / "passwd").write_text(bwrap.PASSWD)
-        (etc / "group").write_text(bwrap.GROUP)
-
+    async def _launch(
+        self, spec: SandboxSpec, directory: Path, cgroup: SandboxCgroup | None, uid: int | None
+    ) -> Running:
         hostname = spec.hostname or spec.id[:64]
+        seccomp = launcher.seccomp_bpf()
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
-            fds = [os.open(etc / name, os.O_RDONLY | os.O_CLOEXEC) for name in ("passwd", "group")]
+            etc_fds = {name: launcher.memfd(name, data) for name, data in bwrap.etc_files(hostname).items()}
+            fds += etc_fds.values()
+            seccomp_fd = launcher.memfd("seccomp", seccomp)
+            fds.append(seccomp_fd)
             layout = bwrap.Layout(
                 hostname=hostname,
-                passwd_fd=fds[0],
-                group_fd=fds[1],
+                etc_fds=etc_fds,
+                seccomp_fd=seccomp_fd,
                 network=spec.network,
                 system_paths=self._system_paths,
             )
-            argv = bwrap.wrapped_argv(
-                bwrap.sandbox_argv(layout, self._init, info_fd=info_w, bwrap=self._bwrap),
-                procs_file=cgroup.procs_file if cgroup else None,
+            args_fd = launcher.memfd(
+                "bwrap-args", bwrap.encode_args(bwrap.sandbox_args(layout, info_fd=info_w))
             )
-            as_user: dict[str, Any] = {}
-            if self._host_ids is not None:
-                # The launcher drops to the host user before its first exec, so the sandbox's user
-                # maps to that user and never to host root; it may still join its own cgroup.
-                uid, gid = self._host_ids
-                as_user = {"user": uid, "group": gid, "extra_groups": []}
-                if cgroup is not None:
-                    cgroup.delegate(uid, gid)
-            with open(directory / "bwrap.log", "wb") as log:
+            fds.append(args_fd)
+            # Nothing of the request on this command line or in this environment: the launcher joins
+            # the cgroups as root, becomes the sandbox's host uid and execs bubblewrap, which reads
+            # its arguments (the hostname among them) from a descriptor.
+            host_id = str(uid if uid is not None else os.getuid())
+            host_gid = str(uid if uid is not None else os.getgid())
+            procs = [str(p) for p in cgroup.procs_files] if cgroup else []
+            argv = [str(launcher.path()), "spawn", host_id, host_gid, *procs, "--"]
+            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(self._init)]
+            log_fd = os.open(
+                directory / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600
+            )
+            with open(log_fd, "wb") as log:
                 monitor = subprocess.Popen(
                     argv,
-                    **as_user,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=log,
                     pass_fds=(info_w, *fds),
                     start_new_session=True,  # the agent's terminal signals must not reach sandboxes
                     cwd="/",
-                    env=bwrap.sandbox_env(hostname, spec.env),
+                    env=launcher.clean_env(),
                 )
             self._launching[spec.id] = monitor
             _SPAWNED[monitor.pid] = monitor
@@ -257,6 +285,8 @@ class ProcessRuntime:
             monitor=monitor_identity,
             cgroup=str(cgroup.path) if cgroup else None,
             cgroup_version=cgroup.version if cgroup else None,
+            cgroup_extra=tuple(str(p) for p in cgroup.extra) if cgroup else (),
+            uid=uid,
         )
 
     # -- stop -----------------------------------------------------------------------------------
@@ -265,22 +295,25 @@ class ProcessRuntime:
         record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
         if record is None or sandbox_id in self._starting:
             raise SandboxNotFound(sandbox_id)
+        await asyncio.to_thread(self._teardown_record, sandbox_id, record)
+
+    def _teardown_record(self, sandbox_id: str, record: Running | Starting | Corrupt) -> None:
         if isinstance(record, Running):
-            await asyncio.to_thread(
-                self._teardown, sandbox_id, record.init, _cgroup_of(record), record.monitor
-            )
+            self._teardown(sandbox_id, record.init, _cgroup_of(record), record.monitor, None, record.uid)
         elif isinstance(record, Starting):
-            await asyncio.to_thread(self._teardown, sandbox_id, None, _cgroup_of(record), None)
+            # Its uid, if it got one, is not recorded: the lease goes stale with the record.
+            self._teardown(sandbox_id, None, _cgroup_of(record), None)
         else:
-            await asyncio.to_thread(self._teardown, sandbox_id, None, self._guess_cgroup(sandbox_id), None)
+            self._teardown(sandbox_id, None, self._guess_cgroup(sandbox_id), None)
 
     def _teardown(
         self,
         sandbox_id: str,
         init: procfs.ProcessIdentity | None,
-        cgroup: MemoryCgroup | None,
+        cgroup: SandboxCgroup | None,
         monitor: procfs.ProcessIdentity | None,
         launched: subprocess.Popen[bytes] | None = None,
+        uid: int | None = None,
     ) -> None:
         """Kill the tree, remove the cgroup, reap, forget. Safe to repeat; runs in a worker thread."""
         popen = launched
@@ -315,9 +348,11 @@ class ProcessRuntime:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(monitor.pid, signal.SIGKILL)
             _reap(monitor.pid)
+        if uid is not None and self._uids is not None:
+            self._uids.release(uid, sandbox_id)  # before the record goes, so it is never reclaimed early
         self.records.discard(sandbox_id)
 
-    def _guess_cgroup(self, sandbox_id: str) -> MemoryCgroup | None:
+    def _guess_cgroup(self, sandbox_id: str) -> SandboxCgroup | None:
         if self.cgroups is None:
             return None
         cgroup = self.cgroups.child(sandbox_id)
@@ -334,33 +369,43 @@ class ProcessRuntime:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        if not command or not all(isinstance(part, str) and "\0" not in part for part in command):
-            raise InvalidSandbox("command must be a non-empty list of strings without NUL bytes")
         if not timeout_s > 0:
-            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}")
-        if cwd is not None and not cwd.startswith("/"):
-            raise InvalidSandbox(f"cwd must be an absolute path inside the sandbox, got {cwd!r}")
+            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise InvalidSandbox("environment variable names and values must be strings", "env")
         record = self._live(sandbox_id)
         hostname = record.spec.hostname or record.spec.id[:64]
-        full_env = bwrap.sandbox_env(hostname, record.spec.env, env)
-        for key in full_env:
-            if not key or "=" in key or "\0" in key:
-                raise InvalidSandbox(f"environment variable name {key!r} is invalid")
+        try:
+            spec = launcher.encode(
+                command, bwrap.sandbox_env(hostname, record.spec.env, env), cwd or bwrap.SANDBOX_HOME
+            )
+        except launcher.BadCommand as exc:
+            raise InvalidSandbox(str(exc), exc.field) from None
         cgroup = _cgroup_of(record)
-        argv = bwrap.wrapped_argv(
-            bwrap.enter_argv(record.init.pid, command, cwd=cwd, nsenter=self._nsenter),
-            procs_file=cgroup.procs_file if cgroup else None,
-        )
+        # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
+        # command, its environment and cwd travel on the descriptor.
+        spec_fd = launcher.memfd("exec-spec", spec)
+        init = record.init
+        argv = [str(launcher.path()), "exec", str(init.pid), str(init.pid_ns), str(bwrap.SANDBOX_UID)]
+        argv += [
+            str(bwrap.SANDBOX_GID),
+            str(spec_fd),
+            *(str(p) for p in (cgroup.procs_files if cgroup else [])),
+        ]
         started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=full_env,
-            cwd="/",
-            start_new_session=True,  # one process group to kill on timeout
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=launcher.clean_env(),
+                cwd="/",
+                start_new_session=True,  # one process group to kill on timeout
+                pass_fds=(spec_fd,),
+            )
+        finally:
+            os.close(spec_fd)
         assert proc.stdout is not None and proc.stderr is not None
         out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
         readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
@@ -410,6 +455,10 @@ class ProcessRuntime:
             return None
         return math.ceil(used / _MIB)
 
+    async def oom_kills(self, sandbox_id: str) -> int:
+        cgroup = _cgroup_of(self._live(sandbox_id))
+        return 0 if cgroup is None else cgroup.oom_kills()
+
     async def list(self) -> list[SandboxHandle]:
         """Live sandboxes under this root, including those another runtime object (or an agent that
         has since restarted) started. Leftovers of dead sandboxes and of crashed starts are removed."""
@@ -418,20 +467,12 @@ class ProcessRuntime:
             if sandbox_id in self._starting:
                 continue
             record = self.records.load(sandbox_id)
-            if isinstance(record, Running):
-                if self._is_live(record):
-                    handles.append(self._handle(record))
-                else:
-                    await asyncio.to_thread(
-                        self._teardown, sandbox_id, record.init, _cgroup_of(record), record.monitor
-                    )
-            elif isinstance(record, Starting):
-                if not procfs.is_alive(record.starter):
-                    await asyncio.to_thread(self._teardown, sandbox_id, None, _cgroup_of(record), None)
-            elif isinstance(record, Corrupt):
-                await asyncio.to_thread(
-                    self._teardown, sandbox_id, None, self._guess_cgroup(sandbox_id), None
-                )
+            if isinstance(record, Running) and self._is_live(record):
+                handles.append(self._handle(record))
+            elif isinstance(record, Running | Corrupt) or (
+                isinstance(record, Starting) and not procfs.is_alive(record.starter)
+            ):
+                await asyncio.to_thread(self._teardown_record, sandbox_id, record)
         return handles
 
     def _live(self, sandbox_id: str) -> Running:
@@ -454,11 +495,11 @@ class ProcessRuntime:
         )
 
 
-def _cgroup_of(record: Running | Starting) -> MemoryCgroup | None:
+def _cgroup_of(record: Running | Starting) -> SandboxCgroup | None:
     """The recorded cgroup if it is still there (a start may have crashed before creating it)."""
     if record.cgroup is None or record.cgroup_version is None:
         return None
-    cgroup = MemoryCgroup(Path(record.cgroup), record.cgroup_version)
+    cgroup = SandboxCgroup(Path(record.cgroup), record.cgroup_version, tuple(map(Path, record.cgroup_extra)))
     return cgroup if cgroup.exists() else None
 
 

@@ -5,8 +5,10 @@ Layout under the runtime's root, one directory per sandbox::
 
     <root>/<id>/starting.json   written before anything is created; names the cgroup and the starter
     <root>/<id>/sandbox.json    written atomically once the sandbox runs; replaces starting.json
-    <root>/<id>/etc/            the passwd and group the sandbox sees
     <root>/<id>/bwrap.log       bubblewrap's own diagnostics
+
+The root and every directory in it are 0700 and every file 0600: a record holds the sandbox's
+environment, which may carry its secrets.
 
 A directory with only ``starting.json`` whose starter is no longer alive is what a crash mid-start
 leaves; it names everything that must be torn down.
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.runtime.base import SandboxSpec
+from corral.runtime.base import DEFAULT_PIDS, SandboxSpec
 from corral.runtime.procfs import ProcessIdentity
 
 # Ids become directory and cgroup names: keep them to a safe, bounded alphabet.
@@ -48,6 +50,7 @@ def spec_to_dict(spec: SandboxSpec) -> dict[str, Any]:
         "hostname": spec.hostname,
         "env": dict(spec.env),
         "network": spec.network,
+        "pids": spec.pids,
     }
 
 
@@ -61,6 +64,7 @@ def spec_from_dict(data: dict[str, Any]) -> SandboxSpec:
         hostname=data["hostname"],
         env={str(k): str(v) for k, v in data["env"].items()},
         network=bool(data["network"]),
+        pids=int(data.get("pids", DEFAULT_PIDS)),
     )
 
 
@@ -79,17 +83,20 @@ class Starting:
     starter: ProcessIdentity  # the agent process doing the start
     cgroup: str | None
     cgroup_version: int | None
+    cgroup_extra: tuple[str, ...] = ()  # v1: the sandbox's cgroups in the cpu and pids hierarchies
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "starter": _identity_dict(self.starter),
             "cgroup": self.cgroup,
             "cgroup_version": self.cgroup_version,
+            "cgroup_extra": list(self.cgroup_extra),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Starting:
-        return cls(_identity(data["starter"]), data["cgroup"], data["cgroup_version"])
+        extra = tuple(str(p) for p in data.get("cgroup_extra", ()))
+        return cls(_identity(data["starter"]), data["cgroup"], data["cgroup_version"], extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,8 @@ class Running:
     monitor: ProcessIdentity  # bubblewrap's outer process, the init's parent
     cgroup: str | None
     cgroup_version: int | None
+    cgroup_extra: tuple[str, ...] = ()
+    uid: int | None = None  # the host uid leased to it (None: it runs as the runtime's own)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +120,8 @@ class Running:
             "monitor": _identity_dict(self.monitor),
             "cgroup": self.cgroup,
             "cgroup_version": self.cgroup_version,
+            "cgroup_extra": list(self.cgroup_extra),
+            "uid": self.uid,
         }
 
     @classmethod
@@ -122,6 +133,8 @@ class Running:
             monitor=_identity(data["monitor"]),
             cgroup=data["cgroup"],
             cgroup_version=data["cgroup_version"],
+            cgroup_extra=tuple(str(p) for p in data.get("cgroup_extra", ())),
+            uid=None if data.get("uid") is None else int(data["uid"]),
         )
 
 
@@ -136,7 +149,7 @@ def _write_atomically(path: Path, data: dict[str, Any]) -> None:
     # Atomic against an agent crash (a reader sees the old file or the new one, never half of one).
     # No fsync: the records describe processes, which a host crash ends anyway.
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
 
@@ -148,6 +161,7 @@ class Records:
         self.root = root
         # Private: records hold each sandbox's environment, which may carry its secrets.
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(root, 0o700)  # also when it existed, made by an older version or by hand
 
     def dir(self, sandbox_id: str) -> Path:
         return self.root / sandbox_id

@@ -104,6 +104,10 @@ class SimRuntime:
         s = self._get(sandbox_id)
         return s.profile.resident_mb(self.clock.now() - s.handle.started_at)
 
+    async def oom_kills(self, sandbox_id: str) -> int:
+        self._get(sandbox_id)  # the model never overruns a limit: no kernel to kill anything
+        return 0
+
     # -- exec -----------------------------------------------------------------------------------
 
     async def exec(

@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from corral.core.types import AdmissionMode, HostState, HostView, Pending
+from corral.core.types import DEFAULT_SANDBOX_PIDS, AdmissionMode, HostState, HostView, Pending
 
 # -- errors ----------------------------------------------------------------------------------------
 
@@ -268,6 +268,7 @@ class SandboxRecord:
     reservation_id: str | None = None
     # Bumped on every write: a fencing token (an old owner's compare-and-set cannot pass).
     version: int = 0
+    oom_kills: int = 0  # processes the kernel's OOM killer killed in it, as its host last reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +343,7 @@ class TemplateRecord:
     runtime: str | None = None
     description: str = ""
     created_at: float = 0.0
+    pids: int = DEFAULT_SANDBOX_PIDS  # the most processes (threads included) a sandbox may run
 
 
 # -- the contract ----------------------------------------------------------------------------------
@@ -386,6 +388,11 @@ class Store(ABC):
         the same transaction confirms (ends) every reservation on the host whose ``sandbox_id`` is in
         ``hb.sandbox_ids``: the published admittable now counts that sandbox, so its reservation must
         stop being subtracted. A heartbeat never changes the drain state."""
+
+    @abstractmethod
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
+        """Raise the ``oom_kills`` of each listed sandbox on ``host_id`` to its count (a count never
+        goes down: heartbeats may arrive late or twice). Sandboxes on other hosts are left alone."""
 
     @abstractmethod
     async def drain(self, host_id: str) -> HostRecord:

@@ -146,10 +146,18 @@ _V3 = (
     "CREATE TABLE revoked_tokens (hash TEXT PRIMARY KEY, revoked_at {real} NOT NULL)",
 )
 
+# Each sandbox's pids limit comes from its template; OOM kills inside a sandbox are reported by its
+# host's heartbeats and kept on its record.
+_V4 = (
+    "ALTER TABLE templates ADD COLUMN pids BIGINT NOT NULL DEFAULT 512",
+    "ALTER TABLE sandboxes ADD COLUMN oom_kills BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
     Migration(3, "host identity: per-host agent tokens and keys, token sources, revocation epoch", _V3),
+    Migration(4, "template pids limit, sandbox OOM kills", _V4),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -107,7 +107,7 @@ def reservation_from_row(r: Row) -> ReservationRecord:
 
 SANDBOX_COLS = (
     "id, tenant_id, name, template, host_id, state, memory_mb, cpus, stateful, metadata, "
-    "created_at, updated_at, expires_at, reservation_id, version"
+    "created_at, updated_at, expires_at, reservation_id, version, oom_kills"
 )
 
 
@@ -128,6 +128,7 @@ def sandbox_from_row(r: Row) -> SandboxRecord:
         expires_at=float(r[12]) if r[12] is not None else None,
         reservation_id=r[13],
         version=int(r[14]),
+        oom_kills=int(r[15]),
     )
 
 
@@ -171,7 +172,7 @@ def tenant_from_row(r: Row) -> TenantRecord:
     )
 
 
-TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at"
+TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids"
 
 
 def template_from_row(r: Row) -> TemplateRecord:
@@ -183,6 +184,7 @@ def template_from_row(r: Row) -> TemplateRecord:
         runtime=r[4],
         description=r[5],
         created_at=float(r[6]),
+        pids=int(r[7]),
     )
 
 

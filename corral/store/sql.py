@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral.core.clock import Clock, SystemClock
 from corral.core.scoring import ScoreWeights
-from corral.core.types import AdmissionMode, HostState, Pending
+from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, Pending
 from corral.ids import random_hex
 from corral.store import rows
 from corral.store.contract import (
@@ -179,6 +179,19 @@ class SqlStore(Store):
             return host
 
         return await self._write(run)
+
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
+        if not counts:
+            return
+
+        async def run(tx: Tx) -> None:
+            for sandbox_id, count in sorted(counts.items()):
+                await tx.execute(
+                    "UPDATE sandboxes SET oom_kills = :n WHERE id = :id AND host_id = :h AND oom_kills < :n",
+                    {"n": count, "id": sandbox_id, "h": host_id},
+                )
+
+        await self._write(run)
 
     async def upsert_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
         if not hb.host_id:
@@ -717,7 +730,7 @@ class SqlStore(Store):
                     raise OverQuota("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
             await tx.execute(
                 f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, :name, :template, :host, :state, "
-                ":mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1)",
+                ":mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0)",
                 {
                     "id": rec.id,
                     "t": rec.tenant_id,
@@ -1172,6 +1185,8 @@ class SqlStore(Store):
             raise InvalidRecord("name: must not be empty")
         if template.memory_mb <= 0 or template.cpus <= 0:
             raise InvalidRecord("memory_mb/cpus: must be positive")
+        if not MIN_SANDBOX_PIDS <= template.pids <= MAX_SANDBOX_PIDS:
+            raise InvalidRecord(f"pids: must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}")
         rec = TemplateRecord(
             template.name,
             template.cpus,
@@ -1180,11 +1195,12 @@ class SqlStore(Store):
             template.runtime,
             template.description,
             self._now(),
+            template.pids,
         )
 
         async def run(tx: Tx) -> TemplateRecord:
             await tx.execute(
-                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now)",
+                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p)",
                 {
                     "n": rec.name,
                     "c": rec.cpus,
@@ -1193,6 +1209,7 @@ class SqlStore(Store):
                     "r": rec.runtime,
                     "d": rec.description,
                     "now": rec.created_at,
+                    "p": rec.pids,
                 },
             )
             return rec

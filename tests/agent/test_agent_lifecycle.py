@@ -21,7 +21,14 @@ from corral.agent import (
 from corral.agent.http import create_app
 from corral.core import ManualClock
 from corral.core.types import AdmissionMode
-from corral.runtime.base import ExecResult, RuntimeFailure
+from corral.runtime.base import (
+    DEFAULT_PIDS,
+    ExecResult,
+    InvalidSandbox,
+    RuntimeFailure,
+    SandboxHandle,
+    SandboxSpec,
+)
 from corral.runtime.sim import SimRuntime
 
 
@@ -131,3 +138,75 @@ async def test_start_passes_the_whole_spec_to_the_runtime(
         "python",
     )
     assert (dict(spec.env), spec.hostname, spec.network) == ({"K": "v"}, "h-a", True)
+    assert spec.pids == DEFAULT_PIDS  # the runtime's default unless the template says otherwise
+    await agent.start(StartSandbox(id="b", memory_mb=512, pids=64))
+    assert {h.id: h.spec.pids for h in await runtime.list()}["b"] == 64
+
+
+class StrictRuntime(SimRuntime):
+    """A sim runtime that refuses what the process runtime refuses, and counts OOM kills on demand."""
+
+    kills: dict[str, int]
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if any("=" in key for key in env or {}):
+            raise InvalidSandbox("environment variable name is invalid", "env")
+        return await super().exec(sandbox_id, command, timeout_s=timeout_s, env=env, cwd=cwd)
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        if spec.pids < 100:
+            raise InvalidSandbox("pids too low for this host", "pids")
+        return await super().start(spec)
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        await super().oom_kills(sandbox_id)
+        return getattr(self, "kills", {}).get(sandbox_id, 0)
+
+
+async def test_input_the_runtime_refuses_is_a_422_naming_the_field(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    agent = make_agent(runtime=StrictRuntime(clock, random.Random(0)))
+    await agent.start(StartSandbox(id="a", memory_mb=512))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(create_app(agent, TOKEN)), base_url="http://a"
+    ) as c:
+        r = await c.post(
+            "/v1/sandboxes/a/exec", json={"command": ["true"], "env": {"A=B": "c"}}, headers=auth
+        )
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == {
+            **r.json()["error"],
+            "code": "invalid_request",
+            "details": {"field": "env"},
+        }
+        r = await c.post("/v1/sandboxes", json={"id": "b", "memory_mb": 512, "pids": 50}, headers=auth)
+        assert r.status_code == 422 and r.json()["error"]["details"] == {"field": "pids"}
+    assert agent.sandbox_ids() == ["a"] and not agent.refusals  # a refused input is no refusal to count
+
+
+async def test_oom_kills_reach_the_heartbeat_and_the_counter(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    runtime = StrictRuntime(clock, random.Random(0))
+    agent = make_agent(runtime=runtime)
+    for sandbox_id in ("a", "b"):
+        await agent.start(StartSandbox(id=sandbox_id, memory_mb=512))
+    runtime.kills = {"a": 2}
+    hb = await agent.beat()
+    assert hb.oom_kills == {"a": 2}  # only the sandboxes that had any
+    assert agent.get("a").oom_kills == 2 and agent.get("b").oom_kills == 0
+    runtime.kills = {"a": 3, "b": 1}
+    assert (await agent.beat()).oom_kills == {"a": 3, "b": 1}
+    assert agent.oom_kills_total == 4  # each kill counted once, however many beats saw it
+    await agent.stop("a")
+    assert (await agent.beat()).oom_kills == {"b": 1} and agent.oom_kills_total == 4

@@ -364,3 +364,31 @@ async def test_a_refused_create_retried_with_its_key_creates_anew(tmp_path: Path
         await c.http.aclose()
         await c.plane.stop()
         await c.plane.store.close()
+
+
+async def test_a_templates_pids_limit_reaches_the_runtime(cluster: Cluster) -> None:
+    r = await cluster.http.post(
+        "/v1/templates", json={"name": "tight", "memory_mb": 512, "pids": 64}, headers=cluster.as_(ADMIN)
+    )
+    assert r.status_code == 201 and r.json()["pids"] == 64
+    for bad in (0, 7, 1 << 23, "64"):
+        r = await cluster.http.post(
+            "/v1/templates", json={"name": "bad", "pids": bad}, headers=cluster.as_(ADMIN)
+        )
+        assert r.status_code == 422, bad
+    for template, pids in (("tight", 64), ("default", 512)):
+        status, sb = await create(cluster, template=template)
+        assert status == 201, sb
+        agent = next(a for a in cluster.fleet.agents if a.id == sb["host_id"])
+        handle = next(h for h in await agent.runtime.list() if h.id == sb["id"])
+        assert handle.spec.pids == pids
+
+
+async def test_oom_kills_travel_from_the_agent_to_the_sandbox(cluster: Cluster) -> None:
+    status, sb = await create(cluster)
+    assert status == 201 and sb["oom_kills"] == 0
+    agent = next(a for a in cluster.fleet.agents if a.id == sb["host_id"])
+    agent._live[sb["id"]].oom_kills = 3  # what a measurement of its cgroup would have read
+    await cluster.beat()
+    got = await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))
+    assert got.json()["oom_kills"] == 3

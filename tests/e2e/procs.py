@@ -57,6 +57,25 @@ class Proc:
             return ""
 
 
+def serve_process_args(port: int, workdir: Path, *, hosts: int = 2) -> list[str]:
+    """``corral serve`` with real sandboxes on ``hosts`` local agents, its state under ``workdir``."""
+    return [
+        "serve",
+        "--runtime",
+        "process",
+        "--hosts",
+        str(hosts),
+        "--port",
+        str(port),
+        "--store",
+        f"sqlite:///{workdir / 'corral.db'}",
+        "--state-dir",
+        str(workdir / "state"),
+        "--heartbeat-interval",
+        "0.5",
+    ]
+
+
 def start(name: str, args: Sequence[str], logdir: Path, env: dict[str, str] | None = None) -> Proc:
     log = logdir / f"{name}.log"
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}

@@ -10,7 +10,7 @@ import pytest
 from corral.runtime.cgroups import detect
 from corral.runtime.process import unavailable_reason
 
-from .procs import free_port, start, wait_ready
+from .procs import free_port, serve_process_args, start, wait_ready
 
 pytestmark = pytest.mark.process
 
@@ -30,26 +30,7 @@ def test_process_runtime_end_to_end(tmp_path: Path) -> None:
     assert reason is None, f"the process runtime must work here: {reason}"
     port = free_port()
     state = tmp_path / "state"
-    proc = start(
-        "serve-process",
-        [
-            "serve",
-            "--runtime",
-            "process",
-            "--hosts",
-            "2",
-            "--port",
-            str(port),
-            "--store",
-            f"sqlite:///{tmp_path / 'corral.db'}",
-            "--state-dir",
-            str(state),
-            "--heartbeat-interval",
-            "0.5",
-        ],
-        tmp_path,
-        env={"CORRAL_TOKEN": TOKEN},
-    )
+    proc = start("serve-process", serve_process_args(port, tmp_path), tmp_path, env={"CORRAL_TOKEN": TOKEN})
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}")
         with httpx.Client(base_url=proc.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as c:

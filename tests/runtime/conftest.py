@@ -22,7 +22,7 @@ def cgroup_root() -> Iterator[CgroupRoot]:
     root = detect(f"corral-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     assert root is not None, "these machines have a writable memory cgroup; the tests need it"
     yield root
-    leftovers = sorted(p.name for p in root.path.iterdir() if p.is_dir())
+    leftovers = sorted({p.name for d in (root.path, *root.extra) for p in d.iterdir() if p.is_dir()})
     for name in leftovers:
         root.child(name).remove()
     assert root.remove_if_empty(), f"could not remove {root.path}"
@@ -58,7 +58,8 @@ async def make_process_runtime(tmp_path: Path, cgroup_root: CgroupRoot) -> Async
     for made in factory.made:
         await _stop_all(made)
         assert not any(made.records.ids()), f"state left in {made.records.root}"
-    assert not [p for p in cgroup_root.path.iterdir() if p.is_dir()], "a sandbox cgroup outlived its test"
+    for directory in (cgroup_root.path, *cgroup_root.extra):
+        assert not [p for p in directory.iterdir() if p.is_dir()], "a sandbox cgroup outlived its test"
 
 
 @pytest.fixture

@@ -139,11 +139,17 @@ async def test_a_crash_mid_start_is_cleaned_up(
     orphan = subprocess.Popen(["/bin/sh", "-c", 'echo $$ > "$0" && exec sleep 600', str(cgroup.procs_file)])
     dead_agent = procfs.ProcessIdentity(pid=orphan.pid, start_ticks=1, pid_ns=0)  # not alive as recorded
     process_runtime.records.claim(
-        "half", Starting(starter=dead_agent, cgroup=str(cgroup.path), cgroup_version=cgroup.version)
+        "half",
+        Starting(
+            starter=dead_agent,
+            cgroup=str(cgroup.path),
+            cgroup_version=cgroup.version,
+            cgroup_extra=tuple(map(str, cgroup.extra)),
+        ),
     )
     assert await process_runtime.list() == []
     assert orphan.wait(timeout=10) == -9
-    assert not cgroup.exists()
+    assert not cgroup.exists() and not any(p.exists() for p in cgroup.extra)
     assert not process_runtime.records.dir("half").exists()
 
 

@@ -4,7 +4,6 @@ No sandbox is started here."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,73 +13,72 @@ from hypothesis import strategies as st
 from corral.runtime import bwrap, procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.capture import BoundedBuffer
-from corral.runtime.cgroups import CgroupError, CgroupRoot, MemoryCgroup, _under
+from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, _under
 from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
 
 
 def _layout(**kwargs: object) -> bwrap.Layout:
-    return bwrap.Layout(hostname="h1", passwd_fd=5, group_fd=6, **kwargs)  # type: ignore[arg-type]
+    return bwrap.Layout(hostname="h1", etc_fds={"passwd": 5, "group": 6}, seccomp_fd=7, **kwargs)  # type: ignore[arg-type]
 
 
-def test_sandbox_argv_isolates_by_default() -> None:
-    argv = bwrap.sandbox_argv(_layout(), ["sleep", "infinity"], info_fd=9)
+def test_sandbox_args_isolate_by_default() -> None:
+    argv = bwrap.sandbox_args(_layout(), info_fd=9)
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"):
         assert flag in argv
+    assert "--disable-userns" in argv
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    assert argv[argv.index("--seccomp") + 1] == "7"
     assert "--share-net" not in argv
     # The sandbox must outlive the agent (re-adoption), so it is never tied to its parent.
     assert "--die-with-parent" not in argv
     assert argv[argv.index("--hostname") + 1] == "h1"
     assert argv[argv.index("--info-fd") + 1] == "9"
-    assert argv[-2:] == ["sleep", "infinity"]
+    assert bwrap.init_command(["sleep", "infinity"])[-2:] == ["sleep", "infinity"]
 
 
-def test_sandbox_argv_network_when_asked() -> None:
-    argv = bwrap.sandbox_argv(_layout(network=True), ["sleep", "infinity"], info_fd=9)
+def test_sandbox_args_network_when_asked() -> None:
+    argv = bwrap.sandbox_args(_layout(network=True), info_fd=9)
     assert "--share-net" in argv and "--unshare-net" not in argv
 
 
-def test_sandbox_env_layers_and_stays_off_the_command_line() -> None:
+def test_etc_is_curated_not_the_hosts() -> None:
+    argv = bwrap.sandbox_args(_layout(), info_fd=9)
+    assert argv[argv.index("/etc/passwd") - 2 : argv.index("/etc/passwd") + 1] == [
+        "--ro-bind-data",
+        "5",
+        "/etc/passwd",
+    ]
+    binds = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--ro-bind"}
+    assert "/etc" not in binds and "/etc/shadow" not in binds
+    assert all(not b.startswith("/etc/") or b[5:] in bwrap.HOST_ETC for b in binds)
+    files = bwrap.etc_files("box-1")
+    assert set(files) == {"passwd", "group", "hosts", "nsswitch.conf"}
+    users = [line.split(":")[0] for line in files["passwd"].decode().splitlines()]
+    assert users == ["root", bwrap.SANDBOX_USER, "nobody"]
+    assert b"box-1" in files["hosts"]
+
+
+def test_sandbox_env_layers_and_stays_off_every_command_line() -> None:
     env = bwrap.sandbox_env("h1", {"HOME": "/elsewhere", "X": "spec"}, None, {"X": "call"})
     assert env["HOME"] == "/elsewhere" and env["X"] == "call" and env["HOSTNAME"] == "h1"
     assert env["PATH"] == bwrap.DEFAULT_PATH
-    argv = bwrap.sandbox_argv(_layout(), ["true"], info_fd=3)
+    argv = bwrap.sandbox_args(_layout(), info_fd=3)
     assert "--setenv" not in argv  # argv is world-readable in ps; the environment is not
+    assert bwrap.encode_args(["--a", "b"]) == b"--a\0b\0"
 
 
 def test_system_paths_bind_only_what_exists(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to("real")
-    argv = bwrap.sandbox_argv(
-        _layout(system_paths=[str(real), str(tmp_path / "link"), str(tmp_path / "missing")]),
-        ["true"],
-        info_fd=3,
+    argv = bwrap.sandbox_args(
+        _layout(system_paths=[str(real), str(tmp_path / "link"), str(tmp_path / "missing")]), info_fd=3
     )
     assert ["--ro-bind", str(real), str(real)] == argv[argv.index(str(real)) - 1 : argv.index(str(real)) + 2]
     assert ["--symlink", "real", str(tmp_path / "link")] == argv[
         argv.index("real") - 1 : argv.index("real") + 2
     ]
     assert str(tmp_path / "missing") not in argv
-
-
-def test_enter_argv_joins_every_namespace_as_the_sandbox_user() -> None:
-    argv = bwrap.enter_argv(42, ["ls", "-l"], cwd="/tmp")
-    assert argv[0] == "nsenter" and "--target=42" in argv
-    for flag in ("--user", "--mount", "--pid", "--net", "--uts", "--ipc", "--cgroup"):
-        assert flag in argv
-    assert "--setuid=1000" in argv and "--wdns=/tmp" in argv
-    assert argv[-3:] == ["--", "ls", "-l"]
-
-
-def test_wrapped_argv_joins_the_cgroup_before_exec(tmp_path: Path) -> None:
-    procs = tmp_path / "cgroup.procs"
-    argv = bwrap.wrapped_argv(["true"], procs_file=procs)
-    assert argv[:2] == ["/bin/sh", "-c"] and argv[3] == str(procs) and argv[-1] == "true"
-    assert bwrap.wrapped_argv(["true"], procs_file=None) == ["true"]
-    # Run it for real against a plain file: the shell writes its own pid, then becomes the command.
-    done = subprocess.run(bwrap.wrapped_argv(["sh", "-c", "echo $$"], procs_file=procs), capture_output=True)
-    assert done.returncode == 0
-    assert procs.read_text().strip() == done.stdout.decode().strip()
 
 
 @pytest.mark.parametrize("good", ["a", "sbx-1", "A.b_c-9", "x" * 128])
@@ -129,12 +127,12 @@ def test_bounded_buffer_keeps_a_prefix(chunks: list[bytes], limit: int) -> None:
     assert buffer.truncated == (len(everything) > limit)
 
 
-def _fake_cgroup(tmp_path: Path, version: int, files: dict[str, str]) -> MemoryCgroup:
+def _fake_cgroup(tmp_path: Path, version: int, files: dict[str, str]) -> SandboxCgroup:
     path = tmp_path / f"v{version}"
     path.mkdir()
     for name, text in files.items():
         (path / name).write_text(text)
-    return MemoryCgroup(path, version)
+    return SandboxCgroup(path, version)
 
 
 def test_working_set_v1_subtracts_inactive_file(tmp_path: Path) -> None:
@@ -194,7 +192,7 @@ def test_v2_root_delegates_memory_to_its_children(tmp_path: Path) -> None:
     (root / "cgroup.subtree_control").write_text("")
     found = CgroupRoot.at(root)
     assert found.version == 2
-    assert (root / "cgroup.subtree_control").read_text() == "+memory"
+    assert (root / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
     assert found.child("s1").path == root / "s1"
 
 

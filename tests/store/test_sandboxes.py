@@ -319,3 +319,17 @@ async def test_pagination_visits_everything_once_in_order(
     survivors = [i for i in expected if i not in {made[j].id for j in deleted if j < len(made)}]
     assert [i for i in seen if i in survivors] == survivors
     assert seen == [i for i in expected if i in seen]
+
+
+async def test_oom_kills_follow_their_host_and_never_go_down(store: Store) -> None:
+    tenant = await store.create_tenant("ooms", max_sandboxes=10, max_memory_mb=10_000)
+    await store.create_sandbox(sandbox("sb-oom", tenant, host_id="h1"))
+    await store.create_sandbox(sandbox("sb-calm", tenant, host_id="h1"))
+    assert (await store.get_sandbox("sb-oom")).oom_kills == 0
+    await store.record_oom_kills("h1", {"sb-oom": 3})
+    # A late or repeated heartbeat with an older count, or another host naming it, changes nothing.
+    await store.record_oom_kills("h1", {"sb-oom": 2})
+    await store.record_oom_kills("h2", {"sb-oom": 9, "sb-calm": 9})
+    await store.record_oom_kills("h1", {"sb-unknown": 1})
+    assert (await store.get_sandbox("sb-oom")).oom_kills == 3
+    assert (await store.get_sandbox("sb-calm")).oom_kills == 0

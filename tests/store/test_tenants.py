@@ -102,9 +102,14 @@ async def test_templates(store: Store) -> None:
     py = await store.create_template(
         TemplateRecord("python", 2.0, 2048, stateful=True, runtime="process", description="py")
     )
-    assert py.created_at == T0
+    assert py.created_at == T0 and py.pids == 512  # the default pids limit
     assert await store.get_template("python") == py
-    assert [t.name for t in await store.list_templates()] == ["default", "python"]
+    small = await store.create_template(TemplateRecord("small", 1.0, 256, pids=64))
+    assert (await store.get_template("small")) == small and small.pids == 64
+    for pids in (0, 7, 1 << 23):
+        with pytest.raises(InvalidRecord):
+            await store.create_template(TemplateRecord("bad-pids", 1.0, 256, pids=pids))
+    assert [t.name for t in await store.list_templates()] == ["default", "python", "small"]
     with pytest.raises(NameConflict):
         await store.create_template(TemplateRecord("python", 1.0, 512))
     with pytest.raises(InvalidRecord):

@@ -1,0 +1,385 @@
+/* corral's sandbox launcher: the only host-side program that touches a sandbox's processes.
+ *
+ * It exists so that nothing a tenant chose (argv, environment, working directory) is ever in the
+ * environment or on the command line of a process running on the host: the tenant's command reaches
+ * the final execve inside the sandbox through a file descriptor, and only after every privilege is
+ * gone. Built by corral with gcc against libseccomp; see corral/runtime/launcher.py.
+ *
+ *   launcher seccomp
+ *       write the sandbox seccomp filter, as BPF, to stdout (bubblewrap's --seccomp for the init)
+ *   launcher spawn UID GID PROCS... -- PROGRAM ARG...
+ *       join the cgroups (write our pid to each PROCS file), drop every supplementary group and
+ *       become UID/GID, then exec PROGRAM (bubblewrap) with the environment we were given
+ *   launcher exec INIT_PID PID_NS UID GID SPEC_FD PROCS...
+ *       run the command described in SPEC_FD inside the namespaces of INIT_PID (whose pid namespace
+ *       must still be inode PID_NS: a recycled pid is refused) as UID/GID (ids inside
+ *       the sandbox's user namespace), in its cgroups, with an empty bounding set, no_new_privs and
+ *       the seccomp filter; exit with its status (128+N when killed by signal N)
+ *   launcher check-spec
+ *       decode a spec from stdin and print its fields, one per NUL-terminated string (for tests)
+ *
+ * A spec is a sequence of NUL-terminated strings: the magic "corral-exec-1", the working directory,
+ * the argument count, the arguments, the environment count, the KEY=VALUE entries.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SPEC_MAGIC "corral-exec-1"
+#define MAX_SPEC_BYTES (8u << 20)
+#define MAX_ITEMS 65536
+#define EXIT_SETUP 125   /* the launcher itself failed: nothing of the tenant ran */
+#define EXIT_NOEXEC 126  /* found but cannot be executed */
+#define EXIT_NOTFOUND 127
+
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x00000080
+#endif
+#ifndef PR_CAP_AMBIENT
+#define PR_CAP_AMBIENT 47
+#define PR_CAP_AMBIENT_CLEAR_ALL 4
+#endif
+
+static void fail(const char *what) {
+    fprintf(stderr, "corral-launcher: %s: %s\n", what, strerror(errno));
+    _exit(EXIT_SETUP);
+}
+
+static void fail_msg(const char *what) {
+    fprintf(stderr, "corral-launcher: %s\n", what);
+    _exit(EXIT_SETUP);
+}
+
+/* ---- the seccomp filter ------------------------------------------------------------------------ */
+
+/* Denied outright (EPERM): kernel surfaces a sandbox has no business with, in the spirit of the
+ * default profiles of container runtimes. Names unknown to this libseccomp or arch are skipped. */
+static const char *const DENIED[] = {
+    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module", "delete_module",
+    "finit_module", "fsconfig", "fsmount", "fsopen", "fspick", "get_kernel_syms", "init_module",
+    "io_uring_enter", "io_uring_register", "io_uring_setup", "ioperm", "iopl", "kexec_file_load",
+    "kexec_load", "keyctl", "lookup_dcookie", "mount", "mount_setattr", "move_mount",
+    "name_to_handle_at", "nfsservctl", "open_by_handle_at", "open_tree", "perf_event_open",
+    "pivot_root", "process_vm_readv", "process_vm_writev", "query_module", "quotactl", "quotactl_fd",
+    "reboot", "request_key", "setns", "settimeofday", "stime", "swapoff", "swapon", "_sysctl",
+    "sysfs", "syslog", "umount", "umount2", "uselib", "userfaultfd", "ustat", "vm86", "vm86old",
+    "adjtimex", "fanotify_init", "kcmp", "chroot",
+};
+
+/* Namespace flags: creating namespaces is how most kernel attack surface is reached unprivileged. */
+static const unsigned long NAMESPACE_FLAGS[] = {
+    CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID,
+    CLONE_NEWNET, CLONE_NEWTIME,
+};
+
+/* personality(2) values a normal program uses: PER_LINUX (0), PER_LINUX32 (0x8), UNAME26 (0x20000),
+ * their union, and the query (0xffffffff); everything else (ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC...)
+ * weakens the process. */
+#define PERSONALITY_BITS 0x20008ul
+
+static scmp_filter_ctx build_filter(void) {
+    scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+    if (ctx == NULL) fail_msg("seccomp_init failed");
+    /* Syscalls of another architecture (i386 on x86_64, x32) would bypass a filter written by number. */
+    if (seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS) != 0)
+        fail_msg("cannot set the bad-arch action");
+    for (size_t i = 0; i < sizeof DENIED / sizeof *DENIED; i++) {
+        int nr = seccomp_syscall_resolve_name(DENIED[i]);
+        if (nr == __NR_SCMP_ERROR) continue;
+        int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+        if (rc != 0 && rc != -EDOM) fail_msg("cannot add a seccomp rule");
+    }
+    for (size_t i = 0; i < sizeof NAMESPACE_FLAGS / sizeof *NAMESPACE_FLAGS; i++) {
+        unsigned long f = NAMESPACE_FLAGS[i];
+        if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, f, f)) ||
+            seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, f, f)))
+            fail_msg("cannot add the namespace rules");
+    }
+    /* clone3 passes its flags in memory a filter cannot read: ENOSYS makes libc fall back to clone. */
+    int clone3 = seccomp_syscall_resolve_name("clone3");
+    if (clone3 != __NR_SCMP_ERROR && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), clone3, 0) != 0)
+        fail_msg("cannot add the clone3 rule");
+    /* A rule compares an argument once, so "not one of these" is spelt as bit patterns over the low
+     * 32 bits (all the kernel reads): a bit outside the allowed ones set while bit 31 is clear, or
+     * bit 31 set while some other bit is clear (only the all-ones query sets bit 31). */
+    for (int b = 0; b < 31; b++) {
+        unsigned long bit = 1ul << b, top = 1ul << 31;
+        if (!(PERSONALITY_BITS & bit) &&
+            seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
+                             SCMP_A0(SCMP_CMP_MASKED_EQ, bit | top, bit)) != 0)
+            fail_msg("cannot add the personality rules");
+        if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(personality), 1,
+                             SCMP_A0(SCMP_CMP_MASKED_EQ, bit | top, top)) != 0)
+            fail_msg("cannot add the personality rules");
+    }
+    return ctx;
+}
+
+/* ---- the spec ------------------------------------------------------------------------------------- */
+
+struct spec {
+    char *cwd;
+    char **argv;
+    char **envp;
+};
+
+static char *read_all(int fd, size_t *len) {
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL) fail("malloc");
+    for (;;) {
+        if (n == cap) {
+            if (cap >= MAX_SPEC_BYTES) fail_msg("spec too large");
+            cap *= 2;
+            buf = realloc(buf, cap);
+            if (buf == NULL) fail("realloc");
+        }
+        ssize_t got = read(fd, buf + n, cap - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) fail("read spec");
+        if (got == 0) break;
+        n += (size_t)got;
+    }
+    *len = n;
+    return buf;
+}
+
+/* The next NUL-terminated string at *pos, or NULL when the buffer ends without one. */
+static char *next_string(char *buf, size_t len, size_t *pos) {
+    if (*pos >= len) return NULL;
+    char *start = buf + *pos;
+    char *end = memchr(start, '\0', len - *pos);
+    if (end == NULL) return NULL;
+    *pos = (size_t)(end - buf) + 1;
+    return start;
+}
+
+static char **read_list(char *buf, size_t len, size_t *pos) {
+    char *count_text = next_string(buf, len, pos);
+    if (count_text == NULL || *count_text == '\0') fail_msg("spec: missing count");
+    char *end;
+    errno = 0;
+    unsigned long count = strtoul(count_text, &end, 10);
+    if (errno != 0 || *end != '\0' || count > MAX_ITEMS) fail_msg("spec: bad count");
+    char **items = calloc(count + 1, sizeof *items);
+    if (items == NULL) fail("calloc");
+    for (unsigned long i = 0; i < count; i++) {
+        items[i] = next_string(buf, len, pos);
+        if (items[i] == NULL) fail_msg("spec: truncated");
+    }
+    return items;
+}
+
+static struct spec parse_spec(int fd) {
+    size_t len, pos = 0;
+    char *buf = read_all(fd, &len);
+    struct spec s;
+    char *magic = next_string(buf, len, &pos);
+    if (magic == NULL || strcmp(magic, SPEC_MAGIC) != 0) fail_msg("spec: bad magic");
+    s.cwd = next_string(buf, len, &pos);
+    if (s.cwd == NULL || s.cwd[0] != '/') fail_msg("spec: cwd must be absolute");
+    s.argv = read_list(buf, len, &pos);
+    if (s.argv[0] == NULL) fail_msg("spec: empty command");
+    s.envp = read_list(buf, len, &pos);
+    if (pos != len) fail_msg("spec: trailing bytes");
+    return s;
+}
+
+static void put_string(const char *s) { fwrite(s, 1, strlen(s) + 1, stdout); }
+
+static int check_spec(void) {
+    struct spec s = parse_spec(0);
+    put_string(s.cwd);
+    for (char **a = s.argv; *a; a++) put_string(*a);
+    put_string("--");
+    for (char **e = s.envp; *e; e++) put_string(*e);
+    return fflush(stdout) == 0 ? 0 : 1;
+}
+
+/* ---- shared steps --------------------------------------------------------------------------------- */
+
+static long parse_id(const char *text, const char *what) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v < 0 || v > 0x7fffffff) {
+        fprintf(stderr, "corral-launcher: bad %s %s\n", what, text);
+        _exit(EXIT_SETUP);
+    }
+    return v;
+}
+
+static void join_cgroup(const char *procs) {
+    int fd = open(procs, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail(procs);
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
+    if (write(fd, pid, (size_t)n) != n) fail(procs);
+    close(fd);
+}
+
+static void become(uid_t uid, gid_t gid) {
+    if (setresgid(gid, gid, gid) != 0) fail("setresgid");
+    if (setresuid(uid, uid, uid) != 0) fail("setresuid");
+}
+
+/* ---- spawn: bubblewrap as the sandbox's host user, already in its cgroups --------------------------- */
+
+static int spawn(int argc, char **argv) {
+    if (argc < 4) fail_msg("usage: spawn UID GID PROCS... -- PROGRAM ARG...");
+    uid_t uid = (uid_t)parse_id(argv[0], "uid");
+    gid_t gid = (gid_t)parse_id(argv[1], "gid");
+    int i = 2;
+    for (; i < argc && strcmp(argv[i], "--") != 0; i++) join_cgroup(argv[i]);
+    if (i + 1 >= argc) fail_msg("spawn: no program after --");
+    if (geteuid() == 0) {
+        if (setgroups(0, NULL) != 0) fail("setgroups");
+        become(uid, gid);
+    }
+    execv(argv[i + 1], argv + i + 1);
+    fail(argv[i + 1]);
+    return EXIT_SETUP;
+}
+
+/* ---- exec: one command inside a running sandbox ----------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int type;
+} NAMESPACES[] = {
+    /* The user namespace is joined last, by the child: until then we are host root, which may join
+     * every other namespace whatever user namespace owns it (nested or not). */
+    {"cgroup", CLONE_NEWCGROUP}, {"ipc", CLONE_NEWIPC}, {"uts", CLONE_NEWUTS},
+    {"net", CLONE_NEWNET},       {"pid", CLONE_NEWPID}, {"mnt", CLONE_NEWNS},
+    {"user", CLONE_NEWUSER},
+};
+#define N_NS (sizeof NAMESPACES / sizeof *NAMESPACES)
+
+static void drop_bounding_set(void) {
+    for (int cap = 0; cap < 64; cap++) {
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) fail("PR_CAPBSET_DROP");
+    }
+    /* Ambient capabilities are cleared by the uid change anyway; say so explicitly. */
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+}
+
+/* Whatever an exec runs is what the OOM killer should take first when the sandbox overruns its limit,
+ * before the sandbox's skeleton (bubblewrap and its init), which would end the whole sandbox. Raising
+ * one's own score needs no privilege; lowering the skeleton's does, which not every host grants. */
+#define WORKLOAD_OOM_SCORE_ADJ "500"
+
+static void prefer_for_oom_kill(void) {
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (write(fd, WORKLOAD_OOM_SCORE_ADJ, sizeof WORKLOAD_OOM_SCORE_ADJ - 1) < 0) {
+        /* best effort: the limit holds either way */
+    }
+    close(fd);
+}
+
+static void close_other_fds(void) {
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, 3u, ~0u, 0u) == 0) return;
+#endif
+    for (int fd = 3; fd < 65536; fd++) close(fd);
+}
+
+static int exec_in(int argc, char **argv) {
+    if (argc < 5) fail_msg("usage: exec INIT_PID PID_NS UID GID SPEC_FD PROCS...");
+    long init = parse_id(argv[0], "pid");
+    char *end;
+    errno = 0;
+    unsigned long long pid_ns = strtoull(argv[1], &end, 10);
+    if (errno != 0 || *end != '\0') fail_msg("bad pid namespace");
+    uid_t uid = (uid_t)parse_id(argv[2], "uid");
+    gid_t gid = (gid_t)parse_id(argv[3], "gid");
+    int spec_fd = (int)parse_id(argv[4], "fd");
+    struct spec s = parse_spec(spec_fd);
+    close(spec_fd);
+    scmp_filter_ctx filter = build_filter();
+
+    /* Every namespace is opened before any is joined: once in the sandbox's mount namespace, /proc is
+     * the sandbox's and the init's pid means something else. */
+    int fds[N_NS];
+    char path[64];
+    for (size_t i = 0; i < N_NS; i++) {
+        snprintf(path, sizeof path, "/proc/%ld/ns/%s", init, NAMESPACES[i].name);
+        fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+        if (fds[i] < 0) fail(path);
+        struct stat ns;
+        if (NAMESPACES[i].type == CLONE_NEWPID && (fstat(fds[i], &ns) != 0 || ns.st_ino != pid_ns))
+            fail_msg("the sandbox's init is gone (its pid now names another process)");
+    }
+    for (int i = 5; i < argc; i++) join_cgroup(argv[i]);
+    /* Host root may join every namespace before the user namespace; a runtime that is not root owns
+     * the sandbox's user namespace and must join it first to be allowed into the others. */
+    int root = geteuid() == 0;
+    if (root && setgroups(0, NULL) != 0) fail("setgroups");
+    if (!root) {
+        if (setns(fds[N_NS - 1], CLONE_NEWUSER) != 0) fail("user");
+    }
+    for (size_t i = 0; i + 1 < N_NS; i++) {
+        if (setns(fds[i], NAMESPACES[i].type) != 0) fail(NAMESPACES[i].name);
+        close(fds[i]);
+    }
+    pid_t child = fork();
+    if (child < 0) fail("fork");
+    if (child == 0) {
+        /* In the sandbox's pid namespace now. Joining its user namespace gives every capability
+         * there, CAP_SETPCAP included, which is what it takes to empty the bounding set. */
+        if (root && setns(fds[N_NS - 1], CLONE_NEWUSER) != 0) fail("user");
+        close(fds[N_NS - 1]);
+        drop_bounding_set();
+        prefer_for_oom_kill();
+        become(uid, gid);
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS");
+        close_other_fds();
+        if (chdir(s.cwd) != 0) {
+            fprintf(stderr, "%s: %s\n", s.cwd, strerror(errno));
+            _exit(EXIT_SETUP);
+        }
+        if (seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
+        /* From here on nothing may fail silently: errors are reported the way a shell does. */
+        execvpe(s.argv[0], s.argv, s.envp);
+        int err = errno;
+        fprintf(stderr, "%s: %s\n", s.argv[0], err == ENOENT ? "command not found" : strerror(err));
+        _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
+    }
+    close(fds[N_NS - 1]);
+    seccomp_release(filter);
+    int status;
+    while (waitpid(child, &status, 0) < 0) {
+        if (errno != EINTR) fail("waitpid");
+    }
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return WEXITSTATUS(status);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) fail_msg("usage: launcher seccomp | spawn ... | exec ... | check-spec");
+    const char *mode = argv[1];
+    if (strcmp(mode, "seccomp") == 0) {
+        scmp_filter_ctx ctx = build_filter();
+        int rc = seccomp_export_bpf(ctx, 1);
+        seccomp_release(ctx);
+        return rc == 0 ? 0 : EXIT_SETUP;
+    }
+    if (strcmp(mode, "spawn") == 0) return spawn(argc - 2, argv + 2);
+    if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2);
+    if (strcmp(mode, "check-spec") == 0) return check_spec();
+    fail_msg("unknown mode");
+    return EXIT_SETUP;
+}

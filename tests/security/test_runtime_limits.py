@@ -1,0 +1,101 @@
+"""A tenant cannot take the host's pids, CPU or memory: a fork storm stops at the sandbox's pids limit
+while the API keeps answering, a CPU hog is throttled at its quota, and an OOM kill is reported."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Serve
+
+pytestmark = pytest.mark.process
+
+
+def _cgroup_dir(serve: Serve, sandbox_id: str, marker: str) -> Path:
+    """The sandbox's cgroup that holds the control file ``marker`` (v1: one per hierarchy)."""
+    record = serve.record(sandbox_id)
+    for path in [record["cgroup"], *record.get("cgroup_extra", [])]:
+        if (Path(path) / marker).exists():
+            return Path(path)
+    raise AssertionError(f"no cgroup of {sandbox_id} has {marker}")
+
+
+def _stat(path: Path, key: str) -> int:
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    raise AssertionError(f"{key} not in {path}")
+
+
+def test_a_fork_storm_stops_at_the_pids_limit_and_the_api_keeps_answering(serve: Serve) -> None:
+    calm = serve.create()
+    storm = serve.create(memory_mb=512)
+    pids = _cgroup_dir(serve, storm, "pids.max")
+    assert (pids / "pids.max").read_text().strip() == "512"  # the default template's limit
+    outcome: dict[str, Any] = {}
+
+    def fork_storm() -> None:
+        outcome.update(
+            serve.exec(
+                storm,
+                ["sh", "-c", "i=0; while [ $i -lt 3000 ]; do sleep 120 & i=$((i+1)); done; echo all-forked"],
+                timeout_s=60,
+            )
+        )
+
+    thread = threading.Thread(target=fork_storm)
+    thread.start()
+    try:
+        while thread.is_alive():
+            assert serve.tenant.get(f"/v1/sandboxes/{storm}").status_code == 200
+            assert serve.exec(calm, ["echo", "still here"])["stdout"] == "still here\n"
+        thread.join()
+        assert "all-forked" not in outcome["stdout"] and "fork" in outcome["stderr"].lower(), outcome
+        assert len((pids / "cgroup.procs").read_text().split()) <= 512
+        assert _stat(pids / "pids.events", "max") > 0  # the kernel refused forks at the limit
+        assert serve.exec(calm, ["echo", "after"])["stdout"] == "after\n"
+    finally:
+        serve.delete(storm)
+        serve.delete(calm)
+
+
+def test_a_cpu_hog_is_throttled_at_its_quota(serve: Serve) -> None:
+    sid = serve.create(cpus=1)
+    try:
+        cpu = _cgroup_dir(serve, sid, "cpu.stat")
+        quota = cpu / ("cpu.cfs_quota_us" if (cpu / "cpu.cfs_quota_us").exists() else "cpu.max")
+        assert quota.read_text().split()[0] == "100000"  # one CPU's worth of every 100 ms period
+        hog = "for i in 1 2 3 4; do (while :; do :; done) & done; sleep 3; kill 0"
+        # Four busy processes want more than one CPU; the quota makes the kernel throttle them. A
+        # host already saturated by others might not give them a whole CPU in one round: try a few.
+        for _ in range(5):
+            serve.exec(sid, ["sh", "-c", hog], timeout_s=30)
+            if _stat(cpu / "cpu.stat", "nr_throttled") > 0:
+                break
+        assert _stat(cpu / "cpu.stat", "nr_throttled") > 0
+    finally:
+        serve.delete(sid)
+
+
+def test_an_oom_kill_is_reported_on_the_sandbox_and_in_metrics(serve: Serve) -> None:
+    sid = serve.create(memory_mb=64)
+    try:
+        assert serve.tenant.get(f"/v1/sandboxes/{sid}").json()["oom_kills"] == 0
+        hog = serve.exec(sid, ["python3", "-c", "b = bytearray(400 * 1024 * 1024)"])
+        assert hog["exit_code"] == 137
+        assert serve.exec(sid, ["echo", "survived"])["stdout"] == "survived\n"  # only the hog died
+        deadline = time.monotonic() + 30
+        while serve.tenant.get(f"/v1/sandboxes/{sid}").json()["oom_kills"] < 1:
+            assert time.monotonic() < deadline, "the OOM kill never reached the sandbox's record"
+            time.sleep(0.2)
+        metrics = serve.admin.get("/metrics").text
+        counts = re.findall(r"^corral_agent_sandbox_oom_kills_total\{[^}]*\} (\S+)$", metrics, re.M)
+        assert sum(float(c) for c in counts) >= 1
+    finally:
+        serve.delete(sid)
