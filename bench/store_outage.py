@@ -73,7 +73,7 @@ def main() -> None:
         log = open(Path(tmp) / "api.log", "wb")  # noqa: SIM115 (closed below)
         server = subprocess.Popen(
             [sys.executable, "-m", "corral", "api", "--store", store_url, "--port", str(port)],
-            env={**os.environ, "CORRAL_TOKEN": TOKEN, "CORRAL_AGENT_TOKEN": TOKEN + "-agent"},
+            env={**{k: v for k, v in os.environ.items() if k != "CORRAL_AGENT_TOKEN"}, "CORRAL_TOKEN": TOKEN},
             stdout=log,
             stderr=subprocess.STDOUT,
         )

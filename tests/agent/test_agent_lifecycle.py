@@ -184,11 +184,8 @@ async def test_input_the_runtime_refuses_is_a_422_naming_the_field(
             "/v1/sandboxes/a/exec", json={"command": ["true"], "env": {"A=B": "c"}}, headers=auth
         )
         assert r.status_code == 422, r.text
-        assert r.json()["error"] == {
-            **r.json()["error"],
-            "code": "invalid_request",
-            "details": {"field": "env"},
-        }
+        assert r.json()["error"]["code"] == "invalid_request"
+        assert r.json()["error"]["details"]["field"] == "env"
         r = await c.post("/v1/sandboxes", json={"id": "b", "memory_mb": 512, "pids": 50}, headers=auth)
         assert r.status_code == 422 and r.json()["error"]["details"] == {"field": "pids"}
     assert agent.sandbox_ids() == ["a"] and not agent.refusals  # a refused input is no refusal to count
