@@ -11,7 +11,14 @@ import typer
 
 from corral import __version__
 from corral.agent.cli import agent_command, host_memory_mb
-from corral.client.cli import burst_command, exec_command, hosts_command, kill_command, ps_command
+from corral.client.cli import (
+    burst_command,
+    exec_command,
+    explain_command,
+    hosts_command,
+    kill_command,
+    ps_command,
+)
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
 
@@ -142,6 +149,7 @@ app.command("ps")(ps_command)
 app.command("hosts")(hosts_command)
 app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_command)
 app.command("kill")(kill_command)
+app.command("explain")(explain_command)
 app.add_typer(sim_app, name="sim")
 
 

@@ -274,10 +274,67 @@ def kill_command(
     typer.echo(f"killed {sandbox_id}")
 
 
+def explain_command(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="Sandbox id.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Why a sandbox went where it went: candidates, scores, rejections, the store's choice."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            doc = client.sandboxes.placement(sandbox_id)
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json(doc)
+        return
+    render_explanation(doc, Console())
+
+
+def render_explanation(doc: dict[str, Any], console: Console) -> None:
+    req = doc.get("request", {})
+    console.print(
+        f"[bold]{doc.get('outcome', '?')}[/] on {doc.get('host') or '-'}: "
+        f"{req.get('memory_mb')} MiB, {req.get('cpus')} cpu{', stateful' if req.get('stateful') else ''}"
+    )
+    if doc.get("why"):
+        console.print(doc["why"])
+    for n, a in enumerate(doc.get("attempts", []), 1):
+        table = Table(
+            title=f"attempt {n}: {a.get('checked')} hosts checked, view {a.get('view_age_s')} s old, "
+            f"outcome {a.get('outcome', '-')}",
+            title_justify="left",
+        )
+        for column in ("host", "score", "verdict"):
+            table.add_column(column, no_wrap=True)
+        offered = set(a.get("offered_to_store", []))
+        for c in a.get("candidates", []):
+            verdict = (
+                "store chose"
+                if c["host"] == a.get("store_choice")
+                else ("offered to store" if c["host"] in offered else "sampled")
+            )
+            if c["host"] == a.get("placer_choice"):
+                verdict += ", placer's first"
+            table.add_row(c["host"], f"{c['score']:.4f}", verdict)
+        for r in a.get("rejected", []):
+            table.add_row(r["host"], "", f"rejected: {r['filter']}")
+        console.print(table)
+    refusal = doc.get("refusal")
+    if refusal:
+        console.print(f"refused {refusal.get('code')}: {refusal.get('reasons')}")
+        for r in refusal.get("rejected", []):
+            console.print(f"  {r['host']}: {r['filter']}")
+    console.print(f"store rule: {doc.get('store_rule', '')}")
+
+
 COMMANDS: dict[str, Callable[..., None]] = {
     "burst": burst_command,
     "ps": ps_command,
     "hosts": hosts_command,
     "exec": exec_command,
     "kill": kill_command,
+    "explain": explain_command,
 }

@@ -200,6 +200,11 @@ class Sandboxes:
     def delete(self, sandbox_id: str) -> None:
         self._client.request("DELETE", wire.sandbox_path(sandbox_id))
 
+    def placement(self, sandbox_id: str) -> dict[str, Any]:
+        """Why the sandbox went where it went: its create's recorded decision."""
+        data: dict[str, Any] = self._client.request("GET", wire.sandbox_path(sandbox_id) + "/placement")
+        return data
+
     def exec(
         self,
         sandbox_id: str,

@@ -129,9 +129,14 @@ _V2 = (
                           WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE})""",
 )
 
+# Why a create went where it went: a compact JSON document written by the same UPDATE that marks the
+# sandbox placed, so a sandbox and its explanation never disagree.
+_V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
+    Migration(6, "placement explanation on the sandbox row", _V6),
 )
 
 LATEST = MIGRATIONS[-1].version

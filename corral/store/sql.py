@@ -769,6 +769,7 @@ class SqlStore(Store):
         expect_version: int | None = None,
         host_id: str | _Unset | None = UNSET,
         reservation_id: str | _Unset | None = UNSET,
+        placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord:
         try:
             new_state = SandboxState(state)
@@ -784,6 +785,9 @@ class SqlStore(Store):
         if not isinstance(reservation_id, _Unset):
             sets.append("reservation_id = :rid")
             params["rid"] = reservation_id
+        if not isinstance(placement, _Unset):
+            sets.append("placement = :pl")
+            params["pl"] = placement
         where = ["id = :id"]
         if expected is not None:
             clause, sp = in_list("x", sorted(s.value for s in expected))
@@ -841,6 +845,17 @@ class SqlStore(Store):
             return rows.sandbox_from_row(row)
 
         return await self._write(run)
+
+    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
+        async def run(tx: Tx) -> str | None:
+            row = await tx.fetchone(
+                "SELECT tenant_id, placement FROM sandboxes WHERE id = :id", {"id": sandbox_id}
+            )
+            if row is None or (tenant_id is not None and row[0] != tenant_id):
+                raise NotFound(f"sandbox {sandbox_id!r}")
+            return None if row[1] is None else str(row[1])
+
+        return await self._read(run)
 
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
         async def run(tx: Tx) -> SandboxRecord | None:
