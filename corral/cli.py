@@ -3,6 +3,7 @@ registers them."""
 
 from __future__ import annotations
 
+import enum
 import os
 from pathlib import Path
 from typing import Annotated
@@ -38,6 +39,20 @@ def version() -> None:
     typer.echo(__version__)
 
 
+class LogFormatChoice(enum.StrEnum):
+    AUTO = "auto"
+    JSON = "json"
+    TEXT = "text"
+
+
+LogFormat = Annotated[
+    LogFormatChoice,
+    typer.Option(
+        "--log-format", help="Log lines as JSON or text (auto: text on a terminal, JSON otherwise)."
+    ),
+]
+
+
 @app.command()
 def serve(
     hosts: Annotated[
@@ -60,6 +75,7 @@ def serve(
     ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Process runtime state.")] = None,
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
+    log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
     from corral.api.server import BadToken, ServeOptions, run
@@ -96,7 +112,7 @@ def serve(
         max_concurrent_starts=max_concurrent_starts,
     )
     try:
-        run(serve_(opts))
+        run(serve_(opts), log_format.value)
     except BadToken as e:
         raise typer.BadParameter(str(e)) from None
 
@@ -114,6 +130,7 @@ def api(
     lease_s: Annotated[float, typer.Option("--lease-s", min=0.5, help="Replica lease.")] = 15.0,
     bind_timeout: Annotated[float, typer.Option("--bind-timeout", min=0.1)] = 30.0,
     reconcile_interval: Annotated[float, typer.Option("--reconcile-interval", min=0.05)] = 1.0,
+    log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP."""
     from corral.api.server import ApiOptions, BadToken, run
@@ -138,7 +155,7 @@ def api(
         reconcile_interval_s=reconcile_interval,
     )
     try:
-        run(api_(opts))
+        run(api_(opts), log_format.value)
     except BadToken as e:
         raise typer.BadParameter(str(e)) from None
 

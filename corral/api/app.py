@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from corral import __version__
 from corral.api import errors
+from corral.api.requestlog import RequestLog
 from corral.api.routes import router
 from corral.control.plane import ControlPlane
 
@@ -42,4 +43,5 @@ def create_app(
     app.state.plane = plane
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
+    app.add_middleware(RequestLog, replica=plane.config.replica_id)
     return app

@@ -41,6 +41,7 @@ from corral.core import (
     candidate_limit,
 )
 from corral.ids import random_hex
+from corral.logs import note
 from corral.store import (
     IdempotencyMismatch,
     NameConflict,
@@ -189,6 +190,7 @@ class CreateFlow:
         started = self.clock.now()
         record, replayed = await self.new_record(tenant_id, spec, idempotency_key)
         if replayed:
+            note(outcome="replayed", sandbox_id=record.id)
             return await self._replay(record), True
         try:
             placed = await self._place_and_bind(record, dict(spec.env))
@@ -221,8 +223,10 @@ class CreateFlow:
         self, placed: SandboxRecord, started: float, tenant_id: str, idempotency_key: str | None
     ) -> None:
         host = placed.host_id or ""
+        latency = max(0.0, self.clock.now() - started)
         self.metrics.placements.labels(host).inc()
-        self.metrics.create_latency.labels(host).observe(max(0.0, self.clock.now() - started))
+        self.metrics.create_latency.labels(host).observe(latency)
+        note(sandbox_id=placed.id, create_ms=round(latency * 1000, 2))
         if idempotency_key:
             first = self._first_refusal.pop(f"{tenant_id}/{idempotency_key}", None)
             if first is not None:
@@ -247,6 +251,7 @@ class CreateFlow:
         code = refusal.code
         self.metrics.refusals.labels(code).inc()
         details: dict[str, object] = {"checked": refusal.checked, "reasons": dict(reasons)}
+        note(outcome=code, reasons=dict(reasons))
         if explain is not None:
             explain.refused(refusal, code, dict(reasons))
             details["placement"] = explain.as_dict()
@@ -314,6 +319,13 @@ class CreateFlow:
             try:
                 await self.binder.start(record, host_id, address, env)
                 explain.placed(host_id, res.id)
+                note(
+                    outcome="placed",
+                    host=host_id,
+                    placer_choice=decision.host.id,
+                    attempts=attempts,
+                    view_age_s=round(decision.view_age_s, 3),
+                )
                 return await self.store.set_sandbox_state(
                     record.id,
                     SandboxState.RUNNING,
