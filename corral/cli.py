@@ -75,6 +75,15 @@ def serve(
     ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Process runtime state.")] = None,
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
+    settle_s: Annotated[
+        float | None,
+        typer.Option(
+            "--memory-settle-s",
+            min=0,
+            help="Seconds before a sandbox's stable memory reading replaces its reserve "
+            "(default: what the runtime declares: process 0, sim 10).",
+        ),
+    ] = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
@@ -110,6 +119,7 @@ def serve(
         state_dir=state_dir,
         headroom_mb=min(2048, mem // 8),
         max_concurrent_starts=max_concurrent_starts,
+        settle_s=settle_s,
     )
     try:
         run(serve_(opts), log_format.value)

@@ -43,6 +43,7 @@ class ServeOptions:
     state_dir: Path | None = None
     headroom_mb: int = 2048
     max_concurrent_starts: int = 8
+    settle_s: float | None = None  # None: what the runtime declares
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -104,6 +105,7 @@ async def serve(opts: ServeOptions) -> None:
         heartbeat_interval_s=opts.heartbeat_interval_s,
         max_concurrent_starts=opts.max_concurrent_starts,
         state_root=opts.state_dir,
+        settle_s=opts.settle_s,
     )
     stopped = False
 
