@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck pytest bench sim-report system-deps clean
+.PHONY: serve test lint typecheck pytest bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,11 +12,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Host packages the process runtime needs (bubblewrap). Installed only when missing.
+# Debian packages, each installed only when its command is missing: $(call apt,COMMAND,PACKAGE,WHY).
+apt = @command -v $(1) >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
+	  else echo "$(2) missing: install it (apt-get install $(2)) for $(3)"; fi; }
+
+# Host packages: bubblewrap (the process runtime), chromium (the dashboard's browser test).
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
-	  else echo "bubblewrap missing: install it (apt-get install bubblewrap) for the process runtime"; fi; }
+	$(call apt,bwrap,bubblewrap,the process runtime)
+	$(call apt,chromium,chromium,the dashboard's browser test)
+
+# What the benchmarks add: wrk (bench/api.py's load generator).
+bench-deps:
+	$(call apt,wrk,wrk,bench/api.py)
 
 serve: $(STAMP) system-deps
 	$(BIN)/corral serve
@@ -33,8 +41,9 @@ pytest: $(STAMP) system-deps
 
 test: lint typecheck pytest
 
-bench: $(STAMP)
-	$(BIN)/python bench/placement.py
+# Every benchmark in bench/, then docs/benchmarks.md from their JSON lines. Not part of `make test`.
+bench: $(STAMP) system-deps bench-deps
+	$(BIN)/python bench/run_all.py docs/benchmarks.md
 
 sim-report: $(STAMP)
 	$(BIN)/python -m corral.sim.report docs

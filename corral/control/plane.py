@@ -157,7 +157,13 @@ class ControlPlane:
     # -- hosts -------------------------------------------------------------------------------------
 
     async def heartbeat(self, hb: WireHeartbeat) -> HeartbeatResult:
-        return await self.heartbeats.accept(hb)
+        result = await self.heartbeats.accept(hb)
+        last = self.view.last
+        if last is not None and hb.agent_id not in last.records:
+            # A host the cached view has never seen: its absence there was only the cache's age (at
+            # start-up, a view read before the rest of the fleet's first heartbeats).
+            self.view.invalidate()
+        return result
 
     async def hosts(self) -> list[HostStatus]:
         snap = await self.view.get(fresh=True)

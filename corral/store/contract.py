@@ -510,6 +510,11 @@ class Store(ABC):
         lost race, :class:`NotFound`."""
 
     @abstractmethod
+    async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
+        """Per host: (sandboxes placed there created at or after ``since``, configured MiB of its live
+        sandboxes). What an operator's view shows beside each host's heartbeat."""
+
+    @abstractmethod
     async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
         """The placement explanation (JSON text) kept with the sandbox, or None when none was kept.
         Raises :class:`NotFound` when the sandbox does not exist (or is another tenant's)."""

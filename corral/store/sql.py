@@ -846,6 +846,29 @@ class SqlStore(Store):
 
         return await self._write(run)
 
+    async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
+        live, params = in_list("l", sorted(s.value for s in LIVE_STATES))
+
+        async def run(tx: Tx) -> dict[str, tuple[int, int]]:
+            placed = await tx.fetchall(
+                "SELECT host_id, count(*) FROM sandboxes WHERE created_at >= :t AND host_id IS NOT NULL "
+                "GROUP BY host_id",
+                {"t": since},
+            )
+            committed = await tx.fetchall(
+                f"SELECT host_id, CAST(sum(memory_mb) AS BIGINT) FROM sandboxes WHERE state IN {live} "
+                "AND host_id IS NOT NULL GROUP BY host_id",
+                params,
+            )
+            out: dict[str, tuple[int, int]] = {}
+            for h, n in placed:
+                out[h] = (int(n), 0)
+            for h, mb in committed:
+                out[h] = (out.get(h, (0, 0))[0], int(mb or 0))
+            return out
+
+        return await self._read(run)
+
     async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
         async def run(tx: Tx) -> str | None:
             row = await tx.fetchone(
