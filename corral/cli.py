@@ -19,6 +19,7 @@ from corral.client.cli import (
     hosts_command,
     kill_command,
     ps_command,
+    top_command,
 )
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
@@ -177,6 +178,7 @@ app.command("hosts")(hosts_command)
 app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_command)
 app.command("kill")(kill_command)
 app.command("explain")(explain_command)
+app.command("top")(top_command)
 app.add_typer(sim_app, name="sim")
 
 

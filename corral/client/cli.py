@@ -21,7 +21,8 @@ from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.live import Live
 from rich.table import Table
 
 from corral.client.async_client import AsyncCorral
@@ -29,6 +30,8 @@ from corral.client.burst import BurstReport, run_burst
 from corral.client.client import Corral
 from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unreachable
 from corral.client.retry import RetryPolicy
+from corral.client.top import DATA_PATH as TOP_DATA_PATH
+from corral.client.top import render as render_top
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 2
@@ -330,6 +333,33 @@ def render_explanation(doc: dict[str, Any], console: Console) -> None:
     console.print(f"store rule: {doc.get('store_rule', '')}")
 
 
+def top_command(
+    ctx: typer.Context,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+) -> None:
+    """The fleet live: per-host load, memory and latency, refusals (admin token)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+
+            def frame() -> RenderableType:
+                return render_top(client.request("GET", TOP_DATA_PATH))
+
+            if once:
+                Console().print(frame())
+                return
+            with Live(frame(), auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(frame(), refresh=True)
+    except CorralError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        pass
+
+
 COMMANDS: dict[str, Callable[..., None]] = {
     "burst": burst_command,
     "ps": ps_command,
@@ -337,4 +367,5 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "exec": exec_command,
     "kill": kill_command,
     "explain": explain_command,
+    "top": top_command,
 }
