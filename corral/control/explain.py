@@ -106,7 +106,7 @@ async def explained(store: Store, sandbox_id: str, tenant_id: str | None) -> str
         raise NotFound(f"no sandbox {sandbox_id}") from None
     if doc is None:
         raise NotFound(
-            f"no placement explanation is kept for {sandbox_id} (it was not placed by a single create)",
+            f"no placement explanation is kept for {sandbox_id} (placed before explanations were kept)",
             code="no_placement_record",
         )
     return doc

@@ -90,3 +90,39 @@ async def test_corral_explain_renders_the_recorded_decision(cluster: Cluster) ->
     for c in ex["attempts"][0]["candidates"]:
         assert c["host"] in text and f"{c['score']:.4f}" in text
     assert "store chose" in text
+
+
+async def test_a_batch_keeps_each_members_decision(cluster: Cluster) -> None:
+    r = await cluster.http.post(
+        "/v1/sandboxes/batch", json={"count": 5, "spec": {"memory_mb": 1024}}, headers=cluster.as_(ADMIN)
+    )
+    assert r.status_code == 201, r.text
+    for sb in r.json()["sandboxes"]:
+        ex = (
+            await cluster.http.get(f"/v1/sandboxes/{sb['id']}/placement", headers=cluster.as_(ADMIN))
+        ).json()
+        record = await cluster.plane.store.get_sandbox(sb["id"])
+        assert record is not None
+        assert ex["outcome"] == "placed" and ex["host"] == sb["host_id"] == record.host_id
+        assert ex["reservation_id"] == record.reservation_id
+        (attempt,) = ex["attempts"]
+        assert attempt["store_choice"] == attempt["placer_choice"] == sb["host_id"]
+        assert sb["host_id"] in [c["host"] for c in attempt["candidates"]]
+
+
+async def test_a_refused_batch_explains_the_member_that_did_not_fit(tmp_path: Path) -> None:
+    c = await make_cluster(tmp_path, hosts=2, memory_mb=8192)
+    try:
+        r = await c.http.post(
+            "/v1/sandboxes/batch",
+            json={"count": 7, "spec": {"memory_mb": 2048, "stateful": True}},  # room for 6
+            headers=c.as_(ADMIN),
+        )
+        assert r.status_code == 503
+        ex = r.json()["error"]["details"]["placement"]
+        assert ex["outcome"] == "refused" and ex["attempts"] == []
+        assert {x["host"] for x in ex["refusal"]["rejected"]} == {a.id for a in c.fleet.agents}
+    finally:
+        await c.http.aclose()
+        await c.plane.stop()
+        await c.plane.store.close()
