@@ -126,3 +126,25 @@ async def test_a_refused_batch_explains_the_member_that_did_not_fit(tmp_path: Pa
         await c.http.aclose()
         await c.plane.stop()
         await c.plane.store.close()
+
+
+async def test_a_host_the_cached_view_lacks_is_seen_by_the_next_create(cluster: Cluster) -> None:
+    import random
+
+    from corral.agent import Agent
+    from corral.runtime.sim import SimRuntime
+
+    before = await cluster.plane.view.get()
+    assert "host-new" not in before.records
+    newcomer = Agent(
+        "host-new",
+        SimRuntime(cluster.clock, random.Random(5)),
+        32768,
+        16.0,
+        clock=cluster.clock,
+        sink=cluster.plane.heartbeat,
+    )
+    await newcomer.beat()
+    # no clock movement: the cached view is still within its TTL, yet the newcomer is in the next read
+    after = await cluster.plane.view.get()
+    assert "host-new" in after.records and after.generation > before.generation
