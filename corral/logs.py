@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from typing import Any, TextIO
 
 FORMATS = ("auto", "json", "text")
+# Built once: ``json.dumps`` with options builds a new encoder per call, and this runs per request.
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 _request_fields: ContextVar[dict[str, Any] | None] = ContextVar("corral_request_fields", default=None)
 
@@ -50,7 +52,7 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, separators=(",", ":"), default=str)
+        return _ENCODE(out)
 
 
 class TextFormatter(logging.Formatter):

@@ -21,9 +21,14 @@ VERSION = 1
 # What the store's choice among the offered candidates rests on (the store's ``reserve_best``).
 STORE_RULE = "most room by the store's current reserved totals (memory and CPU fractions)"
 SCORE_DIGITS = 4
+# One encoder, built once: ``json.dumps`` with options builds a new one per call, on the create path.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class Attempt:
+    """One pass of the create flow. Kept compact (hosts and scores as pairs, rejections as pairs):
+    the stored form; ``expand`` turns it into the readable one."""
+
     __slots__ = ("doc",)
 
     def __init__(self, decision: Decision) -> None:
@@ -31,10 +36,10 @@ class Attempt:
             "view_age_s": round(decision.view_age_s, 3),
             "checked": decision.checked,
             "candidates": [
-                {"host": h.id, "score": round(s, SCORE_DIGITS)}
+                [h.id, round(s, SCORE_DIGITS)]
                 for h, s in zip(decision.candidates, decision.scores, strict=False)
             ],
-            "rejected": [{"host": h, "filter": f} for h, f in decision.rejected],
+            "rejected": [list(r) for r in decision.rejected],
             "placer_choice": decision.host.id,
             "charge_mb": decision.charge_mb,
         }
@@ -61,7 +66,6 @@ class Explanation:
         self.doc: dict[str, Any] = {
             "v": VERSION,
             "request": {"memory_mb": req.memory_mb, "cpus": req.cpu, "stateful": req.stateful},
-            "store_rule": STORE_RULE,
         }
 
     def decided(self, decision: Decision) -> Attempt:
@@ -70,32 +74,59 @@ class Explanation:
         return a
 
     def placed(self, host_id: str, reservation_id: str) -> None:
-        last = self.attempts[-1].doc
-        last["outcome"] = "placed"
+        self.attempts[-1].doc["outcome"] = "placed"
         self.doc.update(outcome="placed", host=host_id, reservation_id=reservation_id)
-        if last.get("placer_choice") == host_id:
-            why = f"{host_id} led the placer's sample and the store agreed by its current totals"
-        else:
-            why = (
-                f"the placer's view ranked {last.get('placer_choice')} first; the store took {host_id}, "
-                "the offered candidate with the most room by its current totals"
-            )
-        if len(self.attempts) > 1:
-            why += f" (attempt {len(self.attempts)})"
-        self.doc["why"] = why
 
     def refused(self, refusal: Refusal | None, code: str, reasons: dict[str, int]) -> None:
         out: dict[str, Any] = {"code": code, "reasons": reasons}
         if refusal is not None:
             out["checked"] = refusal.checked
-            out["rejected"] = [{"host": h, "filter": f} for h, f in refusal.rejected]
+            out["rejected"] = [list(r) for r in refusal.rejected]
         self.doc.update(outcome="refused", refusal=out)
 
-    def as_dict(self) -> dict[str, Any]:
+    def compact(self) -> dict[str, Any]:
         return {**self.doc, "attempts": [a.doc for a in self.attempts]}
 
+    def as_dict(self) -> dict[str, Any]:
+        return expand(self.compact())
+
     def to_json(self) -> str:
-        return json.dumps(self.as_dict(), separators=(",", ":"))
+        return _ENCODE(self.compact())
+
+
+def _rejections(pairs: list[list[str]]) -> list[dict[str, str]]:
+    return [{"host": h, "filter": f} for h, f in pairs]
+
+
+def expand(doc: dict[str, Any]) -> dict[str, Any]:
+    """The readable explanation of a compact one: named fields, the store's rule, and why."""
+    out = {**doc, "store_rule": STORE_RULE}
+    attempts = []
+    for a in doc.get("attempts", []):
+        attempts.append(
+            {
+                **a,
+                "candidates": [{"host": h, "score": s} for h, s in a.get("candidates", [])],
+                "rejected": _rejections(a.get("rejected", [])),
+            }
+        )
+    out["attempts"] = attempts
+    if "refusal" in doc:
+        out["refusal"] = {**doc["refusal"], "rejected": _rejections(doc["refusal"].get("rejected", []))}
+    host = doc.get("host")
+    if doc.get("outcome") == "placed" and attempts:
+        first = attempts[-1].get("placer_choice")
+        if first == host:
+            why = f"{host} led the placer's sample and the store agreed by its current totals"
+        else:
+            why = (
+                f"the placer's view ranked {first} first; the store took {host}, "
+                "the offered candidate with the most room by its current totals"
+            )
+        if len(attempts) > 1:
+            why += f" (attempt {len(attempts)})"
+        out["why"] = why
+    return out
 
 
 async def explained(store: Store, sandbox_id: str, tenant_id: str | None) -> str:
@@ -109,4 +140,4 @@ async def explained(store: Store, sandbox_id: str, tenant_id: str | None) -> str
             f"no placement explanation is kept for {sandbox_id} (placed before explanations were kept)",
             code="no_placement_record",
         )
-    return doc
+    return _ENCODE(expand(json.loads(doc)))
