@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck pytest bench sim-report system-deps clean
+.PHONY: serve test lint typecheck pytest bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,15 +12,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Host packages the process runtime needs: bubblewrap, and gcc with libseccomp's headers to build the
-# sandbox launcher (corral builds it on first use). Installed only when missing.
-SYSTEM_PACKAGES := bubblewrap gcc libc6-dev libseccomp-dev
-system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+# Debian packages, each installed only when missing: $(call apt,PACKAGES,WHY).
+apt = @missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else echo "missing:$$missing: install them (apt-get install$$missing) for the process runtime"; fi; fi
+	  else echo "missing:$$missing: install them (apt-get install$$missing) for $(2)"; fi; fi
+
+# Host packages: bubblewrap, and gcc with libseccomp's headers to build the sandbox launcher (corral
+# builds it on first use), for the process runtime; chromium for the dashboard's browser test.
+system-deps:
+	$(call apt,bubblewrap gcc libc6-dev libseccomp-dev,the process runtime)
+	$(call apt,chromium,the dashboard's browser test)
+
+# What the benchmarks add: wrk (bench/api.py's load generator).
+bench-deps:
+	$(call apt,wrk,bench/api.py)
 
 serve: $(STAMP) system-deps
 	$(BIN)/corral serve
@@ -37,8 +44,9 @@ pytest: $(STAMP) system-deps
 
 test: lint typecheck pytest
 
-bench: $(STAMP)
-	$(BIN)/python bench/placement.py
+# Every benchmark in bench/, then docs/benchmarks.md from their JSON lines. Not part of `make test`.
+bench: $(STAMP) system-deps bench-deps
+	$(BIN)/python bench/run_all.py docs/benchmarks.md
 
 sim-report: $(STAMP)
 	$(BIN)/python -m corral.sim.report docs

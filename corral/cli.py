@@ -3,6 +3,7 @@ registers them."""
 
 from __future__ import annotations
 
+import enum
 import os
 from pathlib import Path
 from typing import Annotated
@@ -14,10 +15,12 @@ from corral.agent.cli import agent_command, host_memory_mb
 from corral.client.cli import (
     burst_command,
     exec_command,
+    explain_command,
     hosts_command,
     kill_command,
     ps_command,
     tokens_command,
+    top_command,
 )
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
@@ -44,6 +47,20 @@ DevSharedAgentToken = Annotated[
         "--dev-shared-agent-token",
         help="Development only: accept CORRAL_AGENT_TOKEN from every agent, for any host, and present it "
         "to every agent (instead of enrolled hosts' own credentials).",
+    ),
+]
+
+
+class LogFormatChoice(enum.StrEnum):
+    AUTO = "auto"
+    JSON = "json"
+    TEXT = "text"
+
+
+LogFormat = Annotated[
+    LogFormatChoice,
+    typer.Option(
+        "--log-format", help="Log lines as JSON or text (auto: text on a terminal, JSON otherwise)."
     ),
 ]
 
@@ -84,6 +101,16 @@ def serve(
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Process runtime state.")] = None,
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
     dev_shared_agent_token: DevSharedAgentToken = False,
+    settle_s: Annotated[
+        float | None,
+        typer.Option(
+            "--memory-settle-s",
+            min=0,
+            help="Seconds before a sandbox's stable memory reading replaces its reserve "
+            "(default: what the runtime declares: process 0, sim 10).",
+        ),
+    ] = None,
+    log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
     from corral.api.server import BadToken, ServeOptions, run
@@ -119,9 +146,10 @@ def serve(
         state_dir=state_dir,
         headroom_mb=min(2048, mem // 8),
         max_concurrent_starts=max_concurrent_starts,
+        settle_s=settle_s,
     )
     try:
-        run(serve_(opts))
+        run(serve_(opts), log_format.value)
     except (BadToken, TokenRevoked) as e:
         raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
@@ -140,6 +168,7 @@ def api(
     bind_timeout: Annotated[float, typer.Option("--bind-timeout", min=0.1)] = 30.0,
     reconcile_interval: Annotated[float, typer.Option("--reconcile-interval", min=0.05)] = 1.0,
     dev_shared_agent_token: DevSharedAgentToken = False,
+    log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP once enrolled
     (`corral hosts token ID`)."""
@@ -162,7 +191,7 @@ def api(
         reconcile_interval_s=reconcile_interval,
     )
     try:
-        run(api_(opts))
+        run(api_(opts), log_format.value)
     except (BadToken, TokenRevoked) as e:
         raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
@@ -174,6 +203,8 @@ app.command("hosts")(hosts_command)
 app.command("tokens")(tokens_command)
 app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_command)
 app.command("kill")(kill_command)
+app.command("explain")(explain_command)
+app.command("top")(top_command)
 app.add_typer(sim_app, name="sim")
 
 

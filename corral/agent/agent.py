@@ -43,6 +43,7 @@ from corral.core.admission import (
 )
 from corral.core.clock import Clock, SystemClock
 from corral.core.pressure import PressureGate
+from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
 from corral.runtime.base import (
     DEFAULT_PIDS,
@@ -61,12 +62,14 @@ HeartbeatSink = Callable[[Heartbeat], Awaitable[None]]
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
 PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
+# How often sandboxes that are settling are read between heartbeats.
+SETTLE_SAMPLE_S = 0.25
 
 
 class _Live:
     """A sandbox the agent accounts for."""
 
-    __slots__ = ("observed_mb", "oom_kills", "spec", "started_at", "usage")
+    __slots__ = ("observed_mb", "oom_kills", "spec", "started_at", "trusted", "usage")
 
     def __init__(self, spec: SandboxSpec, started_at: float) -> None:
         self.spec = spec
@@ -77,6 +80,8 @@ class _Live:
         # The latest reading of any age, for the host's memory_mb_used.
         self.observed_mb: int | None = None
         self.oom_kills = 0  # processes the kernel's OOM killer killed in it, as last read
+        # Whether readings have replaced the reserve (see ``SettleRule``); once true, it stays.
+        self.trusted = False
 
     @property
     def resident_mb(self) -> int | None:
@@ -96,6 +101,8 @@ class _LiveSet(Mapping[str, _Live]):
         self._items: dict[str, _Live] = {}
         self.book = book
         self.observed_mb = 0
+        # Still charged their reserve: what the settle sampling between heartbeats reads.
+        self.untrusted: set[str] = set()
 
     def __getitem__(self, key: str) -> _Live:
         return self._items[key]
@@ -111,6 +118,8 @@ class _LiveSet(Mapping[str, _Live]):
         self._items[key] = value
         self.book.put(key, value.usage)
         self.observed_mb += value.observed_mb or 0
+        if not value.trusted:
+            self.untrusted.add(key)
 
     def __delitem__(self, key: str) -> None:
         if self.pop(key, None) is None:
@@ -122,15 +131,22 @@ class _LiveSet(Mapping[str, _Live]):
             return default
         self.book.remove(key)
         self.observed_mb -= old.observed_mb or 0
+        self.untrusted.discard(key)
         return old
 
-    def measured(self, key: str, observed_mb: int, settled: bool) -> None:
+    def measured(self, key: str, observed_mb: int, rule: SettleRule, now: float) -> bool:
+        """Record a reading; returns whether this reading is the one that made the sandbox trusted."""
         live = self._items[key]
+        newly = not live.trusted and rule.trusted(now - live.started_at, observed_mb, live.observed_mb)
         self.observed_mb += observed_mb - (live.observed_mb or 0)
         live.observed_mb = observed_mb
-        if settled:
+        if newly:
+            live.trusted = True
+            self.untrusted.discard(key)
+        if live.trusted:
             live.settled_at(observed_mb)
             self.book.put(key, live.usage)
+        return newly
 
 
 class Agent:
@@ -138,8 +154,9 @@ class Agent:
 
     ``admission`` is the host's mode (stateful sandboxes are charged in full in either); ``pressure`` is
     a :class:`PressureSignal` or a bare callable read on the usage-ratio scale (None: the sandboxes'
-    measured memory over the host's); ``settle_s`` is how old a sandbox must be before a measurement of
-    it replaces its reserve; ``sink`` receives every heartbeat.
+    measured memory over the host's); ``settle_s`` is how old a sandbox must be before a stable
+    measurement of it replaces its reserve (default: what the runtime declares as its
+    ``memory_settle_s``); ``sink`` receives every heartbeat.
 
     Every state change happens on the event loop without an ``await`` between the check and the commit,
     so the gate needs no lock.
@@ -163,10 +180,11 @@ class Agent:
         heartbeat_interval_s: float = 2.0,
         sink: HeartbeatSink | None = None,
         address: str = "",
-        # Longer than a guest takes to touch its working set (the touch model ramps over ~5 s): a
-        # measurement taken earlier reads low, the host looks emptier than it is, and a burst that
-        # outlasts the settle piles onto whichever host was measured first.
-        settle_s: float = 10.0,
+        # None: the runtime's own ``memory_settle_s``. For a guest, longer than it takes to touch its
+        # working set (the touch model ramps over ~5 s): a measurement taken earlier reads low, the
+        # host looks emptier than it is, and a burst that outlasts the settle piles onto whichever
+        # host was measured first.
+        settle_s: float | None = None,
         gpu: str | None = None,
         role: str = "worker",
         stream_restore: bool = False,
@@ -175,6 +193,8 @@ class Agent:
             raise ValueError("memory_mb_total and cpu_total must be positive")
         if heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be positive")
+        if settle_s is None:
+            settle_s = float(getattr(runtime, "memory_settle_s", DEFAULT_SETTLE_S))
         if settle_s < 0:
             raise ValueError("settle_s must not be negative")
         self.id = id
@@ -189,6 +209,7 @@ class Agent:
         self.sink = sink
         self.address = address
         self.settle_s = settle_s
+        self.settle = SettleRule(settle_s)
         self.gpu = gpu
         self.role = role
         self.stream_restore = stream_restore
@@ -457,10 +478,15 @@ class Agent:
             log.info("agent %s adopted %d running sandboxes", self.id, adopted)
         return adopted
 
-    async def measure(self) -> None:
-        """Read every live sandbox's resident memory, then feed the pressure gate once."""
+    async def measure(self, ids: Iterable[str] | None = None) -> int:
+        """Read every live sandbox's resident memory (or those of ``ids``), then feed the pressure gate
+        once. Returns how many sandboxes this made trusted."""
         now = self.clock.now()
-        for sandbox_id, s in list(self._live.items()):
+        newly = 0
+        for sandbox_id in list(self._live if ids is None else ids):
+            s = self._live.get(sandbox_id)
+            if s is None:
+                continue
             try:
                 mb = await self.runtime.resident_mb(sandbox_id)
             except SandboxNotFound:
@@ -472,8 +498,9 @@ class Agent:
             await self._count_oom_kills(sandbox_id, s)
             if mb is None:
                 continue
-            self._live.measured(sandbox_id, mb, settled=now - s.started_at >= self.settle_s)
+            newly += self._live.measured(sandbox_id, mb, self.settle, now)
         self.observe_pressure()
+        return newly
 
     async def _count_oom_kills(self, sandbox_id: str, s: _Live) -> None:
         try:
@@ -541,7 +568,24 @@ class Agent:
             except Exception as exc:
                 self.heartbeat_failures += 1
                 log.warning("agent %s: heartbeat failed: %r", self.id, exc)
-            await asyncio.sleep(self.heartbeat_interval_s)
+            await self.until_next_beat()
+
+    async def until_next_beat(self) -> None:
+        """Wait one heartbeat interval. Meanwhile, sandboxes still charged their reserve and old enough
+        to settle are read every ``SETTLE_SAMPLE_S``; once one is trusted, the host can admit more
+        than its last heartbeat said, so the next heartbeat goes now rather than at the interval."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.heartbeat_interval_s
+        while (left := end - loop.time()) > 0:
+            await asyncio.sleep(min(left, SETTLE_SAMPLE_S))
+            due = [i for i in self._live.untrusted if self._settle_due(i)]
+            if due and await self.measure(due):
+                return
+
+    def _settle_due(self, sandbox_id: str) -> bool:
+        # A reading just before the settle time is the "previous" one the first trusted reading needs.
+        s = self._live.get(sandbox_id)
+        return s is not None and self.clock.now() - s.started_at >= self.settle_s - SETTLE_SAMPLE_S
 
 
 def _same(spec: SandboxSpec, req: StartSandbox) -> bool:

@@ -9,8 +9,9 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import errors
+from corral.api import dashboard, errors
 from corral.api.limits import BodyLimit
+from corral.api.requestlog import RequestLog
 from corral.api.routes import router
 from corral.control.plane import ControlPlane
 
@@ -44,4 +45,7 @@ def create_app(
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
     app.add_middleware(BodyLimit)
+    app.include_router(dashboard.router)
+    app.state.dashboard_key = dashboard.session_key(admin_token)
+    app.add_middleware(RequestLog, replica=plane.config.replica_id)
     return app

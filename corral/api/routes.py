@@ -35,6 +35,7 @@ from corral.api.schemas import (
 )
 from corral.control.create import CreateSpec
 from corral.control.errors import InvalidRequest
+from corral.control.explain import explained
 from corral.store import SandboxState, TemplateRecord
 
 router = APIRouter()
@@ -82,6 +83,12 @@ async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchOut:
 @router.get("/v1/sandboxes/{sandbox_id}", response_model=SandboxOut)
 async def get_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
     return JSONResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, scope(p))))
+
+
+@router.get("/v1/sandboxes/{sandbox_id}/placement")
+async def get_placement(sandbox_id: str, p: User, plane: Plane) -> Response:
+    """Why this sandbox went where it went, as its create recorded it (tenants see their own)."""
+    return Response(await explained(plane.store, sandbox_id, scope(p)), media_type="application/json")
 
 
 @router.get("/v1/sandboxes", response_model=SandboxList)

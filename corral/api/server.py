@@ -20,6 +20,7 @@ from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import build_local_fleet
 from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
+from corral.logs import configure as configure_logging
 from corral.store import open_store
 
 log = logging.getLogger("corral")
@@ -42,6 +43,7 @@ class ServeOptions:
     state_dir: Path | None = None
     headroom_mb: int = 2048
     max_concurrent_starts: int = 8
+    settle_s: float | None = None  # None: what the runtime declares
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -103,6 +105,7 @@ async def serve(opts: ServeOptions) -> None:
         heartbeat_interval_s=opts.heartbeat_interval_s,
         max_concurrent_starts=opts.max_concurrent_starts,
         state_root=opts.state_dir,
+        settle_s=opts.settle_s,
     )
     stopped = False
 
@@ -191,8 +194,8 @@ async def api(opts: ApiOptions) -> None:
         await shut_down()  # when the server never started; after its shutdown, a no-op
 
 
-def run(coro: Coroutine[object, object, None]) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def run(coro: Coroutine[object, object, None], log_format: str = "auto") -> None:
+    configure_logging(log_format)
     # uvicorn turns SIGINT/SIGTERM into a graceful shutdown of its server; the finally blocks above
     # then stop the fleet and the control plane.
     with contextlib.suppress(KeyboardInterrupt), asyncio.Runner(loop_factory=loop_factory()) as runner:

@@ -90,7 +90,9 @@ class AsyncCorral:
     ) -> Any:
         """One request, no retries: the decoded JSON body, or a typed ``CorralError``."""
         try:
-            response = await self._http.request(method, path, json=json, params=params, headers=headers)
+            response = await self._http.request(
+                method, path, json=json, params=params, headers=wire.with_request_id(headers)
+            )
         except httpx.TransportError as exc:
             raise Unreachable.from_transport(exc, self.url) from exc
         return wire.body_of(response)

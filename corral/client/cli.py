@@ -22,7 +22,8 @@ from typing import Annotated, Any, NoReturn
 
 import httpx
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.live import Live
 from rich.table import Table
 
 from corral.client.async_client import AsyncCorral
@@ -31,6 +32,8 @@ from corral.client.client import Corral
 from corral.client.credentials import write_private
 from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unreachable
 from corral.client.retry import RetryPolicy
+from corral.client.top import DATA_PATH as TOP_DATA_PATH
+from corral.client.top import render as render_top
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 2
@@ -353,6 +356,89 @@ def kill_command(
     typer.echo(f"killed {sandbox_id}")
 
 
+def explain_command(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="Sandbox id.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Why a sandbox went where it went: candidates, scores, rejections, the store's choice."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            doc = client.sandboxes.placement(sandbox_id)
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json(doc)
+        return
+    render_explanation(doc, Console())
+
+
+def render_explanation(doc: dict[str, Any], console: Console) -> None:
+    req = doc.get("request", {})
+    console.print(
+        f"[bold]{doc.get('outcome', '?')}[/] on {doc.get('host') or '-'}: "
+        f"{req.get('memory_mb')} MiB, {req.get('cpus')} cpu{', stateful' if req.get('stateful') else ''}"
+    )
+    if doc.get("why"):
+        console.print(doc["why"])
+    for n, a in enumerate(doc.get("attempts", []), 1):
+        table = Table(
+            title=f"attempt {n}: {a.get('checked')} hosts checked, view {a.get('view_age_s')} s old, "
+            f"outcome {a.get('outcome', '-')}",
+            title_justify="left",
+        )
+        for column in ("host", "score", "verdict"):
+            table.add_column(column, no_wrap=True)
+        offered = set(a.get("offered_to_store", []))
+        for c in a.get("candidates", []):
+            verdict = (
+                "store chose"
+                if c["host"] == a.get("store_choice")
+                else ("offered to store" if c["host"] in offered else "sampled")
+            )
+            if c["host"] == a.get("placer_choice"):
+                verdict += ", placer's first"
+            table.add_row(c["host"], f"{c['score']:.4f}", verdict)
+        for r in a.get("rejected", []):
+            table.add_row(r["host"], "", f"rejected: {r['filter']}")
+        console.print(table)
+    refusal = doc.get("refusal")
+    if refusal:
+        console.print(f"refused {refusal.get('code')}: {refusal.get('reasons')}")
+        for r in refusal.get("rejected", []):
+            console.print(f"  {r['host']}: {r['filter']}")
+    console.print(f"store rule: {doc.get('store_rule', '')}")
+
+
+def top_command(
+    ctx: typer.Context,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+) -> None:
+    """The fleet live: per-host load, memory and latency, refusals (admin token)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+
+            def frame() -> RenderableType:
+                return render_top(client.request("GET", TOP_DATA_PATH))
+
+            if once:
+                Console().print(frame())
+                return
+            with Live(frame(), auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(frame(), refresh=True)
+    except CorralError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        pass
+
+
 COMMANDS: dict[str, Callable[..., None]] = {
     "burst": burst_command,
     "ps": ps_command,
@@ -360,4 +446,6 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "tokens": tokens_command,
     "exec": exec_command,
     "kill": kill_command,
+    "explain": explain_command,
+    "top": top_command,
 }

@@ -89,7 +89,9 @@ class Corral:
     ) -> Any:
         """One request, no retries: the decoded JSON body, or a typed ``CorralError``."""
         try:
-            response = self._http.request(method, path, json=json, params=params, headers=headers)
+            response = self._http.request(
+                method, path, json=json, params=params, headers=wire.with_request_id(headers)
+            )
         except httpx.TransportError as exc:
             raise Unreachable.from_transport(exc, self.url) from exc
         return wire.body_of(response)
@@ -212,6 +214,11 @@ class Sandboxes:
 
     def delete(self, sandbox_id: str) -> None:
         self._client.request("DELETE", wire.sandbox_path(sandbox_id))
+
+    def placement(self, sandbox_id: str) -> dict[str, Any]:
+        """Why the sandbox went where it went: its create's recorded decision."""
+        data: dict[str, Any] = self._client.request("GET", wire.sandbox_path(sandbox_id) + "/placement")
+        return data
 
     def exec(
         self,

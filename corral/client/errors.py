@@ -36,6 +36,8 @@ class CorralError(Exception):
         self.status = status
         self.retry_after_s = retry_after_s
         self.details: dict[str, Any] = dict(details or {})
+        # The request id the server logged this request under (None when no response came back).
+        self.request_id: str | None = None
 
     @property
     def retryable(self) -> bool:
@@ -45,7 +47,8 @@ class CorralError(Exception):
         )
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+        where = f" (request {self.request_id})" if self.request_id else ""
+        return f"{self.code}: {self.message}{where}"
 
 
 class Unauthorized(CorralError):
@@ -256,7 +259,12 @@ def error_from_response(response: httpx.Response) -> CorralError:
         cls = CorralError
     if code is None:
         code = _BY_STATUS[status].code if status in _BY_STATUS else _status_code_name(status)
-    return cls(message, code=code, status=status, retry_after_s=retry_after, details=details)
+    err = cls(message, code=code, status=status, retry_after_s=retry_after, details=details)
+    rid = response.headers.get("x-request-id")
+    if rid is None and response._request is not None:  # a response built by hand has no request
+        rid = response._request.headers.get("x-request-id")
+    err.request_id = rid[:128] if rid else None
+    return err
 
 
 def _status_code_name(status: int) -> str:

@@ -119,7 +119,7 @@ class RetryBudget:
     def exhausted(self, error: CorralError, elapsed: float) -> CapacityUnavailable:
         first = self.first_refusal_at if self.first_refusal_at is not None else self.started_at
         seen = ", ".join(f"{n} {code}" for code, n in self.refusals.most_common())
-        return CapacityUnavailable(
+        out = CapacityUnavailable(
             f"not placed after {self.attempts} attempts in {elapsed:.1f}s ({seen}); last: {error.message}",
             code=error.code,
             attempts=self.attempts,
@@ -130,6 +130,8 @@ class RetryBudget:
             retry_after_s=error.retry_after_s,
             details=error.details,
         )
+        out.request_id = error.request_id  # the last attempt's
+        return out
 
     def stats(self) -> CreateStats:
         """What it took to succeed (call on success)."""

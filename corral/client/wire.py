@@ -4,6 +4,7 @@ becomes a value or a typed error. Nothing here performs I/O."""
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -17,6 +18,7 @@ URL_ENV = "CORRAL_URL"
 TOKEN_ENV = "CORRAL_TOKEN"
 DEFAULT_TIMEOUT_S = 30.0
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
 def resolve_url(url: str | None) -> str:
@@ -37,6 +39,14 @@ def headers(token: str | None) -> dict[str, str]:
     out = {"Accept": "application/json", "User-Agent": "corral-sdk"}
     if token:
         out["Authorization"] = f"Bearer {token}"
+    return out
+
+
+def with_request_id(extra: Mapping[str, str] | None) -> dict[str, str]:
+    """Per-request headers: the caller's, plus a fresh request id the server logs and echoes back, so
+    an error can be found in the server's logs."""
+    out = dict(extra or {})
+    out.setdefault(REQUEST_ID_HEADER, uuid.uuid4().hex)
     return out
 
 

@@ -17,6 +17,7 @@ from corral.agent.errors import AgentError, AgentRefusal, Code
 from corral.control.binding import elsewhere_reason
 from corral.control.create import CreateFlow, CreateSpec
 from corral.control.errors import InvalidRequest
+from corral.control.explain import Explanation
 from corral.control.view import FleetSnapshot
 from corral.core import CreateRequest, Ledger, NoCapacity, NoHealthyHosts, Scheduler
 from corral.store import ReservationRecord, ReserveItem, SandboxRecord, SandboxState
@@ -48,7 +49,9 @@ class BatchCreate:
             flow.observe_success(p, started, tenant_id, None)
         return placed
 
-    async def _decide(self, records: list[SandboxRecord], snap: FleetSnapshot) -> list[ReserveItem]:
+    async def _decide(
+        self, records: list[SandboxRecord], snap: FleetSnapshot, explains: dict[str, Explanation]
+    ) -> list[ReserveItem]:
         flow = self.flow
         first = records[0]
         req = CreateRequest(memory_mb=first.memory_mb, cpu=first.cpus, stateful=first.stateful)
@@ -57,7 +60,12 @@ class BatchCreate:
         base = flow.view.pending_fn(snap)
         items = []
         for rec in records:
+            explain = explains[rec.id] = Explanation(req)
             decision, _ = sched.schedule(snap.hosts, req, now=flow.clock.now(), base_pending=base)
+            # A batch reserves exactly the hosts its decisions chose, all or nothing.
+            attempt = explain.decided(decision)
+            attempt.offered([decision.host.id])
+            attempt.took(decision.host.id)
             items.append(ReserveItem(decision.host.id, decision.charge_mb, req.cpu, rec.id))
         return items
 
@@ -68,14 +76,17 @@ class BatchCreate:
         cfg = flow.config
         snap = await flow.view.get()
         reserved: list[ReservationRecord] | None = None
+        explains: dict[str, Explanation] = {}
         for fresh in (False, True):
             if fresh:
                 snap = await flow.view.get(fresh=True)  # a cached absence is not a death
             try:
-                items = await self._decide(records, snap)
+                items = await self._decide(records, snap, explains)
             except (NoCapacity, NoHealthyHosts) as refusal:
                 if fresh:
-                    raise flow.refused(refusal, snap, Counter()) from None
+                    # the member that could not be placed: the one whose explanation has no attempt
+                    failed = next((e for e in explains.values() if not e.attempts), None)
+                    raise flow.refused(refusal, snap, Counter(), failed) from None
                 continue
             reserved = await flow.store.reserve_batch(
                 items, owner=cfg.replica_id, ttl_s=cfg.timeouts.reservation_ttl_s
@@ -91,7 +102,7 @@ class BatchCreate:
         gates: dict[str, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(PER_HOST_STARTS))
         results = await asyncio.gather(
             *(
-                self._start(rec, res, snap, env, gates[res.host_id])
+                self._start(rec, res, snap, env, gates[res.host_id], explains[rec.id])
                 for rec, res in zip(records, reserved, strict=True)
             ),
             return_exceptions=True,
@@ -119,6 +130,7 @@ class BatchCreate:
         snap: FleetSnapshot,
         env: Mapping[str, str],
         gate: asyncio.Semaphore,
+        explain: Explanation,
     ) -> SandboxRecord:
         flow = self.flow
         address = snap.address(res.host_id)
@@ -134,10 +146,12 @@ class BatchCreate:
                     if e.code != Code.STARTS_SATURATED or attempt == SATURATED_RETRIES:
                         raise
                     await asyncio.sleep(0.05 * (attempt + 1))
+        explain.placed(res.host_id, res.id)
         return await flow.store.set_sandbox_state(
             record.id,
             SandboxState.RUNNING,
             expect=SandboxState.RESERVED,
             host_id=res.host_id,
             reservation_id=res.id,
+            placement=explain.to_json(),
         )

@@ -22,6 +22,7 @@ from corral.control.agents import AgentDirectory
 from corral.control.binding import Binder, as_bad_gateway, elsewhere_reason
 from corral.control.config import ControlConfig
 from corral.control.errors import Conflict, InvalidRequest, NotFound, OverQuota, Unavailable
+from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
 from corral.control.retry import RetryAfter
 from corral.control.view import FleetSnapshot, ViewCache
@@ -40,6 +41,7 @@ from corral.core import (
     candidate_limit,
 )
 from corral.ids import random_hex
+from corral.logs import note
 from corral.store import (
     IdempotencyMismatch,
     NameConflict,
@@ -197,6 +199,7 @@ class CreateFlow:
         started = self.clock.now()
         record, replayed = await self.new_record(tenant_id, spec, idempotency_key)
         if replayed:
+            note(outcome="replayed", sandbox_id=record.id)
             return await self._replay(record), True
         try:
             placed = await self._place_and_bind(record, dict(spec.env))
@@ -229,8 +232,10 @@ class CreateFlow:
         self, placed: SandboxRecord, started: float, tenant_id: str, idempotency_key: str | None
     ) -> None:
         host = placed.host_id or ""
+        latency = max(0.0, self.clock.now() - started)
         self.metrics.placements.labels(host).inc()
-        self.metrics.create_latency.labels(host).observe(max(0.0, self.clock.now() - started))
+        self.metrics.create_latency.labels(host).observe(latency)
+        note(sandbox_id=placed.id, create_ms=round(latency * 1000, 2))
         if idempotency_key:
             first = self._first_refusal.pop(f"{tenant_id}/{idempotency_key}", None)
             if first is not None:
@@ -243,11 +248,22 @@ class CreateFlow:
         with contextlib.suppress(Exception):
             await self.store.delete_sandbox(record.id, forget_idempotency=True)
 
-    def refused(self, refusal: Refusal, snap: FleetSnapshot, extra: Counter[str]) -> Unavailable:
+    def refused(
+        self,
+        refusal: Refusal,
+        snap: FleetSnapshot,
+        extra: Counter[str],
+        explain: Explanation | None = None,
+    ) -> Unavailable:
         reasons = Counter(refusal.reasons)
         reasons.update(extra)
         code = refusal.code
         self.metrics.refusals.labels(code).inc()
+        details: dict[str, object] = {"checked": refusal.checked, "reasons": dict(reasons)}
+        note(outcome=code, reasons=dict(reasons))
+        if explain is not None:
+            explain.refused(refusal, code, dict(reasons))
+            details["placement"] = explain.as_dict()
         parts = ", ".join(f"{n} {r}" for r, n in reasons.most_common())
         msg = f"{len(snap.hosts)} hosts: {parts}" if parts else f"{len(snap.hosts)} hosts"
         retry = self.retry_after.estimate(code, snap)
@@ -255,7 +271,7 @@ class CreateFlow:
             msg,
             code=code,
             retry_after_s=retry,
-            details={"checked": refusal.checked, "reasons": dict(reasons)},
+            details=details,
         )
 
     async def _place_and_bind(self, record: SandboxRecord, env: dict[str, str]) -> SandboxRecord:
@@ -265,6 +281,7 @@ class CreateFlow:
         elsewhere: Counter[str] = Counter()  # why hosts that were tried did not take it
         reread = False
         attempts = 0
+        explain = Explanation(req)
         snap = await self.view.get()
         while True:
             try:
@@ -282,15 +299,16 @@ class CreateFlow:
                     reread = True
                     snap = await self.view.get(fresh=True)
                     continue
-                raise self.refused(refusal, snap, elsewhere) from None
+                raise self.refused(refusal, snap, elsewhere, explain) from None
             if attempts >= cfg.max_attempts:
-                raise self.refused(NoCapacity({}, len(snap.hosts)), snap, elsewhere)
+                raise self.refused(NoCapacity({}, len(snap.hosts)), snap, elsewhere, explain)
             attempts += 1
+            attempt = explain.decided(decision)
             self.metrics.view_age.observe(decision.view_age_s)
             # Claim locally before the first await, so this replica's concurrent decisions see it.
             claim = self.view.claim(decision.host.id, decision.charge_mb, req.cpu)
             try:
-                res = await self._reserve(decision, req, record)
+                res = await self._reserve(decision, req, record, attempt)
             except BaseException:
                 claim.release()
                 raise
@@ -309,12 +327,21 @@ class CreateFlow:
             host_id, address = res.host_id, snap.address(res.host_id)
             try:
                 await self.binder.start(record, host_id, address, env, await self.pids_of(record.template))
+                explain.placed(host_id, res.id)
+                note(
+                    outcome="placed",
+                    host=host_id,
+                    placer_choice=decision.host.id,
+                    attempts=attempts,
+                    view_age_s=round(decision.view_age_s, 3),
+                )
                 return await self.store.set_sandbox_state(
                     record.id,
                     SandboxState.RUNNING,
                     expect=SandboxState.RESERVED,
                     host_id=host_id,
                     reservation_id=res.id,
+                    placement=explain.to_json(),
                 )
             except BaseException as exc:
                 # Whatever went wrong, nothing this attempt took may outlive it.
@@ -328,11 +355,12 @@ class CreateFlow:
                         raise as_bad_gateway(host_id, exc) from exc
                     raise
             elsewhere[reason] += 1
+            attempt.outcome(f"bind_refused:{reason}")
             self.metrics.agent_refusals.labels(host_id, reason).inc()
             exclude.add(host_id)
 
     async def _reserve(
-        self, decision: Decision, req: CreateRequest, record: SandboxRecord
+        self, decision: Decision, req: CreateRequest, record: SandboxRecord, attempt: Attempt | None = None
     ) -> ReservationRecord | None:
         """The durable claim. Spreading, the store chooses among the sampled candidates by its current
         totals (replicas see each other's in-flight work at commit); packing, it is the chosen host."""
@@ -344,11 +372,17 @@ class CreateFlow:
             "sandbox_id": record.id,
         }
         if self.config.strategy is Strategy.PACK:
-            return await self.store.reserve(decision.host.id, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
-        # Only candidates charged the same as the chosen one (same admission mode) share its charge.
-        mode = decision.host.memory_admission
-        candidates = [h.id for h in decision.candidates if h.memory_admission is mode]
-        return await self.store.reserve_best(candidates, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
+            candidates = [decision.host.id]
+            res = await self.store.reserve(decision.host.id, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
+        else:
+            # Only candidates charged the same as the chosen one (same admission mode) share its charge.
+            mode = decision.host.memory_admission
+            candidates = [h.id for h in decision.candidates if h.memory_admission is mode]
+            res = await self.store.reserve_best(candidates, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
+        if attempt is not None:
+            attempt.offered(candidates)
+            attempt.took(res.host_id if res is not None else None)
+        return res
 
     async def cancel_quietly(self, reservation_id: str) -> None:
         """End a claim at once. If the store cannot be told now, the replica's lease or the

@@ -82,6 +82,7 @@ def build_local_fleet(
     max_concurrent_starts: int = 8,
     state_root: Path | None = None,
     seed: int | None = None,
+    settle_s: float | None = None,
 ) -> LocalFleet:
     async def sink(hb: Heartbeat) -> None:
         await plane.heartbeat(hb)
@@ -102,6 +103,7 @@ def build_local_fleet(
             clock=plane.clock,
             heartbeat_interval_s=heartbeat_interval_s,
             sink=sink,
+            settle_s=settle_s,
         )
         agents.append(agent)
         directory.add(host_id, LocalAgentClient(agent))

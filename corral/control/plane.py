@@ -251,7 +251,13 @@ class ControlPlane:
             own = sender.host_id == hb.agent_id
             if not (own or (sender.host_id is None and self.shared_agent_token)):
                 raise Forbidden(f"this agent token does not speak for host {hb.agent_id}")
-        return await self.heartbeats.accept(hb)
+        result = await self.heartbeats.accept(hb)
+        last = self.view.last
+        if last is not None and hb.agent_id not in last.records:
+            # A host the cached view has never seen: its absence there was only the cache's age (at
+            # start-up, a view read before the rest of the fleet's first heartbeats).
+            self.view.invalidate()
+        return result
 
     async def hosts(self) -> list[HostStatus]:
         snap = await self.view.get(fresh=True)

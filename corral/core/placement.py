@@ -29,6 +29,9 @@ class Decision:
     charge_mb: int
     # Feasible hosts this decision scored, best first (``host`` is the first).
     candidates: tuple[HostView, ...] = ()
+    # The score of each candidate, and the hosts filters rejected (host id, filter), bounded.
+    scores: tuple[float, ...] = ()
+    rejected: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +57,8 @@ class Placer:
         choice = self.selector.select(hosts, req, ctx, self.filters, self.scorer, rng)
         if choice.host is None:
             if not hosts or choice.reasons.get(Reason.STALE, 0) == choice.checked:
-                raise NoHealthyHosts(choice.reasons, choice.checked)
-            raise NoCapacity(choice.reasons, choice.checked)
+                raise NoHealthyHosts(choice.reasons, choice.checked, rejected=choice.rejected)
+            raise NoCapacity(choice.reasons, choice.checked, rejected=choice.rejected)
         oldest = choice.oldest_heartbeat_at if choice.oldest_heartbeat_at is not None else now
         return Decision(
             choice.host,
@@ -65,6 +68,8 @@ class Placer:
             max(0.0, now - oldest),
             request_charge_mb(req, choice.host.memory_admission, self.policy),
             choice.candidates,
+            choice.scores,
+            choice.rejected,
         )
 
 

@@ -3,16 +3,24 @@ the other says "your fleet is gone" and should page a human."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 class Refusal(Exception):
     code: str = "refused"
     retryable: bool = True
 
-    def __init__(self, reasons: Mapping[str, int], checked: int, message: str | None = None) -> None:
+    def __init__(
+        self,
+        reasons: Mapping[str, int],
+        checked: int,
+        message: str | None = None,
+        rejected: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self.reasons = dict(reasons)
         self.checked = checked
+        # (host id, filter) for the first hosts rejected: the refusal's explanation, bounded.
+        self.rejected = tuple(rejected)
         super().__init__(message or self.describe())
 
     def describe(self) -> str:

@@ -35,9 +35,15 @@ class Choice:
     # The feasible hosts this decision scored, best first (at most ``MAX_CANDIDATES``): what a
     # commit step may still choose among with fresher numbers than this decision had.
     candidates: tuple[HostView, ...] = ()
+    # The score of each of ``candidates``, in the same order.
+    scores: tuple[float, ...] = ()
+    # (host id, the filter that rejected it) for the first ``MAX_REJECTED`` hosts that failed one: what
+    # an explanation shows; ``reasons`` still counts every rejection.
+    rejected: tuple[tuple[str, str], ...] = ()
 
 
 MAX_CANDIDATES = 8
+MAX_REJECTED = 16
 
 
 class Selector(ABC):
@@ -60,16 +66,19 @@ def _scan(
     req: CreateRequest,
     ctx: FilterContext,
     filters: Sequence[Filter],
-) -> tuple[list[HostView], dict[str, int]]:
+) -> tuple[list[HostView], dict[str, int], list[tuple[str, str]]]:
     feasible: list[HostView] = []
     reasons: dict[str, int] = {}
+    rejected: list[tuple[str, str]] = []
     for h in hosts:
         r = first_failure(h, req, ctx, filters)
         if r is None:
             feasible.append(h)
         else:
             reasons[r] = reasons.get(r, 0) + 1
-    return feasible, reasons
+            if len(rejected) < MAX_REJECTED:
+                rejected.append((h.id, r))
+    return feasible, reasons, rejected
 
 
 def _best(
@@ -100,18 +109,25 @@ def _best(
             if rng.random() * ties < 1.0:  # reservoir: each tied host wins with probability 1/ties
                 best = h
     if len(scored) <= 2:
-        ranked = [t[2] for t in sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)]
+        top = sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)
     else:
-        ranked = [t[2] for t in heapq.nlargest(MAX_CANDIDATES, scored, key=lambda t: (t[0], t[1]))]
-    if best is not None and (not ranked or ranked[0] is not best):
+        top = heapq.nlargest(MAX_CANDIDATES, scored, key=lambda t: (t[0], t[1]))
+    if best is not None and (not top or top[0][2] is not best):
         # a random tiebreak may have chosen a host the top list cut: the chosen one always leads
-        ranked = [best, *(h for h in ranked if h is not best)][:MAX_CANDIDATES]
-    return Choice(best, best_score, oldest_heartbeat_at=oldest, candidates=tuple(ranked))
+        top = [(best_score, 0, best), *(t for t in top if t[2] is not best)][:MAX_CANDIDATES]
+    return Choice(
+        best,
+        best_score,
+        oldest_heartbeat_at=oldest,
+        candidates=tuple(t[2] for t in top),
+        scores=tuple(t[0] for t in top),
+    )
 
 
-def _choice(best: Choice, reasons: dict[str, int], checked: int) -> Choice:
+def _choice(best: Choice, reasons: dict[str, int], checked: int, rejected: list[tuple[str, str]]) -> Choice:
     best.reasons = reasons
     best.checked = checked
+    best.rejected = tuple(rejected)
     return best
 
 
@@ -140,6 +156,7 @@ class PowerOfK(Selector):
             return FullScan().select(hosts, req, ctx, filters, scorer, rng)
         feasible: list[HostView] = []
         reasons: dict[str, int] = {}
+        rejected: list[tuple[str, str]] = []
         seen: set[int] = set()
         probes = 0
         limit = max(self.max_probes, 2 * self.k)
@@ -156,14 +173,16 @@ class PowerOfK(Selector):
                 feasible.append(h)
             else:
                 reasons[r] = reasons.get(r, 0) + 1
+                if len(rejected) < MAX_REJECTED:
+                    rejected.append((h.id, r))
         checked = len(seen)
         if not feasible:
             # Most of the fleet is infeasible: look at all of it, then still choose among K at random.
-            feasible, reasons = _scan(hosts, req, ctx, filters)
+            feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
             checked = n
             if len(feasible) > self.k:
                 feasible = rng.sample(feasible, self.k)
-        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, checked)
+        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, checked, rejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +198,8 @@ class FullScan(Selector):
         scorer: Scorer,
         rng: random.Random,
     ) -> Choice:
-        feasible, reasons = _scan(hosts, req, ctx, filters)
-        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, len(hosts))
+        feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
+        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, len(hosts), rejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +215,8 @@ class Naive(Selector):
         scorer: Scorer,
         rng: random.Random,
     ) -> Choice:
-        feasible, reasons = _scan(hosts, req, ctx, filters)
-        return _choice(_best(feasible, req, ctx, scorer, None), reasons, len(hosts))
+        feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
+        return _choice(_best(feasible, req, ctx, scorer, None), reasons, len(hosts), rejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +235,8 @@ class Jitter(Selector):
         scorer: Scorer,
         rng: random.Random,
     ) -> Choice:
-        feasible, reasons = _scan(hosts, req, ctx, filters)
-        return _choice(_best(feasible, req, ctx, scorer, rng, self.amplitude), reasons, len(hosts))
+        feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
+        return _choice(_best(feasible, req, ctx, scorer, rng, self.amplitude), reasons, len(hosts), rejected)
 
 
 def candidate_limit(n: int) -> int:

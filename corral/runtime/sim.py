@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from corral.core.clock import Clock, SystemClock
+from corral.core.settle import DEFAULT_SETTLE_S
 from corral.core.touch import TouchModel, TouchProfile
 from corral.runtime.base import ExecResult, RuntimeFailure, SandboxHandle, SandboxNotFound, SandboxSpec
 
@@ -56,6 +57,9 @@ class SimRuntime:
     """
 
     name = "sim"
+    # A modelled guest faults its working set in over seconds (the touch model's ramp): a reading
+    # before then understates what the sandbox will hold.
+    memory_settle_s = DEFAULT_SETTLE_S
 
     def __init__(
         self,

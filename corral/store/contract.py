@@ -545,10 +545,22 @@ class Store(ABC):
         expect_version: int | None = None,
         host_id: str | _Unset | None = UNSET,
         reservation_id: str | _Unset | None = UNSET,
+        placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord:
-        """Compare-and-set: move the sandbox to ``state`` (and, when given, set its owner host and
-        reservation) only if it is currently in ``expect`` and at ``expect_version``; two deciders
-        cannot both move it. Raises :class:`StateConflict` on a lost race, :class:`NotFound`."""
+        """Compare-and-set: move the sandbox to ``state`` (and, when given, set its owner host,
+        reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
+        at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
+        lost race, :class:`NotFound`."""
+
+    @abstractmethod
+    async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
+        """Per host: (sandboxes placed there created at or after ``since``, configured MiB of its live
+        sandboxes). What an operator's view shows beside each host's heartbeat."""
+
+    @abstractmethod
+    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
+        """The placement explanation (JSON text) kept with the sandbox, or None when none was kept.
+        Raises :class:`NotFound` when the sandbox does not exist (or is another tenant's)."""
 
     @abstractmethod
     async def set_sandbox_expiry(self, sandbox_id: str, expires_at: float | None) -> SandboxRecord:

@@ -152,12 +152,16 @@ _V4 = (
     "ALTER TABLE templates ADD COLUMN pids BIGINT NOT NULL DEFAULT 512",
     "ALTER TABLE sandboxes ADD COLUMN oom_kills BIGINT NOT NULL DEFAULT 0",
 )
+# Why a create went where it went: a compact JSON document written by the same UPDATE that marks the
+# sandbox placed, so a sandbox and its explanation never disagree.
+_V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
     Migration(3, "host identity: per-host agent tokens and keys, token sources, revocation epoch", _V3),
     Migration(4, "template pids limit, sandbox OOM kills", _V4),
+    Migration(6, "placement explanation on the sandbox row", _V6),
 )
 
 LATEST = MIGRATIONS[-1].version

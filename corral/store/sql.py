@@ -786,6 +786,7 @@ class SqlStore(Store):
         expect_version: int | None = None,
         host_id: str | _Unset | None = UNSET,
         reservation_id: str | _Unset | None = UNSET,
+        placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord:
         try:
             new_state = SandboxState(state)
@@ -801,6 +802,9 @@ class SqlStore(Store):
         if not isinstance(reservation_id, _Unset):
             sets.append("reservation_id = :rid")
             params["rid"] = reservation_id
+        if not isinstance(placement, _Unset):
+            sets.append("placement = :pl")
+            params["pl"] = placement
         where = ["id = :id"]
         if expected is not None:
             clause, sp = in_list("x", sorted(s.value for s in expected))
@@ -858,6 +862,40 @@ class SqlStore(Store):
             return rows.sandbox_from_row(row)
 
         return await self._write(run)
+
+    async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
+        live, params = in_list("l", sorted(s.value for s in LIVE_STATES))
+
+        async def run(tx: Tx) -> dict[str, tuple[int, int]]:
+            placed = await tx.fetchall(
+                "SELECT host_id, count(*) FROM sandboxes WHERE created_at >= :t AND host_id IS NOT NULL "
+                "GROUP BY host_id",
+                {"t": since},
+            )
+            committed = await tx.fetchall(
+                f"SELECT host_id, CAST(sum(memory_mb) AS BIGINT) FROM sandboxes WHERE state IN {live} "
+                "AND host_id IS NOT NULL GROUP BY host_id",
+                params,
+            )
+            out: dict[str, tuple[int, int]] = {}
+            for h, n in placed:
+                out[h] = (int(n), 0)
+            for h, mb in committed:
+                out[h] = (out.get(h, (0, 0))[0], int(mb or 0))
+            return out
+
+        return await self._read(run)
+
+    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
+        async def run(tx: Tx) -> str | None:
+            row = await tx.fetchone(
+                "SELECT tenant_id, placement FROM sandboxes WHERE id = :id", {"id": sandbox_id}
+            )
+            if row is None or (tenant_id is not None and row[0] != tenant_id):
+                raise NotFound(f"sandbox {sandbox_id!r}")
+            return None if row[1] is None else str(row[1])
+
+        return await self._read(run)
 
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
         async def run(tx: Tx) -> SandboxRecord | None:

@@ -29,6 +29,8 @@ async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: Manual
     await agent.start(StartSandbox(id="web", memory_mb=4096, cpus=2.0, template="python"))
     await agent.start(StartSandbox(id="db", memory_mb=2048, cpus=1.0, stateful=True))
     clock.advance(30)
+    await agent.measure()  # a reading replaces the reserve once two agree
+    clock.advance(1)
     hb = await agent.beat()
 
     assert hb.agent_id == "host-1" and hb.address == "http://127.0.0.1:7070"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,3 +135,17 @@ def api_args(store: str, port: int, replica_id: str, *extra: str) -> list[str]:
         "0.5",
         *extra,
     ]
+
+
+@contextlib.contextmanager
+def serve_sim(tmp_path: Path, token: str, hosts: int, *extra: str) -> Iterator[Proc]:
+    """``corral serve`` on sim hosts heartbeating every 0.5 s, ready, stopped on exit."""
+    port = free_port()
+    args = ["serve", "--runtime", "sim", "--hosts", str(hosts), "--port", str(port)]
+    args += ["--store", f"sqlite:///{tmp_path / 'corral.db'}", "--heartbeat-interval", "0.5", *extra]
+    proc = start("serve", args, tmp_path, env={"CORRAL_TOKEN": token})
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}")
+        yield proc
+    finally:
+        proc.stop()

@@ -11,37 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .procs import CORRAL, Proc, free_port, start, wait_ready
+from .procs import CORRAL, Proc
+from .procs import serve_sim as serve_sim_proc
 
 TOKEN = "e2e-admin-token-0123456789"
 
 
 @pytest.fixture
 def serve_sim(tmp_path: Path) -> Iterator[Proc]:
-    port = free_port()
-    proc = start(
-        "serve",
-        [
-            "serve",
-            "--runtime",
-            "sim",
-            "--hosts",
-            "12",
-            "--port",
-            str(port),
-            "--store",
-            f"sqlite:///{tmp_path / 'corral.db'}",
-            "--heartbeat-interval",
-            "0.5",
-        ],
-        tmp_path,
-        env={"CORRAL_TOKEN": TOKEN},
-    )
-    try:
-        wait_ready(proc, f"http://127.0.0.1:{port}")
+    with serve_sim_proc(tmp_path, TOKEN, 12) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def admin(url: str) -> httpx.Client:

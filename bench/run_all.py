@@ -1,0 +1,140 @@
+"""Run every benchmark in bench/ and write their figures to a Markdown page (``make bench``).
+
+    .venv/bin/python bench/run_all.py docs/benchmarks.md [--only api,placement]
+
+Each benchmark prints JSON lines that already carry their in-run comparison (a ceiling, a baseline,
+the previous behaviour); this page puts each line's figures side by side, one table per benchmark,
+with the date, the machine and the exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+# Each benchmark and the arguments it runs with here (sized for a few minutes in all).
+BENCHES: dict[str, list[str]] = {
+    "placement": ["--quick"],
+    "sim": ["--creates", "50000"],
+    "store": ["--seconds", "2"],
+    "agent": ["--quick"],
+    "client_retry": [],
+    "runtime": ["--sequential", "20", "--rounds", "3", "--idle", "10"],
+    "api": ["--duration", "5"],
+    "first_run": [],
+}
+WHAT = {
+    "placement": "one placement decision in process, by fleet size and policy; `bare_p2` is the floor",
+    "sim": "the simulator's speed per policy",
+    "store": "reservations per second on each store; the raw ceiling is measured in the same run",
+    "agent": "agent start / heartbeat costs and a start burst against its limiter",
+    "client_retry": "how a refused wave returns per retry strategy, and the SDK's cost per create",
+    "runtime": "process sandboxes: create to first exec, and memory per idle sandbox",
+    "api": "creates/s over HTTP (wrk) beside a bare FastAPI endpoint on the same server settings",
+    "first_run": "`corral serve` + `corral burst -n 50`, beside the same with a 10 s memory settle",
+}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores{mem}; {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}"
+    )
+
+
+def run(name: str, args: list[str]) -> tuple[list[dict[str, Any]], float, str]:
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(HERE / f"{name}.py"), *args], capture_output=True, text=True, check=False
+    )
+    rows = []
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    error = "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["failed"])[-1]
+    return rows, time.monotonic() - started, error
+
+
+def cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":")).replace("|", "\\|")
+    return str(value).replace("|", "\\|")
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    keys: list[str] = []
+    for r in rows:
+        for k in r:
+            if k != "bench" and k not in keys:
+                keys.append(k)
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in rows:
+        lines.append("| " + " | ".join(cell(r.get(k, "")) for k in keys) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--only", default="", help="comma-separated benchmark names")
+    args = parser.parse_args()
+    chosen = [n for n in BENCHES if not args.only or n in args.only.split(",")]
+    page = [
+        "# Benchmarks",
+        "",
+        f"Measured {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {machine()}.",
+        "Written by `make bench` (`bench/run_all.py`); every figure sits beside the comparison its "
+        "benchmark measures in the same run. A shared or busy machine moves absolute numbers; the "
+        "side-by-side ratios move less.",
+        "",
+    ]
+    for name in chosen:
+        print(f"bench/{name}.py ...", file=sys.stderr, flush=True)
+        rows, seconds, error = run(name, BENCHES[name])
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        page += [
+            f"## {name}",
+            "",
+            f"{WHAT[name]}. `bench/{name}.py {' '.join(BENCHES[name])}`, {seconds:.0f} s.",
+            "",
+        ]
+        if error:
+            page += [f"Failed: `{error}`", ""]
+        if rows:
+            page += [*table(rows), ""]
+    args.out.write_text("\n".join(page))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""``/dashboard``: the operators' view in a browser, served by every API process.
+
+An admin token opens it: the login form trades the token for a cookie (HttpOnly, SameSite=Strict,
+scoped to ``/dashboard``) that only these read-only routes accept; no other route reads cookies, so
+the cookie can never create, delete or drain anything. The cookie is an expiry signed with a key
+derived from the admin token, so every replica started with the same token accepts it. Every asset
+ships in the package (uPlot is vendored): the page works with no network beyond this server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import time
+from functools import cache
+from importlib import resources
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, RedirectResponse
+
+from corral.api.auth import Plane, _bearer
+from corral.api.errors import error_response
+from corral.control.fleetview import collect
+from corral.store import Role
+
+router = APIRouter(include_in_schema=False)
+
+COOKIE = "corral_dashboard"
+SESSION_S = 12 * 3600
+MAX_FORM_BYTES = 4096
+ASSETS = {
+    "dashboard.js": "text/javascript",
+    "dashboard.css": "text/css",
+    "uPlot.iife.min.js": "text/javascript",
+    "uPlot.min.css": "text/css",
+    "uPlot.LICENSE": "text/plain",
+}
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; "
+    "form-action 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@cache
+def _asset(name: str) -> bytes:
+    return resources.files("corral.api").joinpath("static", name).read_bytes()
+
+
+def session_key(admin_token: str | None) -> bytes:
+    """The cookie-signing key: derived from the admin token (shared by replicas), or random when this
+    process was not given one (its cookies then open only its own dashboard)."""
+    if admin_token is None:
+        return os.urandom(32)
+    return hashlib.sha256(b"corral-dashboard-session\0" + admin_token.encode()).digest()
+
+
+def _sign(key: bytes, expires: int) -> str:
+    mac = hmac.new(key, f"dashboard:{expires}".encode(), hashlib.sha256).hexdigest()
+    return f"{expires}.{mac}"
+
+
+def _valid(key: bytes, value: str | None, now: float) -> bool:
+    if not value or len(value) > 128:
+        return False
+    expires, _, _mac = value.partition(".")
+    if not expires.isdigit() or int(expires) < now:
+        return False
+    return hmac.compare_digest(_sign(key, int(expires)), value)
+
+
+async def _authorized(request: Request, plane: Plane) -> bool:
+    if _valid(request.app.state.dashboard_key, request.cookies.get(COOKIE), time.time()):
+        return True
+    token = _bearer(request)
+    if token is None:
+        return False
+    p = await plane.store.resolve_token(token)
+    return p is not None and p.role is Role.ADMIN
+
+
+def _page(name: str, status: int = 200, message: str = "") -> Response:
+    body = _asset(name).replace(b"{{message}}", message.encode())
+    return Response(body, status_code=status, media_type="text/html; charset=utf-8", headers=_HEADERS)
+
+
+@router.get("/dashboard")
+async def dashboard(request: Request, plane: Plane) -> Response:
+    if await _authorized(request, plane):
+        return _page("dashboard.html")
+    return _page("login.html")
+
+
+@router.post("/dashboard/login")
+async def login(request: Request, plane: Plane) -> Response:
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return _page("login.html", 413, "That is not a token.")
+    try:
+        form = parse_qs(body.decode("utf-8"), max_num_fields=4)
+    except (UnicodeDecodeError, ValueError):
+        form = {}
+    token = (form.get("token") or [""])[0].strip()
+    p = await plane.store.resolve_token(token) if token else None
+    if p is None or p.role is not Role.ADMIN:
+        return _page("login.html", 401, "An admin token is needed.")
+    response = RedirectResponse("/dashboard", status_code=303, headers=_HEADERS)
+    expires = int(time.time()) + SESSION_S
+    response.set_cookie(
+        COOKIE,
+        _sign(request.app.state.dashboard_key, expires),
+        max_age=SESSION_S,
+        path="/dashboard",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.post("/dashboard/logout")
+async def logout() -> Response:
+    response = RedirectResponse("/dashboard", status_code=303, headers=_HEADERS)
+    response.delete_cookie(COOKIE, path="/dashboard")
+    return response
+
+
+@router.get("/dashboard/data.json")
+async def data(request: Request, plane: Plane) -> Response:
+    if not await _authorized(request, plane):
+        return error_response(401, "unauthorized", "an admin token or the dashboard cookie is needed")
+    return JSONResponse(await collect(plane), headers={"Cache-Control": "no-store"})
+
+
+@router.get("/dashboard/assets/{name}")
+async def asset(name: str) -> Response:
+    media = ASSETS.get(name)
+    if media is None:
+        return Response(status_code=404)
+    return Response(
+        _asset(name),
+        media_type=media,
+        headers={
+            "Cache-Control": "max-age=3600",
+            **{k: v for k, v in _HEADERS.items() if k != "Cache-Control"},
+        },
+    )

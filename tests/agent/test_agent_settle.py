@@ -1,0 +1,107 @@
+"""When a sandbox's measured memory replaces its reserve: the runtime's settle time, then two readings
+that agree; and the heartbeat that follows at once so the control plane sees the room."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+
+import pytest
+
+from corral.agent import Agent
+from corral.agent.protocol import Heartbeat, StartSandbox
+from corral.core import AdmissionMode, ManualClock
+from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
+from corral.runtime.sim import SimRuntime
+
+
+class ExactRuntime(SimRuntime):
+    """Readings exact from the first page and flat, as a process in its own memory cgroup."""
+
+    memory_settle_s = 0.0
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        await super().resident_mb(sandbox_id)  # still raises for an unknown sandbox
+        return 1
+
+
+class RampingRuntime(SimRuntime):
+    """A guest that ramps (the sim touch model) but claims its readings are good from the start."""
+
+    memory_settle_s = 0.0
+
+
+def test_settle_rule() -> None:
+    rule = SettleRule(settle_s=10.0)
+    assert not rule.trusted(9.9, 300, 300)  # too young, however stable
+    assert not rule.trusted(60.0, 300, None)  # one reading is not a trend
+    assert rule.trusted(10.0, 300, 299)
+    assert not rule.trusted(12.0, 300, 250)  # still rising
+    assert rule.trusted(0.0, 1, 1) is False and SettleRule(0.0).trusted(0.0, 1, 1)
+    with pytest.raises(ValueError):
+        SettleRule(-1.0)
+
+
+def test_each_runtime_declares_its_settle_time(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
+    from corral.runtime.process import ProcessRuntime
+
+    assert ProcessRuntime.memory_settle_s == 0.0
+    assert SimRuntime.memory_settle_s == DEFAULT_SETTLE_S
+    assert make_agent().settle_s == DEFAULT_SETTLE_S
+    assert make_agent(runtime=ExactRuntime(clock, random.Random(1))).settle_s == 0.0
+    assert make_agent(runtime=ExactRuntime(clock, random.Random(1)), settle_s=3.0).settle_s == 3.0
+
+
+async def test_a_guest_keeps_its_reserve_through_its_ramp(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    agent = make_agent(admission=AdmissionMode.WORKING_SET)
+    await agent.start(StartSandbox(id="vm", memory_mb=2048))
+    for _ in range(36):  # a reading every 0.25 s for 9 s
+        clock.advance(0.25)
+        await agent.measure()
+        assert agent.list()[0].resident_mb is None and agent.list()[0].charged_mb == 512
+
+
+async def test_a_ramping_reading_is_not_trusted_even_with_no_settle_time(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    agent = make_agent(admission=AdmissionMode.WORKING_SET, runtime=RampingRuntime(clock, random.Random(2)))
+    await agent.start(StartSandbox(id="vm", memory_mb=2048))
+    for _ in range(4):  # the first second of the ramp: every reading well above the one before
+        clock.advance(0.25)
+        await agent.measure()
+        assert agent.list()[0].resident_mb is None
+
+
+async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    beats: list[Heartbeat] = []
+    roomier = asyncio.Event()
+
+    async def sink(hb: Heartbeat) -> None:
+        beats.append(hb)
+        if len(beats) > 1 and hb.memory_mb_admittable > beats[0].memory_mb_admittable:
+            roomier.set()
+
+    # A heartbeat interval far longer than the test: only the early beat can set the event.
+    agent = make_agent(
+        admission=AdmissionMode.WORKING_SET,
+        runtime=ExactRuntime(clock, random.Random(3)),
+        sink=sink,
+        heartbeat_interval_s=600.0,
+    )
+    for i in range(3):
+        await agent.start(StartSandbox(id=f"p{i}", memory_mb=512))
+    loop = asyncio.create_task(agent.run_heartbeats())
+    try:
+        await asyncio.wait_for(roomier.wait(), timeout=60)
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    assert beats[0].memory_mb_admittable == 16_384 - 2048 - 3 * 512  # three reserves (headroom 2048)
+    assert beats[-1].memory_mb_admittable == 16_384 - 2048 - 3 * 1  # three exact 1 MiB readings
+    assert all(i.charged_mb == 1 for i in agent.list())
