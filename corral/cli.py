@@ -12,6 +12,7 @@ import typer
 from corral import __version__
 from corral.agent.cli import agent_command, host_memory_mb
 from corral.client.cli import burst_command, exec_command, hosts_command, kill_command, ps_command
+from corral.client.pools_cli import pools_app
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
 
@@ -143,6 +144,7 @@ app.command("hosts")(hosts_command)
 app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(exec_command)
 app.command("kill")(kill_command)
 app.add_typer(sim_app, name="sim")
+app.add_typer(pools_app, name="pools")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,18 +21,24 @@ from corral.agent.errors import (
     AgentRefusal,
     AgentRuntimeError,
     AgentSandboxNotFound,
+    AgentWarmEmpty,
     Code,
 )
 from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
+    ROLE_OWNED,
     Capacity,
+    ClaimWarm,
     ExecRequest,
     ExecResponse,
     Heartbeat,
+    HeartbeatReply,
     SandboxInfo,
     StartSandbox,
+    WarmTarget,
 )
+from corral.agent.warm import WarmBook
 from corral.core.admission import (
     DEFAULT_POLICY,
     AdmissionBook,
@@ -44,16 +50,21 @@ from corral.core.admission import (
 from corral.core.clock import Clock, SystemClock
 from corral.core.pressure import PressureGate
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
+from corral.ids import random_hex
 from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxSpec
 
 log = logging.getLogger("corral.agent")
 
-HeartbeatSink = Callable[[Heartbeat], Awaitable[None]]
+# A sink may answer with the control plane's reply (warm targets); None leaves them as they are.
+HeartbeatSink = Callable[[Heartbeat], Awaitable[HeartbeatReply | None]]
 
 # Honest Retry-After estimates, per reason.
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
 PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
+# After a create had to evict warm sandboxes (the host is full), refills wait this long: the room is
+# wanted by real work, and a refill would only be evicted again.
+WARM_PAUSE_S = 5.0
 
 
 class _Live:
@@ -162,6 +173,8 @@ class Agent:
         gpu: str | None = None,
         role: str = "worker",
         stream_restore: bool = False,
+        warm_starts_per_round: int = 2,
+        warm_fill_interval_s: float = 0.05,
     ) -> None:
         if memory_mb_total <= 0 or cpu_total <= 0:
             raise ValueError("memory_mb_total and cpu_total must be positive")
@@ -195,6 +208,13 @@ class Agent:
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
         self.refusals: dict[str, int] = {}
+        self.warm = WarmBook()
+        self.warm_starts_per_round = warm_starts_per_round
+        self.warm_fill_interval_s = warm_fill_interval_s
+        # Warm starts may hold at most this many start slots, so real creates always find one free.
+        self.warm_max_in_flight = max(1, self.limiter.limit // 2)
+        self._warm_in_flight = 0
+        self._warm_paused_until = 0.0
         self.heartbeats_sent = 0
         self.heartbeat_failures = 0
 
@@ -254,7 +274,7 @@ class Agent:
 
     def _check_fits(self, req: CreateRequest) -> None:
         admittable, pending = self.admittable_mb(), self.pending_mb
-        if not fits(admittable, pending, req, self.admission, self.policy):
+        if not fits(admittable, pending, req, self.admission, self.policy) and not self._evict_warm_for(req):
             need = request_charge_mb(req, self.admission, self.policy)
             raise self._refuse(
                 Code.DOES_NOT_FIT,
@@ -273,6 +293,122 @@ class Agent:
                 f"template {req.template!r} is not on this host",
                 details={"field": "template", "templates": sorted(self.templates)},
             )
+
+    # -- warm sandboxes -----------------------------------------------------------------------------
+
+    def _warm_charge(self) -> tuple[int, float]:
+        """Memory and CPU the ready warm sandboxes hold: room any real create may take."""
+        mb, cpus = 0, 0.0
+        for sandbox_id in self.warm.ready_ids():
+            live = self._live.get(sandbox_id)
+            if live is not None:
+                spec = live.spec
+                mb += charge_mb(spec.memory_mb, spec.stateful, self.admission, live.resident_mb, self.policy)
+                cpus += spec.cpus
+        return mb, cpus
+
+    def _evict_warm_for(self, req: CreateRequest) -> bool:
+        """Stop ready warm sandboxes until ``req`` fits; False (nothing evicted) if even all of them
+        would not make room. Their charge leaves the book at once; the runtime stops them after."""
+        fits_after = self.admittable_mb() + self._warm_charge()[0]
+        if not fits(fits_after, self.pending_mb, req, self.admission, self.policy):
+            return False
+        self._warm_paused_until = self.clock.now() + WARM_PAUSE_S
+        for sandbox_id in list(self.warm.evictable()):
+            if fits(self.admittable_mb(), self.pending_mb, req, self.admission, self.policy):
+                break
+            self.warm.take_ready(sandbox_id)
+            self._live.pop(sandbox_id, None)
+            self.warm.stats.evictions += 1
+            self._in_background(self._reap(sandbox_id))
+        return True
+
+    def _in_background(self, coro: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except Exception as exc:  # a stop that failed is found again by the next round
+                log.info("agent %s: background work failed: %r", self.id, exc)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def set_warm_targets(self, targets: Iterable[WarmTarget]) -> None:
+        self.warm.set_targets(targets)
+
+    def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        """Hand over one ready warm sandbox of ``template``: a pop and nothing else (no I/O, no
+        await), so two claims can never take the same one. Raises :class:`AgentWarmEmpty` at once when
+        none is ready."""
+        began = self.clock.now()
+        sandbox_id = self.warm.pop(template, req.env)
+        if sandbox_id is None:
+            raise AgentWarmEmpty(message=f"no ready warm sandbox of template {template!r} on {self.id}")
+        info = self._info(sandbox_id, self._live[sandbox_id])
+        self.warm.stats.claim_seconds_sum += self.clock.now() - began
+        return info
+
+    def replenish(self) -> int:
+        """One refill round: stop what is over target, then start up to ``warm_starts_per_round``
+        toward the targets, only with a start slot to spare for real creates, an open pressure gate
+        and room the gate would admit without evicting anything. Returns how many starts began."""
+        for sandbox_id in self.warm.surplus():
+            self.warm.take_ready(sandbox_id)
+            self._in_background(self.stop(sandbox_id))
+        if self.clock.now() < self._warm_paused_until or not self.gate.is_open:
+            return 0
+        begun = 0
+        for template, target in list(self.warm.targets.items()):
+            if self.templates is not None and template not in self.templates:
+                continue
+            creq = CreateRequest(memory_mb=target.memory_mb, cpu=target.cpus, stateful=target.stateful)
+            while self.warm.deficit(template) > 0 and begun < self.warm_starts_per_round:
+                if self._warm_in_flight >= self.warm_max_in_flight or self.limiter.saturated:
+                    return begun
+                if self.limiter.in_flight >= self.limiter.limit - 1:
+                    return begun  # the last slot is a real create's
+                if not fits(self.admittable_mb(), self.pending_mb, creq, self.admission, self.policy):
+                    break
+                self.warm.starting(template)  # counted before the first await: never over target
+                self._warm_in_flight += 1
+                begun += 1
+                self.warm.stats.replenish_starts += 1
+                self._in_background(self._start_warm(target, creq))
+        return begun
+
+    async def _start_warm(self, target: WarmTarget, creq: CreateRequest) -> None:
+        sandbox_id = f"sb-{random_hex(80)}"
+        started: str | None = None
+        try:
+            await self.limiter.acquire()  # not saturated (checked without an await): takes a slot at once
+            try:
+                req = StartSandbox(
+                    id=sandbox_id,
+                    memory_mb=target.memory_mb,
+                    cpus=target.cpus,
+                    stateful=target.stateful,
+                    template=target.template,
+                )
+                await self._run_start(req, creq)
+                started = sandbox_id
+            finally:
+                self.limiter.release()
+        except Exception as exc:
+            self.warm.stats.replenish_failures += 1
+            log.info("agent %s: warm start of %s failed: %r", self.id, target.template, exc)
+        finally:
+            self._warm_in_flight -= 1
+            self.warm.started(target.template, started)
+
+    async def run_warm(self) -> None:
+        """Refill warm pools every ``warm_fill_interval_s`` until cancelled."""
+        while True:
+            try:
+                self.replenish()
+            except Exception:
+                log.exception("agent %s: warm refill failed", self.id)
+            await asyncio.sleep(self.warm_fill_interval_s)
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -357,6 +493,7 @@ class Agent:
                 )
             if sandbox_id not in self._live:
                 raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+            self.warm.take_ready(sandbox_id)  # no claim may take it while it stops
             task = asyncio.get_running_loop().create_task(self._stop(sandbox_id))
             self._stopping[sandbox_id] = task
             task.add_done_callback(lambda _t: self._stopping.pop(sandbox_id, None))
@@ -372,13 +509,16 @@ class Agent:
             # Still there as far as we know: keep charging for it.
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         self._live.pop(sandbox_id, None)
+        self.warm.forget(sandbox_id)
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
         if sandbox_id not in self._live:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        claimed_env = self.warm.env(sandbox_id)
+        env = {**claimed_env, **req.env} if claimed_env else req.env
         try:
             r = await self.runtime.exec(
-                sandbox_id, req.command, timeout_s=req.timeout_s, env=req.env, cwd=req.cwd
+                sandbox_id, req.command, timeout_s=req.timeout_s, env=env, cwd=req.cwd
             )
         except SandboxNotFound:
             self._live.pop(sandbox_id, None)  # it died under us; stop accounting for it
@@ -418,6 +558,7 @@ class Agent:
             started_at=s.started_at,
             resident_mb=s.resident_mb,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
+            role=self.warm.role(sandbox_id) or ROLE_OWNED,
         )
 
     # -- restart, measurement, heartbeats --------------------------------------------------------------
@@ -432,6 +573,7 @@ class Agent:
         present = {h.id for h in handles}
         for sandbox_id in [i for i in self._live if i not in present and i not in self._stopping]:
             del self._live[sandbox_id]
+            self.warm.forget(sandbox_id)
         adopted = 0
         for h in handles:
             if h.id not in self._live and h.id not in self._starting:
@@ -450,6 +592,7 @@ class Agent:
             except SandboxNotFound:
                 if sandbox_id not in self._stopping:
                     self._live.pop(sandbox_id, None)  # died on its own (OOM, crash)
+                    self.warm.forget(sandbox_id)
                 continue
             except RuntimeFailure:
                 continue  # no reading this round; keep the last one
@@ -459,13 +602,16 @@ class Agent:
         self.observe_pressure()
 
     def capacity(self) -> Capacity:
+        # Ready warm sandboxes are charged in the gate, but any real create may take their room (it
+        # evicts them): the control plane sees that room as admittable, so a pool never refuses work.
+        warm_mb, warm_cpus = self._warm_charge()
         return Capacity(
             cpu_total=self.cpu_total,
-            cpu_used=sum(s.spec.cpus for s in self._live.values()),
+            cpu_used=sum(s.spec.cpus for s in self._live.values()) - warm_cpus,
             memory_mb_total=self.memory_mb_total,
             memory_mb_used=self.memory_mb_used(),
             memory_admission=self.admission,
-            memory_mb_admittable=self.admittable_mb(),
+            memory_mb_admittable=self.admittable_mb() + warm_mb,
             templates=None if self.templates is None else sorted(self.templates),
             runtime=self.runtime.name,
             gpu=self.gpu,
@@ -487,6 +633,8 @@ class Agent:
             address=self.address,
             sent_at=self.clock.now(),
             sandbox_ids=self.sandbox_ids(),
+            roles=self.warm.roles(),
+            warm=self.warm.counts(),
         )
 
     async def beat(self) -> Heartbeat:
@@ -494,8 +642,10 @@ class Agent:
         await self.measure()
         hb = self.heartbeat()
         if self.sink is not None:
-            await self.sink(hb)
+            reply = await self.sink(hb)
             self.heartbeats_sent += 1
+            if reply is not None:
+                self.set_warm_targets(reply.warm_targets)
         return hb
 
     async def run_heartbeats(self) -> None:

@@ -40,6 +40,13 @@ class StartSandbox(_Model):
     network: bool = Field(default=False, strict=True)  # loopback only unless asked
 
 
+# A heartbeat entry's role: a sandbox started for a create is "owned" (the default, left out of the
+# sparse ``roles`` map); a warm one waits, unowned, in a pool; a claimed one left a pool for a create.
+ROLE_OWNED = "owned"
+ROLE_WARM = "warm"
+ROLE_CLAIMED = "claimed"
+
+
 class SandboxInfo(_Lenient):
     id: str
     memory_mb: int
@@ -52,6 +59,28 @@ class SandboxInfo(_Lenient):
     resident_mb: int | None = None
     # What the local gate charges for it right now, in the agent's admission mode.
     charged_mb: int
+    role: str = ROLE_OWNED
+
+
+class ClaimWarm(_Model):
+    """Take one ready warm sandbox of a template: the environment is kept for every later exec."""
+
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
+
+
+class WarmTarget(_Model):
+    """How many warm sandboxes of a template this host keeps ready, and what each is started with."""
+
+    template: str = Field(min_length=1, max_length=128)
+    target: int = Field(ge=0, le=100_000, strict=True)
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
+    cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)
+    stateful: bool = Field(default=False, strict=True)
+
+
+class WarmCount(_Lenient):
+    ready: int = 0
+    starting: int = 0
 
 
 class ExecRequest(_Model):
@@ -98,6 +127,16 @@ class Heartbeat(Capacity):
     address: str
     sent_at: float
     sandbox_ids: list[str] = Field(default_factory=list)
+    # Sparse: the role of every entry of ``sandbox_ids`` that is not owned (warm or claimed).
+    roles: dict[str, str] = Field(default_factory=dict)
+    # Warm sandboxes per template.
+    warm: dict[str, WarmCount] = Field(default_factory=dict)
+
+    def owned_ids(self) -> frozenset[str]:
+        """The entries a record may claim: every sandbox but the warm ones."""
+        if not self.roles:
+            return frozenset(self.sandbox_ids)
+        return frozenset(i for i in self.sandbox_ids if self.roles.get(i) != ROLE_WARM)
 
     def host_view(self, heartbeat_at: float | None = None, state: HostState = HostState.READY) -> HostView:
         """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);
@@ -118,3 +157,12 @@ class Heartbeat(Capacity):
             state=state,
             stream_restore=self.stream_restore,
         )
+
+
+class HeartbeatReply(_Lenient):
+    """The control plane's answer to a heartbeat: whether it was kept, and this host's warm targets."""
+
+    accepted: bool = True
+    confirmed: int = 0
+    state: str = "ready"
+    warm_targets: list[WarmTarget] = Field(default_factory=list)

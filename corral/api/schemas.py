@@ -105,6 +105,7 @@ class SandboxOut(BaseModel):
     metadata: dict[str, str]
     created_at: str | None
     expires_at: str | None
+    warm: bool = False
 
     @classmethod
     def of(cls, r: SandboxRecord) -> SandboxOut:
@@ -127,6 +128,7 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "metadata": dict(r.metadata),
         "created_at": iso(r.created_at),
         "expires_at": iso(r.expires_at),
+        "warm": r.warm,
     }
 
 
@@ -162,6 +164,8 @@ class HostOut(BaseModel):
     sandboxes: int
     runtime: str
     address: str
+    # Warm sandboxes per template: {"ready": n, "starting": n}.
+    warm: dict[str, dict[str, int]] = {}
 
     @classmethod
     def of(cls, r: HostRecord, age: float) -> HostOut:
@@ -179,6 +183,7 @@ class HostOut(BaseModel):
             sandboxes=len(r.sandbox_ids),
             runtime=r.runtime,
             address=r.address,
+            warm={t: {"ready": n[0], "starting": n[1]} for t, n in sorted(r.warm.items())},
         )
 
 

@@ -16,6 +16,7 @@ import httpx
 from corral.client import wire
 from corral.client.errors import CorralError, Unreachable
 from corral.client.models import BatchCreated, ExecResult, Host, HostList, SandboxPage, SandboxRecord, parse
+from corral.client.pools import Pools
 from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
 from corral.client.sandbox import Sandbox
 
@@ -53,6 +54,7 @@ class Corral:
         )
         self.sandboxes = Sandboxes(self)
         self.hosts = Hosts(self)
+        self.pools = Pools(self)
 
     def close(self) -> None:
         self._http.close()

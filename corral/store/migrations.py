@@ -129,9 +129,30 @@ _V2 = (
                           WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE})""",
 )
 
+# Warm pools as intent: one row per pool and one per (pool, host) target, never a row per warm
+# sandbox. A host's warm counts ride on its heartbeat row; a claimed sandbox's record says it was warm.
+_V5 = (
+    """CREATE TABLE pools (
+        template TEXT PRIMARY KEY,
+        size BIGINT NOT NULL CHECK (size >= 0),
+        max_per_host BIGINT CHECK (max_per_host IS NULL OR max_per_host > 0),
+        created_at {real} NOT NULL,
+        updated_at {real} NOT NULL
+    )""",
+    """CREATE TABLE pool_targets (
+        template TEXT NOT NULL,
+        host_id TEXT NOT NULL,
+        target BIGINT NOT NULL CHECK (target > 0),
+        PRIMARY KEY (template, host_id)
+    )""",
+    "ALTER TABLE hosts ADD COLUMN warm TEXT NOT NULL DEFAULT '{{}}'",
+    "ALTER TABLE sandboxes ADD COLUMN warm {bool} NOT NULL DEFAULT {false}",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
+    Migration(5, "warm pools and per-host targets", _V5),
 )
 
 LATEST = MIGRATIONS[-1].version
