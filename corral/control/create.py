@@ -135,8 +135,8 @@ class CreateFlow:
             self._templates[name] = (tpl, now + TEMPLATE_CACHE_S)
         return tpl
 
-    async def _resolve(self, spec: CreateSpec) -> tuple[int, float, bool]:
-        tpl = await self._template(spec.template)
+    async def _resolve(self, spec: CreateSpec, tpl: TemplateRecord | None = None) -> tuple[int, float, bool]:
+        tpl = tpl or await self._template(spec.template)
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
@@ -144,9 +144,11 @@ class CreateFlow:
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
         return memory_mb, cpus, stateful
 
-    async def draft(self, tenant_id: str, spec: CreateSpec) -> SandboxRecord:
-        """The record a create writes, before it is written."""
-        memory_mb, cpus, stateful = await self._resolve(spec)
+    async def draft(
+        self, tenant_id: str, spec: CreateSpec, tpl: TemplateRecord | None = None
+    ) -> SandboxRecord:
+        """The record a create writes, before it is written (``tpl``: the template, if known)."""
+        memory_mb, cpus, stateful = await self._resolve(spec, tpl)
         now = self.clock.now()
         return SandboxRecord(
             id=new_sandbox_id(),
@@ -228,13 +230,14 @@ class CreateFlow:
         assert self.warm is not None
         if await self.warm.book.get(spec.template) is None:
             return None
-        tpl = await self._template(spec.template)
+        # The pools' templates are read with the pools: no template read per claim, however many.
+        tpl = self.warm.book.templates.get(spec.template)
         if tpl is None:
             return None
         if not self.warm.eligible_spec(tpl, spec.memory_mb, spec.cpus, spec.stateful):
             self.warm.miss(spec.template, "override")
             return None
-        record = await self.draft(tenant_id, spec)
+        record = await self.draft(tenant_id, spec, tpl)
         with self.store_errors(spec, tenant_id):
             claimed = await self.warm.claim(
                 record,
