@@ -346,7 +346,7 @@ class Agent:
         if sandbox_id is None:
             raise AgentWarmEmpty(message=f"no ready warm sandbox of template {template!r} on {self.id}")
         info = self._info(sandbox_id, self._live[sandbox_id])
-        self.warm.stats.claim_seconds_sum += self.clock.now() - began
+        self.warm.stats.observe_claim(max(0.0, self.clock.now() - began))
         return info
 
     def replenish(self) -> int:

@@ -10,9 +10,12 @@ ones, never by waiting for starts to finish.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corral.agent.protocol import ROLE_CLAIMED, ROLE_WARM, WarmCount, WarmTarget
+
+# Upper bounds of the agent-side claim latency histogram, in seconds (a hand-over is microseconds).
+CLAIM_BUCKETS_S = (0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005)
 
 
 @dataclass(slots=True)
@@ -23,6 +26,13 @@ class WarmStats:
     replenish_failures: int = 0
     evictions: int = 0
     claim_seconds_sum: float = 0.0
+    # Claims per bucket of CLAIM_BUCKETS_S (the last counts the ones above every bound).
+    claim_buckets: list[int] = field(default_factory=lambda: [0] * (len(CLAIM_BUCKETS_S) + 1))
+
+    def observe_claim(self, seconds: float) -> None:
+        self.claim_seconds_sum += seconds
+        i = next((i for i, b in enumerate(CLAIM_BUCKETS_S) if seconds <= b), len(CLAIM_BUCKETS_S))
+        self.claim_buckets[i] += 1
 
 
 class WarmBook:

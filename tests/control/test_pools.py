@@ -357,3 +357,29 @@ async def test_a_record_refused_after_hand_over_stops_the_sandbox(cluster: Clust
     assert warm_total(c) == 3
     assert Counter(s.warm for s in (await c.plane.store.list_sandboxes(limit=10)).items) == Counter({True: n})
     assert isinstance((await c.plane.store.list_sandboxes(limit=10)).items[0], SandboxRecord)
+
+
+async def test_warm_metrics_are_exported(cluster: Cluster) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from corral.agent.metrics import AgentCollector
+
+    c = cluster
+    await pool(c, 12)
+    await c.http.post("/v1/sandboxes", json={"template": "py"}, headers=c.as_(ADMIN))
+    await c.http.post("/v1/sandboxes", json={"template": "py", "cpus": 2}, headers=c.as_(ADMIN))
+    text = (await c.http.get("/metrics")).text
+    assert 'corral_warm_hits_total{template="py"} 1.0' in text
+    assert 'corral_warm_misses_total{reason="override",template="py"} 1.0' in text
+    assert "corral_warm_claim_seconds_count 1.0" in text
+    registry = CollectorRegistry()
+    registry.register(AgentCollector(c.fleet.agents))
+    agents = generate_latest(registry).decode()
+    assert "corral_agent_warm_claims_total" in agents and "corral_agent_warm_claim_seconds_bucket" in agents
+    ready = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in agents.splitlines()
+        if line.startswith("corral_agent_warm_sandboxes{") and 'state="ready"' in line
+    )
+    assert ready == 11
+    assert sum(a.warm.stats.replenish_starts for a in c.fleet.agents) == 12
