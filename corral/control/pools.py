@@ -27,6 +27,7 @@ from corral.control.metrics import LATENCY_BUCKETS
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import AdmissionPolicy, Clock, CreateRequest, HostState
 from corral.core.admission import request_charge_mb
+from corral.core.warm import CLAIM_TRIES, Slot, pick_warm, spread
 from corral.store import (
     UNSET,
     HostRecord,
@@ -41,20 +42,10 @@ from corral.store import NotFound as StoreNotFound
 
 # How long the pools and their targets are trusted between reads (heartbeat replies, claims).
 POOLS_CACHE_S = 2.0
-# Hosts a claim tries before it gives up on warm and goes cold.
-CLAIM_TRIES = 3
 CLAIM_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, *LATENCY_BUCKETS)
 
 
 # -- spreading (pure) --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """A host a pool may put warm sandboxes on, with the room it has for them."""
-
-    host_id: str
-    room_mb: int
 
 
 def eligible(host: HostRecord, template: str, now: float, stale_after_s: float) -> bool:
@@ -63,62 +54,6 @@ def eligible(host: HostRecord, template: str, now: float, stale_after_s: float) 
         and now - host.heartbeat_at <= stale_after_s
         and (host.templates is None or template in host.templates)
     )
-
-
-def spread(
-    size: int,
-    max_per_host: int | None,
-    slots: Sequence[Slot],
-    current: Mapping[str, int],
-    charge_mb: int,
-    rng: random.Random,
-    k: int = 2,
-) -> dict[str, int]:
-    """Split ``size`` warm sandboxes over ``slots``: what each already has stays where it is (no churn),
-    within the cap and the room; more go one at a time to the emptier of ``k`` sampled hosts that
-    still have room (power-of-K on headroom), then the fullest give one to the emptiest until they
-    differ by at most one, so a host that joins takes its share. A host no longer in ``slots``
-    (gone, stale, draining) loses its targets. The sum is ``size``, or less when the fleet has no room.
-    """
-    cap = max_per_host if max_per_host is not None else size
-    room = {s.host_id: s.room_mb for s in slots}
-    out: dict[str, int] = {}
-
-    def fits_one(h: str) -> bool:
-        return out.get(h, 0) < cap and room[h] - (out.get(h, 0) + 1) * charge_mb >= 0
-
-    for h, n in sorted(current.items()):
-        if h in room:
-            keep = min(n, cap, max(0, room[h] // max(charge_mb, 1)))
-            if keep > 0:
-                out[h] = keep
-    total = sum(out.values())
-    while total > size:  # shrink the fullest first
-        h = max(out, key=lambda x: (out[x], x))
-        out[h] -= 1
-        if out[h] == 0:
-            del out[h]
-        total -= 1
-    ids = sorted(room)
-    while total < size:
-        open_ = [h for h in ids if fits_one(h)]
-        if not open_:
-            break
-        picks = rng.sample(open_, min(k, len(open_)))
-        h = max(picks, key=lambda x: (room[x] - out.get(x, 0) * charge_mb, -out.get(x, 0), x))
-        out[h] = out.get(h, 0) + 1
-        total += 1
-    while out:  # level: the fullest gives one to the emptiest that has room
-        full = max(out, key=lambda x: (out[x], x))
-        takers = [h for h in ids if fits_one(h) and out.get(h, 0) < out[full] - 1]
-        if not takers:
-            break
-        h = min(takers, key=lambda x: (out.get(x, 0), -room[x], x))
-        out[full] -= 1
-        out[h] = out.get(h, 0) + 1
-        if out[full] == 0:
-            del out[full]
-    return out
 
 
 def plan(
@@ -317,14 +252,6 @@ class WarmClaims:
                 out.append((h, left))
         return out
 
-    def pick(self, candidates: list[tuple[HostRecord, int]]) -> tuple[HostRecord, int]:
-        """Power-of-2: the warmer of two sampled hosts. Not the warmest of all: over an inventory some
-        seconds old, every claim of a burst would go to that one host and drain it."""
-        if len(candidates) == 1:
-            return candidates[0]
-        a, b = self.rng.sample(candidates, 2)
-        return a if a[1] >= b[1] else b
-
     @staticmethod
     def eligible_spec(
         tpl: TemplateRecord, memory_mb: int | None, cpus: float | None, stateful: bool | None
@@ -362,7 +289,7 @@ class WarmClaims:
         for _ in range(CLAIM_TRIES):
             if not candidates:
                 break
-            host, _left = self.pick(candidates)
+            host, _left = pick_warm(candidates, self.rng)
             candidates = [c for c in candidates if c[0].id != host.id]
             with self.seen.claiming(host.id, template, self.clock) as done:
                 t0 = self.clock.now()

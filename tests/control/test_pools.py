@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corral.agent.protocol import ROLE_CLAIMED, ROLE_WARM, ClaimWarm, WarmTarget
-from corral.control.pools import Slot, spread
+from corral.core.warm import Slot, spread
 from corral.runtime.sim import SimRuntime
 from corral.store import SandboxRecord
 
