@@ -8,9 +8,12 @@
   runtime with no start latency and with the process runtime's measured start latency (bwrap 10-30 ms);
 - pools_scale: warm create p50 with 100 pools and with 2,000 pools;
 - burst: 100 concurrent warm creates on 12 hosts holding 10 warm each (hits, max claims on one host
-  over the mean).
+  over the mean);
+- process_first_exec: on the process runtime, through the SDK over real HTTP (``corral serve`` in a
+  child process): a warm create then its first exec returning, beside a bare exec in an existing
+  sandbox and a cold create then its first exec.
 
-Everything runs in one process over an ASGI transport (no sockets), a SQLite store in a temp dir.
+Everything else runs in one process over an ASGI transport (no sockets), a SQLite store in a temp dir.
 """
 
 from __future__ import annotations
@@ -284,16 +287,104 @@ async def burst() -> None:
     )
 
 
+def process_first_exec(n: int) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from corral.client import Corral
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as d:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "corral",
+                "serve",
+                "--runtime",
+                "process",
+                "--hosts",
+                "2",
+                "--port",
+                str(port),
+                "--store",
+                f"sqlite:///{d}/corral.db",
+                "--heartbeat-interval",
+                "0.5",
+                "--state-dir",
+                f"{d}/state",
+            ],
+            env={**os.environ, "CORRAL_TOKEN": ADMIN},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            with Corral(url, ADMIN) as client:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        client.request("POST", "/v1/templates", json={"name": "sh", "memory_mb": 128})
+                        break
+                    except Exception:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.2)
+                client.pools.create("sh", n + 4)
+                while client.pools.get("sh").ready < n + 4:
+                    time.sleep(0.2)
+                base = client.sandboxes.create("sh", memory_mb=64)
+                warm, cold, bare, hits = [], [], [], 0
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    sb = client.sandboxes.create("sh")
+                    client.sandboxes.exec(sb.id, ["true"])
+                    warm.append(time.perf_counter() - t0)
+                    hits += sb.warm
+                    t0 = time.perf_counter()
+                    client.sandboxes.exec(base.id, ["true"])
+                    bare.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    sb2 = client.sandboxes.create("sh", memory_mb=64)
+                    client.sandboxes.exec(sb2.id, ["true"])
+                    cold.append(time.perf_counter() - t0)
+                    client.sandboxes.delete(sb.id)
+                    client.sandboxes.delete(sb2.id)
+                client.pools.delete("sh")
+                client.sandboxes.delete(base.id)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    emit(
+        bench="process_first_exec",
+        runtime="process",
+        n=n,
+        warm_hits=hits,
+        warm_create_then_exec_p50_ms=pct(warm, 0.5),
+        warm_create_then_exec_p99_ms=pct(warm, 0.99),
+        bare_exec_p50_ms=pct(bare, 0.5),
+        cold_create_then_exec_p50_ms=pct(cold, 0.5),
+        aim_p50_ms=10,
+    )
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--start-latency-ms", type=float, default=20.0)
+    ap.add_argument("--process", action="store_true", help="also the process runtime through the SDK")
     args = ap.parse_args()
     await agent_claim(args.n)
     await api_create(min(args.n, 1000), 0.0)
     await api_create(min(args.n, 300), args.start_latency_ms / 1000)
     await pools_scale(min(args.n, 1000))
     await burst()
+    if args.process:
+        process_first_exec(min(args.n, 100))
 
 
 if __name__ == "__main__":
