@@ -59,8 +59,8 @@ def emit(**row: Any) -> None:
 async def fill(agents: list[Agent], targets: list[WarmTarget]) -> None:
     for a in agents:
         a.set_warm_targets(targets)
-        a.warm_starts_per_round = 10_000
-        a.warm_max_in_flight = 10_000
+        a.keeper.starts_per_round = 10_000
+        a.keeper.max_in_flight = 10_000
         a.limiter.limit = 100_000
     while True:
         began = sum(a.replenish() for a in agents)
@@ -168,8 +168,8 @@ async def make_pools(f: Fleet, templates: list[str], size: int) -> None:
     await f.plane.reconciler.tick()
     await f.beat()
     for a in f.agents:
-        a.warm_starts_per_round = 100_000
-        a.warm_max_in_flight = 100_000
+        a.keeper.starts_per_round = 100_000
+        a.keeper.max_in_flight = 100_000
     while True:
         began = sum(a.replenish() for a in f.agents)
         for _ in range(3):

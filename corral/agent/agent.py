@@ -21,9 +21,9 @@ from corral.agent.errors import (
     AgentRefusal,
     AgentRuntimeError,
     AgentSandboxNotFound,
-    AgentWarmEmpty,
     Code,
 )
+from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
@@ -50,7 +50,6 @@ from corral.core.admission import (
 from corral.core.clock import Clock, SystemClock
 from corral.core.pressure import PressureGate
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
-from corral.ids import random_hex
 from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxSpec
 
 log = logging.getLogger("corral.agent")
@@ -62,9 +61,6 @@ HeartbeatSink = Callable[[Heartbeat], Awaitable[HeartbeatReply | None]]
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
 PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
-# After a create had to evict warm sandboxes (the host is full), refills wait this long: the room is
-# wanted by real work, and a refill would only be evicted again.
-WARM_PAUSE_S = 5.0
 
 
 class _Live:
@@ -209,12 +205,7 @@ class Agent:
         self._seq = int(self.clock.now() * 1000)
         self.refusals: dict[str, int] = {}
         self.warm = WarmBook()
-        self.warm_starts_per_round = warm_starts_per_round
-        self.warm_fill_interval_s = warm_fill_interval_s
-        # Warm starts may hold at most this many start slots, so real creates always find one free.
-        self.warm_max_in_flight = max(1, self.limiter.limit // 2)
-        self._warm_in_flight = 0
-        self._warm_paused_until = 0.0
+        self.keeper = WarmKeeper(self, warm_starts_per_round, warm_fill_interval_s)
         self.heartbeats_sent = 0
         self.heartbeat_failures = 0
 
@@ -274,7 +265,7 @@ class Agent:
 
     def _check_fits(self, req: CreateRequest) -> None:
         admittable, pending = self.admittable_mb(), self.pending_mb
-        if not fits(admittable, pending, req, self.admission, self.policy) and not self._evict_warm_for(req):
+        if not fits(admittable, pending, req, self.admission, self.policy) and not self.keeper.evict_for(req):
             need = request_charge_mb(req, self.admission, self.policy)
             raise self._refuse(
                 Code.DOES_NOT_FIT,
@@ -296,33 +287,6 @@ class Agent:
 
     # -- warm sandboxes -----------------------------------------------------------------------------
 
-    def _warm_charge(self) -> tuple[int, float]:
-        """Memory and CPU the ready warm sandboxes hold: room any real create may take."""
-        mb, cpus = 0, 0.0
-        for sandbox_id in self.warm.ready_ids():
-            live = self._live.get(sandbox_id)
-            if live is not None:
-                spec = live.spec
-                mb += charge_mb(spec.memory_mb, spec.stateful, self.admission, live.resident_mb, self.policy)
-                cpus += spec.cpus
-        return mb, cpus
-
-    def _evict_warm_for(self, req: CreateRequest) -> bool:
-        """Stop ready warm sandboxes until ``req`` fits; False (nothing evicted) if even all of them
-        would not make room. Their charge leaves the book at once; the runtime stops them after."""
-        fits_after = self.admittable_mb() + self._warm_charge()[0]
-        if not fits(fits_after, self.pending_mb, req, self.admission, self.policy):
-            return False
-        self._warm_paused_until = self.clock.now() + WARM_PAUSE_S
-        for sandbox_id in list(self.warm.evictable()):
-            if fits(self.admittable_mb(), self.pending_mb, req, self.admission, self.policy):
-                break
-            self.warm.take_ready(sandbox_id)
-            self._live.pop(sandbox_id, None)
-            self.warm.stats.evictions += 1
-            self._in_background(self._reap(sandbox_id))
-        return True
-
     def _in_background(self, coro: Awaitable[None]) -> None:
         async def run() -> None:
             try:
@@ -338,77 +302,15 @@ class Agent:
         self.warm.set_targets(targets)
 
     def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
-        """Hand over one ready warm sandbox of ``template``: a pop and nothing else (no I/O, no
-        await), so two claims can never take the same one. Raises :class:`AgentWarmEmpty` at once when
-        none is ready."""
-        began = self.clock.now()
-        sandbox_id = self.warm.pop(template, req.env)
-        if sandbox_id is None:
-            raise AgentWarmEmpty(message=f"no ready warm sandbox of template {template!r} on {self.id}")
-        info = self._info(sandbox_id, self._live[sandbox_id])
-        self.warm.stats.observe_claim(max(0.0, self.clock.now() - began))
-        return info
+        """Hand over one ready warm sandbox (see :meth:`WarmKeeper.claim`)."""
+        return self.keeper.claim(template, req)
 
     def replenish(self) -> int:
-        """One refill round: stop what is over target, then start up to ``warm_starts_per_round``
-        toward the targets, only with a start slot to spare for real creates, an open pressure gate
-        and room the gate would admit without evicting anything. Returns how many starts began."""
-        for sandbox_id in self.warm.surplus():
-            self.warm.take_ready(sandbox_id)
-            self._in_background(self.stop(sandbox_id))
-        if self.clock.now() < self._warm_paused_until or not self.gate.is_open:
-            return 0
-        begun = 0
-        for template, target in list(self.warm.targets.items()):
-            if self.templates is not None and template not in self.templates:
-                continue
-            creq = CreateRequest(memory_mb=target.memory_mb, cpu=target.cpus, stateful=target.stateful)
-            while self.warm.deficit(template) > 0 and begun < self.warm_starts_per_round:
-                if self._warm_in_flight >= self.warm_max_in_flight or self.limiter.saturated:
-                    return begun
-                if self.limiter.in_flight >= self.limiter.limit - 1:
-                    return begun  # the last slot is a real create's
-                if not fits(self.admittable_mb(), self.pending_mb, creq, self.admission, self.policy):
-                    break
-                self.warm.starting(template)  # counted before the first await: never over target
-                self._warm_in_flight += 1
-                begun += 1
-                self.warm.stats.replenish_starts += 1
-                self._in_background(self._start_warm(target, creq))
-        return begun
-
-    async def _start_warm(self, target: WarmTarget, creq: CreateRequest) -> None:
-        sandbox_id = f"sb-{random_hex(80)}"
-        started: str | None = None
-        try:
-            await self.limiter.acquire()  # not saturated (checked without an await): takes a slot at once
-            try:
-                req = StartSandbox(
-                    id=sandbox_id,
-                    memory_mb=target.memory_mb,
-                    cpus=target.cpus,
-                    stateful=target.stateful,
-                    template=target.template,
-                )
-                await self._run_start(req, creq)
-                started = sandbox_id
-            finally:
-                self.limiter.release()
-        except Exception as exc:
-            self.warm.stats.replenish_failures += 1
-            log.info("agent %s: warm start of %s failed: %r", self.id, target.template, exc)
-        finally:
-            self._warm_in_flight -= 1
-            self.warm.started(target.template, started)
+        """One refill round toward the warm targets (see :meth:`WarmKeeper.replenish`)."""
+        return self.keeper.replenish()
 
     async def run_warm(self) -> None:
-        """Refill warm pools every ``warm_fill_interval_s`` until cancelled."""
-        while True:
-            try:
-                self.replenish()
-            except Exception:
-                log.exception("agent %s: warm refill failed", self.id)
-            await asyncio.sleep(self.warm_fill_interval_s)
+        await self.keeper.run()
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -604,7 +506,7 @@ class Agent:
     def capacity(self) -> Capacity:
         # Ready warm sandboxes are charged in the gate, but any real create may take their room (it
         # evicts them): the control plane sees that room as admittable, so a pool never refuses work.
-        warm_mb, warm_cpus = self._warm_charge()
+        warm_mb, warm_cpus = self.keeper.charge()
         return Capacity(
             cpu_total=self.cpu_total,
             cpu_used=sum(s.spec.cpus for s in self._live.values()) - warm_cpus,

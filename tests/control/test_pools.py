@@ -297,7 +297,7 @@ async def test_no_over_create_when_starts_are_slow(cluster: Cluster) -> None:
         peak = max(peak, held, len(rt.state.sandboxes))
     assert peak <= 3
     # Starts never take the last slots from real creates.
-    assert agent.limiter.in_flight <= agent.warm_max_in_flight
+    assert agent.limiter.in_flight <= agent.keeper.max_in_flight
     gate.set()
     for _ in range(20):
         await asyncio.sleep(0)
