@@ -383,3 +383,68 @@ async def test_warm_metrics_are_exported(cluster: Cluster) -> None:
     )
     assert ready == 11
     assert sum(a.warm.stats.replenish_starts for a in c.fleet.agents) == 12
+
+
+async def test_a_retried_create_with_its_key_takes_no_second_warm_sandbox(cluster: Cluster) -> None:
+    c = cluster
+    await pool(c, 6)
+    token = await tenant(c, "retry")
+    headers = {**c.as_(token), "Idempotency-Key": "k-1"}
+    first = await c.http.post("/v1/sandboxes", json={"template": "py", "env": {"A": "1"}}, headers=headers)
+    assert first.status_code == 201 and first.json()["warm"]
+    for _ in range(3):
+        again = await c.http.post(
+            "/v1/sandboxes", json={"template": "py", "env": {"A": "1"}}, headers=headers
+        )
+        assert again.status_code == 201 and again.json()["id"] == first.json()["id"]
+        assert again.headers["Idempotent-Replayed"] == "true"
+    other = await c.http.post("/v1/sandboxes", json={"template": "py", "env": {"A": "2"}}, headers=headers)
+    assert other.status_code == 422  # the same key with another body
+    assert warm_total(c) == 5
+    assert (await c.plane.store.usage((await c.plane.store.get_tenant_by_name("retry")).id)).sandboxes == 1  # type: ignore[union-attr]
+
+
+def test_no_pool_input_produces_a_500(tmp_path: Path) -> None:
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    values = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20)
+    bodies = st.dictionaries(st.sampled_from(["template", "size", "max_per_host", "x"]), values, max_size=4)
+    paths = st.sampled_from(
+        ["/v1/pools", "/v1/pools/py", "/v1/pools/%00", "/v1/pools/nope", "/v1/warm/py/claim"]
+    )
+    methods = st.sampled_from(["GET", "POST", "PATCH", "DELETE", "PUT"])
+    seen: list[int] = []
+
+    async def scenario() -> None:
+        c = await make_cluster(tmp_path, hosts=2)
+        try:
+            await c.http.post("/v1/templates", json={"name": "py", "memory_mb": 256}, headers=c.as_(ADMIN))
+
+            @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+            @given(method=methods, path=paths, body=bodies)
+            def probe(method: str, path: str, body: dict) -> None:  # type: ignore[type-arg]
+                content = json.dumps(body, allow_nan=True).encode()
+                headers = {**c.as_(ADMIN), "Content-Type": "application/json"}
+                r = asyncio.run_coroutine_threadsafe(
+                    c.http.request(method, path, content=content, headers=headers), loop
+                ).result(30)
+                seen.append(r.status_code)
+                assert r.status_code < 500, (method, path, body, r.status_code, r.text)
+                if r.status_code >= 400:
+                    assert isinstance(r.json()["error"]["code"], str)
+
+            await asyncio.to_thread(probe)
+        finally:
+            await c.http.aclose()
+            await c.plane.stop()
+            await c.plane.store.close()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert len(seen) >= 100 and 422 in seen
