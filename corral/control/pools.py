@@ -65,8 +65,9 @@ def plan(
     policy: AdmissionPolicy,
     rng: random.Random,
 ) -> dict[str, dict[str, int]]:
-    """Targets for every pool. Pools share each host's room: one pool's targets are charged before
-    the next is spread."""
+    """Targets for every pool. A host publishes the room its ready warm sandboxes hold as admittable
+    (any real create may take it), so that room is there for the pools too; pools share it, one
+    pool's targets charged before the next is spread."""
     room = {h.id: h.memory_mb_admittable - h.reserved_mb for h in hosts}
     out: dict[str, dict[str, int]] = {}
     for pool in sorted(pools, key=lambda p: p.template):
@@ -79,11 +80,10 @@ def plan(
         charge = max(
             (request_charge_mb(req, h.memory_admission, policy) for h in by_host.values()), default=1
         )
-        # A pool's own warm sandboxes already sit in the host's room: count them as room for itself.
-        slots = [Slot(h, room[h] + pool.targets.get(h, 0) * charge) for h in sorted(by_host)]
+        slots = [Slot(h, room[h]) for h in sorted(by_host)]
         targets = spread(pool.size, pool.max_per_host, slots, pool.targets, charge, rng)
         for h, n in targets.items():
-            room[h] -= max(0, n - pool.targets.get(h, 0)) * charge
+            room[h] -= n * charge
         out[pool.template] = targets
     return out
 

@@ -448,3 +448,54 @@ def test_no_pool_input_produces_a_500(tmp_path: Path) -> None:
     finally:
         loop.close()
     assert len(seen) >= 100 and 422 in seen
+
+
+def test_plan_shares_room_between_pools_and_skips_hosts_that_cannot_run_them() -> None:
+    from corral.control.pools import plan
+    from corral.core import AdmissionMode, AdmissionPolicy, HostState
+    from corral.store import HostRecord, PoolRecord, TemplateRecord
+
+    def host(h: str, admittable: int, **kw: object) -> HostRecord:
+        base: dict[str, object] = {
+            "id": h,
+            "heartbeat_at": 100.0,
+            "cpu_total": 16.0,
+            "cpu_used": 0.0,
+            "memory_mb_total": 8192,
+            "memory_mb_used": 0,
+            "memory_mb_admittable": admittable,
+            "memory_admission": AdmissionMode.COMMITTED,
+            "templates": None,
+            "runtime": "sim",
+            "gpu": None,
+            "role": "worker",
+            "state": HostState.READY,
+            "stream_restore": False,
+            "sandbox_ids": frozenset(),
+            "seq": 1,
+            "registered_at": 0.0,
+            "address": "",
+            "reserved_mb": 0,
+            "reserved_cpu": 0.0,
+        }
+        base.update(kw)
+        return HostRecord(**base)  # type: ignore[arg-type]
+
+    hosts = [
+        host("a", 2048),
+        host("b", 2048, reserved_mb=1024),  # half its room is promised to creates in flight
+        host("stale", 8192, heartbeat_at=0.0),
+        host("drain", 8192, state=HostState.DRAINING),
+        host("other", 8192, templates=frozenset({"go"})),
+    ]
+    templates = {t: TemplateRecord(t, cpus=1, memory_mb=512) for t in ("py", "rb")}
+    pools = [PoolRecord("py", size=4), PoolRecord("rb", size=4)]
+    out = plan(pools, templates, hosts, 101.0, 10.0, AdmissionPolicy(), random.Random(1))
+    # 4 + 2 places of 512 MiB on the two hosts that may take them: the first pool fills first.
+    assert sum(out["py"].values()) == 4 and set(out["py"]) <= {"a", "b"}
+    assert sum(out["rb"].values()) == 2 and set(out["rb"]) <= {"a", "b"}
+    used = {h: out["py"].get(h, 0) + out["rb"].get(h, 0) for h in ("a", "b")}
+    assert used == {"a": 4, "b": 2}
+    assert plan(
+        [PoolRecord("gone", size=3)], templates, hosts, 101.0, 10.0, AdmissionPolicy(), random.Random(1)
+    ) == {"gone": {}}
