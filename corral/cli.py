@@ -22,6 +22,7 @@ from corral.client.cli import (
     tokens_command,
     top_command,
 )
+from corral.client.pools_cli import pools_app
 from corral.core import AdmissionMode
 from corral.sim.cli import sim_app
 
@@ -206,6 +207,7 @@ app.command("kill")(kill_command)
 app.command("explain")(explain_command)
 app.command("top")(top_command)
 app.add_typer(sim_app, name="sim")
+app.add_typer(pools_app, name="pools")
 
 
 if __name__ == "__main__":  # pragma: no cover

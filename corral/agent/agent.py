@@ -23,16 +23,22 @@ from corral.agent.errors import (
     AgentSandboxNotFound,
     Code,
 )
+from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
+    ROLE_OWNED,
     Capacity,
+    ClaimWarm,
     ExecRequest,
     ExecResponse,
     Heartbeat,
+    HeartbeatReply,
     SandboxInfo,
     StartSandbox,
+    WarmTarget,
 )
+from corral.agent.warm import WarmBook
 from corral.core.admission import (
     DEFAULT_POLICY,
     AdmissionBook,
@@ -56,7 +62,8 @@ from corral.runtime.base import (
 
 log = logging.getLogger("corral.agent")
 
-HeartbeatSink = Callable[[Heartbeat], Awaitable[None]]
+# A sink may answer with the control plane's reply (warm targets); None leaves them as they are.
+HeartbeatSink = Callable[[Heartbeat], Awaitable[HeartbeatReply | None]]
 
 # Honest Retry-After estimates, per reason.
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
@@ -188,6 +195,8 @@ class Agent:
         gpu: str | None = None,
         role: str = "worker",
         stream_restore: bool = False,
+        warm_starts_per_round: int = 2,
+        warm_fill_interval_s: float = 0.05,
     ) -> None:
         if memory_mb_total <= 0 or cpu_total <= 0:
             raise ValueError("memory_mb_total and cpu_total must be positive")
@@ -224,6 +233,8 @@ class Agent:
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
         self.refusals: dict[str, int] = {}
+        self.warm = WarmBook()
+        self.keeper = WarmKeeper(self, warm_starts_per_round, warm_fill_interval_s)
         self.heartbeats_sent = 0
         self.heartbeat_failures = 0
         self.oom_kills_total = 0  # over every sandbox this agent has run, gone ones included
@@ -284,7 +295,7 @@ class Agent:
 
     def _check_fits(self, req: CreateRequest) -> None:
         admittable, pending = self.admittable_mb(), self.pending_mb
-        if not fits(admittable, pending, req, self.admission, self.policy):
+        if not fits(admittable, pending, req, self.admission, self.policy) and not self.keeper.evict_for(req):
             need = request_charge_mb(req, self.admission, self.policy)
             raise self._refuse(
                 Code.DOES_NOT_FIT,
@@ -303,6 +314,33 @@ class Agent:
                 f"template {req.template!r} is not on this host",
                 details={"field": "template", "templates": sorted(self.templates)},
             )
+
+    # -- warm sandboxes -----------------------------------------------------------------------------
+
+    def _in_background(self, coro: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except Exception as exc:  # a stop that failed is found again by the next round
+                log.info("agent %s: background work failed: %r", self.id, exc)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def set_warm_targets(self, targets: Iterable[WarmTarget]) -> None:
+        self.warm.set_targets(targets)
+
+    def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        """Hand over one ready warm sandbox (see :meth:`WarmKeeper.claim`)."""
+        return self.keeper.claim(template, req)
+
+    def replenish(self) -> int:
+        """One refill round toward the warm targets (see :meth:`WarmKeeper.replenish`)."""
+        return self.keeper.replenish()
+
+    async def run_warm(self) -> None:
+        await self.keeper.run()
 
     # -- operations -------------------------------------------------------------------------------
 
@@ -390,6 +428,7 @@ class Agent:
                 )
             if sandbox_id not in self._live:
                 raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+            self.warm.take_ready(sandbox_id)  # no claim may take it while it stops
             task = asyncio.get_running_loop().create_task(self._stop(sandbox_id))
             self._stopping[sandbox_id] = task
             task.add_done_callback(lambda _t: self._stopping.pop(sandbox_id, None))
@@ -405,13 +444,16 @@ class Agent:
             # Still there as far as we know: keep charging for it.
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         self._live.pop(sandbox_id, None)
+        self.warm.forget(sandbox_id)
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
         if sandbox_id not in self._live:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        claimed_env = self.warm.env(sandbox_id)
+        env = {**claimed_env, **req.env} if claimed_env else req.env
         try:
             r = await self.runtime.exec(
-                sandbox_id, req.command, timeout_s=req.timeout_s, env=req.env, cwd=req.cwd
+                sandbox_id, req.command, timeout_s=req.timeout_s, env=env, cwd=req.cwd
             )
         except SandboxNotFound:
             self._live.pop(sandbox_id, None)  # it died under us; stop accounting for it
@@ -455,6 +497,7 @@ class Agent:
             resident_mb=s.resident_mb,
             oom_kills=s.oom_kills,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
+            role=self.warm.role(sandbox_id) or ROLE_OWNED,
         )
 
     # -- restart, measurement, heartbeats --------------------------------------------------------------
@@ -469,6 +512,7 @@ class Agent:
         present = {h.id for h in handles}
         for sandbox_id in [i for i in self._live if i not in present and i not in self._stopping]:
             del self._live[sandbox_id]
+            self.warm.forget(sandbox_id)
         adopted = 0
         for h in handles:
             if h.id not in self._live and h.id not in self._starting:
@@ -492,6 +536,7 @@ class Agent:
             except SandboxNotFound:
                 if sandbox_id not in self._stopping:
                     self._live.pop(sandbox_id, None)  # died on its own (OOM, crash)
+                    self.warm.forget(sandbox_id)
                 continue
             except RuntimeFailure:
                 continue  # no reading this round; keep the last one
@@ -517,13 +562,16 @@ class Agent:
         return {i: s.oom_kills for i, s in self._live.items() if s.oom_kills}
 
     def capacity(self) -> Capacity:
+        # Ready warm sandboxes are charged in the gate, but any real create may take their room (it
+        # evicts them): the control plane sees that room as admittable, so a pool never refuses work.
+        warm_mb, warm_cpus = self.keeper.charge()
         return Capacity(
             cpu_total=self.cpu_total,
-            cpu_used=sum(s.spec.cpus for s in self._live.values()),
+            cpu_used=sum(s.spec.cpus for s in self._live.values()) - warm_cpus,
             memory_mb_total=self.memory_mb_total,
             memory_mb_used=self.memory_mb_used(),
             memory_admission=self.admission,
-            memory_mb_admittable=self.admittable_mb(),
+            memory_mb_admittable=self.admittable_mb() + warm_mb,
             templates=None if self.templates is None else sorted(self.templates),
             runtime=self.runtime.name,
             gpu=self.gpu,
@@ -546,6 +594,8 @@ class Agent:
             sent_at=self.clock.now(),
             sandbox_ids=self.sandbox_ids(),
             oom_kills=self.oom_kills(),
+            roles=self.warm.roles(),
+            warm=self.warm.counts(),
         )
 
     async def beat(self) -> Heartbeat:
@@ -553,8 +603,10 @@ class Agent:
         await self.measure()
         hb = self.heartbeat()
         if self.sink is not None:
-            await self.sink(hb)
+            reply = await self.sink(hb)
             self.heartbeats_sent += 1
+            if reply is not None:
+                self.set_warm_targets(reply.warm_targets)
         return hb
 
     async def run_heartbeats(self) -> None:

@@ -235,11 +235,13 @@ async def _serve(agent: Agent, host_key: str, host: str, port: int, advertise: s
         agent.runtime.name,
     )
     beats = asyncio.create_task(agent.run_heartbeats())
+    warm = asyncio.create_task(agent.run_warm())
     try:
         await serving
     finally:
         beats.cancel()
-        await asyncio.gather(beats, return_exceptions=True)
+        warm.cancel()
+        await asyncio.gather(beats, warm, return_exceptions=True)
         sink = agent.sink
         if isinstance(sink, HttpHeartbeatSink):
             await sink.aclose()

@@ -22,9 +22,10 @@ from corral.agent.errors import (
     AgentRefusal,
     AgentSandboxNotFound,
     AgentUnavailable,
+    AgentWarmEmpty,
     error_from_response,
 )
-from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
 
 __all__ = [
     "AgentClient",
@@ -53,6 +54,10 @@ class AgentClient(ABC):
     @abstractmethod
     async def capacity(self) -> Capacity: ...
 
+    async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        """Take one ready warm sandbox of ``template``; raises ``AgentWarmEmpty`` when none is left."""
+        raise AgentWarmEmpty(message="this agent keeps no warm sandboxes")
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook; most clients hold nothing
         """Release what the client holds (connections)."""
 
@@ -77,6 +82,9 @@ class LocalAgentClient(AgentClient):
 
     async def capacity(self) -> Capacity:
         return self.agent.capacity()
+
+    async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        return self.agent.claim(template, req)
 
 
 _INFOS = TypeAdapter(list[SandboxInfo])
@@ -169,6 +177,11 @@ class HttpAgentClient(AgentClient):
 
     async def capacity(self) -> Capacity:
         result: Capacity = self._parse(Capacity, await self._call("GET", "/v1/capacity"))
+        return result
+
+    async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        path = f"/v1/warm/{quote(template, safe='')}/claim"
+        result: SandboxInfo = self._parse(SandboxInfo, await self._call("POST", path, req))
         return result
 
     async def aclose(self) -> None:

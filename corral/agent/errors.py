@@ -27,6 +27,7 @@ class Code:
     RUNTIME_FAILED = "runtime_failed"
     UNAVAILABLE = "agent_unavailable"
     INTERNAL = "internal"
+    WARM_EMPTY = "warm_empty"
 
 
 class AgentError(Exception):
@@ -88,6 +89,13 @@ class AgentConflict(AgentError):
     default_code = Code.SANDBOX_EXISTS
 
 
+class AgentWarmEmpty(AgentConflict):
+    """No ready warm sandbox of the template is left here: the caller tries another host or starts
+    one cold. Answered at once, never waited for."""
+
+    default_code = Code.WARM_EMPTY
+
+
 class AgentInvalid(AgentError):
     """Bad input; ``details["field"]`` names the field."""
 
@@ -138,6 +146,8 @@ def error_from_response(status: int, body: object) -> AgentError:
         if code == Code.UNAVAILABLE:
             return AgentUnavailable(code, message, retry, details)
         return AgentRefusal(code, message, retry, details)
+    if status == 409 and code == Code.WARM_EMPTY:
+        return AgentWarmEmpty(code, message, retry, details)
     cls = _BY_STATUS.get(status)
     if cls is None:
         return AgentError(code, message, retry, details)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from corral.agent.protocol import Heartbeat
+from corral.agent.protocol import Heartbeat, HeartbeatReply
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
 
@@ -54,7 +54,7 @@ class HttpHeartbeatSink:
     def url(self) -> str:
         return self.urls[self._current]
 
-    async def __call__(self, hb: Heartbeat) -> None:
+    async def __call__(self, hb: Heartbeat) -> HeartbeatReply | None:
         body = hb.model_dump_json()
         error: Exception | None = None
         for step in range(len(self.urls)):
@@ -66,7 +66,10 @@ class HttpHeartbeatSink:
                 continue
             if resp.is_success:
                 self._current = i
-                return
+                try:
+                    return HeartbeatReply.model_validate_json(resp.content)
+                except ValueError:
+                    return None  # an older control plane: no warm targets
             error = HeartbeatRejected(resp.status_code, resp.text)
             if resp.status_code in (401, 403, 422):
                 break  # every replica would say the same

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral.agent.agent import Agent
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
 from corral.agent.metrics import AgentCollector
-from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
 
 log = logging.getLogger("corral.agent.http")
 
@@ -108,6 +108,10 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     @api.post("/v1/sandboxes", status_code=201)
     async def start(body: StartSandbox) -> SandboxInfo:
         return await agent.start(body)
+
+    @api.post("/v1/warm/{template}/claim")
+    async def claim_warm(template: str, body: ClaimWarm) -> SandboxInfo:
+        return agent.claim(template, body)
 
     @api.get("/v1/sandboxes")
     async def list_sandboxes() -> list[SandboxInfo]:

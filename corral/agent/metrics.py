@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from corral.agent.agent import Agent
+from corral.agent.warm import CLAIM_BUCKETS_S
 
 MIB = 1024 * 1024
 
@@ -87,3 +88,42 @@ class AgentCollector(Collector):
             failures,
             oom_kills,
         )
+        yield from self._warm()
+
+    def _warm(self) -> Iterator[Metric]:
+        label = ["agent"]
+        fill = GaugeMetricFamily(
+            "corral_agent_warm_sandboxes",
+            "Warm sandboxes per template and state (ready, starting) against the host's target.",
+            labels=[*label, "template", "state"],
+        )
+        claims = CounterMetricFamily("corral_agent_warm_claims", "Warm sandboxes handed over.", labels=label)
+        empty = CounterMetricFamily(
+            "corral_agent_warm_claims_empty", "Claims answered with none left.", labels=label
+        )
+        starts = CounterMetricFamily(
+            "corral_agent_warm_replenish_starts", "Warm starts begun to meet targets.", labels=label
+        )
+        evictions = CounterMetricFamily(
+            "corral_agent_warm_evictions", "Warm sandboxes stopped to make room for a create.", labels=label
+        )
+        latency = HistogramMetricFamily(
+            "corral_agent_warm_claim_seconds", "The agent's hand-over of one warm sandbox.", labels=label
+        )
+        for agent in self._current():
+            a = [agent.id]
+            book, stats = agent.warm, agent.warm.stats
+            for template, count in book.counts().items():
+                fill.add_metric([*a, template, "ready"], count.ready)
+                fill.add_metric([*a, template, "starting"], count.starting)
+                fill.add_metric([*a, template, "target"], book.target(template))
+            claims.add_metric(a, stats.claims)
+            empty.add_metric(a, stats.empty)
+            starts.add_metric(a, stats.replenish_starts)
+            evictions.add_metric(a, stats.evictions)
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, CLAIM_BUCKETS_S), "+Inf"], stats.claim_buckets, strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            latency.add_metric(a, buckets, stats.claim_seconds_sum)
+        yield from (fill, claims, empty, starts, evictions, latency)

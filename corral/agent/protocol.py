@@ -61,6 +61,14 @@ class StartSandbox(_Model):
     pids: int | None = Field(default=None, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
 
 
+# A heartbeat entry's role: a sandbox started for a create is "owned" (the default, left out of the
+# sparse ``roles`` map); a warm one waits, unowned, in a pool; a claimed one left a pool for a create.
+ROLE_OWNED = "owned"
+ROLE_WARM = "warm"
+ROLE_CLAIMED = "claimed"
+ROLE_PATTERN = f"^({ROLE_OWNED}|{ROLE_WARM}|{ROLE_CLAIMED})$"
+
+
 class SandboxInfo(_Lenient):
     id: str
     memory_mb: int
@@ -74,6 +82,28 @@ class SandboxInfo(_Lenient):
     # What the local gate charges for it right now, in the agent's admission mode.
     charged_mb: int
     oom_kills: int = 0
+    role: str = ROLE_OWNED
+
+
+class ClaimWarm(_Model):
+    """Take one ready warm sandbox of a template: the environment is kept for every later exec."""
+
+    env: Env = Field(default_factory=dict)
+
+
+class WarmTarget(_Model):
+    """How many warm sandboxes of a template this host keeps ready, and what each is started with."""
+
+    template: str = Field(min_length=1, max_length=128)
+    target: int = Field(ge=0, le=100_000, strict=True)
+    memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
+    cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)
+    stateful: bool = Field(default=False, strict=True)
+
+
+class WarmCount(_Lenient):
+    ready: Count = 0
+    starting: Count = 0
 
 
 class ExecRequest(_Model):
@@ -124,6 +154,20 @@ class Heartbeat(Capacity):
     oom_kills: dict[SandboxId, Annotated[int, Field(ge=0, lt=2**63)]] = Field(
         default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST
     )
+    # Sparse: the role of every entry of ``sandbox_ids`` that is not owned (warm or claimed).
+    roles: dict[SandboxId, Annotated[str, Field(pattern=ROLE_PATTERN)]] = Field(
+        default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST
+    )
+    # Warm sandboxes per template.
+    warm: dict[Annotated[str, Field(min_length=1, max_length=128)], WarmCount] = Field(
+        default_factory=dict, max_length=MAX_TEMPLATES_PER_HOST
+    )
+
+    def owned_ids(self) -> frozenset[str]:
+        """The entries a record may claim: every sandbox but the warm ones."""
+        if not self.roles:
+            return frozenset(self.sandbox_ids)
+        return frozenset(i for i in self.sandbox_ids if self.roles.get(i) != ROLE_WARM)
 
     def host_view(self, heartbeat_at: float | None = None, state: HostState = HostState.READY) -> HostView:
         """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);
@@ -144,3 +188,12 @@ class Heartbeat(Capacity):
             state=state,
             stream_restore=self.stream_restore,
         )
+
+
+class HeartbeatReply(_Lenient):
+    """The control plane's answer to a heartbeat: whether it was kept, and this host's warm targets."""
+
+    accepted: bool = True
+    confirmed: int = 0
+    state: str = "ready"
+    warm_targets: list[WarmTarget] = Field(default_factory=list)

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import dashboard, errors
+from corral.api import dashboard, errors, pools
 from corral.api.limits import BodyLimit
 from corral.api.requestlog import RequestLog
 from corral.api.routes import router
@@ -44,6 +44,7 @@ def create_app(
     app.state.plane = plane
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
+    app.include_router(pools.router)
     app.add_middleware(BodyLimit)
     app.include_router(dashboard.router)
     app.state.dashboard_key = dashboard.session_key(admin_token)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from corral.agent.protocol import ID_PATTERN, ExecRequest
+from corral.agent.protocol import ID_PATTERN, ExecRequest, HeartbeatReply
 from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.api.auth import Admin, Agent, Plane, User, owner, scope
 from corral.api.schemas import (
@@ -232,9 +232,8 @@ async def list_tenants(_: Admin, plane: Plane) -> dict[str, list[TenantOut]]:
 
 
 @router.post("/v1/agent/heartbeat")
-async def heartbeat(hb: WireHeartbeat, sender: Agent, plane: Plane) -> dict[str, object]:
-    result = await plane.heartbeat(hb, sender)
-    return {"accepted": result.accepted, "confirmed": result.confirmed, "state": result.host.state.value}
+async def heartbeat(hb: WireHeartbeat, sender: Agent, plane: Plane) -> HeartbeatReply:
+    return await plane.heartbeat_reply(hb, sender)
 
 
 @router.get("/healthz")

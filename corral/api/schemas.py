@@ -120,6 +120,7 @@ class SandboxOut(BaseModel):
     created_at: str | None
     expires_at: str | None
     oom_kills: int = 0  # processes the kernel killed in it for overrunning its memory limit
+    warm: bool = False
 
     @classmethod
     def of(cls, r: SandboxRecord) -> SandboxOut:
@@ -143,6 +144,7 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "created_at": iso(r.created_at),
         "expires_at": iso(r.expires_at),
         "oom_kills": r.oom_kills,
+        "warm": r.warm,
     }
 
 
@@ -178,6 +180,8 @@ class HostOut(BaseModel):
     sandboxes: int
     runtime: str
     address: str
+    # Warm sandboxes per template: {"ready": n, "starting": n}.
+    warm: dict[str, dict[str, int]] = {}
 
     @classmethod
     def of(cls, r: HostRecord, age: float) -> HostOut:
@@ -195,6 +199,7 @@ class HostOut(BaseModel):
             sandboxes=len(r.sandbox_ids),
             runtime=r.runtime,
             address=r.address,
+            warm={t: {"ready": n[0], "starting": n[1]} for t, n in sorted(r.warm.items())},
         )
 
 

@@ -228,7 +228,7 @@ def hosts_command(
         _print_json({"hosts": [h.model_dump(mode="json") for h in hosts]})
         return
     table = Table(title=f"{len(hosts)} hosts", title_justify="left")
-    for column in ("id", "state", "mode", "hb_s", "cpu", "mem_mb", "admit_mb", "resv_mb", "n"):
+    for column in ("id", "state", "mode", "hb_s", "cpu", "mem_mb", "admit_mb", "resv_mb", "n", "warm"):
         table.add_column(
             column, no_wrap=True, justify="left" if column in ("id", "state", "mode") else "right"
         )
@@ -243,6 +243,7 @@ def hosts_command(
             str(h.memory_mb_admittable),
             str(h.reserved_mb),
             str(h.sandboxes),
+            str(sum(w.get("ready", 0) for w in h.warm.values())),
         )
     Console().print(table)
 

@@ -28,6 +28,7 @@ from corral.client.models import (
     TokenList,
     parse,
 )
+from corral.client.pools import Pools
 from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
 from corral.client.sandbox import Sandbox
 
@@ -66,6 +67,7 @@ class Corral:
         self.sandboxes = Sandboxes(self)
         self.hosts = Hosts(self)
         self.tokens = Tokens(self)
+        self.pools = Pools(self)
 
     def close(self) -> None:
         self._http.close()

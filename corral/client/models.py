@@ -30,6 +30,8 @@ class SandboxRecord(_Wire):
     metadata: dict[str, Any] = Field(default_factory=dict)
     created_at: datetime | None = None
     expires_at: datetime | None = None
+    # Taken from a warm pool rather than started for this create.
+    warm: bool = False
 
 
 class ExecResult(_Wire):
@@ -59,6 +61,8 @@ class Host(_Wire):
     memory_admission: str | None = None
     reserved_mb: int = 0
     sandboxes: int = 0
+    # Warm sandboxes per template: {"ready": n, "starting": n}.
+    warm: dict[str, dict[str, int]] = Field(default_factory=dict)
 
 
 class HostCredentials(_Wire):

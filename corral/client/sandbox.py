@@ -69,6 +69,11 @@ class SandboxView:
         return self._record.stateful
 
     @property
+    def warm(self) -> bool:
+        """Taken from a warm pool rather than started for this create."""
+        return self._record.warm
+
+    @property
     def metadata(self) -> dict[str, Any]:
         return dict(self._record.metadata)
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
 from corral.agent.errors import AgentError, AgentRefusal
@@ -24,6 +24,7 @@ from corral.control.config import ControlConfig
 from corral.control.errors import Conflict, InvalidRequest, NotFound, OverQuota, Unavailable
 from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
+from corral.control.pools import WarmClaims
 from corral.control.retry import RetryAfter
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import (
@@ -106,6 +107,8 @@ class CreateFlow:
         self._templates: dict[str, tuple[TemplateRecord, float]] = {}
         # Idempotency keys refused at least once, with when: "time from first refusal to success".
         self._first_refusal: dict[str, float] = {}
+        # The warm-pool claim a create tries first (set by the control plane).
+        self.warm: WarmClaims | None = None
 
     def placer(self, n_hosts: int) -> Placer:
         """The placer for a fleet of ``n_hosts``: K is fixed by configuration or grows as log2 n."""
@@ -139,8 +142,8 @@ class CreateFlow:
         tpl = await self._template(template)
         return tpl.pids if tpl is not None else None
 
-    async def _resolve(self, spec: CreateSpec) -> tuple[int, float, bool]:
-        tpl = await self._template(spec.template)
+    async def _resolve(self, spec: CreateSpec, tpl: TemplateRecord | None = None) -> tuple[int, float, bool]:
+        tpl = tpl or await self._template(spec.template)
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
@@ -152,12 +155,13 @@ class CreateFlow:
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
         return memory_mb, cpus, stateful
 
-    async def new_record(
-        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
-    ) -> tuple[SandboxRecord, bool]:
-        memory_mb, cpus, stateful = await self._resolve(spec)
+    async def draft(
+        self, tenant_id: str, spec: CreateSpec, tpl: TemplateRecord | None = None
+    ) -> SandboxRecord:
+        """The record a create writes, before it is written (``tpl``: the template, if known)."""
+        memory_mb, cpus, stateful = await self._resolve(spec, tpl)
         now = self.clock.now()
-        record = SandboxRecord(
+        return SandboxRecord(
             id=new_sandbox_id(),
             tenant_id=tenant_id,
             template=spec.template,
@@ -168,12 +172,24 @@ class CreateFlow:
             metadata=dict(spec.metadata),
             expires_at=now + spec.ttl_seconds if spec.ttl_seconds else None,
         )
-        try:
+
+    async def new_record(
+        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
+    ) -> tuple[SandboxRecord, bool]:
+        record = await self.draft(tenant_id, spec)
+        with self.store_errors(spec, tenant_id):
             out = await self.store.create_sandbox(
                 record,
                 idempotency_key=idempotency_key,
                 request_hash=spec.fingerprint() if idempotency_key else None,
             )
+        return out.record, out.replayed
+
+    @contextlib.contextmanager
+    def store_errors(self, spec: CreateSpec, tenant_id: str) -> Iterator[None]:
+        """The store's refusals of a create, as the API answers them."""
+        try:
+            yield
         except NameConflict as e:
             raise Conflict(f"a sandbox named {spec.name!r} exists", details={"field": "name"}) from e
         except IdempotencyMismatch as e:
@@ -188,7 +204,6 @@ class CreateFlow:
             ) from e
         except StoreNotFound as e:
             raise NotFound(f"unknown tenant {tenant_id}") from e
-        return out.record, out.replayed
 
     # -- the whole flow ----------------------------------------------------------------------------
 
@@ -197,6 +212,12 @@ class CreateFlow:
     ) -> tuple[SandboxRecord, bool]:
         """Place one sandbox. Returns (record, replayed)."""
         started = self.clock.now()
+        if self.warm is not None:
+            claimed = await self._claim_warm(tenant_id, spec, idempotency_key)
+            if claimed is not None:
+                if not claimed[1]:
+                    self.observe_success(claimed[0], started, tenant_id, idempotency_key)
+                return claimed
         record, replayed = await self.new_record(tenant_id, spec, idempotency_key)
         if replayed:
             note(outcome="replayed", sandbox_id=record.id)
@@ -212,6 +233,35 @@ class CreateFlow:
             raise
         self.observe_success(placed, started, tenant_id, idempotency_key)
         return placed, False
+
+    async def _claim_warm(
+        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
+    ) -> tuple[SandboxRecord, bool] | None:
+        """A create of a pooled template that asks for nothing its warm sandboxes were not admitted
+        with takes one of them; None: place it cold."""
+        assert self.warm is not None
+        if await self.warm.book.get(spec.template) is None:
+            return None
+        # The pools' templates are read with the pools: no template read per claim, however many.
+        tpl = self.warm.book.templates.get(spec.template)
+        if tpl is None:
+            return None
+        if not self.warm.eligible_spec(tpl, spec.memory_mb, spec.cpus, spec.stateful):
+            self.warm.miss(spec.template, "override")
+            return None
+        record = await self.draft(tenant_id, spec, tpl)
+        with self.store_errors(spec, tenant_id):
+            claimed = await self.warm.claim(
+                record,
+                spec.env,
+                idempotency_key=idempotency_key,
+                request_hash=spec.fingerprint() if idempotency_key else None,
+            )
+        if claimed is None:
+            return None
+        if claimed.replayed:
+            return await self._replay(claimed.record), True
+        return claimed.record, False
 
     async def _replay(self, first: SandboxRecord) -> SandboxRecord:
         """What a repeated Idempotency-Key answers: the sandbox the first call made, as it is now."""

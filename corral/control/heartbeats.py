@@ -23,8 +23,10 @@ def to_store(hb: WireHeartbeat) -> Heartbeat:
         gpu=hb.gpu,
         role=hb.role,
         stream_restore=hb.stream_restore,
-        sandbox_ids=frozenset(hb.sandbox_ids),
+        # Warm sandboxes are no record's: they must neither confirm a reservation nor look stray.
+        sandbox_ids=hb.owned_ids(),
         address=hb.address,
+        warm={t: (c.ready, c.starting) for t, c in hb.warm.items()},
     )
 
 

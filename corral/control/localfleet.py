@@ -13,7 +13,7 @@ from pathlib import Path
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
 from corral.agent.metrics import AgentCollector
-from corral.agent.protocol import Heartbeat
+from corral.agent.protocol import Heartbeat, HeartbeatReply
 from corral.control.agents import LocalAgents
 from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy, Clock
@@ -53,6 +53,7 @@ class LocalFleet:
             await agent.adopt()
             await agent.beat()
             self.tasks.append(asyncio.create_task(agent.run_heartbeats(), name=f"heartbeat-{agent.id}"))
+            self.tasks.append(asyncio.create_task(agent.run_warm(), name=f"warm-{agent.id}"))
 
     async def stop(self, *, stop_sandboxes: bool = False) -> None:
         for t in self.tasks:
@@ -84,8 +85,8 @@ def build_local_fleet(
     seed: int | None = None,
     settle_s: float | None = None,
 ) -> LocalFleet:
-    async def sink(hb: Heartbeat) -> None:
-        await plane.heartbeat(hb)
+    async def sink(hb: Heartbeat) -> HeartbeatReply:
+        return await plane.heartbeat_reply(hb)
 
     root = state_root or Path(os.environ.get("CORRAL_STATE_DIR", "/run/corral"))
     base_seed = random.Random(seed).randrange(1 << 30)

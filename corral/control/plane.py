@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 
 from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.agent.protocol import HeartbeatReply
 from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
@@ -18,6 +19,7 @@ from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound,
 from corral.control.errors import HostBusy as HostBusyError
 from corral.control.heartbeats import HeartbeatIntake
 from corral.control.metrics import Metrics
+from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
@@ -88,6 +90,29 @@ class ControlPlane:
         self.reconciler = Reconciler(
             store, self.view, agents, self.config, self.clock, self.metrics, self.retry_after, self.routes
         )
+        self.pool_book = PoolBook(store, self.clock)
+        self.warm = WarmClaims(
+            store,
+            self.view,
+            agents,
+            self.pool_book,
+            self.clock,
+            self.rng,
+            t.stale_after_s,
+            WarmMetrics(self.metrics.registry),
+        )
+        self.creates.warm = self.warm
+        self.pools = Pools(
+            store,
+            self.view,
+            self.pool_book,
+            self.warm,
+            self.clock,
+            self.rng,
+            t.stale_after_s,
+            self.config.policy,
+        )
+        self.reconciler.leader_work.append(self.pools.rebalance)
         self._task: asyncio.Task[None] | None = None
         self.migrated = False
         self.default_tenant_id: str | None = None
@@ -258,6 +283,16 @@ class ControlPlane:
             # start-up, a view read before the rest of the fleet's first heartbeats).
             self.view.invalidate()
         return result
+
+    async def heartbeat_reply(self, hb: WireHeartbeat, sender: Principal | None = None) -> HeartbeatReply:
+        """Accept a heartbeat (as :meth:`heartbeat` does) and answer with the host's warm targets."""
+        result = await self.heartbeat(hb, sender)
+        return HeartbeatReply(
+            accepted=result.accepted,
+            confirmed=result.confirmed,
+            state=result.host.state.value,
+            warm_targets=await self.pool_book.targets_for(hb.agent_id),
+        )
 
     async def hosts(self) -> list[HostStatus]:
         snap = await self.view.get(fresh=True)

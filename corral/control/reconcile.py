@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.control.agents import AgentDirectory
@@ -51,6 +52,8 @@ class Reconciler:
         self._strays: set[tuple[str, str]] = set()
         # Records said to be running that their host did not list, as of the previous sweep.
         self._lost: set[str] = set()
+        # More rounds only the leader runs (warm-pool spreading), each after the books are settled.
+        self.leader_work: list[Callable[[], Awaitable[object]]] = []
 
     async def tick(self) -> None:
         """One round. Safe to call concurrently from several replicas."""
@@ -69,6 +72,8 @@ class Reconciler:
         await self._reclaim_orphans()
         await self._finish_tombstones()
         await self._settle_unbound()
+        for work in self.leader_work:
+            await work()
         self._ticks += 1
         if self._ticks % 5 == 0:
             await self._stop_strays()

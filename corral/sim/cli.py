@@ -19,12 +19,14 @@ from corral.sim.experiments import (
     LeakScenario,
     ScaleScenario,
     StalenessScenario,
+    WarmScenario,
 )
 from corral.sim.experiments import burst as burst_exp
 from corral.sim.experiments import density as density_exp
 from corral.sim.experiments import leak as leak_exp
 from corral.sim.experiments import scale as scale_exp
 from corral.sim.experiments import staleness as staleness_exp
+from corral.sim.experiments import warm as warm_exp
 from corral.sim.policies import BURST_POLICIES
 
 sim_app = typer.Typer(
@@ -250,4 +252,39 @@ def leak(
         plot,
         plots.leak,
         render.leak,
+    )
+
+
+@sim_app.command()
+def warm(
+    hosts: int = typer.Option(12, help="Hosts holding warm sandboxes."),
+    warm_min: int = typer.Option(8, help="Fewest warm sandboxes on a host at the start."),
+    warm_max: int = typer.Option(12, help="Most warm sandboxes on a host at the start."),
+    claims: int = typer.Option(100, help="Claims in the burst."),
+    window_s: float = typer.Option(1.0, help="The burst arrives within this many seconds."),
+    refresh_s: float = typer.Option(10.0, help="How often the advertised inventory is refreshed."),
+    replicas: int = typer.Option(1, help="Replicas sharing the burst (each knows its own claims)."),
+    policies: str = typer.Option(",".join(warm_exp.WARM_POLICIES), help="Policies to compare."),
+    seed: int = SEED,
+    as_json: bool = JSON,
+    plot: Path | None = PLOT,
+) -> None:
+    """A burst of warm claims over a stale inventory: argmax drains one host, corral's claim path does not."""
+    _run(
+        lambda: WarmScenario(
+            hosts=hosts,
+            warm_min=warm_min,
+            warm_max=warm_max,
+            claims=claims,
+            window_s=window_s,
+            refresh_s=refresh_s,
+            replicas=replicas,
+            policies=_names(policies),
+        ),
+        warm_exp.run,
+        seed,
+        as_json,
+        plot,
+        plots.warm,
+        render.warm,
     )

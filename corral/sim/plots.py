@@ -16,9 +16,11 @@ from corral.sim.experiments import (
     LeakResult,
     ScaleResult,
     StalenessResult,
+    WarmResult,
 )
 
 COLORS = {
+    "argmax": "#ff7f0e",
     "naive": "#d62728",
     "jitter": "#ff7f0e",
     "reservations": "#9467bd",
@@ -145,4 +147,23 @@ def leak(r: LeakResult, path: Path) -> Path:
     ax.set_xlabel("seconds since the burst began")
     ax.set_ylabel("outstanding reserved memory (GiB)")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def warm(r: WarmResult, path: Path) -> Path:
+    """One panel per policy: claims landed per host, warm (hits) and cold stacked."""
+    fig = _figure(4.2 * len(r.outcomes), 3.4)
+    hosts = sorted(r.warm_at_start)
+    for i, o in enumerate(r.outcomes):
+        ax = fig.add_subplot(1, len(r.outcomes), i + 1)
+        cold = [o.cold_per_host.get(h, 0) for h in hosts]
+        warm_ = [o.per_host.get(h, 0) - c for h, c in zip(hosts, cold, strict=True)]
+        ax.bar(range(len(hosts)), warm_, color=COLORS.get(o.policy, "#333333"), label="warm")
+        ax.bar(range(len(hosts)), cold, bottom=warm_, color="#d62728", label="cold")
+        ax.set_title(
+            f"{o.policy}: {o.hits}/{o.hits + o.misses} warm, max/mean {o.max_over_mean:.2f}", fontsize=9
+        )
+        ax.set_xticks(range(len(hosts)), hosts, rotation=90, fontsize=7)
+        ax.set_ylabel("claims landed")
+        ax.legend(fontsize=7)
     return _save(fig, path)

@@ -12,6 +12,7 @@ from corral.sim.experiments import (
     LeakResult,
     ScaleResult,
     StalenessResult,
+    WarmResult,
 )
 
 
@@ -114,4 +115,37 @@ def leak(r: LeakResult, console: Console) -> None:
     for run in (r.lease, r.ttl_only):
         zero = f"{run.zero_at_s:g}" if run.zero_at_s is not None else "never"
         table.add_row(run.variant, str(run.held_by_dead_mb), str(run.peak_mb), str(run.final_mb), zero)
+    console.print(table)
+
+
+def warm(r: WarmResult, console: Console) -> None:
+    s = r.scenario
+    console.print(
+        f"[bold]warm[/bold]: {s.claims} claims in {s.window_s:g}s over {s.hosts} hosts holding "
+        f"{sum(r.warm_at_start.values())} warm, inventory refreshed every {s.refresh_s:g}s, "
+        f"{s.replicas} replica(s), seed {r.seed}"
+    )
+    table = Table(show_header=True, header_style="bold", box=None)
+    for column in (
+        "policy",
+        "hits",
+        "misses",
+        "max/mean",
+        "hosts cold",
+        "most cold on one",
+        "drained",
+        "asked",
+    ):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for o in r.outcomes:
+        table.add_row(
+            o.policy,
+            str(o.hits),
+            str(o.misses),
+            f"{o.max_over_mean:.2f}",
+            str(o.hosts_with_cold),
+            str(max(o.cold_per_host.values(), default=0)),
+            str(o.drained),
+            str(o.asked),
+        )
     console.print(table)

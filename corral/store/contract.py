@@ -168,6 +168,9 @@ class Heartbeat:
     sandbox_ids: frozenset[str] = frozenset()
     # The agent's base URL; empty for in-process agents.
     address: str = ""
+    # Warm sandboxes per template: (ready, starting). They are not in ``sandbox_ids``: no record
+    # claims them and none ever will until one is claimed.
+    warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +199,11 @@ class HostRecord:
     # Live (unexpired) reservations on this host: capacity promised that no heartbeat shows yet.
     reserved_mb: int
     reserved_cpu: float
+    # Warm sandboxes per template as the last heartbeat said: (ready, starting).
+    warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def warm_ready(self, template: str) -> int:
+        return self.warm.get(template, (0, 0))[0]
 
     def view(self) -> HostView:
         return HostView(
@@ -269,6 +277,8 @@ class SandboxRecord:
     # Bumped on every write: a fencing token (an old owner's compare-and-set cannot pass).
     version: int = 0
     oom_kills: int = 0  # processes the kernel's OOM killer killed in it, as its host last reported
+    # Claimed from a warm pool rather than started for this create.
+    warm: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +354,19 @@ class TemplateRecord:
     description: str = ""
     created_at: float = 0.0
     pids: int = DEFAULT_SANDBOX_PIDS  # the most processes (threads included) a sandbox may run
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRecord:
+    """A warm pool: the intent to keep ``size`` sandboxes of ``template`` booted and unowned, spread as
+    per-host ``targets`` (written by the leader), at most ``max_per_host`` on one host."""
+
+    template: str
+    size: int
+    max_per_host: int | None = None
+    targets: Mapping[str, int] = field(default_factory=dict)
+    created_at: float = 0.0
+    updated_at: float = 0.0
 
 
 # -- the contract ----------------------------------------------------------------------------------
@@ -531,6 +554,18 @@ class Store(ABC):
         ``created_at``/``updated_at``/``version`` are set by the store."""
 
     @abstractmethod
+    async def check_create(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome | None:
+        """The checks of ``create_sandbox`` (same errors, same replay outcome) as a read, inserting
+        nothing: a create that is about to take something it cannot give back (a warm sandbox)
+        learns first whether it would be refused. ``create_sandbox`` checks again atomically."""
+
+    @abstractmethod
     async def purge_idempotency_keys(self, older_than: float) -> int:
         """Forget idempotency keys first used before ``older_than`` (epoch seconds); a retry after
         that creates anew. Returns how many were forgotten."""
@@ -677,6 +712,31 @@ class Store(ABC):
 
     @abstractmethod
     async def delete_template(self, name: str) -> bool: ...
+
+    # -- warm pools ----------------------------------------------------------------------------
+
+    @abstractmethod
+    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
+        """Raises :class:`NameConflict` if the template already has a pool, :class:`NotFound` if the
+        template does not exist."""
+
+    @abstractmethod
+    async def update_pool(
+        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    ) -> PoolRecord:
+        """Change a pool's size or per-host cap; raises :class:`NotFound`."""
+
+    @abstractmethod
+    async def delete_pool(self, template: str) -> bool:
+        """Forget the pool and its targets. True if it existed."""
+
+    @abstractmethod
+    async def list_pools(self) -> list[PoolRecord]:
+        """Every pool with its per-host targets, ordered by template."""
+
+    @abstractmethod
+    async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool:
+        """Replace the pool's per-host targets (hosts with 0 are dropped). False if the pool is gone."""
 
 
 def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozenset[SandboxState] | None:

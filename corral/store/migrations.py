@@ -152,6 +152,27 @@ _V4 = (
     "ALTER TABLE templates ADD COLUMN pids BIGINT NOT NULL DEFAULT 512",
     "ALTER TABLE sandboxes ADD COLUMN oom_kills BIGINT NOT NULL DEFAULT 0",
 )
+
+# Warm pools as intent: one row per pool and one per (pool, host) target, never a row per warm
+# sandbox. A host's warm counts ride on its heartbeat row; a claimed sandbox's record says it was warm.
+_V5 = (
+    """CREATE TABLE pools (
+        template TEXT PRIMARY KEY,
+        size BIGINT NOT NULL CHECK (size >= 0),
+        max_per_host BIGINT CHECK (max_per_host IS NULL OR max_per_host > 0),
+        created_at {real} NOT NULL,
+        updated_at {real} NOT NULL
+    )""",
+    """CREATE TABLE pool_targets (
+        template TEXT NOT NULL,
+        host_id TEXT NOT NULL,
+        target BIGINT NOT NULL CHECK (target > 0),
+        PRIMARY KEY (template, host_id)
+    )""",
+    "ALTER TABLE hosts ADD COLUMN warm TEXT NOT NULL DEFAULT '{{}}'",
+    "ALTER TABLE sandboxes ADD COLUMN warm {bool} NOT NULL DEFAULT {false}",
+)
+
 # Why a create went where it went: a compact JSON document written by the same UPDATE that marks the
 # sandbox placed, so a sandbox and its explanation never disagree.
 _V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
@@ -161,6 +182,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "tenant usage counters", _V2),
     Migration(3, "host identity: per-host agent tokens and keys, token sources, revocation epoch", _V3),
     Migration(4, "template pids limit, sandbox OOM kills", _V4),
+    Migration(5, "warm pools and per-host targets", _V5),
     Migration(6, "placement explanation on the sandbox row", _V6),
 )
 

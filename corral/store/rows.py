@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from corral.core.types import AdmissionMode, HostState
 from corral.store.contract import (
     HostRecord,
     InvalidRecord,
+    PoolRecord,
     ReservationRecord,
     SandboxRecord,
     SandboxState,
@@ -46,7 +47,7 @@ HOST_COLS = (
 # were not swept yet, and an expired reservation must never count against capacity.
 HOSTS_SELECT = f"""
 SELECT {HOST_COLS},
-       h.reserved_mb - coalesce(x.mb, 0), h.reserved_cpu_m - coalesce(x.cpu_m, 0)
+       h.reserved_mb - coalesce(x.mb, 0), h.reserved_cpu_m - coalesce(x.cpu_m, 0), h.warm
 FROM hosts h
 LEFT JOIN (
     SELECT host_id, CAST(sum(memory_mb) AS BIGINT) AS mb, CAST(sum(cpu_m) AS BIGINT) AS cpu_m
@@ -78,7 +79,16 @@ def host_from_row(r: Row) -> HostRecord:
         address=r[17],
         reserved_mb=int(r[18]),
         reserved_cpu=from_millicores(int(r[19])),
+        warm=warm_from_json(r[20]),
     )
+
+
+def warm_to_json(warm: Mapping[str, tuple[int, int]]) -> str:
+    return json.dumps({t: [int(n[0]), int(n[1])] for t, n in sorted(warm.items())})
+
+
+def warm_from_json(text: str | None) -> dict[str, tuple[int, int]]:
+    return {t: (int(n[0]), int(n[1])) for t, n in json.loads(text or "{}").items()}
 
 
 def json_list(values: frozenset[str] | None) -> str | None:
@@ -107,7 +117,7 @@ def reservation_from_row(r: Row) -> ReservationRecord:
 
 SANDBOX_COLS = (
     "id, tenant_id, name, template, host_id, state, memory_mb, cpus, stateful, metadata, "
-    "created_at, updated_at, expires_at, reservation_id, version, oom_kills"
+    "created_at, updated_at, expires_at, reservation_id, version, oom_kills, warm"
 )
 
 
@@ -129,6 +139,7 @@ def sandbox_from_row(r: Row) -> SandboxRecord:
         reservation_id=r[13],
         version=int(r[14]),
         oom_kills=int(r[15]),
+        warm=bool(r[16]),
     )
 
 
@@ -151,6 +162,7 @@ def sandbox_to_json(rec: SandboxRecord) -> str:
             "expires_at": rec.expires_at,
             "reservation_id": rec.reservation_id,
             "version": rec.version,
+            "warm": rec.warm,
         }
     )
 
@@ -185,6 +197,20 @@ def template_from_row(r: Row) -> TemplateRecord:
         description=r[5],
         created_at=float(r[6]),
         pids=int(r[7]),
+    )
+
+
+POOL_COLS = "template, size, max_per_host, created_at, updated_at"
+
+
+def pool_from_row(r: Row, targets: Mapping[str, int]) -> PoolRecord:
+    return PoolRecord(
+        template=r[0],
+        size=int(r[1]),
+        max_per_host=int(r[2]) if r[2] is not None else None,
+        targets=dict(targets),
+        created_at=float(r[3]),
+        updated_at=float(r[4]),
     )
 
 

@@ -45,6 +45,7 @@ from corral.store.contract import (
     NotFound,
     OverQuota,
     Page,
+    PoolRecord,
     Principal,
     ReservationRecord,
     ReserveItem,
@@ -214,6 +215,7 @@ class SqlStore(Store):
             "role": hb.role,
             "sr": bool(hb.stream_restore),
             "sandbox_ids": rows.json_list(hb.sandbox_ids),
+            "warm": rows.warm_to_json(hb.warm),
         }
 
         async def run(tx: Tx) -> HeartbeatResult:
@@ -222,9 +224,9 @@ class SqlStore(Store):
             applied = await tx.fetchone(
                 """INSERT INTO hosts (id, address, heartbeat_at, seq, cpu_total, cpu_used, memory_mb_total,
                        memory_mb_used, memory_mb_admittable, memory_admission, templates, runtime, gpu, role,
-                       stream_restore, sandbox_ids, registered_at)
+                       stream_restore, sandbox_ids, registered_at, warm)
                    VALUES (:id, :address, :now, :seq, :cpu_total, :cpu_used, :mt, :mu, :ma, :mode,
-                       :templates, :runtime, :gpu, :role, :sr, :sandbox_ids, :now)
+                       :templates, :runtime, :gpu, :role, :sr, :sandbox_ids, :now, :warm)
                    ON CONFLICT (id) DO UPDATE SET
                      address = CASE WHEN excluded.address <> '' THEN excluded.address ELSE hosts.address END,
                      heartbeat_at = excluded.heartbeat_at, seq = excluded.seq,
@@ -233,7 +235,8 @@ class SqlStore(Store):
                      memory_mb_admittable = excluded.memory_mb_admittable,
                      memory_admission = excluded.memory_admission, templates = excluded.templates,
                      runtime = excluded.runtime, gpu = excluded.gpu, role = excluded.role,
-                     stream_restore = excluded.stream_restore, sandbox_ids = excluded.sandbox_ids
+                     stream_restore = excluded.stream_restore, sandbox_ids = excluded.sandbox_ids,
+                     warm = excluded.warm
                    WHERE hosts.seq < excluded.seq
                    RETURNING id""",
                 params,
@@ -667,6 +670,51 @@ class SqlStore(Store):
                 {"t": tenant_id, "n": sandboxes, "mb": memory_mb},
             )
 
+    async def _create_checks(
+        self,
+        tx: Tx,
+        rec: SandboxRecord,
+        idempotency_key: str | None,
+        request_hash: str | None,
+        lock: bool,
+    ) -> CreateOutcome | None:
+        """Idempotency, name and quota, in the order ``create_sandbox`` applies them: a replay's
+        outcome, or None when the record may be inserted."""
+        # The tenant's row lock serialises its creates: the quota count below cannot be raced.
+        tenant = await tx.fetchone(
+            "SELECT max_sandboxes, max_memory_mb, live_sandboxes, live_memory_mb FROM tenants "
+            f"WHERE id = :t{self.for_update if lock else ''}",
+            {"t": rec.tenant_id},
+        )
+        if tenant is None:
+            raise NotFound(f"tenant {rec.tenant_id!r}")
+        if idempotency_key is not None:
+            seen = await tx.fetchone(
+                "SELECT request_hash, sandbox_id, record FROM idempotency_keys WHERE tenant_id = :t AND key = :k",
+                {"t": rec.tenant_id, "k": idempotency_key},
+            )
+            if seen is not None:
+                if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
+                    raise IdempotencyMismatch(
+                        f"idempotency key {idempotency_key!r} was first used with a different request"
+                    )
+                current = await self._sandbox(tx, seen[1])
+                return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
+        if rec.name is not None:
+            taken = await tx.fetchone(
+                "SELECT id FROM sandboxes WHERE tenant_id = :t AND name = :n AND state <> 'deleted'",
+                {"t": rec.tenant_id, "n": rec.name},
+            )
+            if taken is not None:
+                raise NameConflict(f"name {rec.name!r} is taken by sandbox {taken[0]}")
+        if rec.state in LIVE_STATES:
+            used = Usage(int(tenant[2]), int(tenant[3]))
+            if used.sandboxes + 1 > int(tenant[0]):
+                raise OverQuota("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
+            if used.memory_mb + rec.memory_mb > int(tenant[1]):
+                raise OverQuota("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
+        return None
+
     async def create_sandbox(
         self,
         record: SandboxRecord,
@@ -692,45 +740,16 @@ class SqlStore(Store):
             expires_at=record.expires_at,
             reservation_id=record.reservation_id,
             version=1,
+            warm=record.warm,
         )
 
         async def run(tx: Tx) -> CreateOutcome:
-            # The tenant's row lock serialises its creates: the quota count below cannot be raced.
-            tenant = await tx.fetchone(
-                "SELECT max_sandboxes, max_memory_mb, live_sandboxes, live_memory_mb FROM tenants "
-                f"WHERE id = :t{self.for_update}",
-                {"t": rec.tenant_id},
-            )
-            if tenant is None:
-                raise NotFound(f"tenant {rec.tenant_id!r}")
-            if idempotency_key is not None:
-                seen = await tx.fetchone(
-                    "SELECT request_hash, sandbox_id, record FROM idempotency_keys WHERE tenant_id = :t AND key = :k",
-                    {"t": rec.tenant_id, "k": idempotency_key},
-                )
-                if seen is not None:
-                    if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
-                        raise IdempotencyMismatch(
-                            f"idempotency key {idempotency_key!r} was first used with a different request"
-                        )
-                    current = await self._sandbox(tx, seen[1])
-                    return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
-            if rec.name is not None:
-                taken = await tx.fetchone(
-                    "SELECT id FROM sandboxes WHERE tenant_id = :t AND name = :n AND state <> 'deleted'",
-                    {"t": rec.tenant_id, "n": rec.name},
-                )
-                if taken is not None:
-                    raise NameConflict(f"name {rec.name!r} is taken by sandbox {taken[0]}")
-            if rec.state in LIVE_STATES:
-                used = Usage(int(tenant[2]), int(tenant[3]))
-                if used.sandboxes + 1 > int(tenant[0]):
-                    raise OverQuota("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
-                if used.memory_mb + rec.memory_mb > int(tenant[1]):
-                    raise OverQuota("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
+            replay = await self._create_checks(tx, rec, idempotency_key, request_hash, lock=True)
+            if replay is not None:
+                return replay
             await tx.execute(
                 f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, :name, :template, :host, :state, "
-                ":mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0)",
+                ":mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm)",
                 {
                     "id": rec.id,
                     "t": rec.tenant_id,
@@ -745,6 +764,7 @@ class SqlStore(Store):
                     "now": now,
                     "exp": rec.expires_at,
                     "rid": rec.reservation_id,
+                    "warm": bool(rec.warm),
                 },
             )
             if rec.state in LIVE_STATES:
@@ -770,6 +790,18 @@ class SqlStore(Store):
             if self._is_unique_violation(exc):
                 raise NameConflict(f"sandbox {rec.id!r} (or its name) already exists") from exc
             raise
+
+    async def check_create(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome | None:
+        _check_sandbox(record)
+        return await self._read(
+            lambda tx: self._create_checks(tx, record, idempotency_key, request_hash, lock=False)
+        )
 
     async def purge_idempotency_keys(self, older_than: float) -> int:
         async def run(tx: Tx) -> int:
@@ -1275,11 +1307,102 @@ class SqlStore(Store):
 
         return await self._read(run)
 
+    # -- warm pools ----------------------------------------------------------------------------
+
+    async def _pools(self, tx: Tx, template: str | None) -> list[PoolRecord]:
+        where, params = ("WHERE template = :t", {"t": template}) if template is not None else ("", {})
+        found = await tx.fetchall(_POOLS_WITH_TARGETS.format(where=where), params)
+        targets: dict[str, dict[str, int]] = {}
+        for t, host, n in await tx.fetchall(
+            f"SELECT template, host_id, target FROM pool_targets {where} ORDER BY template, host_id", params
+        ):
+            targets.setdefault(t, {})[host] = int(n)
+        return [rows.pool_from_row(r, targets.get(r[0], {})) for r in found]
+
+    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
+        _check_pool(size, max_per_host)
+        now = self._now()
+
+        async def run(tx: Tx) -> PoolRecord:
+            if await tx.fetchone("SELECT 1 FROM templates WHERE name = :t", {"t": template}) is None:
+                raise NotFound(f"template {template!r}")
+            if await tx.fetchone("SELECT 1 FROM pools WHERE template = :t", {"t": template}) is not None:
+                raise NameConflict(f"template {template!r} already has a pool")
+            await tx.execute(
+                "INSERT INTO pools (template, size, max_per_host, created_at, updated_at) "
+                "VALUES (:t, :size, :mph, :now, :now)",
+                {"t": template, "size": size, "mph": max_per_host, "now": now},
+            )
+            return (await self._pools(tx, template))[0]
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"template {template!r} already has a pool") from exc
+            raise
+
+    async def update_pool(
+        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    ) -> PoolRecord:
+        _check_pool(size, max_per_host)
+        sets, params = ["updated_at = :now"], {"t": template, "now": self._now()}
+        if size is not None:
+            sets.append("size = :size")
+            params["size"] = size
+        if not isinstance(max_per_host, _Unset):
+            sets.append("max_per_host = :mph")
+            params["mph"] = max_per_host
+
+        async def run(tx: Tx) -> PoolRecord:
+            if await tx.execute(f"UPDATE pools SET {', '.join(sets)} WHERE template = :t", params) == 0:
+                raise NotFound(f"no pool for template {template!r}")
+            return (await self._pools(tx, template))[0]
+
+        return await self._write(run)
+
+    async def delete_pool(self, template: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            await tx.execute("DELETE FROM pool_targets WHERE template = :t", {"t": template})
+            return await tx.execute("DELETE FROM pools WHERE template = :t", {"t": template}) > 0
+
+        return await self._write(run)
+
+    async def list_pools(self) -> list[PoolRecord]:
+        return await self._read(lambda tx: self._pools(tx, None))
+
+    async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool:
+        if any(n < 0 for n in targets.values()):
+            raise InvalidRecord("targets: must not be negative")
+        keep = [{"t": template, "h": h, "n": n} for h, n in sorted(targets.items()) if n > 0]
+
+        async def run(tx: Tx) -> bool:
+            if await tx.fetchone("SELECT 1 FROM pools WHERE template = :t", {"t": template}) is None:
+                return False
+            await tx.execute("DELETE FROM pool_targets WHERE template = :t", {"t": template})
+            if keep:
+                await tx.executemany(
+                    "INSERT INTO pool_targets (template, host_id, target) VALUES (:t, :h, :n)", keep
+                )
+            return True
+
+        return await self._write(run)
+
     async def delete_template(self, name: str) -> bool:
         async def run(tx: Tx) -> bool:
             return await tx.execute("DELETE FROM templates WHERE name = :n", {"n": name}) > 0
 
         return await self._write(run)
+
+
+_POOLS_WITH_TARGETS = f"SELECT {rows.POOL_COLS} FROM pools {{where}} ORDER BY template"
+
+
+def _check_pool(size: int | None, max_per_host: int | _Unset | None) -> None:
+    if size is not None and size < 0:
+        raise InvalidRecord("size: must not be negative")
+    if isinstance(max_per_host, int) and max_per_host <= 0:
+        raise InvalidRecord("max_per_host: must be positive")
 
 
 def _with_host(r: ReservationRecord, host_id: str) -> ReservationRecord:

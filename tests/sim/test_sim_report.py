@@ -16,7 +16,7 @@ def test_the_report_is_written_from_the_run(tmp_path: Path) -> None:
     )
     path = generate(tmp_path, cfg)
     text = path.read_text()
-    for name in ("burst", "density", "staleness", "scale", "leak"):
+    for name in ("burst", "density", "staleness", "scale", "leak", "warm"):
         assert f"(sim/{name}.png)" in text
         assert (tmp_path / "sim" / f"{name}.png").stat().st_size > 1000
     d = run_density(density, 1)

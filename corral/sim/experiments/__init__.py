@@ -6,6 +6,7 @@ from corral.sim.experiments.density import DensityResult, DensityScenario
 from corral.sim.experiments.leak import LeakResult, LeakScenario
 from corral.sim.experiments.scale import ScaleResult, ScaleScenario
 from corral.sim.experiments.staleness import StalenessResult, StalenessScenario
+from corral.sim.experiments.warm import WarmResult, WarmScenario
 
 __all__ = [
     "BurstResult",
@@ -18,4 +19,6 @@ __all__ = [
     "ScaleScenario",
     "StalenessResult",
     "StalenessScenario",
+    "WarmResult",
+    "WarmScenario",
 ]

@@ -1,0 +1,81 @@
+"""``corral pools create|ls|rm``: warm pools from the command line (admin token)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _print_json
+from corral.client.errors import CorralError
+
+pools_app = typer.Typer(help="Warm pools: sandboxes booted ahead of the creates that take them.")
+
+
+@pools_app.command("create")
+def create_command(
+    ctx: typer.Context,
+    template: Annotated[str, typer.Argument(help="Template the pool keeps warm.")],
+    size: Annotated[int, typer.Option("--size", min=0, help="Warm sandboxes over the fleet.")],
+    max_per_host: Annotated[int | None, typer.Option("--max-per-host", min=1)] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Create a pool, or resize it if the template has one."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            existing = {p.template for p in client.pools.list()}
+            if template in existing:
+                pool = client.pools.resize(template, size)
+            else:
+                pool = client.pools.create(template, size, max_per_host=max_per_host)
+    except CorralError as err:
+        _fail(err)
+    typer.echo(f"pool {pool.template}: size {pool.size}, {pool.ready} ready")
+
+
+@pools_app.command("ls")
+def ls_command(
+    ctx: typer.Context, url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False
+) -> None:
+    """List pools with their fill and hits."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            pools = client.pools.list()
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json({"pools": [p.model_dump(mode="json") for p in pools]})
+        return
+    table = Table(title=f"{len(pools)} pools", title_justify="left")
+    for column in ("template", "size", "ready", "starting", "hosts", "hits", "misses"):
+        table.add_column(column, justify="left" if column == "template" else "right")
+    for p in pools:
+        table.add_row(
+            p.template,
+            str(p.size),
+            str(p.ready),
+            str(p.starting),
+            str(sum(1 for h in p.per_host.values() if h.target)),
+            str(p.hits),
+            str(p.misses),
+        )
+    Console().print(table)
+
+
+@pools_app.command("rm")
+def rm_command(
+    ctx: typer.Context,
+    template: Annotated[str, typer.Argument(help="Template whose pool goes.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Delete a pool: its unclaimed warm sandboxes stop; claimed ones stay."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            client.pools.delete(template)
+    except CorralError as err:
+        _fail(err)
+    typer.echo(f"pool {template} deleted")
