@@ -23,7 +23,7 @@ from corral.client.cli import (
     top_command,
 )
 from corral.client.pools_cli import pools_app
-from corral.core import AdmissionMode
+from corral.core import AdmissionMode, ConfigError
 from corral.sim.cli import sim_app
 
 app = typer.Typer(
@@ -62,6 +62,28 @@ LogFormat = Annotated[
     LogFormatChoice,
     typer.Option(
         "--log-format", help="Log lines as JSON or text (auto: text on a terminal, JSON otherwise)."
+    ),
+]
+
+
+StaleAfter = Annotated[
+    float | None,
+    typer.Option("--stale-after", min=0.01, help="Seconds of silence before a host gets no new sandboxes."),
+]
+DeadAfter = Annotated[
+    float | None,
+    typer.Option(
+        "--dead-after",
+        min=0.01,
+        help="Seconds of silence before a host is dead: its sandboxes are recreated elsewhere or orphaned.",
+    ),
+]
+SealKeyFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--seal-key-file",
+        help="Keys sealing sandbox specs, newest first (made, 0600, on first start; CORRAL_SEAL_KEY wins). "
+        "Every replica needs the same.",
     ),
 ]
 
@@ -111,10 +133,13 @@ def serve(
             "(default: what the runtime declares: process 0, sim 10).",
         ),
     ] = None,
+    stale_after: StaleAfter = None,
+    dead_after: DeadAfter = None,
+    seal_key_file: SealKeyFile = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
-    from corral.api.server import BadToken, ServeOptions, run
+    from corral.api.server import BadSealKey, BadToken, ServeOptions, run
     from corral.api.server import serve as serve_
     from corral.control.localfleet import process_runtime_available
     from corral.store import TokenRevoked
@@ -148,11 +173,16 @@ def serve(
         headroom_mb=min(2048, mem // 8),
         max_concurrent_starts=max_concurrent_starts,
         settle_s=settle_s,
+        stale_after_s=stale_after,
+        dead_after_s=dead_after,
+        seal_key_file=seal_key_file,
     )
     try:
         run(serve_(opts), log_format.value)
     except (BadToken, TokenRevoked) as e:
         raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
+    except (ConfigError, BadSealKey) as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 @app.command()
@@ -169,11 +199,14 @@ def api(
     bind_timeout: Annotated[float, typer.Option("--bind-timeout", min=0.1)] = 30.0,
     reconcile_interval: Annotated[float, typer.Option("--reconcile-interval", min=0.05)] = 1.0,
     dev_shared_agent_token: DevSharedAgentToken = False,
+    stale_after: StaleAfter = None,
+    dead_after: DeadAfter = None,
+    seal_key_file: SealKeyFile = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP once enrolled
     (`corral hosts token ID`)."""
-    from corral.api.server import ApiOptions, BadToken, run
+    from corral.api.server import ApiOptions, BadSealKey, BadToken, run
     from corral.api.server import api as api_
     from corral.store import TokenRevoked
 
@@ -190,11 +223,16 @@ def api(
         lease_s=lease_s,
         bind_timeout_s=bind_timeout,
         reconcile_interval_s=reconcile_interval,
+        stale_after_s=stale_after,
+        dead_after_s=dead_after,
+        seal_key_file=seal_key_file,
     )
     try:
         run(api_(opts), log_format.value)
     except (BadToken, TokenRevoked) as e:
         raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
+    except (ConfigError, BadSealKey) as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 app.command("agent")(agent_command)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from corral.agent.errors import (
     AgentConflict,
+    AgentError,
     AgentInvalid,
     AgentRefusal,
     AgentRuntimeError,
@@ -227,6 +228,8 @@ class Agent:
         self.gate = pressure_gate or self.signal.gate()
 
         self._live = _LiveSet(AdmissionBook(memory_mb_total, self.admission, policy))
+        # Each sandbox's secrets, in memory only: never in the runtime's records on disk.
+        self._secrets: dict[str, dict[str, str]] = {}
         self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
@@ -390,6 +393,7 @@ class Agent:
             env=dict(req.env),
             network=req.network,
             pids=req.pids if req.pids is not None else DEFAULT_PIDS,
+            epoch=req.epoch,
         )
         self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
         try:
@@ -409,6 +413,8 @@ class Agent:
         finally:
             del self._starting[req.id]
         live = self._live[req.id] = _Live(handle.spec, handle.started_at)
+        if req.secrets:
+            self._secrets[req.id] = dict(req.secrets)
         return self._info(req.id, live)
 
     async def _reap(self, sandbox_id: str) -> None:
@@ -416,7 +422,18 @@ class Agent:
         with contextlib.suppress(RuntimeFailure):
             await self.runtime.stop(sandbox_id)
 
-    async def stop(self, sandbox_id: str) -> None:
+    def _check_epoch(self, sandbox_id: str, epoch: int | None) -> None:
+        """A call routed to another epoch of this id than the copy here is refused: one of the two is
+        stale, and a stale copy must never answer."""
+        live = self._live.get(sandbox_id)
+        if epoch is not None and live is not None and live.spec.epoch != epoch:
+            raise AgentConflict(
+                Code.STALE_EPOCH,
+                f"sandbox {sandbox_id!r} here is epoch {live.spec.epoch}, the call is for epoch {epoch}",
+            )
+
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        self._check_epoch(sandbox_id, epoch)
         task = self._stopping.get(sandbox_id)
         if task is None:
             if sandbox_id in self._starting:
@@ -444,13 +461,18 @@ class Agent:
             # Still there as far as we know: keep charging for it.
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         self._live.pop(sandbox_id, None)
+        self._secrets.pop(sandbox_id, None)
         self.warm.forget(sandbox_id)
 
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
         if sandbox_id not in self._live:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        self._check_epoch(sandbox_id, epoch)
         claimed_env = self.warm.env(sandbox_id)
+        secrets = self._secrets.get(sandbox_id)
         env = {**claimed_env, **req.env} if claimed_env else req.env
+        if secrets:
+            env = {**secrets, **env}
         try:
             r = await self.runtime.exec(
                 sandbox_id, req.command, timeout_s=req.timeout_s, env=env, cwd=req.cwd
@@ -595,6 +617,7 @@ class Agent:
             sandbox_ids=self.sandbox_ids(),
             oom_kills=self.oom_kills(),
             roles=self.warm.roles(),
+            epochs={i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch},
             warm=self.warm.counts(),
         )
 
@@ -607,7 +630,16 @@ class Agent:
             self.heartbeats_sent += 1
             if reply is not None:
                 self.set_warm_targets(reply.warm_targets)
+                await self._stop_fenced(reply.stop)
         return hb
+
+    async def _stop_fenced(self, ids: Iterable[str]) -> None:
+        """Copies the control plane says are another host's now (their epoch moved on): stop them."""
+        for sandbox_id in ids:
+            if sandbox_id in self._live:
+                log.warning("agent %s: stopping %s, now owned elsewhere", self.id, sandbox_id)
+                with contextlib.suppress(AgentError):
+                    await self.stop(sandbox_id)
 
     async def run_heartbeats(self) -> None:
         """Heartbeat every ``heartbeat_interval_s`` until cancelled. A control plane that is down is

@@ -38,7 +38,7 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_runtime(name: str, sandbox_uids: str | None = None) -> Runtime:
+def build_runtime(name: str, sandbox_uids: str | None = None, state_dir: Path | None = None) -> Runtime:
     if name == "sim":
         from corral.runtime.sim import SimRuntime
 
@@ -57,7 +57,7 @@ def build_runtime(name: str, sandbox_uids: str | None = None) -> Runtime:
             uids = parse_range(sandbox_uids) if sandbox_uids else DEFAULT_UIDS
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--sandbox-uids") from exc
-        runtime: Runtime = ProcessRuntime(uids=uids)
+        runtime: Runtime = ProcessRuntime(root=state_dir, uids=uids)
         return runtime
     raise typer.BadParameter(
         f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})", param_hint="--runtime"
@@ -135,11 +135,19 @@ def agent_command(
             "(default 2000000-2065535; agents on one machine share it safely).",
         ),
     ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            help="Where the process runtime keeps its sandboxes' records (one directory per agent: "
+            "agents sharing a machine must not share it).",
+        ),
+    ] = None,
 ) -> None:
     """Run a host agent: its HTTP API and its heartbeats to the control plane."""
     id, agent_token, host_key = _identity(id, token_file, dev_shared_token, token)
     host, port = parse_listen(listen)
-    rt = build_runtime(runtime, sandbox_uids)
+    rt = build_runtime(runtime, sandbox_uids, state_dir)
     total_mb = memory_mb or host_memory_mb() or 4096
     total_cpus = cpus or float(os.cpu_count() or 1)
     if headroom_mb >= total_mb:

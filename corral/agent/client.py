@@ -25,7 +25,15 @@ from corral.agent.errors import (
     AgentWarmEmpty,
     error_from_response,
 )
-from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.agent.protocol import (
+    EPOCH_HEADER,
+    Capacity,
+    ClaimWarm,
+    ExecRequest,
+    ExecResponse,
+    SandboxInfo,
+    StartSandbox,
+)
 
 __all__ = [
     "AgentClient",
@@ -43,10 +51,12 @@ class AgentClient(ABC):
     async def start(self, req: StartSandbox) -> SandboxInfo: ...
 
     @abstractmethod
-    async def stop(self, sandbox_id: str) -> None: ...
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        """Stop it; with ``epoch``, only the copy of that epoch (another is refused as stale)."""
 
     @abstractmethod
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse: ...
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+        """Run a command in it; with ``epoch``, only in the copy of that epoch."""
 
     @abstractmethod
     async def list(self) -> list[SandboxInfo]: ...
@@ -71,11 +81,11 @@ class LocalAgentClient(AgentClient):
     async def start(self, req: StartSandbox) -> SandboxInfo:
         return await self.agent.start(req)
 
-    async def stop(self, sandbox_id: str) -> None:
-        await self.agent.stop(sandbox_id)
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        await self.agent.stop(sandbox_id, epoch)
 
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
-        return await self.agent.exec(sandbox_id, req)
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+        return await self.agent.exec(sandbox_id, req, epoch)
 
     async def list(self) -> list[SandboxInfo]:
         return self.agent.list()
@@ -114,9 +124,13 @@ class HttpAgentClient(AgentClient):
         token = self._token if isinstance(self._token, str) else await self._token()
         return {"Authorization": f"Bearer {token}"}
 
-    async def _send(self, method: str, path: str, body: Any, timeout_s: float | None) -> httpx.Response:
+    async def _send(
+        self, method: str, path: str, body: Any, timeout_s: float | None, epoch: int | None = None
+    ) -> httpx.Response:
         kwargs: dict[str, Any] = {}
         headers = await self._auth()
+        if epoch is not None:
+            headers[EPOCH_HEADER] = str(epoch)
         if body is not None:
             kwargs["content"] = body.model_dump_json()
             headers["Content-Type"] = "application/json"
@@ -128,13 +142,20 @@ class HttpAgentClient(AgentClient):
         except httpx.HTTPError as exc:
             raise AgentUnavailable(message=f"agent unreachable: {exc!r}") from exc
 
-    async def _call(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
-        resp = await self._send(method, path, body, timeout_s)
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        epoch: int | None = None,
+    ) -> Any:
+        resp = await self._send(method, path, body, timeout_s, epoch)
         if resp.status_code == 401 and self._on_refused is not None:
             # The host was re-enrolled since its key was cached: look it up again, once. The agent
             # refused before doing anything, so even a start is safe to send again.
             self._on_refused()
-            resp = await self._send(method, path, body, timeout_s)
+            resp = await self._send(method, path, body, timeout_s, epoch)
         if resp.is_success:
             if resp.status_code == 204 or not resp.content:
                 return None
@@ -161,13 +182,13 @@ class HttpAgentClient(AgentClient):
         result: SandboxInfo = self._parse(SandboxInfo, await self._call("POST", "/v1/sandboxes", req))
         return result
 
-    async def stop(self, sandbox_id: str) -> None:
-        await self._call("DELETE", f"/v1/sandboxes/{quote(sandbox_id, safe='')}")
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        await self._call("DELETE", f"/v1/sandboxes/{quote(sandbox_id, safe='')}", epoch=epoch)
 
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
         path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/exec"
         # The command may legitimately run for its whole timeout: give the HTTP call a little more.
-        data = await self._call("POST", path, req, timeout_s=req.timeout_s + 10.0)
+        data = await self._call("POST", path, req, timeout_s=req.timeout_s + 10.0, epoch=epoch)
         result: ExecResponse = self._parse(ExecResponse, data)
         return result
 

@@ -28,6 +28,7 @@ class Code:
     UNAVAILABLE = "agent_unavailable"
     INTERNAL = "internal"
     WARM_EMPTY = "warm_empty"
+    STALE_EPOCH = "stale_epoch"
 
 
 class AgentError(Exception):

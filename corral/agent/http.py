@@ -12,19 +12,31 @@ import hmac
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.agent.agent import Agent
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
 from corral.agent.metrics import AgentCollector
-from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.agent.protocol import (
+    EPOCH_HEADER,
+    Capacity,
+    ClaimWarm,
+    ExecRequest,
+    ExecResponse,
+    SandboxInfo,
+    StartSandbox,
+)
+
+# The epoch the caller routes to; absent: any (a call from this host's own operator).
+EpochHeader = Annotated[Annotated[int, Field(ge=0, lt=2**63)] | None, Header(alias=EPOCH_HEADER)]
 
 log = logging.getLogger("corral.agent.http")
 
@@ -122,13 +134,13 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         return agent.get(sandbox_id)
 
     @api.delete("/v1/sandboxes/{sandbox_id}", status_code=204)
-    async def stop(sandbox_id: str) -> Response:
-        await agent.stop(sandbox_id)
+    async def stop(sandbox_id: str, epoch: EpochHeader = None) -> Response:
+        await agent.stop(sandbox_id, epoch)
         return Response(status_code=204)
 
     @api.post("/v1/sandboxes/{sandbox_id}/exec")
-    async def exec_(sandbox_id: str, body: ExecRequest) -> ExecResponse:
-        return await agent.exec(sandbox_id, body)
+    async def exec_(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> ExecResponse:
+        return await agent.exec(sandbox_id, body, epoch)
 
     @api.get("/v1/capacity")
     async def capacity() -> Capacity:

@@ -37,6 +37,9 @@ MAX_EXEC_TIMEOUT_S = 3600.0
 
 
 SandboxId = Annotated[str, Field(pattern=ID_PATTERN)]
+Epoch = Annotated[int, Field(ge=0, lt=2**63, strict=True)]
+# The header a control plane sends with every call about one sandbox: the epoch it routes to.
+EPOCH_HEADER = "X-Corral-Epoch"
 
 
 class _Model(BaseModel):
@@ -59,6 +62,10 @@ class StartSandbox(_Model):
     network: bool = Field(default=False, strict=True)  # loopback only unless asked
     # Its pids limit; None: the runtime's default.
     pids: int | None = Field(default=None, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
+    # Delivered to every exec like env, held in the agent's memory only (never on its disk).
+    secrets: Env = Field(default_factory=dict, repr=False)
+    # Which owner of this id this copy is: a copy whose epoch is not the record's is fenced.
+    epoch: Epoch = 0
 
 
 # A heartbeat entry's role: a sandbox started for a create is "owned" (the default, left out of the
@@ -158,6 +165,8 @@ class Heartbeat(Capacity):
     roles: dict[SandboxId, Annotated[str, Field(pattern=ROLE_PATTERN)]] = Field(
         default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST
     )
+    # Sparse: the epoch of every entry of ``sandbox_ids`` whose epoch is not 0.
+    epochs: dict[SandboxId, Epoch] = Field(default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST)
     # Warm sandboxes per template.
     warm: dict[Annotated[str, Field(min_length=1, max_length=128)], WarmCount] = Field(
         default_factory=dict, max_length=MAX_TEMPLATES_PER_HOST
@@ -191,9 +200,11 @@ class Heartbeat(Capacity):
 
 
 class HeartbeatReply(_Lenient):
-    """The control plane's answer to a heartbeat: whether it was kept, and this host's warm targets."""
+    """The control plane's answer to a heartbeat: whether it was kept, this host's warm targets, and
+    the sandboxes it runs that are now another host's (a newer epoch): it stops them at once."""
 
     accepted: bool = True
     confirmed: int = 0
     state: str = "ready"
     warm_targets: list[WarmTarget] = Field(default_factory=list)
+    stop: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)

@@ -54,6 +54,8 @@ def _spec(body: SandboxSpecBody) -> CreateSpec:
         name=body.name,
         metadata=body.metadata,
         env=body.env,
+        secrets=body.secrets,
+        failover=body.failover,
     )
 
 
@@ -130,8 +132,8 @@ async def list_hosts(_: Admin, plane: Plane) -> HostList:
 
 
 @router.post("/v1/hosts/{host_id}/drain", response_model=HostOut)
-async def drain_host(host_id: str, _: Admin, plane: Plane) -> HostOut:
-    rec = await plane.drain(host_id, True)
+async def drain_host(host_id: str, _: Admin, plane: Plane, evacuate: bool = False) -> HostOut:
+    rec = await plane.drain(host_id, True, evacuate=evacuate)
     return HostOut.of(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
 
 
@@ -210,6 +212,7 @@ async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> Templat
             stateful=body.stateful,
             description=body.description,
             pids=body.pids,
+            failover=body.failover,
         )
     )
     return TemplateOut.of(tpl)

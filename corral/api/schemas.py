@@ -4,13 +4,21 @@ state is touched."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.agent.credentials import HostCredentials
 from corral.agent.inputs import AbsPath, Env, check_argv
 from corral.core.types import DEFAULT_SANDBOX_PIDS, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
-from corral.store import HostRecord, SandboxRecord, SandboxState, TemplateRecord, TenantRecord
+from corral.store import (
+    FAILOVER_ORPHAN,
+    HostRecord,
+    SandboxRecord,
+    SandboxState,
+    TemplateRecord,
+    TenantRecord,
+)
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 TEMPLATE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -21,6 +29,9 @@ MAX_TTL_S = 30 * 24 * 3600.0
 
 def iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+Failover = Literal["recreate", "orphan"]
 
 
 class _Body(BaseModel):
@@ -36,6 +47,9 @@ class SandboxSpecBody(_Body):
     name: str | None = Field(default=None, pattern=NAME_PATTERN)
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
     env: Env = Field(default_factory=dict)
+    # Delivered like env; kept only sealed; never in any answer.
+    secrets: Env = Field(default_factory=dict, repr=False)
+    failover: Failover | None = None  # None: the template's (orphan unless it says otherwise)
 
     @field_validator("metadata")
     @classmethod
@@ -77,6 +91,7 @@ class TemplateBody(_Body):
     stateful: bool = Field(default=False, strict=True)
     description: str = Field(default="", max_length=1024)
     pids: int = Field(default=DEFAULT_SANDBOX_PIDS, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
+    failover: Failover = "orphan"
 
 
 class TenantBody(_Body):
@@ -121,6 +136,9 @@ class SandboxOut(BaseModel):
     expires_at: str | None
     oom_kills: int = 0  # processes the kernel killed in it for overrunning its memory limit
     warm: bool = False
+    failover: str = FAILOVER_ORPHAN
+    epoch: int = 0  # how many times it was given a new host
+    recreated_at: str | None = None
 
     @classmethod
     def of(cls, r: SandboxRecord) -> SandboxOut:
@@ -145,6 +163,9 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "expires_at": iso(r.expires_at),
         "oom_kills": r.oom_kills,
         "warm": r.warm,
+        "failover": r.failover,
+        "epoch": r.epoch,
+        "recreated_at": iso(r.recreated_at),
     }
 
 
@@ -214,6 +235,7 @@ class TemplateOut(BaseModel):
     stateful: bool
     description: str
     pids: int
+    failover: str = FAILOVER_ORPHAN
 
     @classmethod
     def of(cls, t: TemplateRecord) -> TemplateOut:
@@ -224,6 +246,7 @@ class TemplateOut(BaseModel):
             stateful=t.stateful,
             description=t.description,
             pids=t.pids,
+            failover=t.failover,
         )
 
 

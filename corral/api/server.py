@@ -19,6 +19,7 @@ from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import build_local_fleet
 from corral.control.plane import ControlPlane
+from corral.control.seal import Sealer, SealError, load_keys
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
 from corral.logs import configure as configure_logging
 from corral.store import open_store
@@ -44,6 +45,9 @@ class ServeOptions:
     headroom_mb: int = 2048
     max_concurrent_starts: int = 8
     settle_s: float | None = None  # None: what the runtime declares
+    stale_after_s: float | None = None  # None: from the heartbeat interval
+    dead_after_s: float | None = None
+    seal_key_file: Path | None = None  # None: beside the SQLite file (or in the working directory)
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -59,18 +63,39 @@ def _uvicorn(app: object, host: str, port: int) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def _timeouts(heartbeat_interval_s: float) -> Timeouts:
+def _timeouts(
+    heartbeat_interval_s: float, stale_after_s: float | None = None, dead_after_s: float | None = None
+) -> Timeouts:
+    """The ordering (heartbeat < stale < dead) is checked by :class:`Timeouts` itself."""
     return Timeouts(
         heartbeat_interval_s=heartbeat_interval_s,
-        stale_after_s=max(10.0, 5 * heartbeat_interval_s),
-        dead_after_s=max(60.0, 30 * heartbeat_interval_s),
+        stale_after_s=stale_after_s if stale_after_s is not None else max(10.0, 5 * heartbeat_interval_s),
+        dead_after_s=dead_after_s if dead_after_s is not None else max(60.0, 30 * heartbeat_interval_s),
     )
+
+
+def default_seal_key_file(store: str) -> Path:
+    """Beside an SQLite file; else in the working directory."""
+    if store.startswith("sqlite:///") and store != "sqlite:///:memory:":
+        return Path(store.removeprefix("sqlite:///")).with_suffix(".seal.key")
+    return Path("corral.seal.key")
+
+
+def sealer_for(key_file: Path | None, *, create: bool) -> Sealer:
+    try:
+        return Sealer(load_keys(key_file, create=create))
+    except SealError as exc:
+        raise BadSealKey(str(exc)) from exc
 
 
 MIN_TOKEN_CHARS = 16
 
 
 class BadToken(ValueError):
+    pass
+
+
+class BadSealKey(ValueError):
     pass
 
 
@@ -88,11 +113,14 @@ async def serve(opts: ServeOptions) -> None:
     if opts.agent_token is not None:
         token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
     policy = AdmissionPolicy(headroom_mb=opts.headroom_mb)
-    config = ControlConfig(timeouts=_timeouts(opts.heartbeat_interval_s), policy=policy, k=opts.k)
+    timeouts = _timeouts(opts.heartbeat_interval_s, opts.stale_after_s, opts.dead_after_s)
+    config = ControlConfig(timeouts=timeouts, policy=policy, k=opts.k)
+    # The first start makes the key file (0600); every later one, and every replica, reads it.
+    sealer = sealer_for(opts.seal_key_file or default_seal_key_file(opts.store), create=True)
     store = open_store(opts.store)
     # Agents in this process are called directly; any that join over the network are enrolled hosts.
     directory = LocalAgents(HttpAgents(store.host_key, shared_token=opts.agent_token))
-    plane = ControlPlane(store, directory, config)
+    plane = ControlPlane(store, directory, config, sealer=sealer)
     fleet = build_local_fleet(
         plane,
         directory,
@@ -148,6 +176,9 @@ class ApiOptions:
     lease_s: float = 15.0
     bind_timeout_s: float = 30.0
     reconcile_interval_s: float = 1.0
+    stale_after_s: float | None = None
+    dead_after_s: float | None = None
+    seal_key_file: Path | None = None
 
 
 async def api(opts: ApiOptions) -> None:
@@ -155,7 +186,7 @@ async def api(opts: ApiOptions) -> None:
     admin, generated = token_or_new(opts.admin_token)
     if opts.agent_token is not None:
         token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
-    base = _timeouts(opts.heartbeat_interval_s)
+    base = _timeouts(opts.heartbeat_interval_s, opts.stale_after_s, opts.dead_after_s)
     timeouts = Timeouts(
         heartbeat_interval_s=base.heartbeat_interval_s,
         stale_after_s=base.stale_after_s,
@@ -170,8 +201,10 @@ async def api(opts: ApiOptions) -> None:
         replica_lease_s=opts.lease_s,
         reconcile_interval_s=min(opts.reconcile_interval_s, opts.lease_s / 3),
     )
+    sealer = sealer_for(opts.seal_key_file or default_seal_key_file(opts.store), create=True)
     store = open_store(opts.store)
-    plane = ControlPlane(store, HttpAgents(store.host_key, shared_token=opts.agent_token), config)
+    agents = HttpAgents(store.host_key, shared_token=opts.agent_token)
+    plane = ControlPlane(store, agents, config, sealer=sealer)
     stopped = False
 
     async def shut_down() -> None:

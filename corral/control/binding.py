@@ -51,6 +51,7 @@ class Binder:
         address: str,
         env: Mapping[str, str],
         pids: int | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         start = StartSandbox(
             id=record.id,
@@ -60,6 +61,8 @@ class Binder:
             template=record.template,
             env=dict(env),
             pids=pids,
+            secrets=dict(secrets or {}),
+            epoch=record.epoch,
         )
         client = self.agents.client(host_id, address)
         await asyncio.wait_for(client.start(start), self.bind_timeout_s)

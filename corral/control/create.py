@@ -14,7 +14,7 @@ import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
 from corral.agent.errors import AgentError, AgentRefusal
@@ -26,6 +26,7 @@ from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
 from corral.control.pools import WarmClaims
 from corral.control.retry import RetryAfter
+from corral.control.seal import Sealer, Spec
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import (
     Clock,
@@ -44,6 +45,8 @@ from corral.core import (
 from corral.ids import random_hex
 from corral.logs import note
 from corral.store import (
+    FAILOVER_ORPHAN,
+    FAILOVER_RECREATE,
     IdempotencyMismatch,
     NameConflict,
     ReservationRecord,
@@ -54,6 +57,10 @@ from corral.store import (
 )
 from corral.store import NotFound as StoreNotFound
 from corral.store import OverQuota as StoreOverQuota
+
+# What placement does on the chosen host once its reservation is held: (host, address, reservation,
+# explanation) -> the record as placed.
+Commit = Callable[[str, str, ReservationRecord, Explanation], Awaitable[SandboxRecord]]
 
 TEMPLATE_CACHE_S = 5.0
 FIRST_REFUSALS_KEPT = 10_000
@@ -69,12 +76,17 @@ class CreateSpec:
     name: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    # Delivered to the sandbox like env, never echoed, kept only sealed. Not part of the fingerprint
+    # (a hash of a short secret in the store could be guessed): only their names are.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    failover: str | None = None  # None: the template's
 
     def fingerprint(self) -> str:
         """What an Idempotency-Key is bound to: the same key with another body is a client bug."""
         body = asdict(self)
         body["metadata"] = dict(self.metadata)
         body["env"] = dict(self.env)
+        body["secrets"] = sorted(self.secrets)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -109,6 +121,8 @@ class CreateFlow:
         self._first_refusal: dict[str, float] = {}
         # The warm-pool claim a create tries first (set by the control plane).
         self.warm: WarmClaims | None = None
+        # Seals each sandbox's spec into its record (set by the control plane when it has a key).
+        self.sealer: Sealer | None = None
 
     def placer(self, n_hosts: int) -> Placer:
         """The placer for a fleet of ``n_hosts``: K is fixed by configuration or grows as log2 n."""
@@ -159,10 +173,21 @@ class CreateFlow:
         self, tenant_id: str, spec: CreateSpec, tpl: TemplateRecord | None = None
     ) -> SandboxRecord:
         """The record a create writes, before it is written (``tpl``: the template, if known)."""
+        tpl = tpl or await self._template(spec.template)
         memory_mb, cpus, stateful = await self._resolve(spec, tpl)
+        failover = spec.failover or (tpl.failover if tpl is not None else FAILOVER_ORPHAN)
         now = self.clock.now()
+        sandbox_id = new_sandbox_id()
+        sealed = None
+        if failover == FAILOVER_RECREATE or spec.secrets:
+            if self.sealer is None:
+                field_name = "secrets" if spec.secrets else "failover"
+                raise InvalidRequest(field_name, f"{field_name}: this control plane has no seal key")
+            sealed = self.sealer.seal(sandbox_id, Spec(env=dict(spec.env), secrets=dict(spec.secrets)))
+        elif self.sealer is not None:
+            sealed = self.sealer.seal(sandbox_id, Spec(env=dict(spec.env), secrets={}))
         return SandboxRecord(
-            id=new_sandbox_id(),
+            id=sandbox_id,
             tenant_id=tenant_id,
             template=spec.template,
             memory_mb=memory_mb,
@@ -171,6 +196,8 @@ class CreateFlow:
             name=spec.name,
             metadata=dict(spec.metadata),
             expires_at=now + spec.ttl_seconds if spec.ttl_seconds else None,
+            failover=failover,
+            sealed_spec=sealed,
         )
 
     async def new_record(
@@ -223,7 +250,7 @@ class CreateFlow:
             note(outcome="replayed", sandbox_id=record.id)
             return await self._replay(record), True
         try:
-            placed = await self._place_and_bind(record, dict(spec.env))
+            placed = await self._place_and_bind(record, dict(spec.env), spec.secrets)
         except BaseException as exc:
             await self.forget(record)
             if isinstance(exc, Unavailable) and idempotency_key:
@@ -245,6 +272,10 @@ class CreateFlow:
         # The pools' templates are read with the pools: no template read per claim, however many.
         tpl = self.warm.book.templates.get(spec.template)
         if tpl is None:
+            return None
+        if spec.secrets:
+            # A warm sandbox keeps its claim's environment on the host's disk: secrets start cold.
+            self.warm.miss(spec.template, "secrets")
             return None
         if not self.warm.eligible_spec(tpl, spec.memory_mb, spec.cpus, spec.stateful):
             self.warm.miss(spec.template, "override")
@@ -324,10 +355,36 @@ class CreateFlow:
             details=details,
         )
 
-    async def _place_and_bind(self, record: SandboxRecord, env: dict[str, str]) -> SandboxRecord:
+    async def _place_and_bind(
+        self, record: SandboxRecord, env: dict[str, str], secrets: Mapping[str, str]
+    ) -> SandboxRecord:
+        async def bind_new(
+            host_id: str, address: str, res: ReservationRecord, explain: Explanation
+        ) -> SandboxRecord:
+            await self.binder.start(
+                record, host_id, address, env, await self.pids_of(record.template), secrets
+            )
+            explain.placed(host_id, res.id)
+            return await self.store.set_sandbox_state(
+                record.id,
+                SandboxState.RUNNING,
+                expect=SandboxState.RESERVED,
+                host_id=host_id,
+                reservation_id=res.id,
+                placement=explain.to_json(),
+            )
+
+        return await self.place(record, bind_new)
+
+    async def place(
+        self, record: SandboxRecord, commit: Commit, exclude: Collection[str] = ()
+    ) -> SandboxRecord:
+        """Placement as every sandbox gets it (a create, a recreate after failover): filter, sample,
+        score, reserve in the store, then ``commit`` on the chosen host; a host that says no is
+        excluded and the next is tried. Whatever ``commit`` raises ends what this attempt took."""
         cfg = self.config
         req = CreateRequest(memory_mb=record.memory_mb, cpu=record.cpus, stateful=record.stateful)
-        exclude: set[str] = set()
+        exclude = set(exclude)
         elsewhere: Counter[str] = Counter()  # why hosts that were tried did not take it
         reread = False
         attempts = 0
@@ -376,8 +433,7 @@ class CreateFlow:
             self.view.committed(claim)
             host_id, address = res.host_id, snap.address(res.host_id)
             try:
-                await self.binder.start(record, host_id, address, env, await self.pids_of(record.template))
-                explain.placed(host_id, res.id)
+                placed = await commit(host_id, address, res, explain)
                 note(
                     outcome="placed",
                     host=host_id,
@@ -385,14 +441,7 @@ class CreateFlow:
                     attempts=attempts,
                     view_age_s=round(decision.view_age_s, 3),
                 )
-                return await self.store.set_sandbox_state(
-                    record.id,
-                    SandboxState.RUNNING,
-                    expect=SandboxState.RESERVED,
-                    host_id=host_id,
-                    reservation_id=res.id,
-                    placement=explain.to_json(),
-                )
+                return placed
             except BaseException as exc:
                 # Whatever went wrong, nothing this attempt took may outlive it.
                 if not isinstance(exc, AgentRefusal):

@@ -27,6 +27,7 @@ def to_store(hb: WireHeartbeat) -> Heartbeat:
         sandbox_ids=hb.owned_ids(),
         address=hb.address,
         warm={t: (c.ready, c.starting) for t, c in hb.warm.items()},
+        epochs=dict(hb.epochs),
     )
 
 

@@ -17,6 +17,7 @@ from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
 from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized, Unavailable
 from corral.control.errors import HostBusy as HostBusyError
+from corral.control.failover import Failover
 from corral.control.heartbeats import HeartbeatIntake
 from corral.control.metrics import Metrics
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
@@ -24,6 +25,7 @@ from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
+from corral.control.seal import Sealer
 from corral.control.view import ViewCache
 from corral.core import Clock, SystemClock
 from corral.store import (
@@ -68,6 +70,7 @@ class ControlPlane:
         *,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -87,8 +90,18 @@ class ControlPlane:
         self.batches = BatchCreate(self.creates)
         self.sandboxes = Sandboxes(store, self.view, agents, self.routes)
         self.heartbeats = HeartbeatIntake(store, self.metrics)
+        self.creates.sealer = sealer
+        self.failover = Failover(store, self.view, self.creates, self.clock, t)
         self.reconciler = Reconciler(
-            store, self.view, agents, self.config, self.clock, self.metrics, self.retry_after, self.routes
+            store,
+            self.view,
+            agents,
+            self.config,
+            self.clock,
+            self.metrics,
+            self.retry_after,
+            self.routes,
+            self.failover,
         )
         self.pool_book = PoolBook(store, self.clock)
         self.warm = WarmClaims(
@@ -292,6 +305,7 @@ class ControlPlane:
             confirmed=result.confirmed,
             state=result.host.state.value,
             warm_targets=await self.pool_book.targets_for(hb.agent_id),
+            stop=sorted(result.fenced),
         )
 
     async def hosts(self) -> list[HostStatus]:
@@ -299,12 +313,15 @@ class ControlPlane:
         now = self.clock.now()
         return [HostStatus(r, max(0.0, now - r.heartbeat_at)) for r in snap.records.values()]
 
-    async def drain(self, host_id: str, draining: bool) -> HostRecord:
+    async def drain(self, host_id: str, draining: bool, *, evacuate: bool = False) -> HostRecord:
         try:
             rec = await (self.store.drain(host_id) if draining else self.store.undrain(host_id))
         except StoreNotFound as e:
             raise NotFound(f"no host {host_id}") from e
         self.view.invalidate()
+        if draining and evacuate:
+            # Marked here; the leader's next round places them, as after a host's death.
+            await self.failover.evacuate(host_id)
         return rec
 
     # -- templates and tenants ----------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Background work that keeps the books honest. Every replica renews its own lease; one leader (a
 store lease) ends lapsed replicas' and expired reservations, reaps sandboxes past their TTL, orphans
-the sandboxes of dead hosts (never deleting a placement) and reclaims them when the host returns."""
+the sandboxes of dead hosts and recreates those that asked for it elsewhere (never deleting a
+placement), and reclaims orphans when their host returns."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.control.agents import AgentDirectory
 from corral.control.config import ControlConfig
+from corral.control.failover import Failover
 from corral.control.metrics import Metrics
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
@@ -37,6 +39,7 @@ class Reconciler:
         metrics: Metrics,
         retry_after: RetryAfter,
         routes: RouteCache,
+        failover: Failover,
     ) -> None:
         self.store = store
         self.view = view
@@ -46,6 +49,7 @@ class Reconciler:
         self.metrics = metrics
         self.retry_after = retry_after
         self.routes = routes
+        self.failover = failover
         self.is_leader = False
         self._ticks = 0
         # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
@@ -68,7 +72,8 @@ class Reconciler:
         await self.store.expire_replicas()
         await self.store.sweep_expired()
         await self._reap_expired()
-        await self._orphan_dead_hosts()
+        await self.failover.fail_dead_hosts()
+        await self.failover.recreate_all()
         await self._reclaim_orphans()
         await self._finish_tombstones()
         await self._settle_unbound()
@@ -103,21 +108,6 @@ class Reconciler:
             await self.store.delete_sandbox(sb.id)
             self.routes.drop(sb.id)
 
-    async def _orphan_dead_hosts(self) -> None:
-        now = self.clock.now()
-        dead_after = self.config.timeouts.dead_after_s
-        snap = await self.view.get()
-        for host in snap.records.values():
-            if host.heartbeat_at and now - host.heartbeat_at > dead_after:
-                page = await self.store.list_sandboxes(
-                    host_id=host.id, state=SandboxState.RUNNING, limit=1000
-                )
-                for sb in page.items:
-                    with contextlib.suppress(StoreError):
-                        await self.store.set_sandbox_state(
-                            sb.id, SandboxState.ORPHANED, expect=SandboxState.RUNNING
-                        )
-
     async def _reclaim_orphans(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)
         if not page.items:
@@ -129,9 +119,10 @@ class Reconciler:
             if host is None or now - host.heartbeat_at > self.config.timeouts.stale_after_s:
                 continue
             if sb.id in host.sandbox_ids:
+                # At the version read: an orphan given another host or epoch since is not reclaimed.
                 with contextlib.suppress(StoreError):
                     await self.store.set_sandbox_state(
-                        sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED
+                        sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED, expect_version=sb.version
                     )
 
     async def _finish_tombstones(self) -> None:

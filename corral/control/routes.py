@@ -12,6 +12,7 @@ class Route:
     tenant_id: str
     host_id: str
     address: str
+    epoch: int = 0
 
 
 class RouteCache:

@@ -38,7 +38,8 @@ class Sandboxes:
     async def remember(self, record: SandboxRecord) -> None:
         if record.host_id and record.state is SandboxState.RUNNING:
             self.routes.put(
-                record.id, Route(record.tenant_id, record.host_id, await self._address(record.host_id))
+                record.id,
+                Route(record.tenant_id, record.host_id, await self._address(record.host_id), record.epoch),
             )
 
     async def get(self, sandbox_id: str, tenant_id: str | None) -> SandboxRecord:
@@ -72,15 +73,16 @@ class Sandboxes:
         if rec.state is SandboxState.ORPHANED:
             raise Gone(f"sandbox {sandbox_id}'s host is gone; it is orphaned until the host returns")
         if rec.state is not SandboxState.RUNNING or rec.host_id is None:
+            # Recreating: its new copy is not started yet, and its old one is never called.
             raise NotRunning(f"sandbox {sandbox_id} is {rec.state.value}")
-        route = Route(rec.tenant_id, rec.host_id, await self._address(rec.host_id))
+        route = Route(rec.tenant_id, rec.host_id, await self._address(rec.host_id), rec.epoch)
         self.routes.put(sandbox_id, route)
         return route
 
     async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResponse:
         route = await self._route(sandbox_id, tenant_id)
         try:
-            return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req)
+            return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req, route.epoch)
         except AgentSandboxNotFound as e:
             raise NotFound(f"sandbox {sandbox_id} is not running on its host") from e
         except AgentUnavailable as e:
@@ -97,7 +99,8 @@ class Sandboxes:
         rec = await self.get(sandbox_id, tenant_id)
         if rec.host_id and rec.state not in GONE_STATES:
             try:
-                await self.agents.client(rec.host_id, await self._address(rec.host_id)).stop(sandbox_id)
+                client = self.agents.client(rec.host_id, await self._address(rec.host_id))
+                await client.stop(sandbox_id, rec.epoch)
             except AgentSandboxNotFound:
                 pass
             except AgentError:

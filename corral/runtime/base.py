@@ -22,6 +22,7 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = False  # loopback only unless asked
     pids: int = DEFAULT_PIDS
+    epoch: int = 0  # which owner of this id this copy is (kept on disk: it is no secret)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ def spec_to_dict(spec: SandboxSpec) -> dict[str, Any]:
         "env": dict(spec.env),
         "network": spec.network,
         "pids": spec.pids,
+        "epoch": spec.epoch,
     }
 
 
@@ -65,6 +66,7 @@ def spec_from_dict(data: dict[str, Any]) -> SandboxSpec:
         env={str(k): str(v) for k, v in data["env"].items()},
         network=bool(data["network"]),
         pids=int(data.get("pids", DEFAULT_PIDS)),
+        epoch=int(data.get("epoch", 0)),
     )
 
 

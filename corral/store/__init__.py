@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from corral.core.clock import Clock
 from corral.store.contract import (
+    FAILOVER_ORPHAN,
+    FAILOVER_POLICIES,
+    FAILOVER_RECREATE,
     LIVE_STATES,
     UNSET,
     CreateOutcome,
+    FailedHost,
     Heartbeat,
     HeartbeatResult,
     HostBusy,
@@ -64,9 +68,13 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
 
 
 __all__ = [
+    "FAILOVER_ORPHAN",
+    "FAILOVER_POLICIES",
+    "FAILOVER_RECREATE",
     "LIVE_STATES",
     "UNSET",
     "CreateOutcome",
+    "FailedHost",
     "Heartbeat",
     "HeartbeatResult",
     "HostBusy",

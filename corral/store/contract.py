@@ -113,6 +113,14 @@ class SandboxState(enum.StrEnum):
     WAITING_CAPACITY = "waiting_capacity"
     ORPHANED = "orphaned"
     FAILED = "failed"
+    # Its host died (or is drained with evacuation) and it is being started elsewhere from its spec.
+    RECREATING = "recreating"
+
+
+# What happens to a sandbox when its host dies: started again elsewhere under its id, or orphaned.
+FAILOVER_RECREATE = "recreate"
+FAILOVER_ORPHAN = "orphan"
+FAILOVER_POLICIES = (FAILOVER_RECREATE, FAILOVER_ORPHAN)
 
 
 # States that hold a tenant's quota (and would hold host memory if placed).
@@ -123,6 +131,7 @@ LIVE_STATES: frozenset[SandboxState] = frozenset(
         SandboxState.RUNNING,
         SandboxState.WAITING_CAPACITY,
         SandboxState.ORPHANED,
+        SandboxState.RECREATING,
     }
 )
 
@@ -171,6 +180,8 @@ class Heartbeat:
     # Warm sandboxes per template: (ready, starting). They are not in ``sandbox_ids``: no record
     # claims them and none ever will until one is claimed.
     warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Sparse: the epoch of every entry of ``sandbox_ids`` whose epoch is not 0.
+    epochs: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +245,17 @@ class HeartbeatResult:
     accepted: bool
     # Reservations this heartbeat confirmed (ended) because it shows their sandboxes.
     confirmed: int
+    # Sandboxes this host runs at an epoch that is no longer theirs: it must stop them now.
+    fenced: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class FailedHost:
+    """What :meth:`Store.fail_host` did, in one transaction."""
+
+    orphaned: int
+    recreating: int
+    released: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +301,12 @@ class SandboxRecord:
     oom_kills: int = 0  # processes the kernel's OOM killer killed in it, as its host last reported
     # Claimed from a warm pool rather than started for this create.
     warm: bool = False
+    failover: str = FAILOVER_ORPHAN
+    # Bumped each time the sandbox is given a new host: only the copy of the current epoch may run.
+    epoch: int = 0
+    recreated_at: float | None = None
+    # Its spec (env, secrets) sealed; written with the record, read only to start it. Never listed.
+    sealed_spec: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +382,7 @@ class TemplateRecord:
     description: str = ""
     created_at: float = 0.0
     pids: int = DEFAULT_SANDBOX_PIDS  # the most processes (threads included) a sandbox may run
+    failover: str = FAILOVER_ORPHAN  # the default of its sandboxes' failover policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -586,6 +615,33 @@ class Store(ABC):
         reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
         at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
         lost race, :class:`NotFound`."""
+
+    @abstractmethod
+    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
+        """In one transaction, if the host is still silent (its last heartbeat before ``dead_before``):
+        its running recreate-policy sandboxes become ``recreating``, its other running ones
+        ``orphaned``, and its reservations are released. With ``evacuate`` and the host draining, only
+        the first step, whether it is silent or not."""
+
+    @abstractmethod
+    async def reassign_sandbox(
+        self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
+    ) -> SandboxRecord:
+        """One conditional write: a ``recreating`` sandbox at ``expect_version`` gets ``host_id`` and its
+        epoch plus one, and every other host that may hold an older copy is fenced. Raises
+        :class:`StateConflict` when another decider moved it first."""
+
+    @abstractmethod
+    async def sealed_spec(self, sandbox_id: str) -> str | None:
+        """The sandbox's sealed spec (None: it has none)."""
+
+    @abstractmethod
+    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
+        """(id, sealed spec) of sandboxes with one, by id after ``after_id``."""
+
+    @abstractmethod
+    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool:
+        """Compare-and-set of a sealed spec (re-sealing under a new key)."""
 
     @abstractmethod
     async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:

@@ -177,6 +177,26 @@ _V5 = (
 # sandbox placed, so a sandbox and its explanation never disagree.
 _V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
 
+# Failover. ``failover`` is a sandbox's policy when its host dies (recreate elsewhere, or orphan);
+# ``epoch`` counts its owners, bumped by the one conditional write that gives it a new host;
+# ``spec`` is its environment and secrets sealed (AES-GCM, the id as associated data), never plaintext.
+# A row of ``fences`` says: this host's copy of this sandbox, if older than ``epoch``, must stop;
+# it is written with the reassignment and read by that host's heartbeats until the copy is gone.
+_V8 = (
+    "ALTER TABLE sandboxes ADD COLUMN failover TEXT NOT NULL DEFAULT 'orphan'",
+    "ALTER TABLE sandboxes ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE sandboxes ADD COLUMN recreated_at {real}",
+    "ALTER TABLE sandboxes ADD COLUMN spec TEXT",
+    "ALTER TABLE templates ADD COLUMN failover TEXT NOT NULL DEFAULT 'orphan'",
+    """CREATE TABLE fences (
+        host_id TEXT NOT NULL,
+        sandbox_id TEXT NOT NULL,
+        epoch BIGINT NOT NULL,
+        PRIMARY KEY (host_id, sandbox_id)
+    )""",
+    "CREATE INDEX sandboxes_state ON sandboxes (state, created_at)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -184,6 +204,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "template pids limit, sandbox OOM kills", _V4),
     Migration(5, "warm pools and per-host targets", _V5),
     Migration(6, "placement explanation on the sandbox row", _V6),
+    Migration(8, "failover policy, epochs, fences, sealed specs", _V8),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -117,7 +117,7 @@ def reservation_from_row(r: Row) -> ReservationRecord:
 
 SANDBOX_COLS = (
     "id, tenant_id, name, template, host_id, state, memory_mb, cpus, stateful, metadata, "
-    "created_at, updated_at, expires_at, reservation_id, version, oom_kills, warm"
+    "created_at, updated_at, expires_at, reservation_id, version, oom_kills, warm, failover, epoch, recreated_at"
 )
 
 
@@ -140,6 +140,9 @@ def sandbox_from_row(r: Row) -> SandboxRecord:
         version=int(r[14]),
         oom_kills=int(r[15]),
         warm=bool(r[16]),
+        failover=r[17],
+        epoch=int(r[18]),
+        recreated_at=float(r[19]) if r[19] is not None else None,
     )
 
 
@@ -163,6 +166,9 @@ def sandbox_to_json(rec: SandboxRecord) -> str:
             "reservation_id": rec.reservation_id,
             "version": rec.version,
             "warm": rec.warm,
+            "failover": rec.failover,
+            "epoch": rec.epoch,
+            "recreated_at": rec.recreated_at,
         }
     )
 
@@ -184,7 +190,7 @@ def tenant_from_row(r: Row) -> TenantRecord:
     )
 
 
-TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids"
+TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids, failover"
 
 
 def template_from_row(r: Row) -> TemplateRecord:
@@ -197,6 +203,7 @@ def template_from_row(r: Row) -> TemplateRecord:
         description=r[5],
         created_at=float(r[6]),
         pids=int(r[7]),
+        failover=r[8],
     )
 
 

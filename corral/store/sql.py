@@ -31,9 +31,11 @@ from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode,
 from corral.ids import random_hex
 from corral.store import rows
 from corral.store.contract import (
+    FAILOVER_POLICIES,
     LIVE_STATES,
     UNSET,
     CreateOutcome,
+    FailedHost,
     Heartbeat,
     HeartbeatResult,
     HostBusy,
@@ -247,9 +249,133 @@ class SqlStore(Store):
                 confirmed = await self._end_where(
                     tx, f"host_id = :h AND sandbox_id IN {clause}", {"h": hb.host_id, **ids}
                 )
+            fenced = await self._fences(tx, hb) if applied is not None else frozenset()
             host = await self._host(tx, hb.host_id, now)
             assert host is not None
-            return HeartbeatResult(host, applied is not None, confirmed)
+            return HeartbeatResult(host, applied is not None, confirmed, fenced)
+
+        return await self._write(run)
+
+    async def _fences(self, tx: Tx, hb: Heartbeat) -> frozenset[str]:
+        """The sandboxes this host runs at an epoch older than their fence: it must stop them. A fence
+        whose copy the host no longer runs (or runs at a current epoch) has done its work and goes."""
+        got = await tx.fetchall("SELECT sandbox_id, epoch FROM fences WHERE host_id = :h", {"h": hb.host_id})
+        if not got:
+            return frozenset()
+        fenced = frozenset(
+            str(sid) for sid, epoch in got if sid in hb.sandbox_ids and hb.epochs.get(sid, 0) < int(epoch)
+        )
+        done = [str(sid) for sid, _ in got if sid not in fenced]
+        if done:
+            clause, params = in_list("d", done)
+            await tx.execute(
+                f"DELETE FROM fences WHERE host_id = :h AND sandbox_id IN {clause}",
+                {"h": hb.host_id, **params},
+            )
+        return fenced
+
+    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
+        now = self._now()
+
+        async def run(tx: Tx) -> FailedHost:
+            # Under the host's row lock, and only if it is still silent: a heartbeat that lands first
+            # wins, and nothing of a live host is orphaned.
+            row = await tx.fetchone(
+                f"SELECT heartbeat_at, state FROM hosts WHERE id = :h{self.for_update}", {"h": host_id}
+            )
+            if row is None:
+                return FailedHost(0, 0, 0)
+            silent = float(row[0] or 0.0) < dead_before
+            if not silent and not (evacuate and row[1] == HostState.DRAINING.value):
+                return FailedHost(0, 0, 0)
+            params = {"h": host_id, "now": now}
+            recreating = await tx.execute(
+                "UPDATE sandboxes SET state = 'recreating', updated_at = :now, version = version + 1 "
+                "WHERE host_id = :h AND state = 'running' AND failover = 'recreate'",
+                params,
+            )
+            orphaned = 0
+            released = 0
+            if silent:
+                orphaned = await tx.execute(
+                    "UPDATE sandboxes SET state = 'orphaned', updated_at = :now, version = version + 1 "
+                    "WHERE host_id = :h AND state = 'running'",
+                    params,
+                )
+                released = await self._end_where(tx, "host_id = :h", {"h": host_id})
+            return FailedHost(orphaned, recreating, released)
+
+        return await self._write(run)
+
+    async def reassign_sandbox(
+        self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
+    ) -> SandboxRecord:
+        now = self._now()
+
+        async def run(tx: Tx) -> SandboxRecord:
+            before = await tx.fetchone(
+                f"SELECT host_id FROM sandboxes WHERE id = :id{self.for_update}", {"id": sandbox_id}
+            )
+            row = await tx.fetchone(
+                "UPDATE sandboxes SET host_id = :h, epoch = epoch + 1, recreated_at = :now, updated_at = :now, "
+                "reservation_id = :rid, placement = :pl, version = version + 1 "
+                "WHERE id = :id AND version = :v AND state = 'recreating' "
+                f"RETURNING {rows.SANDBOX_COLS}",
+                {
+                    "id": sandbox_id,
+                    "v": expect_version,
+                    "h": host_id,
+                    "rid": reservation_id,
+                    "pl": placement,
+                    "now": now,
+                },
+            )
+            if row is None:
+                current = await self._sandbox(tx, sandbox_id)
+                if current is None:
+                    raise NotFound(f"sandbox {sandbox_id!r}")
+                raise StateConflict(sandbox_id, current.state, current.version)
+            rec = rows.sandbox_from_row(row)
+            # Every host that may hold an older copy is fenced: the one it left, whoever that was.
+            old = await tx.fetchall("SELECT host_id FROM fences WHERE sandbox_id = :id", {"id": sandbox_id})
+            hosts = {str(r[0]) for r in old}
+            if before is not None and before[0]:
+                hosts.add(str(before[0]))
+            hosts.discard(host_id)
+            await tx.execute("DELETE FROM fences WHERE sandbox_id = :id", {"id": sandbox_id})
+            for host in sorted(hosts):
+                await tx.execute(
+                    "INSERT INTO fences (host_id, sandbox_id, epoch) VALUES (:h, :id, :e)",
+                    {"e": rec.epoch, "h": host, "id": sandbox_id},
+                )
+            return rec
+
+        return await self._write(run)
+
+    async def sealed_spec(self, sandbox_id: str) -> str | None:
+        async def run(tx: Tx) -> str | None:
+            row = await tx.fetchone("SELECT spec FROM sandboxes WHERE id = :id", {"id": sandbox_id})
+            return None if row is None or row[0] is None else str(row[0])
+
+        return await self._read(run)
+
+    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
+        async def run(tx: Tx) -> list[tuple[str, str]]:
+            got = await tx.fetchall(
+                "SELECT id, spec FROM sandboxes WHERE id > :a AND spec IS NOT NULL ORDER BY id LIMIT :lim",
+                {"a": after_id, "lim": limit},
+            )
+            return [(str(i), str(sp)) for i, sp in got]
+
+        return await self._read(run)
+
+    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            n = await tx.execute(
+                "UPDATE sandboxes SET spec = :new WHERE id = :id AND spec = :old",
+                {"id": sandbox_id, "old": old, "new": new},
+            )
+            return n == 1
 
         return await self._write(run)
 
@@ -741,6 +867,9 @@ class SqlStore(Store):
             reservation_id=record.reservation_id,
             version=1,
             warm=record.warm,
+            failover=record.failover,
+            epoch=record.epoch,
+            sealed_spec=record.sealed_spec,
         )
 
         async def run(tx: Tx) -> CreateOutcome:
@@ -748,8 +877,8 @@ class SqlStore(Store):
             if replay is not None:
                 return replay
             await tx.execute(
-                f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, :name, :template, :host, :state, "
-                ":mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm)",
+                f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}, spec) VALUES (:id, :t, :name, :template, :host, "
+                ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, :spec)",
                 {
                     "id": rec.id,
                     "t": rec.tenant_id,
@@ -765,6 +894,9 @@ class SqlStore(Store):
                     "exp": rec.expires_at,
                     "rid": rec.reservation_id,
                     "warm": bool(rec.warm),
+                    "fo": rec.failover,
+                    "ep": rec.epoch,
+                    "spec": rec.sealed_spec,
                 },
             )
             if rec.state in LIVE_STATES:
@@ -1266,11 +1398,14 @@ class SqlStore(Store):
             template.description,
             self._now(),
             template.pids,
+            template.failover,
         )
+        if rec.failover not in FAILOVER_POLICIES:
+            raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
 
         async def run(tx: Tx) -> TemplateRecord:
             await tx.execute(
-                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p)",
+                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f)",
                 {
                     "n": rec.name,
                     "c": rec.cpus,
@@ -1280,6 +1415,7 @@ class SqlStore(Store):
                     "d": rec.description,
                     "now": rec.created_at,
                     "p": rec.pids,
+                    "f": rec.failover,
                 },
             )
             return rec
@@ -1422,6 +1558,8 @@ def _check_sandbox(r: SandboxRecord) -> None:
         raise InvalidRecord("cpus: must not be negative")
     if r.name is not None and not r.name:
         raise InvalidRecord("name: must not be empty (use None for no name)")
+    if r.failover not in FAILOVER_POLICIES:
+        raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
     try:
         SandboxState(r.state)
     except ValueError as exc:

@@ -16,11 +16,13 @@ from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.localfleet import LocalFleet, build_local_fleet
 from corral.control.plane import ControlPlane
+from corral.control.seal import Sealer
 from corral.core import AdmissionMode, AdmissionPolicy, ManualClock, Timeouts
 from corral.store import open_store
 
 ADMIN = "admin-token-for-tests"
 AGENT = "agent-token-for-tests"
+SEAL_KEY = bytes(range(32))
 
 
 @dataclass
@@ -43,6 +45,11 @@ class Cluster:
         self.clock.advance(seconds)
         await self.beat()
 
+    async def close(self) -> None:
+        await self.http.aclose()
+        await self.plane.stop()
+        await self.plane.store.close()
+
 
 async def make_cluster(
     tmp_path: Path,
@@ -62,7 +69,9 @@ async def make_cluster(
         policy=policy,
     )
     directory = LocalAgents()
-    plane = ControlPlane(store, directory, config, clock=clock, rng=random.Random(seed))
+    plane = ControlPlane(
+        store, directory, config, clock=clock, rng=random.Random(seed), sealer=Sealer([SEAL_KEY])
+    )
     fleet = build_local_fleet(
         plane,
         directory,
@@ -92,6 +101,4 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     try:
         yield c
     finally:
-        await c.http.aclose()
-        await c.plane.stop()
-        await c.plane.store.close()
+        await c.close()

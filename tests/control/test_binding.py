@@ -33,10 +33,10 @@ class Refusing(AgentClient):
         self.starts += 1
         raise self.error
 
-    async def stop(self, sandbox_id: str) -> None:
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
         return None
 
-    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
         raise self.error
 
     async def list(self) -> list[SandboxInfo]:

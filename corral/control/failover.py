@@ -1,0 +1,151 @@
+"""Failover, the leader's: a host silent past ``dead_after`` loses its sandboxes, recreate-policy ones
+to another host under the same id, the rest to ``orphaned``.
+
+The order, each step durable before the next, so a leader that dies anywhere leaves a state the next
+leader finishes:
+
+1. One transaction (:meth:`Store.fail_host`), only if the host is still silent: its recreate-policy
+   sandboxes become ``recreating``, its other running ones ``orphaned``, its reservations released.
+2. Per ``recreating`` sandbox, placement exactly as for a create; on the chosen host, with the
+   reservation held, one conditional write gives the record that host and its epoch plus one, and
+   fences every other host that may hold an older copy (its heartbeat reply tells it to stop it).
+3. The new host starts it from its unsealed spec, at the new epoch; then ``running``.
+
+A leader that dies after 2 leaves a ``recreating`` record naming a host: the next one starts it there
+(a start already done answers as such) or, if that host cannot, places it again (a new epoch). No room
+anywhere leaves it ``recreating``, retried every round, never dropped. Calls are routed only to the
+record's host and epoch, and only once it is ``running``: at no moment are two copies routable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from corral.agent.errors import AgentConflict, AgentError, Code
+from corral.control.create import CreateFlow
+from corral.control.errors import Unavailable
+from corral.control.explain import Explanation
+from corral.control.seal import SealError, Spec
+from corral.control.view import ViewCache
+from corral.core import Clock
+from corral.core.timeouts import Timeouts
+from corral.core.types import HostState
+from corral.store import ReservationRecord, SandboxRecord, SandboxState, StateConflict, Store, StoreError
+
+log = logging.getLogger("corral.failover")
+
+RECREATE_BATCH = 200
+
+
+class Failover:
+    def __init__(
+        self, store: Store, view: ViewCache, creates: CreateFlow, clock: Clock, timeouts: Timeouts
+    ) -> None:
+        self.store = store
+        self.view = view
+        self.creates = creates
+        self.clock = clock
+        self.timeouts = timeouts
+
+    async def fail_dead_hosts(self) -> None:
+        """Step 1 for every host silent past ``dead_after``."""
+        now = self.clock.now()
+        dead_before = now - self.timeouts.dead_after_s
+        snap = await self.view.get()
+        for host in snap.records.values():
+            if host.heartbeat_at and host.heartbeat_at < dead_before:
+                done = await self.store.fail_host(host.id, dead_before)
+                if done.orphaned or done.recreating:
+                    log.warning(
+                        "host %s is dead: %d sandboxes to recreate, %d orphaned, %d reservations released",
+                        host.id,
+                        done.recreating,
+                        done.orphaned,
+                        done.released,
+                    )
+
+    async def evacuate(self, host_id: str) -> int:
+        """Drain with evacuation: the host's recreate-policy sandboxes go elsewhere by the same path."""
+        done = await self.store.fail_host(host_id, float("-inf"), evacuate=True)
+        return done.recreating
+
+    async def recreate_all(self) -> None:
+        """Steps 2 and 3 for every ``recreating`` sandbox."""
+        page = await self.store.list_sandboxes(state=SandboxState.RECREATING, limit=RECREATE_BATCH)
+        if not page.items:
+            return
+        snap = await self.view.get(fresh=True)
+        now = self.clock.now()
+        for rec in page.items:
+            host = snap.records.get(rec.host_id or "")
+            live = host is not None and now - host.heartbeat_at <= self.timeouts.stale_after_s
+            try:
+                # A reassignment a previous round (or leader) wrote: finish it on that host.
+                resumable = rec.recreated_at is not None and live and host is not None
+                if (
+                    resumable
+                    and host is not None
+                    and host.state is HostState.READY
+                    and await self._start_on(rec, rec.host_id or "", host.address)
+                ):
+                    continue
+                await self._recreate(rec)
+            except Unavailable as exc:
+                log.info("sandbox %s waits for room to be recreated: %s", rec.id, exc.message)
+            except (StoreError, AgentError, SealError) as exc:
+                log.warning("recreating sandbox %s failed this round: %r", rec.id, exc)
+
+    async def _spec(self, rec: SandboxRecord) -> Spec:
+        sealed = await self.store.sealed_spec(rec.id)
+        sealer = self.creates.sealer
+        if sealed is None or sealer is None:
+            return Spec(env={}, secrets={})
+        return sealer.open(rec.id, sealed)
+
+    async def _start_on(self, rec: SandboxRecord, host_id: str, address: str) -> bool:
+        spec = await self._spec(rec)
+        try:
+            await self.creates.binder.start(
+                rec, host_id, address, spec.env, await self.creates.pids_of(rec.template), spec.secrets
+            )
+        except AgentConflict as exc:
+            if exc.code != Code.SANDBOX_EXISTS:
+                return False
+        except AgentError:
+            return False
+        with contextlib.suppress(StateConflict):
+            await self.store.set_sandbox_state(
+                rec.id, SandboxState.RUNNING, expect=SandboxState.RECREATING, expect_version=rec.version
+            )
+        return True
+
+    async def _recreate(self, rec: SandboxRecord) -> None:
+        spec = await self._spec(rec)
+        current = rec
+
+        async def reassign(
+            host_id: str, address: str, res: ReservationRecord, explain: Explanation
+        ) -> SandboxRecord:
+            nonlocal current
+            # The conditional write first: from here the record names the new host and epoch, and the
+            # old copy is fenced; only then does the new copy start.
+            current = await self.store.reassign_sandbox(
+                rec.id,
+                expect_version=current.version,
+                host_id=host_id,
+                reservation_id=res.id,
+                placement=explain.to_json(),
+            )
+            await self.creates.binder.start(
+                current, host_id, address, spec.env, await self.creates.pids_of(rec.template), spec.secrets
+            )
+            explain.placed(host_id, res.id)
+            placed = await self.store.set_sandbox_state(
+                rec.id, SandboxState.RUNNING, expect=SandboxState.RECREATING, expect_version=current.version
+            )
+            log.warning("sandbox %s recreated on %s (epoch %d)", rec.id, host_id, placed.epoch)
+            return placed
+
+        exclude = {rec.host_id} if rec.host_id else set()
+        await self.creates.place(rec, reassign, exclude)
