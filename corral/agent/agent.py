@@ -520,6 +520,7 @@ class Agent:
             oom_kills=s.oom_kills,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
             role=self.warm.role(sandbox_id) or ROLE_OWNED,
+            epoch=spec.epoch,
         )
 
     # -- restart, measurement, heartbeats --------------------------------------------------------------

@@ -6,6 +6,7 @@ The main CLI registers it with ``app.command("agent")(agent_command)``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import random
@@ -57,7 +58,13 @@ def build_runtime(name: str, sandbox_uids: str | None = None, state_dir: Path | 
             uids = parse_range(sandbox_uids) if sandbox_uids else DEFAULT_UIDS
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--sandbox-uids") from exc
-        runtime: Runtime = ProcessRuntime(root=state_dir, uids=uids)
+        # A state directory of its own marks one of several hosts on this machine: so do its cgroups.
+        prefix = (
+            ""
+            if state_dir is None
+            else hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8] + "-"
+        )
+        runtime: Runtime = ProcessRuntime(root=state_dir, uids=uids, cgroup_prefix=prefix)
         return runtime
     raise typer.BadParameter(
         f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})", param_hint="--runtime"

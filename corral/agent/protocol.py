@@ -90,6 +90,7 @@ class SandboxInfo(_Lenient):
     charged_mb: int
     oom_kills: int = 0
     role: str = ROLE_OWNED
+    epoch: int = 0
 
 
 class ClaimWarm(_Model):

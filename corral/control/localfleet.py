@@ -37,7 +37,7 @@ def build_runtime(kind: str, host_id: str, clock: Clock, seed: int, state_root: 
         from corral.runtime.process import ProcessRuntime
 
         # One state directory per host, so each agent re-adopts only its own sandboxes.
-        runtime: Runtime = ProcessRuntime(root=state_root / host_id)
+        runtime: Runtime = ProcessRuntime(root=state_root / host_id, cgroup_prefix=f"{host_id}-")
         return runtime
     raise ValueError(f"unknown runtime {kind!r}")
 

@@ -111,10 +111,14 @@ class ProcessRuntime:
         system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
         init_command: Sequence[str] = ("sleep", "infinity"),
         clock: Clock | None = None,
+        cgroup_prefix: str = "",
     ) -> None:
         self.records = Records(root or DEFAULT_ROOT)
         # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
         self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
+        # Hosts on one machine share its cgroup root, and one id may run on two of them (the old copy
+        # of a sandbox recreated elsewhere): each host's sandbox cgroups carry its own prefix.
+        self._cgroup_tag = cgroup_prefix
         privileged = os.geteuid() == 0
         # Only root can hand a sandbox to a host user of its own; otherwise it runs as ourselves.
         self._uids = UidAllocator(uid_lease_dir, uids, self.records.root) if privileged else None
@@ -134,7 +138,7 @@ class ProcessRuntime:
 
     async def start(self, spec: SandboxSpec) -> SandboxHandle:
         self._validate(spec)
-        cgroup = self.cgroups.child(spec.id) if self.cgroups else None
+        cgroup = self.cgroups.child(self._cgroup_tag + spec.id) if self.cgroups else None
         assert self._me is not None
         starting = Starting(
             starter=self._me,
@@ -358,7 +362,7 @@ class ProcessRuntime:
     def _guess_cgroup(self, sandbox_id: str) -> SandboxCgroup | None:
         if self.cgroups is None:
             return None
-        cgroup = self.cgroups.child(sandbox_id)
+        cgroup = self.cgroups.child(self._cgroup_tag + sandbox_id)
         return cgroup if cgroup.exists() else None
 
     # -- exec -----------------------------------------------------------------------------------
