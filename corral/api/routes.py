@@ -56,6 +56,7 @@ def _spec(body: SandboxSpecBody) -> CreateSpec:
         env=body.env,
         secrets=body.secrets,
         failover=body.failover,
+        wait_s=body.wait_s,
     )
 
 

@@ -50,6 +50,8 @@ class SandboxSpecBody(_Body):
     # Delivered like env; kept only sealed; never in any answer.
     secrets: Env = Field(default_factory=dict, repr=False)
     failover: Failover | None = None  # None: the template's (orphan unless it says otherwise)
+    # Wait up to this long for capacity (parked in waiting_capacity) instead of a 503 now.
+    wait_s: float | None = Field(default=None, gt=0, le=3600)
 
     @field_validator("metadata")
     @classmethod

@@ -39,6 +39,9 @@ class ControlConfig:
     # The least memory a sandbox may ask for: what the strictest runtime can start at all. A smaller
     # request is the caller's mistake (422), never a capacity refusal the SDKs would retry.
     min_memory_mb: int = MIN_MEMORY_MB
+    # The longest a create may ask to wait for capacity (``wait_s``), and how many may wait per tenant.
+    max_wait_s: float = 300.0
+    max_waiting_per_tenant: int = 1000
 
     @property
     def create_deadline_s(self) -> float:

@@ -16,6 +16,7 @@ import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from corral.agent.errors import AgentError, AgentRefusal
 from corral.control.agents import AgentDirectory
@@ -27,6 +28,9 @@ from corral.control.metrics import Metrics
 from corral.control.pools import WarmClaims
 from corral.control.retry import RetryAfter
 from corral.control.seal import Sealer, Spec
+
+if TYPE_CHECKING:
+    from corral.control.waiting import WaitingCreates
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import (
     Clock,
@@ -80,6 +84,8 @@ class CreateSpec:
     # (a hash of a short secret in the store could be guessed): only their names are.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     failover: str | None = None  # None: the template's
+    # Seconds it may wait for capacity (parked in ``waiting_capacity``) instead of being refused.
+    wait_s: float | None = None
 
     def fingerprint(self) -> str:
         """What an Idempotency-Key is bound to: the same key with another body is a client bug."""
@@ -123,6 +129,8 @@ class CreateFlow:
         self.warm: WarmClaims | None = None
         # Seals each sandbox's spec into its record (set by the control plane when it has a key).
         self.sealer: Sealer | None = None
+        # Parks a create that may wait for capacity (set by the control plane).
+        self.waiting: WaitingCreates | None = None
 
     def placer(self, n_hosts: int) -> Placer:
         """The placer for a fleet of ``n_hosts``: K is fixed by configuration or grows as log2 n."""
@@ -239,6 +247,10 @@ class CreateFlow:
     ) -> tuple[SandboxRecord, bool]:
         """Place one sandbox. Returns (record, replayed)."""
         started = self.clock.now()
+        if spec.wait_s is not None:
+            if self.waiting is None or self.sealer is None:
+                raise InvalidRequest("wait_s", "wait_s: this control plane does not park creates")
+            self.waiting.check(spec.wait_s)
         if self.warm is not None:
             claimed = await self._claim_warm(tenant_id, spec, idempotency_key)
             if claimed is not None:
@@ -249,17 +261,36 @@ class CreateFlow:
         if replayed:
             note(outcome="replayed", sandbox_id=record.id)
             return await self._replay(record), True
+        if spec.wait_s is not None and self.waiting is not None and await self.waiting.queued(tenant_id):
+            # Creates of this tenant already wait: this one goes behind them, not past them.
+            placed = await self._park(record, spec.wait_s, idempotency_key)
+            self.observe_success(placed, started, tenant_id, idempotency_key)
+            return placed, False
         try:
             placed = await self._place_and_bind(record, dict(spec.env), spec.secrets)
         except BaseException as exc:
-            await self.forget(record)
-            if isinstance(exc, Unavailable) and idempotency_key:
-                if len(self._first_refusal) >= FIRST_REFUSALS_KEPT:  # bounded: forget the oldest
-                    del self._first_refusal[next(iter(self._first_refusal))]
-                self._first_refusal.setdefault(f"{tenant_id}/{idempotency_key}", started)
-            raise
+            if not (isinstance(exc, Unavailable) and spec.wait_s is not None and self.waiting is not None):
+                await self.forget(record)
+                if isinstance(exc, Unavailable) and idempotency_key:
+                    if len(self._first_refusal) >= FIRST_REFUSALS_KEPT:  # bounded: forget the oldest
+                        del self._first_refusal[next(iter(self._first_refusal))]
+                    self._first_refusal.setdefault(f"{tenant_id}/{idempotency_key}", started)
+                raise
+            placed = await self._park(record, spec.wait_s, idempotency_key)
         self.observe_success(placed, started, tenant_id, idempotency_key)
         return placed, False
+
+    async def _park(self, record: SandboxRecord, wait_s: float, idempotency_key: str | None) -> SandboxRecord:
+        """Nothing fits now and the caller may wait: the record stays, parked, for the leader to place.
+        Once parked, only its deadline, or its client leaving without a key, ends it."""
+        assert self.waiting is not None
+        try:
+            parked = await self.waiting.park(record, wait_s)
+        except BaseException:
+            await self.forget(record)
+            raise
+        note(outcome="parked", sandbox_id=record.id)
+        return await self.waiting.wait(parked, idempotency_key)
 
     async def _claim_warm(
         self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
@@ -299,6 +330,9 @@ class CreateFlow:
         current = await self.store.get_sandbox(first.id, tenant_id=first.tenant_id)
         if current is None or current.state is SandboxState.DELETED:
             raise NotFound(f"the sandbox this Idempotency-Key created, {first.id}, has been deleted")
+        if current.state is SandboxState.WAITING_CAPACITY and self.waiting is not None:
+            # Parked by the first call (on this replica or one that died): wait with it.
+            return await self.waiting.wait(current, "attached")
         if current.state is SandboxState.RESERVED:
             # The first call is still placing it: ask again in a moment, and get its outcome.
             raise Unavailable(
@@ -308,6 +342,13 @@ class CreateFlow:
                 details={"sandbox_id": first.id},
             )
         return current
+
+    async def spec_of(self, rec: SandboxRecord) -> Spec:
+        """The sandbox's env and secrets, unsealed (empty when it has no sealed spec)."""
+        sealed = await self.store.sealed_spec(rec.id)
+        if sealed is None or self.sealer is None:
+            return Spec(env={}, secrets={})
+        return self.sealer.open(rec.id, sealed)
 
     def observe_success(
         self, placed: SandboxRecord, started: float, tenant_id: str, idempotency_key: str | None
@@ -358,7 +399,14 @@ class CreateFlow:
     async def _place_and_bind(
         self, record: SandboxRecord, env: dict[str, str], secrets: Mapping[str, str]
     ) -> SandboxRecord:
-        async def bind_new(
+        return await self.place(record, self.bind(record, SandboxState.RESERVED, env, secrets))
+
+    def bind(
+        self, record: SandboxRecord, expect: SandboxState, env: Mapping[str, str], secrets: Mapping[str, str]
+    ) -> Commit:
+        """Start it on the chosen host, then record it ``running`` there if it is still ``expect``."""
+
+        async def commit(
             host_id: str, address: str, res: ReservationRecord, explain: Explanation
         ) -> SandboxRecord:
             await self.binder.start(
@@ -368,13 +416,13 @@ class CreateFlow:
             return await self.store.set_sandbox_state(
                 record.id,
                 SandboxState.RUNNING,
-                expect=SandboxState.RESERVED,
+                expect=expect,
                 host_id=host_id,
                 reservation_id=res.id,
                 placement=explain.to_json(),
             )
 
-        return await self.place(record, bind_new)
+        return commit
 
     async def place(
         self, record: SandboxRecord, commit: Commit, exclude: Collection[str] = ()

@@ -87,6 +87,13 @@ class OverQuota(ControlError):
     status = 429
 
 
+class QueueFull(ControlError):
+    """A tenant already has as many creates waiting for capacity as it may."""
+
+    code = "queue_full"
+    status = 429
+
+
 class BadGateway(ControlError):
     """The sandbox's host answered with an error that is not the caller's fault."""
 

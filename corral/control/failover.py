@@ -26,7 +26,7 @@ from corral.agent.errors import AgentConflict, AgentError, Code
 from corral.control.create import CreateFlow
 from corral.control.errors import Unavailable
 from corral.control.explain import Explanation
-from corral.control.seal import SealError, Spec
+from corral.control.seal import SealError
 from corral.control.view import ViewCache
 from corral.core import Clock
 from corral.core.timeouts import Timeouts
@@ -96,15 +96,8 @@ class Failover:
             except (StoreError, AgentError, SealError) as exc:
                 log.warning("recreating sandbox %s failed this round: %r", rec.id, exc)
 
-    async def _spec(self, rec: SandboxRecord) -> Spec:
-        sealed = await self.store.sealed_spec(rec.id)
-        sealer = self.creates.sealer
-        if sealed is None or sealer is None:
-            return Spec(env={}, secrets={})
-        return sealer.open(rec.id, sealed)
-
     async def _start_on(self, rec: SandboxRecord, host_id: str, address: str) -> bool:
-        spec = await self._spec(rec)
+        spec = await self.creates.spec_of(rec)
         try:
             await self.creates.binder.start(
                 rec, host_id, address, spec.env, await self.creates.pids_of(rec.template), spec.secrets
@@ -121,7 +114,7 @@ class Failover:
         return True
 
     async def _recreate(self, rec: SandboxRecord) -> None:
-        spec = await self._spec(rec)
+        spec = await self.creates.spec_of(rec)
         current = rec
 
         async def reassign(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -92,5 +92,16 @@ class Metrics:
             registry=r,
         )
         self.heartbeats = Counter("corral_heartbeats", "Heartbeats received", ["accepted"], registry=r)
+        self.waiting = Gauge(
+            "corral_waiting_creates",
+            "Creates parked in waiting_capacity, as the leader last counted",
+            registry=r,
+        )
+        self.waited = Histogram(
+            "corral_create_waited_seconds",
+            "Time a parked create waited until it was placed",
+            buckets=AGE_BUCKETS,
+            registry=r,
+        )
         self.fleet = FleetCollector()
         r.register(self.fleet)

@@ -27,6 +27,7 @@ from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.seal import Sealer
 from corral.control.view import ViewCache
+from corral.control.waiting import WaitingCreates
 from corral.core import Clock, SystemClock
 from corral.store import (
     HeartbeatResult,
@@ -126,6 +127,9 @@ class ControlPlane:
             self.config.policy,
         )
         self.reconciler.leader_work.append(self.pools.rebalance)
+        self.waiting = WaitingCreates(store, self.creates, self.clock, self.config, self.metrics)
+        self.creates.waiting = self.waiting
+        self.reconciler.leader_work.append(self.waiting.place_waiting)
         self._task: asyncio.Task[None] | None = None
         self.migrated = False
         self.default_tenant_id: str | None = None

@@ -305,6 +305,8 @@ class SandboxRecord:
     # Bumped each time the sandbox is given a new host: only the copy of the current epoch may run.
     epoch: int = 0
     recreated_at: float | None = None
+    # A create parked in ``waiting_capacity``: placed by the leader until then, refused after.
+    wait_until: float | None = None
     # Its spec (env, secrets) sealed; written with the record, read only to start it. Never listed.
     sealed_spec: str | None = field(default=None, repr=False)
 
@@ -630,6 +632,11 @@ class Store(ABC):
         """One conditional write: a ``recreating`` sandbox at ``expect_version`` gets ``host_id`` and its
         epoch plus one, and every other host that may hold an older copy is fenced. Raises
         :class:`StateConflict` when another decider moved it first."""
+
+    @abstractmethod
+    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
+        """A ``reserved`` record no host took becomes ``waiting_capacity`` until ``wait_until``
+        (:class:`StateConflict` if it is no longer ``reserved``)."""
 
     @abstractmethod
     async def sealed_spec(self, sandbox_id: str) -> str | None:

@@ -182,11 +182,14 @@ _V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
 # ``spec`` is its environment and secrets sealed (AES-GCM, the id as associated data), never plaintext.
 # A row of ``fences`` says: this host's copy of this sandbox, if older than ``epoch``, must stop;
 # it is written with the reassignment and read by that host's heartbeats until the copy is gone.
+# A create that may wait for capacity is a record in ``waiting_capacity`` until ``wait_until``.
 _V8 = (
     "ALTER TABLE sandboxes ADD COLUMN failover TEXT NOT NULL DEFAULT 'orphan'",
     "ALTER TABLE sandboxes ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0",
     "ALTER TABLE sandboxes ADD COLUMN recreated_at {real}",
     "ALTER TABLE sandboxes ADD COLUMN spec TEXT",
+    # A create parked in ``waiting_capacity`` is placed by the leader until this deadline.
+    "ALTER TABLE sandboxes ADD COLUMN wait_until {real}",
     "ALTER TABLE templates ADD COLUMN failover TEXT NOT NULL DEFAULT 'orphan'",
     """CREATE TABLE fences (
         host_id TEXT NOT NULL,

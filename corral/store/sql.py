@@ -352,6 +352,25 @@ class SqlStore(Store):
 
         return await self._write(run)
 
+    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
+        now = self._now()
+
+        async def run(tx: Tx) -> SandboxRecord:
+            row = await tx.fetchone(
+                "UPDATE sandboxes SET state = 'waiting_capacity', wait_until = :w, host_id = NULL, "
+                "reservation_id = NULL, updated_at = :now, version = version + 1 "
+                f"WHERE id = :id AND state = 'reserved' RETURNING {rows.SANDBOX_COLS}",
+                {"id": sandbox_id, "w": wait_until, "now": now},
+            )
+            if row is None:
+                current = await self._sandbox(tx, sandbox_id)
+                if current is None:
+                    raise NotFound(f"sandbox {sandbox_id!r}")
+                raise StateConflict(sandbox_id, current.state, current.version)
+            return rows.sandbox_from_row(row)
+
+        return await self._write(run)
+
     async def sealed_spec(self, sandbox_id: str) -> str | None:
         async def run(tx: Tx) -> str | None:
             row = await tx.fetchone("SELECT spec FROM sandboxes WHERE id = :id", {"id": sandbox_id})
@@ -878,7 +897,7 @@ class SqlStore(Store):
                 return replay
             await tx.execute(
                 f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}, spec) VALUES (:id, :t, :name, :template, :host, "
-                ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, :spec)",
+                ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, NULL, :spec)",
                 {
                     "id": rec.id,
                     "t": rec.tenant_id,
