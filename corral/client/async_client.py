@@ -87,18 +87,26 @@ class AsyncCorral:
         json: Any = None,
         params: Mapping[str, str | int] | None = None,
         headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
         """One request, no retries: the decoded JSON body, or a typed ``CorralError``."""
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
         try:
             response = await self._http.request(
-                method, path, json=json, params=params, headers=wire.with_request_id(headers)
+                method, path, json=json, params=params, headers=wire.with_request_id(headers), **extra
             )
         except httpx.TransportError as exc:
             raise Unreachable.from_transport(exc, self.url) from exc
         return wire.body_of(response)
 
     async def create_with_retry(
-        self, path: str, body: Mapping[str, Any], *, idempotency_key: str | None, policy: RetryPolicy
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        idempotency_key: str | None,
+        policy: RetryPolicy,
+        timeout_s: float | None = None,
     ) -> tuple[Any, CreateStats]:
         """POST a create, retrying refusals under ``policy`` with one idempotency key throughout."""
         key = idempotency_key or str(uuid.uuid4())
@@ -106,7 +114,9 @@ class AsyncCorral:
         while True:
             budget.attempt()
             try:
-                data = await self.request("POST", path, json=body, headers={wire.IDEMPOTENCY_HEADER: key})
+                data = await self.request(
+                    "POST", path, json=body, headers={wire.IDEMPOTENCY_HEADER: key}, timeout_s=timeout_s
+                )
             except CorralError as exc:
                 if not retryable_for_create(exc):
                     raise
@@ -134,10 +144,18 @@ class AsyncSandboxes:
         env: Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         deadline_s: float | None = None,
+        secrets: Mapping[str, str] | None = None,
+        failover: str | None = None,
+        wait: float | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox, retrying "not now" refusals until ``deadline_s`` (default: the client's
         policy). Raises ``CapacityUnavailable`` at the deadline (transient: park the work, do not record
-        it as failed) and a typed error at once for anything permanent."""
+        it as failed) and a typed error at once for anything permanent.
+
+        ``wait``: seconds the server may hold the create, parked in ``waiting_capacity``, until room
+        appears (one request, retried under the same idempotency key if the connection drops);
+        ``secrets`` are delivered like ``env`` and never shown again; ``failover``: ``"recreate"``
+        or ``"orphan"`` when its host dies."""
         body = wire.create_body(
             template,
             memory_mb=memory_mb,
@@ -147,9 +165,16 @@ class AsyncSandboxes:
             name=name,
             metadata=metadata,
             env=env,
+            secrets=secrets,
+            failover=failover,
+            wait_s=wait,
         )
         data, stats = await self._client.create_with_retry(
-            "/v1/sandboxes", body, idempotency_key=idempotency_key, policy=self._policy(deadline_s)
+            "/v1/sandboxes",
+            body,
+            idempotency_key=idempotency_key,
+            policy=self._policy(deadline_s),
+            timeout_s=None if wait is None else wait + wire.WAIT_MARGIN_S,
         )
         return AsyncSandbox(parse(SandboxRecord, data), self, stats)
 

@@ -159,6 +159,7 @@ async def run_burst(
     memory_mb: int | None = None,
     ttl_seconds: int | None = None,
     deadline_s: float | None = None,
+    wait_s: float | None = None,
     cleanup: bool = True,
     timer: Callable[[], float] = time.perf_counter,
 ) -> BurstReport:
@@ -181,6 +182,7 @@ async def run_burst(
                 ttl_seconds=ttl_seconds,
                 metadata={"burst": "corral-burst", "i": str(i)},
                 deadline_s=deadline_s,
+                wait=wait_s,
             )
         except CorralError as exc:
             retried: Mapping[str, int] = getattr(exc, "refusals", {})

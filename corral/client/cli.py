@@ -109,6 +109,12 @@ def burst_command(
     deadline_s: Annotated[
         float, typer.Option("--deadline", min=0, help="Seconds each create may spend retrying refusals.")
     ] = 30.0,
+    wait_s: Annotated[
+        float | None,
+        typer.Option(
+            "--wait", min=0.001, help="Seconds each create may wait on the server for capacity (parked)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Fire N concurrent creates, show where they landed, then delete them."""
@@ -123,6 +129,7 @@ def burst_command(
                 memory_mb=memory_mb,
                 ttl_seconds=ttl_seconds,
                 deadline_s=deadline_s,
+                wait_s=wait_s,
             )
 
     try:

@@ -32,6 +32,9 @@ class SandboxRecord(_Wire):
     expires_at: datetime | None = None
     # Taken from a warm pool rather than started for this create.
     warm: bool = False
+    failover: str = "orphan"
+    epoch: int = 0  # how many times it was given a new host
+    recreated_at: datetime | None = None
 
 
 class ExecResult(_Wire):

@@ -62,6 +62,10 @@ def host_path(host_id: str) -> str:
     return f"/v1/hosts/{host_id}"
 
 
+# How much longer than the server may hold a waiting create the client waits for its answer.
+WAIT_MARGIN_S = 30.0
+
+
 def create_body(
     template: str,
     *,
@@ -72,6 +76,9 @@ def create_body(
     name: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str] | None = None,
+    failover: str | None = None,
+    wait_s: float | None = None,
 ) -> dict[str, Any]:
     """The create spec; absent options are omitted so the server's defaults apply."""
     body: dict[str, Any] = {"template": template}
@@ -83,6 +90,9 @@ def create_body(
         "name": name,
         "metadata": dict(metadata) if metadata is not None else None,
         "env": dict(env) if env is not None else None,
+        "secrets": dict(secrets) if secrets is not None else None,
+        "failover": failover,
+        "wait_s": wait_s,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body

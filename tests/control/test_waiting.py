@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from corral.client import AsyncCorral
 from corral.store import SandboxState
 
 from .conftest import ADMIN, Cluster, make_cluster
@@ -163,3 +164,22 @@ async def test_queue_length_and_wait_are_bounded(full: tuple[Cluster, list[str]]
     assert len(await waiting_ids(c)) == 2
     for t in tasks:
         t.cancel()
+
+
+async def test_the_sdk_waits_on_the_server(full: tuple[Cluster, list[str]]) -> None:
+    c, running = full
+    transport = httpx.ASGITransport(app=c.http._transport.app)  # type: ignore[attr-defined]
+    async with AsyncCorral("http://corral.test", ADMIN, transport=transport) as client:
+        task = asyncio.create_task(
+            client.sandboxes.create(
+                "default", memory_mb=MB, wait=120, secrets={"S": "hidden"}, failover="recreate"
+            )
+        )
+        for _ in range(2000):
+            if await waiting_ids(c):
+                break
+            await asyncio.sleep(0.002)
+        await free_one(c, running.pop())
+        await c.plane.reconciler.tick()
+        sandbox = await task
+        assert sandbox.record.state == "running" and sandbox.record.failover == "recreate"
