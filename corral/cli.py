@@ -235,6 +235,35 @@ def api(
         raise typer.BadParameter(str(e)) from None
 
 
+admin_app = typer.Typer(no_args_is_help=True, help="Operations on the state of record.")
+
+
+@admin_app.command("reseal")
+def reseal(
+    store: Annotated[str, typer.Option("--store", help="sqlite:///path.db or postgresql://...")],
+    seal_key_file: SealKeyFile = None,
+) -> None:
+    """Seal every sandbox spec under the newest key (after a rotation), so old keys can be removed."""
+    import asyncio
+
+    from corral.api.server import BadSealKey, default_seal_key_file, sealer_for
+    from corral.control.reseal import reseal_all
+    from corral.store import open_store
+
+    try:
+        sealer = sealer_for(seal_key_file or default_seal_key_file(store), create=False)
+    except BadSealKey as e:
+        raise typer.BadParameter(str(e), param_hint="--seal-key-file") from None
+
+    async def go() -> None:
+        async with open_store(store) as st:
+            await st.migrate()
+            report = await reseal_all(st, sealer)
+        typer.echo(f"{report.checked} sealed specs checked, {report.resealed} re-sealed under the newest key")
+
+    asyncio.run(go())
+
+
 app.command("agent")(agent_command)
 app.command("burst")(burst_command)
 app.command("ps")(ps_command)
@@ -246,6 +275,7 @@ app.command("explain")(explain_command)
 app.command("top")(top_command)
 app.add_typer(sim_app, name="sim")
 app.add_typer(pools_app, name="pools")
+app.add_typer(admin_app, name="admin")
 
 
 if __name__ == "__main__":  # pragma: no cover
