@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import build_local_fleet
 from corral.control.plane import ControlPlane
-from corral.control.seal import Sealer, SealError, load_keys
+from corral.control.seal import SEAL_KEY_ENV, Sealer, SealError, load_keys
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
 from corral.logs import configure as configure_logging
 from corral.store import open_store
@@ -201,7 +202,11 @@ async def api(opts: ApiOptions) -> None:
         replica_lease_s=opts.lease_s,
         reconcile_interval_s=min(opts.reconcile_interval_s, opts.lease_s / 3),
     )
-    sealer = sealer_for(opts.seal_key_file or default_seal_key_file(opts.store), create=True)
+    # Replicas must share their keys: one is never invented here (no key: no sealed specs, so no
+    # secrets, recreate or waiting creates).
+    sealer = None
+    if opts.seal_key_file is not None or os.environ.get(SEAL_KEY_ENV):
+        sealer = sealer_for(opts.seal_key_file, create=True)
     store = open_store(opts.store)
     agents = HttpAgents(store.host_key, shared_token=opts.agent_token)
     plane = ControlPlane(store, agents, config, sealer=sealer)
