@@ -9,6 +9,7 @@ create travels to the new host and appears in no response, no log line and no Po
 from __future__ import annotations
 
 import base64
+import contextlib
 import subprocess
 import threading
 import time
@@ -322,3 +323,66 @@ def test_an_agent_cut_off_then_healed_is_fenced(fleet: Fleet) -> None:
         wait_for(lambda: not set(recreate) & set(f.on_agent(cut)), 60, "the stale copies to stop")
         wait_for(lambda: all(records(f)[i]["state"] == "running" for i in orphan), 60, "orphans reclaimed")
     assert sampler.doubles == []
+
+
+def test_a_replica_killed_while_creates_wait_loses_none(fleet: Fleet) -> None:
+    f = fleet
+    body = {"memory_mb": 1024, "stateful": True}
+    filled = []
+    with f.admin() as c:
+        while True:
+            r = c.post("/v1/sandboxes", json=body)
+            if r.status_code != 201:
+                assert r.status_code == 503, r.text
+                break
+            filled.append(r.json()["id"])
+    doomed = f.replicas[1]
+
+    def park(key: str) -> None:
+        # Its client sees the replica die mid-wait; the retry below attaches on the other one.
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(
+                doomed.url + "/v1/sandboxes",
+                json={**body, "wait_s": 120},
+                headers={"Authorization": f"Bearer {ADMIN}", "Idempotency-Key": key},
+                timeout=120,
+            )
+
+    keys = [f"wait-{i}" for i in range(3)]
+    waiters = [threading.Thread(target=park, args=(k,), daemon=True) for k in keys]
+    for t in waiters:
+        t.start()
+
+    def parked() -> list[dict[str, Any]]:
+        return [s for s in records(f).values() if s["state"] == "waiting_capacity"]
+
+    wait_for(lambda: len(parked()) == 3, 60, "three creates parked")
+    doomed.kill9()
+    for t in waiters:
+        t.join(30)
+    assert len(parked()) == 3  # the store keeps them: nothing died with the replica
+    results: dict[str, httpx.Response] = {}
+
+    def retry(key: str) -> None:
+        results[key] = httpx.post(
+            f.replicas[0].url + "/v1/sandboxes",
+            json={**body, "wait_s": 120},
+            headers={"Authorization": f"Bearer {ADMIN}", "Idempotency-Key": key},
+            timeout=150,
+        )
+
+    retries = [threading.Thread(target=retry, args=(k,), daemon=True) for k in keys]
+    for t in retries:
+        t.start()
+    time.sleep(0.5)
+    assert len(parked()) == 3  # attached, none parked twice
+    with f.admin() as c:
+        for sid in filled[:3]:
+            assert c.delete(f"/v1/sandboxes/{sid}").status_code == 204
+    for t in retries:
+        t.join(150)
+    assert all(results[k].status_code == 201 for k in keys), {k: r.text for k, r in results.items()}
+    ids = {results[k].json()["id"] for k in keys}
+    assert len(ids) == 3 and not parked()
+    recs = records(f)
+    assert all(recs[i]["state"] == "running" for i in ids)
