@@ -47,6 +47,9 @@ class Failover:
         self.creates = creates
         self.clock = clock
         self.timeouts = timeouts
+        # Host -> the last heartbeat it was failed at: a host that stays dead is failed once, not
+        # written to every round (a new leader does it once more, harmlessly).
+        self._failed: dict[str, float] = {}
 
     async def fail_dead_hosts(self) -> None:
         """Step 1 for every host silent past ``dead_after``."""
@@ -55,7 +58,10 @@ class Failover:
         snap = await self.view.get()
         for host in snap.records.values():
             if host.heartbeat_at and host.heartbeat_at < dead_before:
+                if self._failed.get(host.id) == host.heartbeat_at:
+                    continue
                 done = await self.store.fail_host(host.id, dead_before)
+                self._failed[host.id] = host.heartbeat_at
                 if done.orphaned or done.recreating:
                     log.warning(
                         "host %s is dead: %d sandboxes to recreate, %d orphaned, %d reservations released",
