@@ -230,6 +230,8 @@ class Agent:
         self._live = _LiveSet(AdmissionBook(memory_mb_total, self.admission, policy))
         # Each sandbox's secrets, in memory only: never in the runtime's records on disk.
         self._secrets: dict[str, dict[str, str]] = {}
+        # Adopted sandboxes whose secrets the control plane has not sent again yet.
+        self._restore: set[str] = set()
         self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
@@ -540,6 +542,8 @@ class Agent:
         for h in handles:
             if h.id not in self._live and h.id not in self._starting:
                 self._live[h.id] = _Live(h.spec, h.started_at)
+                # Its secrets were never on disk: the control plane sends them again.
+                self._restore.add(h.id)
                 adopted += 1
         if adopted:
             log.info("agent %s adopted %d running sandboxes", self.id, adopted)
@@ -619,6 +623,7 @@ class Agent:
             oom_kills=self.oom_kills(),
             roles=self.warm.roles(),
             epochs={i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch},
+            restore=sorted(i for i in self._restore if i in self._live),
             warm=self.warm.counts(),
         )
 
@@ -631,8 +636,16 @@ class Agent:
             self.heartbeats_sent += 1
             if reply is not None:
                 self.set_warm_targets(reply.warm_targets)
+                if reply.accepted:
+                    self._restore_secrets(hb.restore, reply.secrets)
                 await self._stop_fenced(reply.stop)
         return hb
+
+    def _restore_secrets(self, asked: Iterable[str], secrets: Mapping[str, Mapping[str, str]]) -> None:
+        for sandbox_id in asked:
+            self._restore.discard(sandbox_id)
+            if sandbox_id in self._live and secrets.get(sandbox_id):
+                self._secrets[sandbox_id] = dict(secrets[sandbox_id])
 
     async def _stop_fenced(self, ids: Iterable[str]) -> None:
         """Copies the control plane says are another host's now (their epoch moved on): stop them."""

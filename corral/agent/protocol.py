@@ -168,6 +168,8 @@ class Heartbeat(Capacity):
     )
     # Sparse: the epoch of every entry of ``sandbox_ids`` whose epoch is not 0.
     epochs: dict[SandboxId, Epoch] = Field(default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST)
+    # Sandboxes adopted after a restart: their secrets (never on the host's disk) are to be sent again.
+    restore: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
     # Warm sandboxes per template.
     warm: dict[Annotated[str, Field(min_length=1, max_length=128)], WarmCount] = Field(
         default_factory=dict, max_length=MAX_TEMPLATES_PER_HOST
@@ -209,3 +211,5 @@ class HeartbeatReply(_Lenient):
     state: str = "ready"
     warm_targets: list[WarmTarget] = Field(default_factory=list)
     stop: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
+    # For the sandboxes a heartbeat asked to ``restore`` that this host owns at that epoch: their secrets.
+    secrets: dict[SandboxId, Env] = Field(default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST, repr=False)

@@ -37,6 +37,7 @@ from corral.store import (
     NameConflict,
     Principal,
     Role,
+    SandboxState,
     Store,
     StoreUnavailable,
     TemplateRecord,
@@ -310,7 +311,23 @@ class ControlPlane:
             state=result.host.state.value,
             warm_targets=await self.pool_book.targets_for(hb.agent_id),
             stop=sorted(result.fenced),
+            secrets=await self._restored_secrets(hb) if hb.restore and result.accepted else {},
         )
+
+    async def _restored_secrets(self, hb: WireHeartbeat) -> dict[str, dict[str, str]]:
+        """Secrets of sandboxes an agent adopted after a restart, for those its record says it owns at
+        the epoch the agent holds (read per sandbox: only after a restart, never on a periodic path)."""
+        out: dict[str, dict[str, str]] = {}
+        for sandbox_id in hb.restore:
+            rec = await self.store.get_sandbox(sandbox_id)
+            if rec is None or rec.host_id != hb.agent_id or rec.epoch != hb.epochs.get(sandbox_id, 0):
+                continue
+            if rec.state not in (SandboxState.RUNNING, SandboxState.ORPHANED):
+                continue
+            spec = await self.creates.spec_of(rec)
+            if spec.secrets:
+                out[sandbox_id] = dict(spec.secrets)
+        return out
 
     async def hosts(self) -> list[HostStatus]:
         snap = await self.view.get(fresh=True)

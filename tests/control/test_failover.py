@@ -266,3 +266,23 @@ async def test_failover_and_secrets_are_validated(small: Cluster) -> None:
     assert sealer is not None and sealer.open(s["id"], sealed).secrets == {"S": CANARY}
     with pytest.raises(Exception, match="does not open"):
         sealer.open("sb-other", sealed)
+
+
+async def test_a_restarted_agent_gets_secrets_again_for_what_it_owns_only(small: Cluster) -> None:
+    c = small
+    host, (mine,) = await on_one_host(c, 1, secrets={"S": CANARY}, memory_mb=512)
+    a = agent(c, host)
+    # What a restart leaves: the sandbox adopted from the runtime's records, no secret in memory.
+    a._secrets.clear()
+    a._restore.add(mine["id"])
+    r = await c.http.post(f"/v1/sandboxes/{mine['id']}/exec", json={"command": ["env"]}, headers=H)
+    assert CANARY not in r.json()["stdout"]
+    await a.beat()
+    assert not a._restore
+    r = await c.http.post(f"/v1/sandboxes/{mine['id']}/exec", json={"command": ["env"]}, headers=H)
+    assert f"S={CANARY}" in r.json()["stdout"]
+    # Another host asking for a sandbox it does not own (or a stale epoch of one) gets nothing.
+    other = next(x for x in c.fleet.agents if x.id != host)
+    hb = other.heartbeat().model_copy(update={"restore": [mine["id"]], "seq": other._seq + 10})
+    reply = await c.plane.heartbeat_reply(hb)
+    assert reply.secrets == {}
