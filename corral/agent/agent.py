@@ -50,6 +50,7 @@ from corral.runtime.base import (
     Runtime,
     RuntimeFailure,
     SandboxNotFound,
+    SandboxPaused,
     SandboxSpec,
 )
 
@@ -398,6 +399,8 @@ class Agent:
         except InvalidSandbox as exc:
             # What the kernel would refuse (E2BIG, a NUL it would cut) is the caller's input.
             raise AgentInvalid(Code.INVALID, str(exc), details={"field": exc.field}) from exc
+        except SandboxPaused as exc:
+            raise AgentConflict(Code.SANDBOX_PAUSED, str(exc)) from exc
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         return ExecResponse(
@@ -408,6 +411,42 @@ class Agent:
             truncated=r.truncated,
             timed_out=r.timed_out,
         )
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start."""
+        live = self._require(sandbox_id)
+        if self._paused(sandbox_id):
+            raise AgentConflict(Code.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
+        await self._call_runtime(self.runtime.pause, sandbox_id)
+        return self._info(sandbox_id, live)
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        live = self._require(sandbox_id)
+        if not self._paused(sandbox_id):
+            raise AgentConflict(Code.NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
+        await self._call_runtime(self.runtime.resume, sandbox_id)
+        return self._info(sandbox_id, live)
+
+    def _require(self, sandbox_id: str) -> _Live:
+        live = self._live.get(sandbox_id)
+        if live is None:
+            raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        return live
+
+    def _paused(self, sandbox_id: str) -> bool:
+        try:
+            return self.runtime.paused(sandbox_id)
+        except SandboxNotFound:
+            return False
+
+    async def _call_runtime(self, op: Callable[[str], Awaitable[None]], sandbox_id: str) -> None:
+        try:
+            await op(sandbox_id)
+        except SandboxNotFound:
+            self._live.pop(sandbox_id, None)
+            raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
+        except RuntimeFailure as exc:
+            raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         live = self._live.get(sandbox_id)
@@ -433,6 +472,7 @@ class Agent:
             started_at=s.started_at,
             resident_mb=s.resident_mb,
             oom_kills=s.oom_kills,
+            paused=self._paused(sandbox_id),
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
         )
 

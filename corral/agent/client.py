@@ -21,6 +21,7 @@ from corral.agent.errors import (
     AgentRefusal,
     AgentSandboxNotFound,
     AgentUnavailable,
+    Code,
     error_from_response,
 )
 from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
@@ -49,6 +50,12 @@ class AgentClient(ABC):
     @abstractmethod
     async def list(self) -> list[SandboxInfo]: ...
 
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        raise AgentError(Code.RUNTIME_FAILED, "this agent cannot pause sandboxes")
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        raise AgentError(Code.RUNTIME_FAILED, "this agent cannot resume sandboxes")
+
     @abstractmethod
     async def capacity(self) -> Capacity: ...
 
@@ -73,6 +80,12 @@ class LocalAgentClient(AgentClient):
 
     async def list(self) -> list[SandboxInfo]:
         return self.agent.list()
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        return await self.agent.pause(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        return await self.agent.resume(sandbox_id)
 
     async def capacity(self) -> Capacity:
         return self.agent.capacity()
@@ -152,6 +165,22 @@ class HttpAgentClient(AgentClient):
     async def capacity(self) -> Capacity:
         result: Capacity = self._parse(Capacity, await self._call("GET", "/v1/capacity"))
         return result
+
+    async def _sandbox_op(self, sandbox_id: str, op: str) -> SandboxInfo:
+        data = await self._call("POST", f"/v1/sandboxes/{quote(sandbox_id, safe='')}/{op}")
+        result: SandboxInfo = self._parse(SandboxInfo, data)
+        return result
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        return await self._sandbox_op(sandbox_id, "pause")
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        return await self._sandbox_op(sandbox_id, "resume")
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The authenticated connection to the agent, for calls streamed through it as they are."""
+        return self._client
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -58,6 +58,7 @@ class SandboxInfo(_Lenient):
     # What the local gate charges for it right now, in the agent's admission mode.
     charged_mb: int
     oom_kills: int = 0
+    paused: bool = False  # frozen in place: nothing runs until it is resumed
 
 
 class ExecRequest(_Model):

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import errors
+from corral.api import e2b, errors
 from corral.api.routes import router
 from corral.control.plane import ControlPlane
 
@@ -42,4 +42,5 @@ def create_app(
     app.state.plane = plane
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
+    e2b.install(app, plane, agent_token, admin_token)
     return app
