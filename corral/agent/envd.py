@@ -61,6 +61,7 @@ MAX_PROCESSES = 256  # tracked per sandbox
 _CHUNK = 32 * 1024
 _QUEUE = 8  # output chunks in flight per stream
 _KEEPALIVE_DEFAULT_S = 50.0
+_ABANDON_GRACE_S = 2.0
 _HELPER = Path(__file__).with_name("envd_helper.py").read_text()
 _SIGNALS = {
     "SIGNAL_SIGKILL": signal.SIGKILL,
@@ -454,9 +455,7 @@ class Envd:
             out, err = await asyncio.gather(spawned.stdout.read(), spawned.stderr.read())
             code = await spawned.wait()
         except BaseException:
-            spawned.signal(signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await spawned.wait()
+            await asyncio.shield(_abandon(spawned))
             raise
         if code != 0:
             raise _helper_error(err, code)
@@ -542,6 +541,16 @@ class Envd:
         return written
 
 
+async def _abandon(spawned: Spawned) -> None:
+    """End a file operation cut short: SIGTERM lets the helper remove what it half wrote."""
+    spawned.signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(spawned.wait(), _ABANDON_GRACE_S)
+    except TimeoutError:
+        spawned.signal(signal.SIGKILL)
+        await spawned.wait()
+
+
 async def _put_or_fail(
     queue: asyncio.Queue[bytes | None], item: bytes | None, writer: asyncio.Task[Any]
 ) -> None:
@@ -607,7 +616,12 @@ def _stream_error(exc: RpcError) -> Response:
 
 
 def _files_error(exc: RpcError) -> Response:
-    status = {"not_found": 404, "invalid_argument": 400, "permission_denied": 403}.get(exc.code, exc.status)
+    status = {
+        "not_found": 404,
+        "invalid_argument": 400,
+        "permission_denied": 403,
+        "deadline_exceeded": 408,
+    }.get(exc.code, exc.status)
     if exc.code == "resource_exhausted":
         status = 413 if "larger" in exc.message else 507
     return JSONResponse({"code": status, "message": exc.message}, status_code=status)

@@ -9,6 +9,7 @@ then the file's bytes; for ``write``, the bytes to write arrive on stdin. Failur
 ``{"code", "message"}`` on stderr, ``code`` a Connect code name.
 """
 
+import contextlib
 import datetime
 import errno
 import grp
@@ -16,6 +17,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import sys
 from typing import Any, NoReturn
@@ -127,11 +129,11 @@ def run(req: dict[str, Any]) -> Any:
         return {}
     if op == "read":
         path = absolute(req.get("path"))
-        with open(path, "rb") as f:
-            if stat.S_ISDIR(os.fstat(f.fileno()).st_mode):
+        with open(path, "rb") as source:
+            if stat.S_ISDIR(os.fstat(source.fileno()).st_mode):
                 fail("invalid_argument", f"{path} is a directory")
             sys.stdout.buffer.write(b"\0")
-            while chunk := f.read(CHUNK):
+            while chunk := source.read(CHUNK):
                 sys.stdout.buffer.write(chunk)
         return None
     if op == "write":
@@ -139,9 +141,25 @@ def run(req: dict[str, Any]) -> Any:
         if os.path.isdir(path):
             fail("invalid_argument", f"{path} is a directory")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            while chunk := sys.stdin.buffer.read(CHUNK):
-                f.write(chunk)
+        # Written beside the target and renamed over it once complete: an upload cut short (too big,
+        # stalled, the caller gone: the agent sends SIGTERM) never leaves half a file behind.
+        partial = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.partial")
+
+        def abandon(_signum: int, _frame: Any) -> None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            os._exit(4)
+
+        signal.signal(signal.SIGTERM, abandon)
+        try:
+            with open(partial, "wb") as f:
+                while chunk := sys.stdin.buffer.read(CHUNK):
+                    f.write(chunk)
+            os.replace(partial, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise
         return [{"name": os.path.basename(path), "type": "file", "path": path}]
     fail("invalid_argument", f"unknown operation {op!r}")
     return None

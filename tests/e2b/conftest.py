@@ -21,6 +21,7 @@ class Corral:
     key: str  # tenant alice
     other_key: str  # tenant bob
     admin: httpx.Client
+    alice_id: str
 
 
 @pytest.fixture(scope="session")
@@ -33,12 +34,13 @@ def corral(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corral]:
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}")
         with httpx.Client(base_url=proc.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
-            keys = []
+            keys, ids = [], []
             for name in ("alice", "bob"):
                 r = admin.post("/v1/tenants", json={"name": name, "max_sandboxes": 50})
                 assert r.status_code == 201, r.text
                 keys.append(r.json()["token"])
-            yield Corral(proc.url, keys[0], keys[1], admin)
+                ids.append(r.json()["id"])
+            yield Corral(proc.url, keys[0], keys[1], admin, ids[0])
     finally:
         proc.stop()
 

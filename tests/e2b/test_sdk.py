@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 
@@ -11,6 +12,7 @@ import pytest
 from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import NotFoundException, SandboxNotFoundException
 
+from corral.agent.connect import envelope
 from tests.e2b.conftest import Corral
 
 pytestmark = pytest.mark.timeout(120)
@@ -141,3 +143,90 @@ def test_another_tenants_key_reaches_nothing(sandbox: Sandbox, corral: Corral) -
         r = http.delete(f"/sandboxes/{sandbox.sandbox_id}", headers={"X-API-KEY": corral.other_key})
         assert r.status_code == 404 and r.json()["code"] == 404
     assert sandbox.commands.run("true").exit_code == 0  # untouched
+
+
+def test_a_stream_left_open_holds_nothing_back(sandbox: Sandbox, corral: Corral) -> None:
+    headers = {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "X-API-KEY": corral.key,
+        "Content-Type": "application/connect+json",
+    }
+    start = envelope({"process": {"cmd": "yes"}})
+    with (
+        httpx.Client(base_url=corral.url, timeout=30) as http,
+        http.stream("POST", "/process.Process/Start", content=start, headers=headers) as stream,
+    ):
+        first = next(stream.iter_raw())
+        assert b'"start"' in first
+        # Unread, the stream stalls the command (its output waits in a short queue), not the sandbox.
+        assert sandbox.commands.run("echo still here").stdout == "still here\n"
+        (listed,) = [p for p in sandbox.commands.list() if p.cmd == "yes"]
+    # Closed, the command runs on (its output discarded) until it is killed.
+    assert [p.pid for p in sandbox.commands.list() if p.cmd == "yes"] == [listed.pid]
+    assert sandbox.commands.kill(listed.pid)
+    deadline = time.monotonic() + 20
+    while [p for p in sandbox.commands.list() if p.cmd == "yes"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in sandbox.commands.list() if p.cmd == "yes"]
+
+
+def test_the_older_sdks_routes(corral: Corral) -> None:
+    """SDK <= 2.50 creates with POST /sandboxes and connects with POST /sandboxes/{id}/connect."""
+    with httpx.Client(base_url=corral.url, headers={"X-API-KEY": corral.key}) as http:
+        r = http.post("/sandboxes", json={"templateID": "base", "timeout": 60, "metadata": {"v": "old"}})
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert set(body) >= {"templateID", "sandboxID", "clientID", "envdVersion", "envdAccessToken"}
+        sid = body["sandboxID"]
+        r = http.post(f"/sandboxes/{sid}/connect", json={"timeout": 60})
+        assert r.status_code == 200 and r.json()["sandboxID"] == sid
+        r = http.get(f"/sandboxes/{sid}")
+        assert (
+            r.status_code == 200 and r.json()["state"] == "running" and r.json()["metadata"] == {"v": "old"}
+        )
+        assert r.json()["templateID"] == "default"
+        r = http.post(
+            "/process.Process/List",
+            json={},
+            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": body["envdAccessToken"]},
+        )
+        assert r.status_code == 200 and r.json() == {"processes": []}
+        assert http.delete(f"/sandboxes/{sid}").status_code == 204
+        assert http.get(f"/sandboxes/{sid}").status_code == 404
+        r = http.post("/v2/sandboxes", json={"templateID": "base", "timeout": -1})
+        assert r.status_code == 422 and r.json()["error_code"] == "invalid_request"
+
+
+def _refusals(corral: Corral) -> float:
+    for line in httpx.get(corral.url + "/metrics").text.splitlines():
+        if line.startswith('corral_refusals_total{reason="no_capacity"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_full_fleet_is_retried_by_the_sdk_itself(sdk_env: Corral) -> None:
+    r = sdk_env.admin.post("/v1/templates", json={"name": "enormous", "memory_mb": 1_000_000})
+    assert r.status_code in (201, 409), r.text
+    before = _refusals(sdk_env)
+    with pytest.raises(Exception, match="does_not_fit"):
+        Sandbox.create(template="enormous")
+    # corral's 503 + Retry-After reached the SDK, which retried it (3 times by default) on its own.
+    assert _refusals(sdk_env) - before == 4
+
+
+def test_an_e2b_form_key_is_a_tenant_key(corral: Corral, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = corral.admin.post(f"/v1/tenants/{corral.alice_id}/e2b-keys")
+    assert r.status_code == 201, r.text
+    key = r.json()["key"]
+    assert re.fullmatch(r"e2b_[0-9a-f]{40}", key)
+    sb = Sandbox.create(api_key=key, api_url=corral.url, sandbox_url=corral.url)
+    try:
+        assert sb.commands.run("echo ok").stdout == "ok\n"
+        # The same tenant: its other key sees the sandbox too.
+        assert (
+            Sandbox.get_info(sb.sandbox_id, api_key=corral.key, api_url=corral.url).sandbox_id
+            == sb.sandbox_id
+        )
+    finally:
+        sb.kill()
+    assert corral.admin.post("/v1/tenants/nope/e2b-keys").status_code == 404

@@ -16,6 +16,7 @@ from corral.api import errors
 from corral.api.e2b.access import derive_secret
 from corral.api.e2b.control import router
 from corral.api.e2b.dataplane import DataPlane, is_data_plane
+from corral.api.e2b.keys import router as keys_router
 from corral.control.plane import ControlPlane
 
 CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes")
@@ -29,6 +30,7 @@ def install(app: FastAPI, plane: ControlPlane, *secret_material: str | None) -> 
     errors.install(control, plane.store_unavailable)
     control.include_router(router)
     app.state.e2b_secret = secret
+    app.include_router(keys_router)  # an admin route of corral's own API, in its error shape
     app.add_middleware(Dispatch, control=E2BErrors(control), data=DataPlane(plane, secret))
 
 
