@@ -129,11 +129,11 @@ def run(req: dict[str, Any]) -> Any:
         return {}
     if op == "read":
         path = absolute(req.get("path"))
-        with open(path, "rb") as source:
-            if stat.S_ISDIR(os.fstat(source.fileno()).st_mode):
+        with open(path, "rb") as stream:
+            if stat.S_ISDIR(os.fstat(stream.fileno()).st_mode):
                 fail("invalid_argument", f"{path} is a directory")
             sys.stdout.buffer.write(b"\0")
-            while chunk := source.read(CHUNK):
+            while chunk := stream.read(CHUNK):
                 sys.stdout.buffer.write(chunk)
         return None
     if op == "write":
