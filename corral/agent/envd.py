@@ -241,6 +241,8 @@ class Envd:
             raise RpcError("invalid_argument", "process.envs must map names to strings")
         if cwd is not None and not isinstance(cwd, str):
             raise RpcError("invalid_argument", "process.cwd must be a string")
+        if req.get("pty"):
+            raise RpcError("unimplemented", "terminals (pty) are not supported")
         tag = req.get("tag") if isinstance(req.get("tag"), str) else None
         runs = self._runs.setdefault(sandbox_id, {})
         if len(runs) >= MAX_PROCESSES:

@@ -165,3 +165,24 @@ async def test_a_twelve_host_sim_fleet_with_thousands_of_sandboxes() -> None:
     assert all(hb.memory_mb_admittable == a.admittable_mb() for hb, a in zip(beats, agents, strict=True))
     # Measured at ~300 MiB each, a 2 GiB sandbox costs far less than its promise.
     assert all(0 < hb.memory_mb_used < 250 * 2048 for hb in beats)
+
+
+async def test_pause_and_resume(client: AgentClient) -> None:
+    await client.start(StartSandbox(id="a", memory_mb=512))
+    charged = (await client.capacity()).memory_mb_admittable
+    assert (await client.pause("a")).paused
+    assert [i.paused for i in await client.list()] == [True]
+    with pytest.raises(AgentConflict) as again:
+        await client.pause("a")
+    assert again.value.code == Code.SANDBOX_PAUSED
+    with pytest.raises(AgentConflict) as frozen:
+        await client.exec("a", ExecRequest(command=["true"]))
+    assert frozen.value.code == Code.SANDBOX_PAUSED
+    assert (await client.capacity()).memory_mb_admittable == charged  # kept, not charged again
+    assert not (await client.resume("a")).paused
+    with pytest.raises(AgentConflict) as running:
+        await client.resume("a")
+    assert running.value.code == Code.NOT_PAUSED
+    assert (await client.exec("a", ExecRequest(command=["true"]))).exit_code == 0
+    with pytest.raises(AgentSandboxNotFound):
+        await client.pause("nope")
