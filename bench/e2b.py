@@ -8,6 +8,7 @@ Prints one JSON line per round and path, then a summary line with the medians an
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import socket
@@ -70,9 +71,9 @@ def main() -> None:
         # This script's own name would shadow the SDK's package: look it up without bench/ on the path.
         here = Path(__file__).resolve().parent
         sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
-        from e2b import Sandbox
+        sandbox_class = importlib.import_module("e2b").Sandbox
 
-        sandbox = Sandbox.create()
+        sandbox = sandbox_class.create()
         own = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
         exec_path = f"/v1/sandboxes/{sandbox.sandbox_id}/exec"
 
