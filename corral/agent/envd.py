@@ -274,6 +274,9 @@ class Envd:
         await run.emit(("end", code))
         run.ended.set()
         self._runs.get(sandbox_id, {}).pop(run.pid, None)
+        if sandbox_id not in self.agent.sandbox_ids():  # the sandbox is gone: forget it wholly
+            self._runs.pop(sandbox_id, None)
+            self._next_pid.pop(sandbox_id, None)
 
     def _stream(self, request: Request, run: _Run) -> Response:
         queue = run.listener

@@ -142,6 +142,21 @@ def test_another_tenants_key_reaches_nothing(sandbox: Sandbox, corral: Corral) -
             assert r.status_code == 502 and "was not found" in r.json()["message"]
         r = http.delete(f"/sandboxes/{sandbox.sandbox_id}", headers={"X-API-KEY": corral.other_key})
         assert r.status_code == 404 and r.json()["code"] == 404
+        # Bob's own sandbox's access token opens Bob's sandbox only.
+        bobs = http.post("/v2/sandboxes", json={}, headers={"X-API-KEY": corral.other_key}).json()
+        for sid, status in ((sandbox.sandbox_id, 502), (bobs["sandboxID"], 200)):
+            r = http.post(
+                "/process.Process/List",
+                json={},
+                headers={"E2b-Sandbox-Id": sid, "X-Access-Token": bobs["envdAccessToken"]},
+            )
+            assert r.status_code == status, r.text
+        assert (
+            http.delete(
+                f"/sandboxes/{bobs['sandboxID']}", headers={"X-API-KEY": corral.other_key}
+            ).status_code
+            == 204
+        )
     assert sandbox.commands.run("true").exit_code == 0  # untouched
 
 

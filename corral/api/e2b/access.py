@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 
 
 def derive_secret(*material: str | None) -> bytes:
-    """The replicas' shared key, from what every replica of one deployment is started with."""
+    """The replicas' shared key, from what every replica of one deployment is started with; a key of
+    its own for a server started with nothing to derive one from (never a constant anyone could use)."""
+    if not any(material):
+        return secrets.token_bytes(32)
     return hashlib.sha256(b"corral-e2b-access\0" + "\0".join(m or "" for m in material).encode()).digest()
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from corral.agent.client import AgentClient
 from corral.agent.envd import ENVD_VERSION
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.api.auth import owner, scope
@@ -96,6 +97,10 @@ def detail(record: SandboxRecord, paused: bool, secret: bytes) -> dict[str, Any]
     }
 
 
+async def agent_of(plane: ControlPlane, host_id: str) -> AgentClient:
+    return plane.agents.client(host_id, await plane.sandboxes._address(host_id))
+
+
 async def _get(plane: ControlPlane, p: Principal, sandbox_id: str) -> SandboxRecord:
     record = await plane.sandboxes.get(sandbox_id, scope(p))
     if record.state not in LIVE:
@@ -107,7 +112,7 @@ async def _paused(plane: ControlPlane, record: SandboxRecord) -> bool:
     if record.state is not SandboxState.RUNNING or record.host_id is None:
         return False
     try:
-        client = plane.agents.client(record.host_id, await plane.sandboxes._address(record.host_id))
+        client = await agent_of(plane, record.host_id)
         return any(i.id == record.id and i.paused for i in await client.list())
     except AgentError:
         return False
@@ -119,7 +124,7 @@ async def _paused_on_hosts(plane: ControlPlane, records: list[SandboxRecord]) ->
     for host_id in {r.host_id for r in records if r.host_id and r.state is SandboxState.RUNNING}:
         assert host_id is not None
         with contextlib.suppress(AgentError):
-            client = plane.agents.client(host_id, await plane.sandboxes._address(host_id))
+            client = await agent_of(plane, host_id)
             paused |= {i.id for i in await client.list() if i.paused}
     return paused
 
@@ -184,7 +189,7 @@ async def set_timeout(sandbox_id: str, request: Request, body: Timeout) -> Respo
 async def _agent_op(plane: ControlPlane, record: SandboxRecord, op: str) -> None:
     if record.state is not SandboxState.RUNNING or record.host_id is None:
         raise Conflict(f"sandbox {record.id} is {record.state.value}", code="sandbox_not_running")
-    client = plane.agents.client(record.host_id, await plane.sandboxes._address(record.host_id))
+    client = await agent_of(plane, record.host_id)
     try:
         await (client.pause(record.id) if op == "pause" else client.resume(record.id))
     except AgentSandboxNotFound:
@@ -243,7 +248,7 @@ async def metrics(sandbox_id: str, request: Request) -> JSONResponse:
     used_mb = 0
     if record.host_id and record.state is SandboxState.RUNNING:
         with contextlib.suppress(AgentError):
-            client = plane.agents.client(record.host_id, await plane.sandboxes._address(record.host_id))
+            client = await agent_of(plane, record.host_id)
             info = next((i for i in await client.list() if i.id == record.id), None)
             used_mb = (info.resident_mb or 0) if info else 0
     now = plane.clock.now()
@@ -295,8 +300,8 @@ async def list_sandboxes(
         ]
         paused = await _paused_on_hosts(plane, candidates)
         stop_at = None
-        for r in page.items:
-            if r in candidates and ("paused" if r.id in paused else "running") in states:
+        for r in candidates:
+            if ("paused" if r.id in paused else "running") in states:
                 found.append((r, r.id in paused))
                 if len(found) == limit:
                     stop_at = r

@@ -95,25 +95,37 @@ class DataPlane:
 
     async def _route(self, sandbox_id: str, headers: dict[str, str]) -> tuple[str, str]:
         """The sandbox's host, once the caller has shown it may reach it. Every refusal looks the same
-        as a sandbox that does not exist, so a caller learns nothing about other tenants' sandboxes."""
+        as a sandbox that does not exist, so a caller learns nothing about other tenants' sandboxes.
+        While the store is unreachable, the route this replica remembers serves (running sandboxes
+        keep serving)."""
         missing = NotFound(f"sandbox {sandbox_id} was not found")
         if not sandbox_id:
             raise missing
-        record = await self.plane.store.get_sandbox(sandbox_id)
-        if record is None:
+        try:
+            record = await self.plane.store.get_sandbox(sandbox_id)
+        except StoreUnavailable:
+            route = self.plane.sandboxes.routes.get(sandbox_id)
+            if route is None or not await self._allowed(sandbox_id, route.tenant_id, headers):
+                raise
+            return route.host_id, route.address
+        if record is None or not await self._allowed(sandbox_id, record.tenant_id, headers):
             raise missing
-        token = headers.get("x-access-token")
-        allowed = token is not None and valid(self.secret, sandbox_id, token)
-        key = headers.get("x-api-key")
-        if not allowed and key:
-            try:
-                p = await self.plane.authenticate(key)
-            except ControlError:
-                raise missing from None
-            allowed = p.role is Role.ADMIN or (p.role is Role.TENANT and p.tenant_id == record.tenant_id)
-        if not allowed or record.state is not SandboxState.RUNNING or record.host_id is None:
+        if record.state is not SandboxState.RUNNING or record.host_id is None:
             raise missing
         return record.host_id, await self.plane.sandboxes._address(record.host_id)
+
+    async def _allowed(self, sandbox_id: str, tenant_id: str, headers: dict[str, str]) -> bool:
+        token = headers.get("x-access-token")
+        if token is not None and valid(self.secret, sandbox_id, token):
+            return True
+        key = headers.get("x-api-key")
+        if not key:
+            return False
+        try:
+            p = await self.plane.authenticate(key)
+        except ControlError:
+            return False
+        return p.role is Role.ADMIN or (p.role is Role.TENANT and p.tenant_id == tenant_id)
 
 
 async def forward(http: httpx.AsyncClient, scope: Scope, receive: Receive, send: Send) -> None:
