@@ -109,6 +109,10 @@ def test_pause_then_resume_keeps_a_running_process(sandbox: Sandbox) -> None:
     time.sleep(0.5)
     sandbox.pause()
     assert sandbox.get_info().state == SandboxState.PAUSED
+    mine = SandboxQuery(metadata={"suite": "e2b"}, state=[SandboxState.PAUSED])
+    assert sandbox.sandbox_id in {s.sandbox_id for s in Sandbox.list(query=mine).next_items()}
+    running = SandboxQuery(metadata={"suite": "e2b"}, state=[SandboxState.RUNNING])
+    assert sandbox.sandbox_id not in {s.sandbox_id for s in Sandbox.list(query=running).next_items()}
     with httpx.Client(base_url=sandbox.connection_config.api_url) as http:
         again = http.post(
             f"/sandboxes/{sandbox.sandbox_id}/pause", headers={"X-API-KEY": sandbox.connection_config.api_key}
@@ -245,3 +249,14 @@ def test_an_e2b_form_key_is_a_tenant_key(corral: Corral, monkeypatch: pytest.Mon
     finally:
         sb.kill()
     assert corral.admin.post("/v1/tenants/nope/e2b-keys").status_code == 404
+
+
+def test_reattach_to_a_command_and_read_metrics(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("while [ ! -e /tmp/go ]; do sleep 0.05; done; echo done", background=True)
+    handle.disconnect()
+    again = sandbox.commands.connect(handle.pid)
+    sandbox.files.write("/tmp/go", "")
+    result = again.wait()
+    assert result.exit_code == 0 and result.stdout == "done\n"
+    (sample,) = sandbox.get_metrics()
+    assert sample.cpu_count >= 1 and sample.mem_total == sandbox.get_info().memory_mb * 1024 * 1024
