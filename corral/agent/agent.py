@@ -67,7 +67,7 @@ START_FAILED_RETRY_S = 1.0
 class _Live:
     """A sandbox the agent accounts for."""
 
-    __slots__ = ("observed_mb", "oom_kills", "spec", "started_at", "usage")
+    __slots__ = ("observed_mb", "oom_kills", "paused", "spec", "started_at", "usage")
 
     def __init__(self, spec: SandboxSpec, started_at: float) -> None:
         self.spec = spec
@@ -78,6 +78,7 @@ class _Live:
         # The latest reading of any age, for the host's memory_mb_used.
         self.observed_mb: int | None = None
         self.oom_kills = 0  # processes the kernel's OOM killer killed in it, as last read
+        self.paused = False  # frozen by pause(); the runtime holds the truth, this its latest word
 
     @property
     def resident_mb(self) -> int | None:
@@ -418,6 +419,7 @@ class Agent:
         if self._paused(sandbox_id):
             raise AgentConflict(Code.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
         await self._call_runtime(self.runtime.pause, sandbox_id)
+        live.paused = True
         return self._info(sandbox_id, live)
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
@@ -425,6 +427,7 @@ class Agent:
         if not self._paused(sandbox_id):
             raise AgentConflict(Code.NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
         await self._call_runtime(self.runtime.resume, sandbox_id)
+        live.paused = False
         return self._info(sandbox_id, live)
 
     def _require(self, sandbox_id: str) -> _Live:
@@ -472,7 +475,7 @@ class Agent:
             started_at=s.started_at,
             resident_mb=s.resident_mb,
             oom_kills=s.oom_kills,
-            paused=self._paused(sandbox_id),
+            paused=s.paused,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
         )
 
@@ -491,7 +494,9 @@ class Agent:
         adopted = 0
         for h in handles:
             if h.id not in self._live and h.id not in self._starting:
-                self._live[h.id] = _Live(h.spec, h.started_at)
+                live = _Live(h.spec, h.started_at)
+                live.paused = self._paused(h.id)  # a sandbox paused before the restart stays paused
+                self._live[h.id] = live
                 adopted += 1
         if adopted:
             log.info("agent %s adopted %d running sandboxes", self.id, adopted)
