@@ -204,6 +204,8 @@ def test_the_older_sdks_routes(corral: Corral) -> None:
             r.status_code == 200 and r.json()["state"] == "running" and r.json()["metadata"] == {"v": "old"}
         )
         assert r.json()["templateID"] == "default"
+        listed = http.get("/sandboxes", params={"metadata": "v=old"}).json()
+        assert [s["sandboxID"] for s in listed] == [sid]
         r = http.post(
             "/process.Process/List",
             json={},

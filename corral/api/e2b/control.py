@@ -275,6 +275,7 @@ def _metadata_filter(raw: str | None) -> dict[str, str]:
     return {k: v for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
 
 
+@router.get("/sandboxes")  # the older SDKs' list: the same answer
 @router.get("/v2/sandboxes")
 async def list_sandboxes(
     request: Request,
