@@ -1,5 +1,6 @@
-"""A hostile tenant against a real ``corral serve --runtime process``: one server for the whole suite,
-a tenant token to attack it with, and ways to look at the host underneath."""
+"""A hostile tenant against a real ``corral serve --runtime process``: one server per test module
+(each module's ``serve`` fixture runs :func:`running_serve`), a tenant token to attack it with, and
+ways to look at the host underneath."""
 
 from __future__ import annotations
 
@@ -50,8 +51,7 @@ class Serve:
         assert self.tenant.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
 
-@pytest.fixture(scope="session")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+def running_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     reason = unavailable_reason()
     assert reason is None, f"the process runtime must work here: {reason}"
     tmp = tmp_path_factory.mktemp("security")
