@@ -55,6 +55,7 @@ CALLER_AUTH_HEADER = "corral-caller-authorization"
 # file-like data as octet-stream from 0.5.7.
 ENVD_VERSION = "0.5.7"
 MAX_MESSAGE_BYTES = 1024 * 1024
+MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a file operation's answer (a deep listing)
 FILES_MAX_BYTES = 256 * 1024 * 1024
 IDLE_TIMEOUT_S = 30.0
 MAX_PROCESSES = 256  # tracked per sandbox
@@ -373,7 +374,14 @@ class Envd:
 
     async def _helper(self, sandbox_id: str, request: dict[str, Any]) -> dict[str, Any]:
         spawned = await self._spawn(sandbox_id, helper_command(request))
-        out, err = await asyncio.gather(spawned.stdout.read(MAX_MESSAGE_BYTES * 8), spawned.stderr.read())
+        try:
+            out, err = await asyncio.gather(
+                _read_all(spawned.stdout, MAX_ANSWER_BYTES), _read_all(spawned.stderr, MAX_MESSAGE_BYTES)
+            )
+        except BaseException:
+            spawned.signal(signal.SIGKILL)
+            await spawned.wait()
+            raise
         code = await spawned.wait()
         if code != 0:
             raise _helper_error(err, code)
@@ -544,6 +552,15 @@ class Envd:
         if not written:
             raise RpcError("invalid_argument", "the multipart body holds no file")
         return written
+
+
+async def _read_all(stream: asyncio.StreamReader, limit: int) -> bytes:
+    data = bytearray()
+    while chunk := await stream.read(_CHUNK):
+        data += chunk
+        if len(data) > limit:
+            raise RpcError("resource_exhausted", f"the answer is larger than {limit} bytes")
+    return bytes(data)
 
 
 async def _abandon(spawned: Spawned) -> None:

@@ -135,3 +135,14 @@ async def test_oversized_messages_are_refused(envd: httpx.AsyncClient) -> None:
     r = await envd.post("/filesystem.Filesystem/Stat", content=b"[1]")
     assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
     assert (await envd.get("/health", headers={"E2b-Sandbox-Id": "nope"})).status_code == 502
+
+
+async def test_a_large_listing_is_whole(envd: httpx.AsyncClient, process_runtime: ProcessRuntime) -> None:  # noqa: F811
+    # Far more than one pipe's worth of answer.
+    await run(
+        process_runtime,
+        "mkdir -p /tmp/many && cd /tmp/many && for i in $(seq 1 600); do : > file-with-a-long-name-$i; done",
+    )
+    r = await envd.post("/filesystem.Filesystem/ListDir", json={"path": "/tmp/many", "depth": 1})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["entries"]) == 600
