@@ -91,6 +91,7 @@ class SandboxInfo(_Lenient):
     oom_kills: int = 0
     role: str = ROLE_OWNED
     epoch: int = 0
+    paused: bool = False  # frozen in place: nothing runs until it is resumed
 
 
 class ClaimWarm(_Model):
