@@ -104,3 +104,12 @@ def test_the_reseal_command(tmp_path: Path) -> None:
     assert "1 sealed specs checked, 1 re-sealed" in out.output
     out = CliRunner().invoke(app, ["admin", "reseal", "--store", url], env=env)
     assert "1 sealed specs checked, 0 re-sealed" in out.output  # nothing left under the old key
+
+
+@pytest.mark.parametrize("command", ["serve", "api"])
+def test_stale_and_dead_after_are_checked_in_order(tmp_path: Path, command: str) -> None:
+    store = f"sqlite:///{tmp_path / 'corral.db'}"
+    args = [command, "--store", store, "--stale-after", "5", "--dead-after", "3", "--port", "0"]
+    out = CliRunner().invoke(app, args, env={**os.environ, "CORRAL_TOKEN": "t" * 32})
+    assert out.exit_code != 0
+    assert "stale_after < dead_after" in out.output
