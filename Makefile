@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[server,sim,dev]'
 	touch $(STAMP)
 
 # Debian packages, each installed only when missing: $(call apt,PACKAGES,WHY).

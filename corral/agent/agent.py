@@ -39,6 +39,7 @@ from corral.agent.protocol import (
     WarmTarget,
 )
 from corral.agent.warm import WarmBook
+from corral.clock import SystemClock
 from corral.core.admission import (
     DEFAULT_POLICY,
     AdmissionBook,
@@ -47,7 +48,7 @@ from corral.core.admission import (
     fits,
     request_charge_mb,
 )
-from corral.core.clock import Clock, SystemClock
+from corral.core.clock import Clock
 from corral.core.pressure import PressureGate
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage

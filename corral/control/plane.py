@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.agent.protocol import HeartbeatReply
+from corral.clock import SystemClock
 from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
@@ -25,7 +26,7 @@ from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.view import ViewCache
-from corral.core import Clock, SystemClock
+from corral.core import Clock
 from corral.store import (
     HeartbeatResult,
     HostBusy,

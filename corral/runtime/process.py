@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from corral.core.clock import Clock, SystemClock
+from corral.clock import SystemClock
+from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.runtime import bwrap, launcher, procfs
 from corral.runtime.base import (
