@@ -1,5 +1,7 @@
-"""Every error leaves the API in DESIGN.md's one body shape, with a stable code; every 503 carries
-Retry-After. No input produces a 500: validation, store and agent failures all have their own code."""
+"""Every error leaves the API in one body shape, ``{"error": {"code", "message", "retry_after_s",
+"details"}}``, with a stable code a client can branch on; every 503 carries Retry-After. No input
+produces a 500: validation, store and agent failures all have their own code. The OpenAPI description
+declares that shape for every error response."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.errors import AgentError
@@ -26,6 +30,43 @@ _HTTP_CODES = {
     403: "forbidden",
     PayloadTooLarge.status: PayloadTooLarge.code,
 }
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    retry_after_s: int | None
+    details: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def document_errors(app: FastAPI) -> None:
+    """Describe every error response as ``ErrorBody`` in the app's OpenAPI, in place of FastAPI's own
+    validation-error shape, which this API never sends."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            body = TypeAdapter(ErrorBody).json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(body.pop("$defs", {}))
+            components["ErrorBody"] = body
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    responses = operation.setdefault("responses", {})
+                    if "422" in responses:
+                        responses["422"] = {"description": "Invalid request", "content": error}
+                    responses["default"] = {"description": "An error", "content": error}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def error_response(
