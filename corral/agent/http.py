@@ -25,6 +25,7 @@ from corral.agent.agent import Agent
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
 from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.codes import ErrorCode
 
 log = logging.getLogger("corral.agent.http")
 
@@ -91,7 +92,9 @@ def create_app(agent: Agent, token: str) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: Code.NOT_FOUND, 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: Code.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+            exc.status_code, ErrorCode.HTTP_ERROR
+        )
         err = AgentError(code, str(exc.detail))
         err.status = exc.status_code
         return error_response(err)

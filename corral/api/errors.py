@@ -17,18 +17,22 @@ from pydantic import BaseModel, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.errors import AgentError
-from corral.control.errors import ControlError, PayloadTooLarge
+from corral.codes import ErrorCode
+from corral.control.errors import ControlError
 from corral.store import InvalidRecord, StoreError, StoreUnavailable
 from corral.store import NotFound as StoreNotFound
 
 log = logging.getLogger("corral.api")
 
 _HTTP_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    401: "unauthorized",
-    403: "forbidden",
-    PayloadTooLarge.status: PayloadTooLarge.code,
+    c.status: c
+    for c in (
+        ErrorCode.NOT_FOUND,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.FORBIDDEN,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+    )
 }
 
 
@@ -102,7 +106,7 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
         field = _field(tuple(first.get("loc", ())))
         return error_response(
             422,
-            "invalid_request",
+            ErrorCode.INVALID_REQUEST,
             f"{field}: {first.get('msg', 'invalid')}",
             details={
                 "field": field,
@@ -126,7 +130,10 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
     @app.exception_handler(InvalidRecord)
     async def _invalid_record(_: Request, exc: InvalidRecord) -> JSONResponse:
         return error_response(
-            422, "invalid_request", str(exc), details={"field": "cursor" if "cursor" in str(exc) else "body"}
+            422,
+            ErrorCode.INVALID_REQUEST,
+            str(exc),
+            details={"field": "cursor" if "cursor" in str(exc) else "body"},
         )
 
     @app.exception_handler(StoreError)
@@ -143,10 +150,10 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(
-            exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail)
+            exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.HTTP_ERROR), str(exc.detail)
         )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return error_response(500, "internal", "internal error")
+        return error_response(500, ErrorCode.INTERNAL, "internal error")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.agent.protocol import HeartbeatReply
 from corral.clock import SystemClock
+from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
@@ -178,7 +179,7 @@ class ControlPlane:
 
     async def ready(self) -> None:
         if not self.migrated:
-            raise Unavailable("migrations not applied", code="store_unavailable", retry_after_s=1)
+            raise Unavailable("migrations not applied", code=ErrorCode.STORE_UNAVAILABLE, retry_after_s=1)
         await self.store.ping()
 
     # -- auth --------------------------------------------------------------------------------------
@@ -334,6 +335,6 @@ class ControlPlane:
         self.metrics.refusals.labels("store_unavailable").inc()
         return Unavailable(
             f"the state of record cannot be reached: {exc}",
-            code="store_unavailable",
+            code=ErrorCode.STORE_UNAVAILABLE,
             retry_after_s=self.retry_after.estimate("store_unavailable", None),
         )

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from corral.codes import ErrorCode
 from corral.core.types import DEFAULT_SANDBOX_PIDS
 
 DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
@@ -55,7 +56,7 @@ class InvalidSandbox(RuntimeFailure):
     """The spec or the command cannot be run as given (bad id, too little memory, an environment or
     command execve would refuse). Nothing was created or run. ``field`` names what was wrong."""
 
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
     def __init__(self, message: str, field: str = "body") -> None:
         super().__init__(message)
