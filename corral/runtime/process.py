@@ -217,8 +217,10 @@ class ProcessRuntime:
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
-            etc_fds = {name: launcher.memfd(name, data) for name, data in bwrap.etc_files(hostname).items()}
-            fds += etc_fds.values()
+            etc_fds: dict[str, int] = {}
+            for name, data in bwrap.etc_files(hostname).items():
+                etc_fds[name] = launcher.memfd(name, data)
+                fds.append(etc_fds[name])  # each closed below, even if a later one fails
             seccomp_fd = launcher.memfd("seccomp", seccomp)
             fds.append(seccomp_fd)
             layout = bwrap.Layout(
@@ -235,10 +237,10 @@ class ProcessRuntime:
             # Nothing of the request on this command line or in this environment: the launcher joins
             # the cgroups as root, becomes the sandbox's host uid and execs bubblewrap, which reads
             # its arguments (the hostname among them) from a descriptor.
-            host_id = str(uid if uid is not None else os.getuid())
+            host_uid = str(uid if uid is not None else os.getuid())
             host_gid = str(uid if uid is not None else os.getgid())
             procs = [str(p) for p in cgroup.procs_files] if cgroup else []
-            argv = [str(launcher.path()), "spawn", host_id, host_gid, *procs, "--"]
+            argv = [str(launcher.path()), "spawn", host_uid, host_gid, *procs, "--"]
             argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(self._init)]
             log_fd = os.open(
                 directory / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600

@@ -21,9 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Serve, host_pid_ns
+from .runtime_serve import Serve, host_pid_ns, running_serve
 
 pytestmark = pytest.mark.process
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    yield from running_serve(tmp_path_factory)
+
 
 _LIBRARY = r"""
 #include <fcntl.h>

@@ -7,13 +7,20 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import Serve
+from .runtime_serve import Serve, running_serve
 
 pytestmark = pytest.mark.process
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    yield from running_serve(tmp_path_factory)
+
 
 _CONNECT = """
 import socket, sys
