@@ -53,7 +53,7 @@ class AgentError(Exception):
         super().__init__(f"{self.code}: {self.message}")
 
     def body(self) -> dict[str, Any]:
-        """The DESIGN.md error body."""
+        """The error body every corral API answers with."""
         return {
             "error": {
                 "code": self.code,

@@ -2,7 +2,7 @@
 
 Every route but ``/healthz`` needs ``Authorization: Bearer <host key>``: the key enrolment gave this
 host, which only the control plane holds (compared in constant time). Every error has the
-DESIGN.md body ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
+one body shape of corral's APIs, ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
 503 with a ``Retry-After`` header; bad input is 422 naming the field.
 """
 

@@ -1,4 +1,4 @@
-"""The create flow of DESIGN.md, steps 1-8: record (quota, name, idempotency) -> view -> filter, sample,
+"""The create flow, steps 1-8: record (quota, name, idempotency) -> view -> filter, sample,
 score -> durable reserve -> bind on the agent -> confirm -> or refuse honestly.
 
 Every exit path ends what it started: a reservation is cancelled the moment its bind fails, a sandbox

@@ -121,7 +121,7 @@ def burst(
     as_json: bool = JSON,
     plot: Path | None = PLOT,
 ) -> None:
-    """N concurrent creates against a fleet seen through a seconds-old view (seed 000)."""
+    """N concurrent creates against a fleet seen through a seconds-old view: do they pile onto one host?"""
     _run(
         lambda: BurstScenario(
             hosts=hosts,
@@ -157,7 +157,7 @@ def density(
     as_json: bool = JSON,
     plot: Path | None = PLOT,
 ) -> None:
-    """Idle sandboxes per 32 GiB host under committed vs working-set admission (seed 001)."""
+    """Idle sandboxes per 32 GiB host under committed vs working-set admission, and the OOMs each causes."""
     _run(
         lambda: DensityScenario(
             hosts=hosts,

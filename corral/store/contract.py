@@ -1,6 +1,6 @@
 """The store contract: records, errors and the abstract ``Store`` every backend implements.
 
-The store is corral's consistency boundary (DESIGN.md, "Consistency boundary"): name uniqueness,
+The store is corral's consistency boundary: name uniqueness,
 idempotency keys, capacity reservations and ownership changes each go through one transaction here, so
 any number of API replicas can decide at once without double-booking a host. Everything else
 (heartbeat freshness, sampling, metrics) is decided by the caller from what the store returns.
@@ -104,7 +104,9 @@ class InvalidRecord(StoreError, ValueError):
 
 
 class SandboxState(enum.StrEnum):
-    """DESIGN.md, "Sandbox states"."""
+    """``reserved -> starting -> running -> stopped | deleted``; ``waiting_capacity`` for work parked
+    after a transient refusal (never ``failed`` for a 503); ``orphaned`` when its host died (410 until
+    the host returns and reclaims it, or an operator deletes it); ``failed`` for permanent errors."""
 
     RESERVED = "reserved"
     STARTING = "starting"
