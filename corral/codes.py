@@ -80,3 +80,11 @@ class ErrorCode(StrEnum):
 
 
 RETRYABLE = frozenset(c for c in ErrorCode if c.retryable)
+
+_BY_VALUE = {c.value: c for c in ErrorCode}
+
+
+def status_of(code: str, default: int) -> int:
+    """The HTTP status a code answers with; ``default`` for an unregistered code or one without."""
+    registered = _BY_VALUE.get(code)
+    return registered.status if registered is not None and registered.status is not None else default

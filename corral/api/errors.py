@@ -17,10 +17,9 @@ from pydantic import BaseModel, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.errors import AgentError
-from corral.codes import ErrorCode
+from corral.codes import ErrorCode, status_of
 from corral.control.errors import ControlError
 from corral.store import InvalidRecord, StoreError, StoreUnavailable
-from corral.store import NotFound as StoreNotFound
 
 log = logging.getLogger("corral.api")
 
@@ -138,7 +137,7 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
 
     @app.exception_handler(StoreError)
     async def _store(_: Request, exc: StoreError) -> JSONResponse:
-        return error_response(404 if isinstance(exc, StoreNotFound) else 409, exc.code, str(exc))
+        return error_response(status_of(exc.code, 409), exc.code, str(exc))
 
     @app.exception_handler(AgentError)
     async def _agent(_: Request, exc: AgentError) -> JSONResponse:
