@@ -1,7 +1,8 @@
 """Fuzzing every operation of the API from its own OpenAPI description (schemathesis), in process.
 
-Each operation gets cases that match its schema and cases that break it, sent with a valid token (the
-agent routes with an enrolled host's). Every response must: be no 5xx but a 503 that says when to retry;
+Each operation gets cases that match its schema and cases that break it, sent as the admin, as a
+tenant (a hostile one: it probes routes that are not its own) or, on the agent routes, as an enrolled
+host. Every response must: be no 5xx but a 503 that says when to retry;
 carry every error in the one error shape; match the status, content type and schema the description
 declares. ``CORRAL_FUZZ_EXAMPLES`` sets the cases per operation and mode (``make fuzz`` runs many).
 """
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import (
@@ -59,13 +61,13 @@ def error_shape_problem(r: httpx.Response) -> str | None:
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
-def fuzz_operation(op: Any, mode: GenerationMode, token: str, send: Send) -> int:
+def fuzz_operation(op: Any, mode: GenerationMode, tokens: list[str], send: Send) -> int:
     """Run one operation's cases in one mode; the number of requests sent."""
     sent = 0
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(case=op.as_strategy(generation_mode=mode))
-    def probe(case: Any) -> None:
+    @given(case=op.as_strategy(generation_mode=mode), token=st.sampled_from(tokens))
+    def probe(case: Any, token: str) -> None:
         nonlocal sent
         kw = case.as_transport_kwargs(
             base_url="http://corral.test", headers={"Authorization": f"Bearer {token}"}
@@ -90,11 +92,11 @@ def fuzz_operation(op: Any, mode: GenerationMode, token: str, send: Send) -> int
 def test_every_operation_holds_to_its_description(tmp_path: Path) -> None:
     failures: list[str] = []
     sent = 0
-    agent_token = ""
+    tokens: dict[str, str] = {}
 
     async def enrol(c: Cluster) -> None:
-        nonlocal agent_token
-        agent_token = (await c.plane.enrol_host(c.fleet.agents[0].id)).agent_token
+        tokens["agent"] = (await c.plane.enrol_host(c.fleet.agents[0].id)).agent_token
+        _, tokens["tenant"] = await c.plane.create_tenant("fuzz", max_sandboxes=4, max_memory_mb=8192)
 
     def fuzz(c: Cluster, send: Send) -> None:
         nonlocal sent
@@ -102,10 +104,10 @@ def test_every_operation_holds_to_its_description(tmp_path: Path) -> None:
         operations = [r.ok() for r in schemathesis.openapi.from_dict(app.openapi()).get_all_operations()]
         assert len(operations) >= 25
         for op in operations:
-            token = agent_token if op.path.startswith("/v1/agent/") else ADMIN
+            role = "agent" if op.path.startswith("/v1/agent/") else "tenant"
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 try:
-                    sent += fuzz_operation(op, mode, token, send)
+                    sent += fuzz_operation(op, mode, [ADMIN, tokens[role]], send)
                 except BaseException as e:  # schemathesis reports a group of failures
                     failures.append(f"{op.label} ({mode.value}): {e}"[:2000])
 
