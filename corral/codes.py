@@ -66,6 +66,8 @@ class ErrorCode(StrEnum):
     SANDBOX_STARTING = "sandbox_starting", 503, True
     AGENT_UNAVAILABLE = "agent_unavailable", 503, True
     SANDBOX_EXISTS = "sandbox_exists", 409
+    SANDBOX_PAUSED = "sandbox_paused", 409
+    SANDBOX_NOT_PAUSED = "sandbox_not_paused", 409
     WARM_EMPTY = "warm_empty", 409
     TEMPLATE_MISSING = "template_missing", 422
     RUNTIME_FAILED = "runtime_failed", 502

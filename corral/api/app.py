@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import dashboard, errors, pools
+from corral.api import dashboard, e2b, errors, pools
 from corral.api.limits import BodyLimit
 from corral.api.requestlog import RequestLog
 from corral.api.routes import router
@@ -46,6 +46,8 @@ def create_app(
     app.include_router(router)
     app.include_router(pools.router)
     app.add_middleware(BodyLimit)
+    # In front of the body cap: E2B's data plane streams files under caps of its own.
+    e2b.install(app, plane)
     app.include_router(dashboard.router)
     app.state.dashboard_key = dashboard.session_key(admin_token)
     errors.document_errors(app)

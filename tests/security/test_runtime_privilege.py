@@ -107,7 +107,7 @@ def test_the_hosts_accounts_are_not_visible(serve: Serve) -> None:
         passwd = serve.exec(sid, ["cat", "/etc/passwd"])["stdout"]
         host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines()}
         inside = {line.split(":")[0] for line in passwd.splitlines()}
-        assert inside == {"root", "sandbox", "nobody"}
+        assert inside == {"root", "user", "nobody"}
         assert host_users - inside, "the host has accounts of its own that stay hidden"
         etc = set(serve.exec(sid, ["ls", "-A", "/etc"])["stdout"].split())
         assert len(etc) < len(os.listdir("/etc"))
