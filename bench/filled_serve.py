@@ -16,17 +16,17 @@ import json
 import os
 import time
 
+from seed import record_running  # bench/ is the script's directory
+
 from corral.api.server import ServeOptions, run, serve
 from corral.control.create import new_sandbox_id
 from corral.control.localfleet import LocalFleet
 from corral.control.plane import ControlPlane
 from corral.runtime.base import SandboxSpec
 from corral.runtime.sim import SimRuntime
-from corral.store import rows
 from corral.store.sql import SqlStore
 
 MEMORY_MB = 256
-BATCH = 5_000
 
 
 async def fill(plane: ControlPlane, fleet: LocalFleet, n: int) -> None:
@@ -34,38 +34,15 @@ async def fill(plane: ControlPlane, fleet: LocalFleet, n: int) -> None:
     assert isinstance(store, SqlStore), "filling needs a SQL store"
     started = time.perf_counter()
     tenant = await store.create_tenant("fleet", max_sandboxes=n + 1, max_memory_mb=(n + 1) * MEMORY_MB)
-    now = plane.clock.now()
-    insert = (
-        f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, NULL, 'default', :host, 'running', "
-        ":mb, 1.0, :sf, '{}', :now, :now, NULL, NULL, 2, 0, :warm)"
-    )
-    batch: list[dict[str, object]] = []
+    placed = []
     for i in range(n):
         agent = fleet.agents[i % len(fleet.agents)]
         runtime = agent.runtime
         assert isinstance(runtime, SimRuntime), "filling needs the sim runtime"
         sid = new_sandbox_id()
         await runtime.start(SandboxSpec(id=sid, memory_mb=MEMORY_MB))
-        batch.append(
-            {
-                "id": sid,
-                "t": tenant.id,
-                "host": agent.id,
-                "mb": MEMORY_MB,
-                "now": now,
-                "sf": False,
-                "warm": False,
-            }
-        )
-        if len(batch) >= BATCH or i == n - 1:
-            chunk, batch = batch, []
-            await store._write(lambda tx, chunk=chunk: tx.executemany(insert, chunk))  # type: ignore[misc]
-    await store._write(
-        lambda tx: tx.execute(
-            "UPDATE tenants SET live_sandboxes = :n, live_memory_mb = :mb WHERE id = :t",
-            {"n": n, "mb": n * MEMORY_MB, "t": tenant.id},
-        )
-    )
+        placed.append((sid, agent.id))
+    await record_running(store, tenant.id, placed, MEMORY_MB, plane.clock.now())
     print(json.dumps({"filled": n, "seconds": round(time.perf_counter() - started, 1)}), flush=True)
 
 

@@ -177,6 +177,15 @@ _V5 = (
 # sandbox placed, so a sandbox and its explanation never disagree.
 _V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
 
+# Reads by state or by host that page in creation order find their rows through an index instead of
+# scanning (or sorting) every sandbox: the reconciler looks for reserved, orphaned and deleted records
+# every round, and a fleet of 100,000 live sandboxes made each of those lookups a full scan.
+_V9 = (
+    "CREATE INDEX sandboxes_state_page ON sandboxes (state, created_at, id)",
+    "CREATE INDEX sandboxes_host_page ON sandboxes (host_id, created_at, id)",
+    "DROP INDEX sandboxes_host",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -184,6 +193,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "template pids limit, sandbox OOM kills", _V4),
     Migration(5, "warm pools and per-host targets", _V5),
     Migration(6, "placement explanation on the sandbox row", _V6),
+    Migration(9, "sandbox indexes for reads by state and by host in creation order", _V9),
 )
 
 LATEST = MIGRATIONS[-1].version
