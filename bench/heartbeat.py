@@ -61,7 +61,7 @@ async def measure(store_url: str, size: int, beats: int) -> dict[str, object]:
             clock=clock,
         )
         tenant = await store.create_tenant(
-            f"bench-{size}", max_sandboxes=10 * size + 10_000, max_memory_mb=1 << 40
+            f"bench-{size}-{new_sandbox_id()[3:11]}", max_sandboxes=10 * size + 10_000, max_memory_mb=1 << 40
         )
         placed = []
         for _ in range(size):

@@ -83,6 +83,9 @@ def room_order(weights: ScoreWeights = ScoreWeights()) -> str:
 
 
 ROOM_ORDER = room_order()
+# ``state`` in a form no index serves: where a narrower index exists (expiry, tenant, host), the state
+# index (nearly every sandbox is running) must not be the planner's choice.
+UNINDEXED_STATE = "(state || '')"
 _TOKEN_PREFIX = "crl_"
 
 
@@ -1001,7 +1004,10 @@ class SqlStore(Store):
             params["h"] = host_id
         if states is not None:
             clause, sp = in_list("s", sorted(s.value for s in states))
-            where.append(f"state IN {clause}")
+            # A tenant's or a host's sandboxes are found by their own index, never by reading every
+            # sandbox in a state (most are running).
+            column = "state" if tenant_id is None and host_id is None else UNINDEXED_STATE
+            where.append(f"{column} IN {clause}")
             params.update(sp)
         if cursor is not None:
             after_at, after_id = rows.decode_cursor(cursor)
@@ -1045,7 +1051,7 @@ class SqlStore(Store):
         async def run(tx: Tx) -> list[SandboxRecord]:
             got = await tx.fetchall(
                 f"SELECT {rows.SANDBOX_COLS} FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= :now "
-                f"AND state IN {clause} ORDER BY expires_at, id LIMIT :lim",
+                f"AND {UNINDEXED_STATE} IN {clause} ORDER BY expires_at, id LIMIT :lim",
                 {"now": at, "lim": limit, **params},
             )
             return [rows.sandbox_from_row(r) for r in got]
