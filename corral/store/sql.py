@@ -217,7 +217,6 @@ class SqlStore(Store):
             "gpu": hb.gpu,
             "role": hb.role,
             "sr": bool(hb.stream_restore),
-            "sandbox_ids": rows.json_list(hb.sandbox_ids),
             "warm": rows.warm_to_json(hb.warm),
         }
 
@@ -227,9 +226,9 @@ class SqlStore(Store):
             applied = await tx.fetchone(
                 """INSERT INTO hosts (id, address, heartbeat_at, seq, cpu_total, cpu_used, memory_mb_total,
                        memory_mb_used, memory_mb_admittable, memory_admission, templates, runtime, gpu, role,
-                       stream_restore, sandbox_ids, registered_at, warm)
+                       stream_restore, registered_at, warm)
                    VALUES (:id, :address, :now, :seq, :cpu_total, :cpu_used, :mt, :mu, :ma, :mode,
-                       :templates, :runtime, :gpu, :role, :sr, :sandbox_ids, :now, :warm)
+                       :templates, :runtime, :gpu, :role, :sr, :now, :warm)
                    ON CONFLICT (id) DO UPDATE SET
                      address = CASE WHEN excluded.address <> '' THEN excluded.address ELSE hosts.address END,
                      heartbeat_at = excluded.heartbeat_at, seq = excluded.seq,
@@ -238,13 +237,19 @@ class SqlStore(Store):
                      memory_mb_admittable = excluded.memory_mb_admittable,
                      memory_admission = excluded.memory_admission, templates = excluded.templates,
                      runtime = excluded.runtime, gpu = excluded.gpu, role = excluded.role,
-                     stream_restore = excluded.stream_restore, sandbox_ids = excluded.sandbox_ids,
+                     stream_restore = excluded.stream_restore,
                      warm = excluded.warm
                    WHERE hosts.seq < excluded.seq
                    RETURNING id""",
                 params,
             )
             confirmed = 0
+            if applied is not None:
+                await tx.execute(
+                    "INSERT INTO host_sandboxes (host_id, sandbox_ids) VALUES (:h, :ids) "
+                    "ON CONFLICT (host_id) DO UPDATE SET sandbox_ids = excluded.sandbox_ids",
+                    {"h": hb.host_id, "ids": rows.json_list(hb.sandbox_ids)},
+                )
             if applied is not None and hb.sandbox_ids:
                 # The host's outstanding reservations are few; the ids it lists may be tens of thousands.
                 # Matching them here keeps the statement small (binding every listed id cost ~20 ms a
@@ -288,6 +293,7 @@ class SqlStore(Store):
     async def delete_host(self, host_id: str) -> bool:
         async def run(tx: Tx) -> bool:
             await self._end_where(tx, "host_id = :h", {"h": host_id})
+            await tx.execute("DELETE FROM host_sandboxes WHERE host_id = :id", {"id": host_id})
             return await tx.execute("DELETE FROM hosts WHERE id = :id", {"id": host_id}) > 0
 
         return await self._write(run)
@@ -1286,6 +1292,7 @@ class SqlStore(Store):
             if live is not None and int(live[0]) > 0:
                 raise HostBusy(f"host {host_id} has {int(live[0])} live sandboxes")
             await self._end_where(tx, "host_id = :h", {"h": host_id})
+            await tx.execute("DELETE FROM host_sandboxes WHERE host_id = :h", {"h": host_id})
             found = await tx.execute("DELETE FROM hosts WHERE id = :h", {"h": host_id}) > 0
             found = await tx.execute("DELETE FROM host_keys WHERE host_id = :h", {"h": host_id}) > 0 or found
             return await self._revoke_where(tx, "host_id = :h", {"h": host_id}) > 0 or found
