@@ -57,6 +57,7 @@ from corral.runtime.base import (
     Runtime,
     RuntimeFailure,
     SandboxNotFound,
+    SandboxPaused,
     SandboxSpec,
 )
 
@@ -76,7 +77,7 @@ SETTLE_SAMPLE_S = 0.25
 class _Live:
     """A sandbox the agent accounts for."""
 
-    __slots__ = ("observed_mb", "oom_kills", "spec", "started_at", "trusted", "usage")
+    __slots__ = ("observed_mb", "oom_kills", "paused", "spec", "started_at", "trusted", "usage")
 
     def __init__(self, spec: SandboxSpec, started_at: float) -> None:
         self.spec = spec
@@ -89,6 +90,7 @@ class _Live:
         self.oom_kills = 0  # processes the kernel's OOM killer killed in it, as last read
         # Whether readings have replaced the reserve (see ``SettleRule``); once true, it stays.
         self.trusted = False
+        self.paused = False  # frozen by pause(); the runtime holds the truth, this its latest word
 
     @property
     def resident_mb(self) -> int | None:
@@ -461,6 +463,8 @@ class Agent:
         except InvalidSandbox as exc:
             # What the kernel would refuse (E2BIG, a NUL it would cut) is the caller's input.
             raise AgentInvalid(Code.INVALID, str(exc), details={"field": exc.field}) from exc
+        except SandboxPaused as exc:
+            raise AgentConflict(Code.SANDBOX_PAUSED, str(exc)) from exc
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         return ExecResponse(
@@ -471,6 +475,44 @@ class Agent:
             truncated=r.truncated,
             timed_out=r.timed_out,
         )
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start."""
+        live = self._require(sandbox_id)
+        if self._paused(sandbox_id):
+            raise AgentConflict(Code.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
+        await self._call_runtime(self.runtime.pause, sandbox_id)
+        live.paused = True
+        return self._info(sandbox_id, live)
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        live = self._require(sandbox_id)
+        if not self._paused(sandbox_id):
+            raise AgentConflict(Code.NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
+        await self._call_runtime(self.runtime.resume, sandbox_id)
+        live.paused = False
+        return self._info(sandbox_id, live)
+
+    def _require(self, sandbox_id: str) -> _Live:
+        live = self._live.get(sandbox_id)
+        if live is None:
+            raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        return live
+
+    def _paused(self, sandbox_id: str) -> bool:
+        try:
+            return self.runtime.paused(sandbox_id)
+        except SandboxNotFound:
+            return False
+
+    async def _call_runtime(self, op: Callable[[str], Awaitable[None]], sandbox_id: str) -> None:
+        try:
+            await op(sandbox_id)
+        except SandboxNotFound:
+            self._live.pop(sandbox_id, None)
+            raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
+        except RuntimeFailure as exc:
+            raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         live = self._live.get(sandbox_id)
@@ -496,6 +538,7 @@ class Agent:
             started_at=s.started_at,
             resident_mb=s.resident_mb,
             oom_kills=s.oom_kills,
+            paused=s.paused,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
             role=self.warm.role(sandbox_id) or ROLE_OWNED,
         )
@@ -516,7 +559,9 @@ class Agent:
         adopted = 0
         for h in handles:
             if h.id not in self._live and h.id not in self._starting:
-                self._live[h.id] = _Live(h.spec, h.started_at)
+                live = _Live(h.spec, h.started_at)
+                live.paused = self._paused(h.id)  # a sandbox paused before the restart stays paused
+                self._live[h.id] = live
                 adopted += 1
         if adopted:
             log.info("agent %s adopted %d running sandboxes", self.id, adopted)

@@ -23,6 +23,7 @@ from corral.agent.errors import (
     AgentSandboxNotFound,
     AgentUnavailable,
     AgentWarmEmpty,
+    Code,
     error_from_response,
 )
 from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
@@ -50,6 +51,12 @@ class AgentClient(ABC):
 
     @abstractmethod
     async def list(self) -> list[SandboxInfo]: ...
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        raise AgentError(Code.RUNTIME_FAILED, "this agent cannot pause sandboxes")
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        raise AgentError(Code.RUNTIME_FAILED, "this agent cannot resume sandboxes")
 
     @abstractmethod
     async def capacity(self) -> Capacity: ...
@@ -79,6 +86,12 @@ class LocalAgentClient(AgentClient):
 
     async def list(self) -> list[SandboxInfo]:
         return self.agent.list()
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        return await self.agent.pause(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        return await self.agent.resume(sandbox_id)
 
     async def capacity(self) -> Capacity:
         return self.agent.capacity()
@@ -183,6 +196,27 @@ class HttpAgentClient(AgentClient):
         path = f"/v1/warm/{quote(template, safe='')}/claim"
         result: SandboxInfo = self._parse(SandboxInfo, await self._call("POST", path, req))
         return result
+
+    async def _sandbox_op(self, sandbox_id: str, op: str) -> SandboxInfo:
+        data = await self._call("POST", f"/v1/sandboxes/{quote(sandbox_id, safe='')}/{op}")
+        result: SandboxInfo = self._parse(SandboxInfo, data)
+        return result
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        return await self._sandbox_op(sandbox_id, "pause")
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        return await self._sandbox_op(sandbox_id, "resume")
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The connection to the agent, for calls streamed through it as they are; each such call
+        carries :meth:`auth_headers`."""
+        return self._client
+
+    async def auth_headers(self) -> dict[str, str]:
+        """What proves this control plane to the agent: the host's key."""
+        return await self._auth()
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -20,6 +20,8 @@ class Code:
     START_FAILED = "start_failed"
     SANDBOX_STARTING = "sandbox_starting"
     SANDBOX_EXISTS = "sandbox_exists"
+    SANDBOX_PAUSED = "sandbox_paused"
+    NOT_PAUSED = "sandbox_not_paused"
     NOT_FOUND = "not_found"
     INVALID = "invalid_request"
     TEMPLATE_MISSING = "template_missing"

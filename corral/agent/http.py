@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.agent.agent import Agent
+from corral.agent.envd import ENVD_PREFIX, Envd
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
 from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
@@ -130,6 +131,14 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     async def exec_(sandbox_id: str, body: ExecRequest) -> ExecResponse:
         return await agent.exec(sandbox_id, body)
 
+    @api.post("/v1/sandboxes/{sandbox_id}/pause")
+    async def pause(sandbox_id: str) -> SandboxInfo:
+        return await agent.pause(sandbox_id)
+
+    @api.post("/v1/sandboxes/{sandbox_id}/resume")
+    async def resume(sandbox_id: str) -> SandboxInfo:
+        return await agent.resume(sandbox_id)
+
     @api.get("/v1/capacity")
     async def capacity() -> Capacity:
         return agent.capacity()
@@ -143,6 +152,18 @@ def create_app(agent: Agent, token: str) -> FastAPI:
 
     app.include_router(api)
     app.add_middleware(_KeyGate, key_presented=key_presented)
+
+    envd = Envd(agent)
+
+    async def envd_authorized(scope: Scope, receive: Receive, send: Send) -> None:
+        if not authorized(Request(scope)):
+            await error_response(AgentUnauthorized(message="missing or invalid bearer token"))(
+                scope, receive, send
+            )
+            return
+        await envd(scope, receive, send)
+
+    app.mount(ENVD_PREFIX, envd_authorized)
     return app
 
 

@@ -83,6 +83,7 @@ class SandboxInfo(_Lenient):
     charged_mb: int
     oom_kills: int = 0
     role: str = ROLE_OWNED
+    paused: bool = False  # frozen in place: nothing runs until it is resumed
 
 
 class ClaimWarm(_Model):

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from corral import __version__
-from corral.api import dashboard, errors, pools
+from corral.api import dashboard, e2b, errors, pools
 from corral.api.hot import HotRoutes
 from corral.api.limits import BodyLimit
 from corral.api.requestlog import RequestLog
@@ -52,6 +52,8 @@ def create_app(
     if hot_routes:
         app.add_middleware(HotRoutes, plane=plane)
     app.add_middleware(BodyLimit)
+    # In front of the body cap: E2B's data plane streams files under caps of its own.
+    e2b.install(app, plane)
     app.include_router(dashboard.router)
     app.state.dashboard_key = dashboard.session_key(admin_token)
     app.add_middleware(RequestLog, replica=plane.config.replica_id)

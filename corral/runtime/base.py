@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from corral.core.types import DEFAULT_SANDBOX_PIDS
+from corral.runtime.stream import Spawned
 
 DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
 
@@ -51,6 +52,12 @@ class SandboxNotFound(RuntimeFailure):
     pass
 
 
+class SandboxPaused(RuntimeFailure):
+    """The sandbox is paused: nothing runs in it until it is resumed."""
+
+    code = "sandbox_paused"
+
+
 class InvalidSandbox(RuntimeFailure):
     """The spec or the command cannot be run as given (bad id, too little memory, an environment or
     command execve would refuse). Nothing was created or run. ``field`` names what was wrong."""
@@ -78,6 +85,26 @@ class Runtime(Protocol):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult: ...
+
+    async def spawn(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+    ) -> Spawned:
+        """Start a command as the sandbox user, in the sandbox, and hand it back while it runs."""
+        ...
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Stop every process of the sandbox where it stands, keeping its memory, until ``resume``."""
+        ...
+
+    async def resume(self, sandbox_id: str) -> None: ...
+
+    def paused(self, sandbox_id: str) -> bool: ...
 
     async def resident_mb(self, sandbox_id: str) -> int | None:
         """Measured resident memory (working set), or None when it cannot be measured yet."""

@@ -36,7 +36,7 @@ HOST_ETC: tuple[str, ...] = (
 )
 
 # The one user a sandbox has. Its name and home are defined here only.
-SANDBOX_USER = "sandbox"
+SANDBOX_USER = "user"
 SANDBOX_HOME = f"/home/{SANDBOX_USER}"
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000

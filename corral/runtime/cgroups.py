@@ -2,7 +2,7 @@
 
 One :class:`CgroupRoot` per runtime: a directory under which every sandbox gets a child cgroup with its
 configured limits. On v2 that is one directory with the memory, cpu and pids controllers; on v1 it is
-the memory hierarchy's, plus one in each of the cpu and pids hierarchies where those are mounted and
+the memory hierarchy's, plus one in each of the cpu, pids and freezer hierarchies where those are mounted and
 writable (hybrid hosts). By default each root is created *beneath the agent's own cgroup*, so
 sandboxes stay inside whatever budget the host already gave the agent instead of escaping to the top.
 
@@ -55,7 +55,7 @@ def cpu_quota_us(cpus: float, period_us: int = CPU_PERIOD_US) -> int:
 @dataclass(frozen=True, slots=True)
 class SandboxCgroup:
     """One sandbox's cgroup(s). ``version`` is 1 or 2; ``path`` is the memory cgroup (v1) or the
-    unified one (v2); ``extra`` are, on v1, the sandbox's cgroups in the cpu and pids hierarchies."""
+    unified one (v2); ``extra`` are, on v1, the sandbox's cgroups in the cpu, pids and freezer hierarchies."""
 
     path: Path
     version: int
@@ -201,10 +201,54 @@ class SandboxCgroup:
             return []
         return [int(line) for line in text.split()]
 
+    def _freezer(self) -> tuple[Path, str, str] | None:
+        """The control file that freezes the sandbox, with its frozen and thawed values."""
+        v2 = self._with("cgroup.freeze")
+        if v2 is not None:
+            return v2, "1", "0"
+        v1 = self._with("freezer.state")
+        return (v1, "FROZEN", "THAWED") if v1 is not None else None
+
+    def can_freeze(self) -> bool:
+        return self._freezer() is not None
+
+    def freeze(self, *, timeout_s: float = 5.0) -> None:
+        """Stop every process of the sandbox where it stands (memory kept), until :meth:`thaw`."""
+        found = self._freezer()
+        if found is None:
+            raise CgroupError(f"cgroup {self.path} has no freezer")
+        control, frozen, _ = found
+        control.write_text(frozen)
+        # v1 reports FREEZING until every task has stopped; v2 flips cgroup.events' "frozen".
+        events = control.with_name("cgroup.events")
+        deadline = time.monotonic() + timeout_s
+        while not self._settled(control, events, frozen):
+            if time.monotonic() > deadline:
+                raise CgroupError(f"cgroup {self.path} did not freeze")
+            time.sleep(0.002)
+
+    @staticmethod
+    def _settled(control: Path, events: Path, frozen: str) -> bool:
+        if control.name == "freezer.state":
+            return control.read_text().strip() == frozen
+        return "frozen 1" in events.read_text().splitlines()
+
+    def thaw(self) -> None:
+        found = self._freezer()
+        if found is not None and found[0].exists():
+            found[0].write_text(found[2])
+
+    def frozen(self) -> bool:
+        found = self._freezer()
+        return found is not None and found[0].read_text().strip() != found[2]
+
     def kill(self, *, timeout_s: float = 5.0) -> None:
         """SIGKILL everything in the cgroup until it is empty (v1 has no ``cgroup.kill``)."""
         if not self.exists():
             return
+        # A frozen task cannot act on SIGKILL before it is thawed.
+        with contextlib.suppress(OSError):
+            self.thaw()
         kill_file = self.path / "cgroup.kill"
         deadline = time.monotonic() + timeout_s
         while True:
@@ -371,7 +415,7 @@ def detect(leaf: str = "corral") -> CgroupRoot | None:
             # On v2 our own cgroup cannot delegate memory while it holds our own process (no
             # internal processes); the top of the mount can, for root. Tried last.
             v2.append(Path(mountpoint) / leaf)
-        for controller in ("cpu", "pids"):
+        for controller in ("cpu", "pids", "freezer"):
             if fstype == "cgroup" and controller in controllers and controller in own:
                 base = _under(mountpoint, mount_root, own[controller])
                 if base is not None:
@@ -383,7 +427,7 @@ def detect(leaf: str = "corral") -> CgroupRoot | None:
             with contextlib.suppress(OSError):
                 path.rmdir()
             continue
-        marks = {"cpu": "cpu.cfs_quota_us", "pids": "pids.max"}
+        marks = {"cpu": "cpu.cfs_quota_us", "pids": "pids.max", "freezer": "freezer.state"}
         extra = [_v1_twin(twin, marks[name]) for name, twin in sorted(twins.items())]
         return CgroupRoot(root.path, 1, tuple(p for p in extra if p is not None))
     for path in v2:

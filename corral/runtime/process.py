@@ -43,11 +43,13 @@ from corral.runtime.base import (
     RuntimeFailure,
     SandboxHandle,
     SandboxNotFound,
+    SandboxPaused,
     SandboxSpec,
 )
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
+from corral.runtime.stream import Spawned
 from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS, UidAllocator, UidsExhausted
 
 DEFAULT_ROOT = Path("/run/corral/sandboxes")
@@ -215,8 +217,10 @@ class ProcessRuntime:
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
-            etc_fds = {name: launcher.memfd(name, data) for name, data in bwrap.etc_files(hostname).items()}
-            fds += etc_fds.values()
+            etc_fds: dict[str, int] = {}
+            for name, data in bwrap.etc_files(hostname).items():
+                etc_fds[name] = launcher.memfd(name, data)
+                fds.append(etc_fds[name])  # each closed below, even if a later one fails
             seccomp_fd = launcher.memfd("seccomp", seccomp)
             fds.append(seccomp_fd)
             layout = bwrap.Layout(
@@ -233,10 +237,10 @@ class ProcessRuntime:
             # Nothing of the request on this command line or in this environment: the launcher joins
             # the cgroups as root, becomes the sandbox's host uid and execs bubblewrap, which reads
             # its arguments (the hostname among them) from a descriptor.
-            host_id = str(uid if uid is not None else os.getuid())
+            host_uid = str(uid if uid is not None else os.getuid())
             host_gid = str(uid if uid is not None else os.getgid())
             procs = [str(p) for p in cgroup.procs_files] if cgroup else []
-            argv = [str(launcher.path()), "spawn", host_id, host_gid, *procs, "--"]
+            argv = [str(launcher.path()), "spawn", host_uid, host_gid, *procs, "--"]
             argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(self._init)]
             log_fd = os.open(
                 directory / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600
@@ -328,6 +332,9 @@ class ProcessRuntime:
         if init is not None and procfs.is_alive(init):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(init.pid, signal.SIGKILL)
+            if cgroup is not None:  # a paused sandbox acts on its SIGKILL only once thawed
+                with contextlib.suppress(OSError):
+                    cgroup.thaw()
             # Let bubblewrap's monitor reap its init and exit by itself: killing the monitor first
             # would orphan the init to a pid 1 that may never reap it.
             if popen is not None:
@@ -374,41 +381,8 @@ class ProcessRuntime:
     ) -> ExecResult:
         if not timeout_s > 0:
             raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
-        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise InvalidSandbox("environment variable names and values must be strings", "env")
-        record = self._live(sandbox_id)
-        hostname = record.spec.hostname or record.spec.id[:64]
-        try:
-            spec = launcher.encode(
-                command, bwrap.sandbox_env(hostname, record.spec.env, env), cwd or bwrap.SANDBOX_HOME
-            )
-        except launcher.BadCommand as exc:
-            raise InvalidSandbox(str(exc), exc.field) from None
-        cgroup = _cgroup_of(record)
-        # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
-        # command, its environment and cwd travel on the descriptor.
-        spec_fd = launcher.memfd("exec-spec", spec)
-        init = record.init
-        argv = [str(launcher.path()), "exec", str(init.pid), str(init.pid_ns), str(bwrap.SANDBOX_UID)]
-        argv += [
-            str(bwrap.SANDBOX_GID),
-            str(spec_fd),
-            *(str(p) for p in (cgroup.procs_files if cgroup else [])),
-        ]
         started = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=launcher.clean_env(),
-                cwd="/",
-                start_new_session=True,  # one process group to kill on timeout
-                pass_fds=(spec_fd,),
-            )
-        finally:
-            os.close(spec_fd)
+        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=False)
         assert proc.stdout is not None and proc.stderr is not None
         out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
         readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
@@ -443,6 +417,102 @@ class ProcessRuntime:
             truncated=out.truncated or err.truncated,
             timed_out=timed_out,
         )
+
+    async def _run_in(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        *,
+        stdin: bool,
+    ) -> asyncio.subprocess.Process:
+        """The launcher, started on a command for this sandbox (its own process group, so a signal to
+        the group reaches everything the command starts)."""
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise InvalidSandbox("environment variable names and values must be strings", "env")
+        record = self._live(sandbox_id)
+        if self.paused(sandbox_id):
+            raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
+        hostname = record.spec.hostname or record.spec.id[:64]
+        try:
+            spec = launcher.encode(
+                command, bwrap.sandbox_env(hostname, record.spec.env, env), cwd or bwrap.SANDBOX_HOME
+            )
+        except launcher.BadCommand as exc:
+            raise InvalidSandbox(str(exc), exc.field) from None
+        cgroup = _cgroup_of(record)
+        # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
+        # command, its environment and cwd travel on the descriptor.
+        spec_fd = launcher.memfd("exec-spec", spec)
+        init = record.init
+        argv = [str(launcher.path()), "exec", str(init.pid), str(init.pid_ns), str(bwrap.SANDBOX_UID)]
+        argv += [
+            str(bwrap.SANDBOX_GID),
+            str(spec_fd),
+            *(str(p) for p in (cgroup.procs_files if cgroup else [])),
+        ]
+        try:
+            return await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=launcher.clean_env(),
+                cwd="/",
+                start_new_session=True,
+                pass_fds=(spec_fd,),
+            )
+        finally:
+            os.close(spec_fd)
+
+    async def spawn(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+    ) -> Spawned:
+        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=stdin)
+        assert proc.stdout is not None and proc.stderr is not None
+
+        async def wait() -> int:
+            return _exit_code(await proc.wait())
+
+        def send(sig: int) -> None:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+        return Spawned(proc.stdout, proc.stderr, proc.stdin, wait, send)
+
+    # -- pause ----------------------------------------------------------------------------------
+
+    def paused(self, sandbox_id: str) -> bool:
+        cgroup = _cgroup_of(self._live(sandbox_id))
+        return cgroup is not None and cgroup.frozen()
+
+    async def pause(self, sandbox_id: str) -> None:
+        """Freeze every process of the sandbox in place; its memory stays where it is."""
+        cgroup = _cgroup_of(self._live(sandbox_id))
+        if cgroup is None or not cgroup.can_freeze():
+            raise RuntimeFailure(f"sandbox {sandbox_id!r} cannot be paused: this host has no cgroup freezer")
+        try:
+            await asyncio.to_thread(cgroup.freeze)
+        except (CgroupError, OSError) as exc:
+            with contextlib.suppress(OSError):
+                cgroup.thaw()
+            raise RuntimeFailure(f"sandbox {sandbox_id!r} did not pause: {exc}") from exc
+
+    async def resume(self, sandbox_id: str) -> None:
+        cgroup = _cgroup_of(self._live(sandbox_id))
+        if cgroup is not None:
+            try:
+                cgroup.thaw()
+            except OSError as exc:
+                raise RuntimeFailure(f"sandbox {sandbox_id!r} did not resume: {exc}") from exc
 
     # -- inspect --------------------------------------------------------------------------------
 

@@ -83,7 +83,7 @@ class Starting:
     starter: ProcessIdentity  # the agent process doing the start
     cgroup: str | None
     cgroup_version: int | None
-    cgroup_extra: tuple[str, ...] = ()  # v1: the sandbox's cgroups in the cpu and pids hierarchies
+    cgroup_extra: tuple[str, ...] = ()  # v1: the sandbox's cgroups in the cpu, pids and freezer hierarchies
 
     def to_dict(self) -> dict[str, Any]:
         return {

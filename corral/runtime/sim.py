@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from corral.core.clock import Clock, SystemClock
 from corral.core.settle import DEFAULT_SETTLE_S
 from corral.core.touch import TouchModel, TouchProfile
-from corral.runtime.base import ExecResult, RuntimeFailure, SandboxHandle, SandboxNotFound, SandboxSpec
+from corral.runtime.base import (
+    ExecResult,
+    RuntimeFailure,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxPaused,
+    SandboxSpec,
+)
+from corral.runtime.stream import Spawned, finished
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -42,6 +50,7 @@ class SimState:
     """The simulated host's memory of what runs on it; survives a restart of the agent."""
 
     sandboxes: dict[str, SimSandbox] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
     started_total: int = 0
     stopped_total: int = 0
 
@@ -99,6 +108,7 @@ class SimRuntime:
     async def stop(self, sandbox_id: str) -> None:
         if self.state.sandboxes.pop(sandbox_id, None) is None:
             raise SandboxNotFound(sandbox_id)
+        self.state.paused.discard(sandbox_id)
         self.state.stopped_total += 1
 
     async def list(self) -> list[SandboxHandle]:
@@ -124,6 +134,8 @@ class SimRuntime:
         cwd: str | None = None,
     ) -> ExecResult:
         s = self._get(sandbox_id)
+        if sandbox_id in self.state.paused:
+            raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
         began = self.clock.now()
         argv = list(command)
         if not argv:
@@ -150,6 +162,33 @@ class SimRuntime:
                 TIMED_OUT, "", f"sleep: timed out after {timeout_s:g}s\n", elapsed_ms, timed_out=True
             )
         return ExecResult(0, "", "", elapsed_ms)
+
+    async def spawn(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+    ) -> Spawned:
+        """The emulated command, already over: a simulation has no process to watch."""
+        r = await self.exec(sandbox_id, command, env=env, cwd=cwd)
+        return finished(r.exit_code, r.stdout.encode(), r.stderr.encode())
+
+    # -- pause ----------------------------------------------------------------------------------
+
+    def paused(self, sandbox_id: str) -> bool:
+        self._get(sandbox_id)
+        return sandbox_id in self.state.paused
+
+    async def pause(self, sandbox_id: str) -> None:
+        self._get(sandbox_id)
+        self.state.paused.add(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        self._get(sandbox_id)
+        self.state.paused.discard(sandbox_id)
 
     def _get(self, sandbox_id: str) -> SimSandbox:
         s = self.state.sandboxes.get(sandbox_id)

@@ -681,6 +681,11 @@ class Store(ABC):
     async def auth_epoch(self) -> int:
         """A counter that grows with every revocation (revoke, re-enrolment, forgetting a host)."""
 
+    @abstractmethod
+    async def fleet_secret(self, name: str) -> str:
+        """The random secret ``name`` that every replica shares: made by the first caller, the same
+        for every later one (on any replica, after any restart)."""
+
     # -- host identity -------------------------------------------------------------------------
 
     @abstractmethod

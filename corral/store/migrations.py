@@ -173,6 +173,10 @@ _V5 = (
     "ALTER TABLE sandboxes ADD COLUMN warm {bool} NOT NULL DEFAULT {false}",
 )
 
+# Secrets every replica of one deployment shares, each made once by whichever replica needs it first
+# (the key that signs sandboxes' data-plane access tokens): a replica restarted or rotated keeps them.
+_V7 = ("CREATE TABLE fleet_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL, created_at {real} NOT NULL)",)
+
 # Why a create went where it went: a compact JSON document written by the same UPDATE that marks the
 # sandbox placed, so a sandbox and its explanation never disagree.
 _V6 = ("ALTER TABLE sandboxes ADD COLUMN placement TEXT",)
@@ -198,6 +202,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "template pids limit, sandbox OOM kills", _V4),
     Migration(5, "warm pools and per-host targets", _V5),
     Migration(6, "placement explanation on the sandbox row", _V6),
+    Migration(7, "secrets shared by every replica", _V7),
     Migration(9, "sandbox indexes by state and by host; hosts' sandbox lists in their own table", _V9),
 )
 

@@ -2,10 +2,11 @@
 
 Without this, every call made while the database is unreachable waits out a connection attempt or the
 pool's wait for a free connection (seconds each) before it fails, and after the server returns the
-pool may still be backing off between reconnects. Once one call has seen the server unreachable, the
-breaker fails every later call at once with ``StoreUnavailable``, while a single probe keeps trying a
-fresh connection a few times a second; the probe's first success closes the breaker and hands the
-backend a chance to start over with fresh connections.
+pool may still be backing off between reconnects. Once a call has seen the server unreachable and a
+probe on a fresh connection confirms it, the breaker fails every later call at once with
+``StoreUnavailable``, while that probe keeps trying a few times a second; its first success closes the
+breaker and hands the backend a chance to start over with fresh connections. A failure the probe does
+not confirm (one connection killed, a pool briefly exhausted by load) opens nothing.
 """
 
 from __future__ import annotations
@@ -59,15 +60,26 @@ class Breaker:
                 f"the store has been unreachable for {down_for:.1f}s ({self.reason}); probing for its return"
             )
 
-    def trip(self, exc: BaseException) -> None:
-        """A call found the server unreachable: open, and start probing (once)."""
-        if self.down_since is None:
-            self.down_since = self._clock.now()
-            self.reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            self.trips += 1
-            log.warning("store unreachable (%s); failing fast and probing", self.reason)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._watch(), name="corral-store-probe")
+    def suspect(self, exc: BaseException) -> None:
+        """A call failed as if the server were unreachable. One probe decides: a server that answers
+        it was only a dead connection or a pool briefly exhausted by load, and nothing opens; one that
+        does not opens the breaker and is watched until it returns."""
+        if self.down_since is not None or (self._task is not None and not self._task.done()):
+            return
+        self._task = asyncio.get_running_loop().create_task(self._verify(exc), name="corral-store-probe")
+
+    async def _verify(self, exc: BaseException) -> None:
+        try:
+            await self._probe()
+        except Exception:
+            self._open(exc)
+            await self._watch()
+
+    def _open(self, exc: BaseException) -> None:
+        self.down_since = self._clock.now()
+        self.reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        self.trips += 1
+        log.warning("store unreachable (%s); failing fast and probing", self.reason)
 
     async def _watch(self) -> None:
         while True:

@@ -8,9 +8,10 @@ table locks, no SERIALIZABLE retries. Multi-row writes lock host rows in id orde
 :mod:`corral.store.sql`); a deadlock or serialisation failure that slips through is retried.
 
 Every "cannot reach the server" error (refused, pool timeout, connection lost) surfaces as
-:class:`StoreUnavailable`. The first such error opens a breaker (:mod:`corral.store.outage`): later
-calls fail at once instead of each waiting out a connection attempt, and a probe watches for the
-server's return, then starts a fresh pool so no call inherits a connection the outage killed.
+:class:`StoreUnavailable`, and makes the breaker (:mod:`corral.store.outage`) probe the server on a
+fresh connection. If the probe fails too, every later call fails at once instead of each waiting out a
+connection attempt, and the probe watches for the server's return, then starts a fresh pool so no call
+inherits a connection the outage killed.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ class PostgresStore(SqlStore):
     def _unreachable(self, exc: psycopg.Error) -> None:
         """Open the breaker when ``exc`` says the server could not be reached or went away."""
         if _is_unreachable(exc):
-            self.breaker.trip(exc)
+            self.breaker.suspect(exc)
 
     # -- transactions --------------------------------------------------------------------------
 

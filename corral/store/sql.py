@@ -1236,6 +1236,24 @@ class SqlStore(Store):
 
         return await self._read(run)
 
+    async def fleet_secret(self, name: str) -> str:
+        if not name:
+            raise InvalidRecord("name: must not be empty")
+        made = secrets.token_urlsafe(32)
+
+        async def run(tx: Tx) -> str:
+            # Two replicas asking at once: the first insert wins and both read what it wrote.
+            await tx.execute(
+                "INSERT INTO fleet_secrets (name, value, created_at) VALUES (:n, :v, :now) "
+                "ON CONFLICT (name) DO NOTHING",
+                {"n": name, "v": made, "now": self._now()},
+            )
+            row = await tx.fetchone("SELECT value FROM fleet_secrets WHERE name = :n", {"n": name})
+            assert row is not None
+            return str(row[0])
+
+        return await self._write(run)
+
     # -- host identity -------------------------------------------------------------------------
 
     async def enrol_host(self, host_id: str) -> HostCredentials:

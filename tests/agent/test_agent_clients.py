@@ -198,3 +198,24 @@ async def test_http_agents_present_each_hosts_key_and_follow_a_rotation(
             await directory.client("h3", "http://h3").list()  # never enrolled: no key to present
     finally:
         await directory.aclose()
+
+
+async def test_pause_and_resume(client: AgentClient) -> None:
+    await client.start(StartSandbox(id="a", memory_mb=512))
+    charged = (await client.capacity()).memory_mb_admittable
+    assert (await client.pause("a")).paused
+    assert [i.paused for i in await client.list()] == [True]
+    with pytest.raises(AgentConflict) as again:
+        await client.pause("a")
+    assert again.value.code == Code.SANDBOX_PAUSED
+    with pytest.raises(AgentConflict) as frozen:
+        await client.exec("a", ExecRequest(command=["true"]))
+    assert frozen.value.code == Code.SANDBOX_PAUSED
+    assert (await client.capacity()).memory_mb_admittable == charged  # kept, not charged again
+    assert not (await client.resume("a")).paused
+    with pytest.raises(AgentConflict) as running:
+        await client.resume("a")
+    assert running.value.code == Code.NOT_PAUSED
+    assert (await client.exec("a", ExecRequest(command=["true"]))).exit_code == 0
+    with pytest.raises(AgentSandboxNotFound):
+        await client.pause("nope")

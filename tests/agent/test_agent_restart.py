@@ -64,3 +64,17 @@ async def test_adopt_forgets_sandboxes_the_runtime_lost(
     await agent.measure()  # a measurement notices too
     assert agent.sandbox_ids() == []
     assert agent.admittable_mb() == 16_384 - agent.policy.headroom_mb
+
+
+async def test_a_paused_sandbox_is_adopted_paused(
+    make_agent: Callable[..., Agent], clock: ManualClock, sim_state: SimState
+) -> None:
+    before = make_agent()
+    await before.start(StartSandbox(id="held", memory_mb=1024))
+    await before.start(StartSandbox(id="busy", memory_mb=1024))
+    await before.pause("held")
+    del before
+    after = make_agent(runtime=SimRuntime(clock, random.Random(9), state=sim_state))
+    assert await after.adopt() == 2
+    assert {i.id: i.paused for i in after.list()} == {"held": True, "busy": False}
+    assert not (await after.resume("held")).paused

@@ -142,7 +142,7 @@ async def test_a_host_the_cached_view_lacks_is_seen_by_the_next_create(cluster: 
         32768,
         16.0,
         clock=cluster.clock,
-        sink=cluster.plane.heartbeat,
+        sink=cluster.plane.heartbeat_reply,
     )
     await newcomer.beat()
     # no clock movement: the cached view is still within its TTL, yet the newcomer is in the next read

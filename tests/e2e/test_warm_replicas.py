@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .test_replicas import AGENT, Fleet, launch, pg_store, wait_for  # noqa: F401 - pg_store is a fixture
+from .test_replicas import Fleet, launch, pg_store, wait_for  # noqa: F401 - pg_store is a fixture
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -25,8 +25,9 @@ POOL = 24
 def agent_roles(fleet: Fleet) -> dict[str, str]:
     """Every sandbox on every agent, with its role (owned, warm, claimed)."""
     out = {}
-    for url in fleet.agent_urls.values():
-        r = httpx.get(url + "/v1/sandboxes", headers={"Authorization": f"Bearer {AGENT}"}, timeout=10)
+    for host, url in fleet.agent_urls.items():
+        key = fleet.host_keys[host]
+        r = httpx.get(url + "/v1/sandboxes", headers={"Authorization": f"Bearer {key}"}, timeout=10)
         r.raise_for_status()
         out.update({s["id"]: s.get("role", "owned") for s in r.json()})
     return out
@@ -88,11 +89,11 @@ def test_kill_9_mid_warm_burst_leaves_nothing_unowned(tmp_path: Path, pg_store: 
         )
         # A replica dead between hand-over and record, exactly: the sandbox is handed over (with a
         # tenant's env) and no record follows. The stray sweep stops it; it never rejoins the pool.
-        url = next(iter(fleet.agent_urls.values()))
+        host, url = next(iter(fleet.agent_urls.items()))
         r = httpx.post(
             url + "/v1/warm/py/claim",
             json={"env": {"SECRET": "tenant"}},
-            headers={"Authorization": f"Bearer {AGENT}"},
+            headers={"Authorization": f"Bearer {fleet.host_keys[host]}"},
             timeout=10,
         )
         assert r.status_code == 200, r.text

@@ -104,9 +104,9 @@ async def test_etc_is_curated(process_runtime: ProcessRuntime) -> None:
     assert "shadow" not in listing and "passwd" in listing and "resolv.conf" in listing
     assert set(listing) < set(os.listdir("/etc"))  # a few of the host's files, never all of them
     passwd = (await process_runtime.exec("etc", ["cat", "/etc/passwd"])).stdout
-    assert [line.split(":")[0] for line in passwd.splitlines()] == ["root", "sandbox", "nobody"]
+    assert [line.split(":")[0] for line in passwd.splitlines()] == ["root", "user", "nobody"]
     assert (await process_runtime.exec("etc", ["getent", "hosts", "box-9"])).exit_code == 0
-    assert (await process_runtime.exec("etc", ["whoami"])).stdout == "sandbox\n"
+    assert (await process_runtime.exec("etc", ["whoami"])).stdout == "user\n"
 
 
 async def test_limits_are_in_the_sandbox_cgroups(process_runtime: ProcessRuntime) -> None:

@@ -33,14 +33,14 @@ async def test_env_layers_spec_then_call(box: ProcessRuntime) -> None:
         ["sh", "-c", "echo $FROM_SPEC $SHARED $FROM_CALL $HOME"],
         env={"SHARED": "call", "FROM_CALL": "c"},
     )
-    assert result.stdout.split() == ["spec", "call", "c", "/home/sandbox"]
+    assert result.stdout.split() == ["spec", "call", "c", "/home/user"]
     # The agent's own environment does not leak in.
     leaked = await box.exec("box", ["env"])
     assert "VIRTUAL_ENV" not in leaked.stdout and "PYTEST" not in leaked.stdout
 
 
 async def test_cwd(box: ProcessRuntime) -> None:
-    assert (await box.exec("box", ["pwd"])).stdout == "/home/sandbox\n"
+    assert (await box.exec("box", ["pwd"])).stdout == "/home/user\n"
     assert (await box.exec("box", ["pwd"], cwd="/tmp")).stdout == "/tmp\n"
     missing = await box.exec("box", ["pwd"], cwd="/does/not/exist")
     assert missing.exit_code != 0 and missing.stderr

@@ -120,9 +120,9 @@ async def test_filesystem_view(process_runtime: ProcessRuntime, tmp_path: object
     }
     # The sandbox user is unprivileged and named; the host's account list is not shown.
     who = await process_runtime.exec("fs", ["id", "-un"])
-    assert who.stdout.strip() == "sandbox"
+    assert who.stdout.strip() == "user"
     passwd = await process_runtime.exec("fs", ["cat", "/etc/passwd"])
-    assert "sandbox:x:1000" in passwd.stdout
+    assert "user:x:1000" in passwd.stdout
     shadow = await process_runtime.exec("fs", ["cat", "/etc/shadow"])
     assert shadow.exit_code != 0
 

@@ -137,6 +137,9 @@ async def test_a_crash_mid_start_is_cleaned_up(
     cgroup = cgroup_root.child("half")
     cgroup.create(64)
     orphan = subprocess.Popen(["/bin/sh", "-c", 'echo $$ > "$0" && exec sleep 600', str(cgroup.procs_file)])
+    while orphan.pid not in cgroup.pids():  # the crash left it running inside the cgroup
+        assert orphan.poll() is None
+        await asyncio.sleep(0.005)
     dead_agent = procfs.ProcessIdentity(pid=orphan.pid, start_ticks=1, pid_ns=0)  # not alive as recorded
     process_runtime.records.claim(
         "half",

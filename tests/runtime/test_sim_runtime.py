@@ -7,7 +7,7 @@ import random
 import pytest
 
 from corral.core import ManualClock, TouchModel
-from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxSpec
+from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxPaused, SandboxSpec
 from corral.runtime.sim import SimRuntime, SimState
 
 
@@ -149,3 +149,22 @@ async def test_deterministic_from_its_seed(clock: ManualClock) -> None:
 
     assert await run(7) == await run(7)
     assert await run(7) != await run(8)
+
+
+async def test_spawn_pause_and_resume(sim: SimRuntime) -> None:
+    await sim.start(SandboxSpec(id="a", memory_mb=512))
+    spawned = await sim.spawn("a", ["echo", "hi"])
+    assert await spawned.stdout.read() == b"hi\n" and await spawned.stderr.read() == b""
+    assert await spawned.wait() == 0 and spawned.stdin is None
+    assert not sim.paused("a")
+    await sim.pause("a")
+    assert sim.paused("a")
+    for call in (sim.exec("a", ["true"]), sim.spawn("a", ["true"])):
+        with pytest.raises(SandboxPaused):
+            await call
+    await sim.resume("a")
+    assert (await sim.exec("a", ["true"])).exit_code == 0
+    await sim.pause("a")
+    await sim.stop("a")  # a paused sandbox stops like any other
+    with pytest.raises(SandboxNotFound):
+        sim.paused("a")

@@ -21,9 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Serve, host_pid_ns
+from .runtime_serve import Serve, host_pid_ns, running_serve
 
 pytestmark = pytest.mark.process
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    yield from running_serve(tmp_path_factory)
+
 
 _LIBRARY = r"""
 #include <fcntl.h>
@@ -53,7 +59,7 @@ class Trap:
     library: bytes
 
     def env(self, *extra_preload: str) -> dict[str, str]:
-        preload = " ".join(["/home/sandbox/evil.so", f"{self.directory}/evil.so", *extra_preload])
+        preload = " ".join(["/home/user/evil.so", f"{self.directory}/evil.so", *extra_preload])
         return {
             "LD_PRELOAD": preload,
             "LD_LIBRARY_PATH": f"{self.directory}/lib",
@@ -116,9 +122,9 @@ def test_no_environment_variable_reaches_a_host_side_process(serve: Serve, trap:
         assert trap.host_marks() == "", "a host-side process loaded the tenant's library at create"
         # The tenant plants its library in its own sandbox, then names it by a host path too.
         encoded = base64.b64encode(trap.library).decode()
-        planted = serve.exec(sid, ["sh", "-c", f"echo {encoded} | base64 -d > /home/sandbox/evil.so"])
+        planted = serve.exec(sid, ["sh", "-c", f"echo {encoded} | base64 -d > /home/user/evil.so"])
         assert planted["exit_code"] == 0, planted
-        through_proc = f"/proc/{serve.init_pid(sid)}/root/home/sandbox/evil.so"
+        through_proc = f"/proc/{serve.init_pid(sid)}/root/home/user/evil.so"
         for command in (["true"], ["sh", "-c", "true"], ["bash", "-c", "true"], "echo $PATH"):
             result = serve.exec(sid, command, env=trap.env(through_proc), cwd="/tmp")
             assert result["exit_code"] == 0, result

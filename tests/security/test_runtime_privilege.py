@@ -7,13 +7,20 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import Serve
+from .runtime_serve import Serve, running_serve
 
 pytestmark = pytest.mark.process
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    yield from running_serve(tmp_path_factory)
+
 
 _CONNECT = """
 import socket, sys
@@ -100,7 +107,7 @@ def test_the_hosts_accounts_are_not_visible(serve: Serve) -> None:
         passwd = serve.exec(sid, ["cat", "/etc/passwd"])["stdout"]
         host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines()}
         inside = {line.split(":")[0] for line in passwd.splitlines()}
-        assert inside == {"root", "sandbox", "nobody"}
+        assert inside == {"root", "user", "nobody"}
         assert host_users - inside, "the host has accounts of its own that stay hidden"
         etc = set(serve.exec(sid, ["ls", "-A", "/etc"])["stdout"].split())
         assert len(etc) < len(os.listdir("/etc"))

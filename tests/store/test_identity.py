@@ -8,6 +8,7 @@ import stat
 
 import pytest
 
+from corral.agent.inputs import MAX_SANDBOXES_PER_HOST
 from corral.store import (
     Heartbeat,
     HostBusy,
@@ -121,3 +122,10 @@ async def test_a_revoked_token_cannot_be_configured_again(store: Store) -> None:
     await store.enrol_host("h1")
     with pytest.raises(TokenRevoked):
         await store.ensure_token(old.agent_token, None, Role.AGENT)
+
+
+async def test_a_heartbeat_can_carry_the_most_sandboxes_a_host_may_report(store: Store) -> None:
+    ids = frozenset(f"sb-{i:05d}" for i in range(MAX_SANDBOXES_PER_HOST))
+    hb = Heartbeat("h1", 1, 4, 0, 8192, 0, 6144, sandbox_ids=ids)
+    result = await store.upsert_heartbeat(hb)
+    assert result.accepted and result.host.sandbox_ids == ids

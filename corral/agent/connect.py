@@ -1,0 +1,83 @@
+"""Connect RPC's wire format with the JSON codec, as much of it as the data plane speaks.
+
+Unary calls are ``POST /<package>.<Service>/<Method>`` with an ``application/json`` body and answer a
+JSON message, or an error ``{"code", "message"}`` with the HTTP status of its code. Server streams
+take and answer ``application/connect+json`` envelopes: one flags byte, a big-endian u32 length, the
+JSON; the stream ends with an envelope flagged ``END_STREAM`` holding ``{}`` or ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+END_STREAM = 0x02
+STREAM_CONTENT_TYPE = "application/connect+json"
+UNARY_CONTENT_TYPE = "application/json"
+_HEADER = struct.Struct(">BI")
+
+# Connect codes and the HTTP status a unary error answers with.
+HTTP_STATUS = {
+    "canceled": 499,
+    "unknown": 500,
+    "invalid_argument": 400,
+    "deadline_exceeded": 504,
+    "not_found": 404,
+    "already_exists": 409,
+    "permission_denied": 403,
+    "resource_exhausted": 429,
+    "failed_precondition": 400,
+    "aborted": 409,
+    "out_of_range": 400,
+    "unimplemented": 501,
+    "internal": 500,
+    "unavailable": 503,
+    "data_loss": 500,
+    "unauthenticated": 401,
+}
+
+
+class RpcError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code if code in HTTP_STATUS else "unknown"
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def body(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+def envelope(message: Any, flags: int = 0) -> bytes:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    return _HEADER.pack(flags, len(data)) + data
+
+
+def end_stream(error: RpcError | None = None) -> bytes:
+    return envelope({"error": error.body()} if error else {}, END_STREAM)
+
+
+def parse_json(data: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(data or b"{}")
+    except ValueError:
+        raise RpcError("invalid_argument", "the request is not JSON") from None
+    if not isinstance(message, dict):
+        raise RpcError("invalid_argument", "the request must be a JSON object")
+    return message
+
+
+def unwrap(body: bytes) -> dict[str, Any]:
+    """The single request message of a server stream's enveloped body."""
+    if len(body) < _HEADER.size:
+        raise RpcError("invalid_argument", "the stream request holds no envelope")
+    flags, length = _HEADER.unpack_from(body)
+    if flags & 0x01:
+        raise RpcError("unimplemented", "compressed messages are not accepted")
+    if len(body) != _HEADER.size + length:
+        raise RpcError("invalid_argument", "the stream request must hold exactly one message")
+    return parse_json(body[_HEADER.size :])

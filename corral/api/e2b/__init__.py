@@ -1,0 +1,89 @@
+"""E2B compatibility: the unmodified ``e2b`` SDK against corral (docs/e2b.md).
+
+:func:`install` puts both planes on the control plane's app: E2B's control-plane routes (errors in
+E2B's ``{"code", "message"}`` shape, corral's stable code beside it as ``error_code``), and the data
+plane for calls that carry ``E2b-Sandbox-Id``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from corral.api import errors
+from corral.api.e2b.access import AccessKey
+from corral.api.e2b.control import router
+from corral.api.e2b.dataplane import DataPlane, is_data_plane
+from corral.api.e2b.keys import router as keys_router
+from corral.api.limits import BodyLimit
+from corral.control.plane import ControlPlane
+
+CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes")
+
+
+def install(app: FastAPI, plane: ControlPlane) -> None:
+    secret = AccessKey(plane.store)
+    control = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    control.state.plane = plane
+    control.state.e2b_access = secret
+    errors.install(control, plane.store_unavailable)
+    control.include_router(router)
+    app.state.e2b_access = secret
+    app.include_router(keys_router)  # an admin route of corral's own API, in its error shape
+    app.add_middleware(Dispatch, control=E2BErrors(BodyLimit(control)), data=DataPlane(plane, secret))
+
+
+class Dispatch:
+    """E2B's paths to their handlers; everything else to corral's own routes."""
+
+    def __init__(self, app: ASGIApp, control: ASGIApp, data: ASGIApp) -> None:
+        self.app, self.control, self.data = app, control, data
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            if is_data_plane(scope):
+                return await self.data(scope, receive, send)
+            path: str = scope["path"]
+            if path.startswith(CONTROL_PREFIXES):
+                return await self.control(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class E2BErrors:
+    """corral's error body ``{"error": {"code", "message", ...}}`` reshaped as E2B's, status and
+    headers (Retry-After) untouched."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def reshape(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                start = message
+                return
+            if start is None:
+                await send(message)
+                return
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = b"".join(chunks)
+            try:
+                err = json.loads(body)["error"]
+                body = json.dumps(
+                    {"code": start["status"], "message": err["message"], "error_code": err["code"]}
+                ).encode()
+            except (ValueError, KeyError, TypeError):
+                pass
+            headers = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send({**start, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, reshape)

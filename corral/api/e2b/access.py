@@ -1,0 +1,33 @@
+"""A sandbox's data-plane access token: an HMAC of its id under a secret every replica holds, so any
+replica can check a token without a store read or a stored secret per sandbox."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from corral.store import Store
+
+
+class AccessKey:
+    """The key that signs access tokens: one random secret in the store, shared by every replica and
+    kept across restarts and admin-token rotations; read once per replica, then held in memory."""
+
+    NAME = "e2b-access"
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._key: bytes | None = None
+
+    async def get(self) -> bytes:
+        if self._key is None:
+            self._key = (await self._store.fleet_secret(self.NAME)).encode()
+        return self._key
+
+
+def access_token(secret: bytes, sandbox_id: str) -> str:
+    return hmac.new(secret, sandbox_id.encode(), hashlib.sha256).hexdigest()
+
+
+def valid(secret: bytes, sandbox_id: str, presented: str) -> bool:
+    return hmac.compare_digest(access_token(secret, sandbox_id).encode(), presented.encode())

@@ -1,0 +1,321 @@
+"""E2B's control-plane routes, each one a translation onto corral's own operations (the same create,
+list, get, delete and TTL as ``/v1``), authenticated by ``X-API-KEY: <a corral tenant token>``.
+
+State rule: a sandbox its host reports frozen is ``paused``; every other live state (reserved,
+starting, running, waiting for capacity, recreating, orphaned) is ``running``, the only other state
+E2B knows; a stopped, failed or deleted sandbox does not exist (404).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import urllib.parse
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from corral.agent.client import AgentClient
+from corral.agent.envd import ENVD_VERSION
+from corral.agent.errors import AgentError, AgentSandboxNotFound
+from corral.api.auth import owner, scope
+from corral.api.e2b.access import access_token
+from corral.api.routes import _spec
+from corral.api.schemas import SandboxSpecBody
+from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from corral.control.plane import ControlPlane
+from corral.store import Principal, Role, SandboxRecord, SandboxState
+from corral.store.rows import encode_cursor
+
+router = APIRouter()
+
+DEFAULT_TIMEOUT_S = 300  # the SDK's own default
+BASE_TEMPLATE = "base"  # what the SDK sends when no template is named
+LIVE = {
+    SandboxState.RESERVED,
+    SandboxState.STARTING,
+    SandboxState.RUNNING,
+    SandboxState.WAITING_CAPACITY,
+    SandboxState.ORPHANED,
+}
+MAX_LIST_SCAN = 10_000  # records a filtered list page may read before it answers
+
+
+class NewSandbox(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    template_id: str = Field(default=BASE_TEMPLATE, alias="templateID", max_length=128)
+    timeout: int | None = Field(default=None, ge=1)
+    metadata: dict[str, str] | None = None
+    env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+
+
+class Timeout(BaseModel):
+    timeout: int = Field(ge=0)
+
+
+async def caller(request: Request) -> tuple[ControlPlane, Principal]:
+    plane: ControlPlane = request.app.state.plane
+    p = await plane.authenticate(request.headers.get("x-api-key"))
+    if p.role is Role.AGENT:
+        raise Forbidden("agent tokens may only heartbeat")
+    return plane, p
+
+
+async def _template(plane: ControlPlane, name: str) -> str:
+    if name == BASE_TEMPLATE and await plane.store.get_template(name) is None:
+        return "default"
+    return name
+
+
+def _iso(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def created(record: SandboxRecord, secret: bytes, template: str | None = None) -> dict[str, Any]:
+    return {
+        "templateID": template or record.template,
+        "sandboxID": record.id,
+        "clientID": record.host_id or "corral",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": access_token(secret, record.id),
+    }
+
+
+def detail(record: SandboxRecord, paused: bool, secret: bytes) -> dict[str, Any]:
+    end = record.expires_at if record.expires_at is not None else record.created_at + 10 * 365 * 86400
+    return {
+        **created(record, secret),
+        "startedAt": _iso(record.created_at),
+        "endAt": _iso(end),
+        "cpuCount": max(1, round(record.cpus)),
+        "memoryMB": record.memory_mb,
+        "diskSizeMB": 0,
+        "state": "paused" if paused else "running",
+        "metadata": dict(record.metadata),
+    }
+
+
+async def agent_of(plane: ControlPlane, host_id: str) -> AgentClient:
+    return plane.agents.client(host_id, await plane.sandboxes._address(host_id))
+
+
+async def _get(plane: ControlPlane, p: Principal, sandbox_id: str) -> SandboxRecord:
+    record = await plane.sandboxes.get(sandbox_id, scope(p))
+    if record.state not in LIVE:
+        raise NotFound(f"sandbox {sandbox_id} was not found")
+    return record
+
+
+async def _paused(plane: ControlPlane, record: SandboxRecord) -> bool:
+    if record.state is not SandboxState.RUNNING or record.host_id is None:
+        return False
+    try:
+        client = await agent_of(plane, record.host_id)
+        return any(i.id == record.id and i.paused for i in await client.list())
+    except AgentError:
+        return False
+
+
+async def _paused_on_hosts(plane: ControlPlane, records: list[SandboxRecord]) -> set[str]:
+    """Which of ``records`` their hosts report paused: one call per host, not per sandbox."""
+    paused: set[str] = set()
+    for host_id in {r.host_id for r in records if r.host_id and r.state is SandboxState.RUNNING}:
+        assert host_id is not None
+        with contextlib.suppress(AgentError):
+            client = await agent_of(plane, host_id)
+            paused |= {i.id for i in await client.list() if i.paused}
+    return paused
+
+
+async def create(request: Request, body: dict[str, Any], idempotency_key: str | None) -> JSONResponse:
+    plane, p = await caller(request)
+    try:
+        new = NewSandbox.model_validate(body)
+        spec = SandboxSpecBody(
+            template=await _template(plane, new.template_id),
+            ttl_seconds=new.timeout or DEFAULT_TIMEOUT_S,
+            metadata=new.metadata or {},
+            env=new.env_vars or {},
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidRequest(".".join(map(str, first["loc"])) or "body", first["msg"]) from None
+    record, _replayed = await plane.creates.create(
+        owner(p, plane), _spec(spec), idempotency_key=idempotency_key
+    )
+    await plane.sandboxes.remember(record)
+    return JSONResponse(
+        created(record, await request.app.state.e2b_access.get(), new.template_id), status_code=201
+    )
+
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=256)]
+JsonBody = Annotated[dict[str, Any], Body()]
+
+
+@router.post("/sandboxes", status_code=201)
+async def create_v1(request: Request, body: JsonBody) -> JSONResponse:
+    return await create(request, body, None)
+
+
+@router.post("/v2/sandboxes", status_code=201)
+async def create_v2(request: Request, body: JsonBody, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    return await create(request, body, idempotency_key)
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
+    plane, p = await caller(request)
+    record = await _get(plane, p, sandbox_id)
+    return JSONResponse(
+        detail(record, await _paused(plane, record), await request.app.state.e2b_access.get())
+    )
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def kill(sandbox_id: str, request: Request) -> Response:
+    plane, p = await caller(request)
+    await _get(plane, p, sandbox_id)
+    await plane.sandboxes.delete(sandbox_id, scope(p))
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+async def set_timeout(sandbox_id: str, request: Request, body: Timeout) -> Response:
+    plane, p = await caller(request)
+    await _get(plane, p, sandbox_id)
+    await plane.store.set_sandbox_expiry(sandbox_id, plane.clock.now() + body.timeout)
+    return Response(status_code=204)
+
+
+async def _agent_op(plane: ControlPlane, record: SandboxRecord, op: str) -> None:
+    if record.state is not SandboxState.RUNNING or record.host_id is None:
+        raise Conflict(f"sandbox {record.id} is {record.state.value}", code="sandbox_not_running")
+    client = await agent_of(plane, record.host_id)
+    try:
+        await (client.pause(record.id) if op == "pause" else client.resume(record.id))
+    except AgentSandboxNotFound:
+        raise NotFound(f"sandbox {record.id} was not found") from None
+    except AgentError as exc:
+        if exc.status == 409:
+            raise Conflict(exc.message, code=exc.code) from None
+        raise
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+async def pause(sandbox_id: str, request: Request) -> Response:
+    plane, p = await caller(request)
+    record = await _get(plane, p, sandbox_id)
+    await _agent_op(plane, record, "pause")
+    # A paused sandbox waits to be resumed rather than to expire; connect sets its timeout again.
+    await plane.store.set_sandbox_expiry(sandbox_id, None)
+    return Response(status_code=204)
+
+
+async def connect(sandbox_id: str, request: Request, body: dict[str, Any]) -> JSONResponse:
+    plane, p = await caller(request)
+    record = await _get(plane, p, sandbox_id)
+    timeout = body.get("timeout") if isinstance(body, dict) else None
+    if timeout is not None and (not isinstance(timeout, int) or timeout < 1):
+        raise InvalidRequest("timeout", "timeout must be a positive integer of seconds")
+    status = 200
+    if await _paused(plane, record):
+        await _agent_op(plane, record, "resume")
+        status = 201
+    expiry = plane.clock.now() + (timeout or DEFAULT_TIMEOUT_S)
+    if timeout is not None or record.expires_at is None or record.expires_at < expiry:
+        record = await plane.store.set_sandbox_expiry(sandbox_id, expiry)
+    return JSONResponse(created(record, await request.app.state.e2b_access.get()), status_code=status)
+
+
+@router.post("/sandboxes/{sandbox_id}/connect")
+async def connect_v1(sandbox_id: str, request: Request, body: JsonBody) -> JSONResponse:
+    return await connect(sandbox_id, request, body)
+
+
+@router.post("/v2/sandboxes/{sandbox_id}/connect")
+async def connect_v2(sandbox_id: str, request: Request, body: JsonBody) -> JSONResponse:
+    return await connect(sandbox_id, request, body)
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+async def resume(sandbox_id: str, request: Request, body: JsonBody) -> JSONResponse:
+    return await connect(sandbox_id, request, body)
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def metrics(sandbox_id: str, request: Request) -> JSONResponse:
+    plane, p = await caller(request)
+    record = await _get(plane, p, sandbox_id)
+    used_mb = 0
+    if record.host_id and record.state is SandboxState.RUNNING:
+        with contextlib.suppress(AgentError):
+            client = await agent_of(plane, record.host_id)
+            info = next((i for i in await client.list() if i.id == record.id), None)
+            used_mb = (info.resident_mb or 0) if info else 0
+    now = plane.clock.now()
+    return JSONResponse(
+        [
+            {
+                "timestamp": _iso(now),
+                "timestampUnix": int(now),
+                "cpuCount": max(1, round(record.cpus)),
+                "cpuUsedPct": 0.0,
+                "memUsed": used_mb * 1024 * 1024,
+                "memTotal": record.memory_mb * 1024 * 1024,
+                "memCache": 0,
+                "diskUsed": 0,
+                "diskTotal": 0,
+            }
+        ]
+    )
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    if not raw:
+        return {}
+    return {k: v for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
+
+
+@router.get("/sandboxes")  # the older SDKs' list: the same answer
+@router.get("/v2/sandboxes")
+async def list_sandboxes(
+    request: Request,
+    metadata: Annotated[str | None, Query(max_length=8192)] = None,
+    state: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    next_token: Annotated[str | None, Query(alias="nextToken", max_length=1024)] = None,
+) -> JSONResponse:
+    plane, p = await caller(request)
+    wanted_meta = _metadata_filter(metadata)
+    states = set((state or "running,paused").split(","))
+    if not states <= {"running", "paused"}:
+        raise InvalidRequest("state", "state is a comma-separated list of running and paused")
+    found: list[tuple[SandboxRecord, bool]] = []
+    cursor, scanned, more = next_token, 0, True
+    while more and len(found) < limit and scanned < MAX_LIST_SCAN:
+        page = await plane.sandboxes.list(scope(p), state=None, host_id=None, limit=200, cursor=cursor)
+        scanned += len(page.items)
+        candidates = [
+            r
+            for r in page.items
+            if r.state in LIVE and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
+        ]
+        paused = await _paused_on_hosts(plane, candidates)
+        stop_at = None
+        for r in candidates:
+            if ("paused" if r.id in paused else "running") in states:
+                found.append((r, r.id in paused))
+                if len(found) == limit:
+                    stop_at = r
+                    break
+        if stop_at is not None:
+            cursor = encode_cursor(stop_at.created_at, stop_at.id)
+            more = page.next_cursor is not None or page.items[-1] is not stop_at
+            break
+        cursor, more = page.next_cursor, page.next_cursor is not None
+    headers = {"x-next-token": cursor} if more and cursor else {}
+    secret = await request.app.state.e2b_access.get()
+    return JSONResponse([detail(r, is_paused, secret) for r, is_paused in found], headers=headers)

@@ -1,0 +1,55 @@
+"""Pause and resume on the process runtime: the cgroup freezer stops every process where it stands,
+memory and all, and lets it go on from there."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from corral.runtime.base import SandboxPaused, SandboxSpec
+from corral.runtime.process import ProcessRuntime
+
+pytestmark = pytest.mark.process
+
+
+async def test_a_paused_sandbox_stands_still_and_resumes(
+    process_runtime: ProcessRuntime, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    handle = await process_runtime.start(SandboxSpec(id="frozen", memory_mb=128))
+    loop = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; done"
+    spawned = await process_runtime.spawn("frozen", ["sh", "-c", loop])
+    init = int(handle.ref.split()[0].removeprefix("pid="))
+    count = Path(f"/proc/{init}/root/tmp/count")
+
+    def read() -> int:
+        try:
+            return int(count.read_text() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    async def counting() -> bool:
+        first = read()
+        await asyncio.sleep(0.05)
+        return read() > first > 0
+
+    assert await eventually(counting)
+    await process_runtime.pause("frozen")
+    assert process_runtime.paused("frozen")
+    stood = read()
+    await asyncio.sleep(0.3)
+    assert read() == stood  # frozen: not one more iteration
+    with pytest.raises(SandboxPaused):
+        await process_runtime.exec("frozen", ["true"])
+    await process_runtime.resume("frozen")
+    assert not process_runtime.paused("frozen")
+
+    async def moved_on() -> bool:
+        return read() > stood
+
+    assert await eventually(moved_on)
+    await process_runtime.pause("frozen")
+    await process_runtime.stop("frozen")  # a paused sandbox stops at once, leaving nothing behind
+    assert await spawned.wait() == 128 + 9
