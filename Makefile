@@ -4,12 +4,12 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck pytest bench bench-deps sim-report system-deps clean
+.PHONY: serve test lint typecheck pytest fuzz bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[server,sim,dev]'
 	touch $(STAMP)
 
 # Debian packages, each installed only when missing: $(call apt,PACKAGES,WHY).
@@ -43,6 +43,11 @@ pytest: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
 test: lint typecheck pytest
+
+# The OpenAPI fuzz of the suite, with many more cases per operation (FUZZ_EXAMPLES). Not part of `make test`.
+FUZZ_EXAMPLES ?= 500
+fuzz: $(STAMP)
+	CORRAL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -o timeout=3600 tests/control/test_openapi_fuzz.py
 
 # Every benchmark in bench/, then docs/benchmarks.md from their JSON lines. Not part of `make test`.
 bench: $(STAMP) system-deps bench-deps

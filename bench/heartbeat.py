@@ -28,11 +28,12 @@ from seed import record_running  # bench/ is the script's directory
 
 from corral.agent.agent import Agent
 from corral.agent.protocol import Heartbeat
+from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.create import new_sandbox_id
 from corral.control.plane import ControlPlane
-from corral.core import AdmissionMode, AdmissionPolicy, SystemClock
+from corral.core import AdmissionMode, AdmissionPolicy
 from corral.runtime.base import SandboxSpec
 from corral.runtime.sim import SimRuntime
 from corral.store import open_store

@@ -4,6 +4,7 @@ registers them."""
 from __future__ import annotations
 
 import enum
+import importlib.util
 import os
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +12,6 @@ from typing import Annotated
 import typer
 
 from corral import __version__
-from corral.agent.cli import agent_command, host_memory_mb
 from corral.client.cli import (
     burst_command,
     exec_command,
@@ -24,11 +24,45 @@ from corral.client.cli import (
 )
 from corral.client.pools_cli import pools_app
 from corral.core import AdmissionMode
-from corral.sim.cli import sim_app
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets."
 )
+
+# `pip install corral` is the SDK and the client commands; these extras bring the rest.
+EXTRAS = {
+    "server": ("fastapi", "uvicorn", "psycopg", "psycopg_pool", "prometheus_client"),
+    "sim": ("matplotlib",),
+}
+
+
+def missing_module(extra: str) -> str | None:
+    """The first module of an extra that is not installed, if any."""
+    return next((m for m in EXTRAS[extra] if importlib.util.find_spec(m) is None), None)
+
+
+def require_extra(extra: str, command: str) -> None:
+    module = missing_module(extra)
+    if module is not None:
+        typer.echo(
+            f"corral {command} needs the {extra} extra ({module} is not installed): "
+            f"pip install 'corral[{extra}]'",
+            err=True,
+        )
+        raise typer.Exit(2)
+
+
+def _needs_extra(extra: str, command: str) -> None:
+    """Register ``command`` as a stub that explains which extra to install."""
+
+    @app.command(
+        command,
+        help=f"(needs `pip install 'corral[{extra}]'`)",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )
+    def stub(ctx: typer.Context) -> None:
+        require_extra(extra, command)
 
 
 @app.callback()
@@ -114,6 +148,8 @@ def serve(
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
+    require_extra("server", "serve")
+    from corral.agent.cli import host_memory_mb
     from corral.api.server import BadToken, ServeOptions, run
     from corral.api.server import serve as serve_
     from corral.control.localfleet import process_runtime_available
@@ -173,6 +209,7 @@ def api(
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP once enrolled
     (`corral hosts token ID`)."""
+    require_extra("server", "api")
     from corral.api.server import ApiOptions, BadToken, run
     from corral.api.server import api as api_
     from corral.store import TokenRevoked
@@ -197,7 +234,12 @@ def api(
         raise typer.BadParameter(str(e), param_hint="CORRAL_TOKEN") from None
 
 
-app.command("agent")(agent_command)
+if missing_module("server") is None:
+    from corral.agent.cli import agent_command
+
+    app.command("agent")(agent_command)
+else:
+    _needs_extra("server", "agent")
 app.command("burst")(burst_command)
 app.command("ps")(ps_command)
 app.command("hosts")(hosts_command)
@@ -206,7 +248,12 @@ app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_
 app.command("kill")(kill_command)
 app.command("explain")(explain_command)
 app.command("top")(top_command)
-app.add_typer(sim_app, name="sim")
+if missing_module("sim") is None:
+    from corral.sim.cli import sim_app
+
+    app.add_typer(sim_app, name="sim")
+else:
+    _needs_extra("sim", "sim")
 app.add_typer(pools_app, name="pools")
 
 

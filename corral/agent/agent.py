@@ -1,6 +1,6 @@
 """The host agent: a runtime behind a local admission gate, a starts limiter and a pressure gate, publishing
 what the host can still admit. The last line of defence, and the only one that still works when the
-scheduler is the problem (seed 000, "Fix 4").
+scheduler is the problem (a burst every replica sent to the same host, a retry storm, a buggy client).
 
 The gate's arithmetic is the core's (:func:`corral.core.admission.admittable_mb` and ``fits``); the number
 the agent publishes is the same function's result, so the scheduler reads a verdict instead of re-deriving
@@ -39,6 +39,7 @@ from corral.agent.protocol import (
     WarmTarget,
 )
 from corral.agent.warm import WarmBook
+from corral.clock import SystemClock
 from corral.core.admission import (
     DEFAULT_POLICY,
     AdmissionBook,
@@ -47,7 +48,7 @@ from corral.core.admission import (
     fits,
     request_charge_mb,
 )
-from corral.core.clock import Clock, SystemClock
+from corral.core.clock import Clock
 from corral.core.pressure import PressureGate
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage

@@ -20,8 +20,8 @@ from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.http import create_app
 from corral.agent.pressure import PressureSignal, host_signal
 from corral.aio import loop_factory
+from corral.clock import SystemClock
 from corral.core.admission import AdmissionPolicy
-from corral.core.clock import SystemClock
 from corral.core.types import AdmissionMode
 from corral.runtime.base import Runtime
 

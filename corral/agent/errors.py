@@ -10,26 +10,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from corral.codes import ErrorCode
+
 
 class Code:
     """Stable machine-readable codes. Retryable ones go with HTTP 503 and a Retry-After."""
 
-    STARTS_SATURATED = "host_starts_saturated"
-    MEMORY_PRESSURE = "host_memory_pressure"
-    DOES_NOT_FIT = "host_does_not_fit"
-    START_FAILED = "start_failed"
-    SANDBOX_STARTING = "sandbox_starting"
-    SANDBOX_EXISTS = "sandbox_exists"
-    SANDBOX_PAUSED = "sandbox_paused"
-    NOT_PAUSED = "sandbox_not_paused"
-    NOT_FOUND = "not_found"
-    INVALID = "invalid_request"
-    TEMPLATE_MISSING = "template_missing"
-    UNAUTHORIZED = "unauthorized"
-    RUNTIME_FAILED = "runtime_failed"
-    UNAVAILABLE = "agent_unavailable"
-    INTERNAL = "internal"
-    WARM_EMPTY = "warm_empty"
+    STARTS_SATURATED = ErrorCode.HOST_STARTS_SATURATED
+    MEMORY_PRESSURE = ErrorCode.HOST_MEMORY_PRESSURE
+    DOES_NOT_FIT = ErrorCode.HOST_DOES_NOT_FIT
+    START_FAILED = ErrorCode.START_FAILED
+    SANDBOX_STARTING = ErrorCode.SANDBOX_STARTING
+    SANDBOX_EXISTS = ErrorCode.SANDBOX_EXISTS
+    SANDBOX_PAUSED = ErrorCode.SANDBOX_PAUSED
+    NOT_PAUSED = ErrorCode.SANDBOX_NOT_PAUSED
+    NOT_FOUND = ErrorCode.NOT_FOUND
+    INVALID = ErrorCode.INVALID_REQUEST
+    TEMPLATE_MISSING = ErrorCode.TEMPLATE_MISSING
+    UNAUTHORIZED = ErrorCode.UNAUTHORIZED
+    RUNTIME_FAILED = ErrorCode.RUNTIME_FAILED
+    UNAVAILABLE = ErrorCode.AGENT_UNAVAILABLE
+    INTERNAL = ErrorCode.INTERNAL
+    WARM_EMPTY = ErrorCode.WARM_EMPTY
 
 
 class AgentError(Exception):
@@ -53,7 +55,7 @@ class AgentError(Exception):
         super().__init__(f"{self.code}: {self.message}")
 
     def body(self) -> dict[str, Any]:
-        """The DESIGN.md error body."""
+        """The error body every corral API answers with."""
         return {
             "error": {
                 "code": self.code,

@@ -2,7 +2,7 @@
 
 Every route but ``/healthz`` needs ``Authorization: Bearer <host key>``: the key enrolment gave this
 host, which only the control plane holds (compared in constant time). Every error has the
-DESIGN.md body ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
+one body shape of corral's APIs, ``{"error": {"code", "message", "retry_after_s", "details"}}``; retryable refusals are
 503 with a ``Retry-After`` header; bad input is 422 naming the field.
 """
 
@@ -26,6 +26,7 @@ from corral.agent.envd import ENVD_PREFIX, Envd
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
 from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.codes import ErrorCode
 
 log = logging.getLogger("corral.agent.http")
 
@@ -92,7 +93,9 @@ def create_app(agent: Agent, token: str) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: Code.NOT_FOUND, 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: Code.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+            exc.status_code, ErrorCode.HTTP_ERROR
+        )
         err = AgentError(code, str(exc.detail))
         err.status = exc.status_code
         return error_response(err)

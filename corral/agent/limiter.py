@@ -1,4 +1,4 @@
-"""The starts limiter (seed 000, "Fix 4"): at most ``limit`` starts in flight; a start that cannot get a
+"""The starts limiter, a per-host circuit breaker against a herd of starts: at most ``limit`` starts in flight; a start that cannot get a
 slot within ``wait_s`` is refused, fast and retryably.
 
 It is a circuit breaker, not a queue: queueing here would only move the pile-up from the host's CPU to

@@ -56,5 +56,6 @@ def create_app(
     e2b.install(app, plane)
     app.include_router(dashboard.router)
     app.state.dashboard_key = dashboard.session_key(admin_token)
+    errors.document_errors(app)
     app.add_middleware(RequestLog, replica=plane.config.replica_id)
     return app

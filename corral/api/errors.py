@@ -1,5 +1,7 @@
-"""Every error leaves the API in DESIGN.md's one body shape, with a stable code; every 503 carries
-Retry-After. No input produces a 500: validation, store and agent failures all have their own code."""
+"""Every error leaves the API in one body shape, ``{"error": {"code", "message", "retry_after_s",
+"details"}}``, with a stable code a client can branch on; every 503 carries Retry-After. No input
+produces a 500: validation, store and agent failures all have their own code. The OpenAPI description
+declares that shape for every error response."""
 
 from __future__ import annotations
 
@@ -10,23 +12,65 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from corral.agent.errors import AgentError
-from corral.control.errors import ControlError, PayloadTooLarge
+from corral.codes import ErrorCode, status_of
+from corral.control.errors import ControlError
 from corral.store import InvalidRecord, StoreError, StoreUnavailable
-from corral.store import NotFound as StoreNotFound
 
 log = logging.getLogger("corral.api")
 
 _HTTP_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    401: "unauthorized",
-    403: "forbidden",
-    PayloadTooLarge.status: PayloadTooLarge.code,
+    c.status: c
+    for c in (
+        ErrorCode.NOT_FOUND,
+        ErrorCode.METHOD_NOT_ALLOWED,
+        ErrorCode.UNAUTHORIZED,
+        ErrorCode.FORBIDDEN,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+    )
 }
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    retry_after_s: int | None
+    details: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def document_errors(app: FastAPI) -> None:
+    """Describe every error response as ``ErrorBody`` in the app's OpenAPI, in place of FastAPI's own
+    validation-error shape, which this API never sends."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            body = TypeAdapter(ErrorBody).json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(body.pop("$defs", {}))
+            components["ErrorBody"] = body
+            for name in ("HTTPValidationError", "ValidationError"):
+                components.pop(name, None)
+            error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    responses = operation.setdefault("responses", {})
+                    if "422" in responses:
+                        responses["422"] = {"description": "Invalid request", "content": error}
+                    responses["default"] = {"description": "An error", "content": error}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def error_response(
@@ -60,7 +104,7 @@ def invalid_request(errors: Sequence[Any]) -> JSONResponse:
     field = _field(tuple(first.get("loc", ())))
     return error_response(
         422,
-        "invalid_request",
+        ErrorCode.INVALID_REQUEST,
         f"{field}: {first.get('msg', 'invalid')}",
         details={
             "field": field,
@@ -84,10 +128,13 @@ def response_for(exc: Exception, store_unavailable_retry: Any) -> JSONResponse:
         return error_response(err.status, err.code, err.message, retry_after_s=err.retry_after_s)
     if isinstance(exc, InvalidRecord):
         return error_response(
-            422, "invalid_request", str(exc), details={"field": "cursor" if "cursor" in str(exc) else "body"}
+            422,
+            ErrorCode.INVALID_REQUEST,
+            str(exc),
+            details={"field": "cursor" if "cursor" in str(exc) else "body"},
         )
     if isinstance(exc, StoreError):
-        return error_response(404 if isinstance(exc, StoreNotFound) else 409, exc.code, str(exc))
+        return error_response(status_of(exc.code, 409), exc.code, str(exc))
     if isinstance(exc, AgentError):
         status = 503 if exc.retryable else 502
         return error_response(
@@ -95,10 +142,10 @@ def response_for(exc: Exception, store_unavailable_retry: Any) -> JSONResponse:
         )
     if isinstance(exc, StarletteHTTPException):
         return error_response(
-            exc.status_code, _HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail)
+            exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.HTTP_ERROR), str(exc.detail)
         )
     log.exception("unexpected error", exc_info=exc)
-    return error_response(500, "internal", "internal error")
+    return error_response(500, ErrorCode.INTERNAL, "internal error")
 
 
 def install(app: FastAPI, store_unavailable_retry: Any) -> None:

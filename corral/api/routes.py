@@ -235,6 +235,6 @@ async def readyz(plane: Plane) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)
 async def metrics(plane: Plane) -> PlainTextResponse:
     return PlainTextResponse(generate_latest(plane.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -8,9 +8,11 @@ from typing import Any
 
 import httpx
 
+from corral.codes import RETRYABLE, ErrorCode
+
 # Codes the server uses for "not now": the fleet (or its state of record) cannot take the create at
 # this instant. The SDK retries these; everything else is a verdict about the request itself.
-RETRYABLE_CODES = frozenset({"no_capacity", "no_healthy_hosts", "store_unavailable"})
+RETRYABLE_CODES = RETRYABLE
 # Gateway failures in front of the server say nothing about the request either.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
@@ -18,7 +20,7 @@ RETRYABLE_STATUSES = frozenset({502, 503, 504})
 class CorralError(Exception):
     """Base of every error the SDK raises. ``code`` is stable and machine-readable."""
 
-    code: str = "error"
+    code: str = ErrorCode.ERROR
 
     def __init__(
         self,
@@ -54,55 +56,55 @@ class CorralError(Exception):
 class Unauthorized(CorralError):
     """401: the token is missing or unknown."""
 
-    code = "unauthorized"
+    code = ErrorCode.UNAUTHORIZED
 
 
 class Forbidden(CorralError):
     """403: the token is valid but may not do this (e.g. admin routes)."""
 
-    code = "forbidden"
+    code = ErrorCode.FORBIDDEN
 
 
 class NotFound(CorralError):
     """404: no such sandbox for this tenant (another tenant's sandbox also answers 404)."""
 
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class NameConflict(CorralError):
     """409: a live sandbox already has this name."""
 
-    code = "name_conflict"
+    code = ErrorCode.NAME_CONFLICT
 
 
 class SandboxOrphaned(CorralError):
     """410: the sandbox's host died and it had no recreate policy; it answers again if the host returns."""
 
-    code = "sandbox_orphaned"
+    code = ErrorCode.SANDBOX_ORPHANED
 
 
 class Misdirected(CorralError):
     """421: a forwarded request reached a non-owner twice."""
 
-    code = "misdirected"
+    code = ErrorCode.MISDIRECTED
 
 
 class HostBusy(CorralError):
     """409: a host cannot be forgotten while live sandboxes are on it."""
 
-    code = "host_has_sandboxes"
+    code = ErrorCode.HOST_HAS_SANDBOXES
 
 
 class PayloadTooLarge(CorralError):
     """413: the request's body is over the route's cap."""
 
-    code = "payload_too_large"
+    code = ErrorCode.PAYLOAD_TOO_LARGE
 
 
 class InvalidRequest(CorralError):
     """422: the request is wrong; ``field`` names the offending field when the server said which."""
 
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
     @property
     def field(self) -> str | None:
@@ -119,13 +121,13 @@ class OverQuota(CorralError):
     """429 ``tenant_over_quota``: the tenant's own limit. Permanent for this call: retrying will not help
     until the tenant frees something or its quota is raised."""
 
-    code = "tenant_over_quota"
+    code = ErrorCode.TENANT_OVER_QUOTA
 
 
 class Unreachable(CorralError):
     """The server could not be reached at all (connection refused, DNS, timeout, broken response)."""
 
-    code = "unreachable"
+    code = ErrorCode.UNREACHABLE
 
     @classmethod
     def from_transport(cls, exc: httpx.TransportError, url: str | None = None) -> Unreachable:
@@ -147,7 +149,7 @@ class CapacityUnavailable(CorralError):
     success".
     """
 
-    code = "no_capacity"
+    code = ErrorCode.NO_CAPACITY
 
     def __init__(
         self,
@@ -175,7 +177,7 @@ class CapacityUnavailable(CorralError):
     @property
     def needs_operator(self) -> bool:
         """True when the last refusal said no host is healthy: that pages a human, capacity does not."""
-        return self.code == "no_healthy_hosts"
+        return self.code == ErrorCode.NO_HEALTHY_HOSTS
 
     @property
     def reached_server(self) -> bool:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.client.errors import CorralError
+from corral.codes import ErrorCode
 
 
 class _Wire(BaseModel):
@@ -123,5 +124,5 @@ def parse(model: type[M], data: Any) -> M:
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
         raise CorralError(
             f"unexpected {model.__name__} from server at {where}: {first.get('msg')}",
-            code="bad_response",
+            code=ErrorCode.BAD_RESPONSE,
         ) from exc

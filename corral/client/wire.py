@@ -12,6 +12,7 @@ from urllib.parse import quote
 import httpx
 
 from corral.client.errors import CorralError, InvalidRequest, error_from_response
+from corral.codes import ErrorCode
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 URL_ENV = "CORRAL_URL"
@@ -130,7 +131,8 @@ def body_of(response: httpx.Response) -> Any:
         return response.json()
     except ValueError as exc:
         raise CorralError(
-            f"server answered {response.status_code} with a body that is not JSON", code="bad_response"
+            f"server answered {response.status_code} with a body that is not JSON",
+            code=ErrorCode.BAD_RESPONSE,
         ) from exc
 
 

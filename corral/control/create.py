@@ -1,4 +1,4 @@
-"""The create flow of DESIGN.md, steps 1-8: record (quota, name, idempotency) -> view -> filter, sample,
+"""The create flow, steps 1-8: record (quota, name, idempotency) -> view -> filter, sample,
 score -> durable reserve -> bind on the agent -> confirm -> or refuse honestly.
 
 Every exit path ends what it started: a reservation is cancelled the moment its bind fails, a sandbox
@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
 from corral.agent.errors import AgentError, AgentRefusal
+from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.binding import Binder, as_bad_gateway, elsewhere_reason
 from corral.control.config import ControlConfig
@@ -272,7 +273,7 @@ class CreateFlow:
             # The first call is still placing it: ask again in a moment, and get its outcome.
             raise Unavailable(
                 f"a create with this Idempotency-Key is in progress ({first.id})",
-                code="create_in_progress",
+                code=ErrorCode.CREATE_IN_PROGRESS,
                 retry_after_s=1,
                 details={"sandbox_id": first.id},
             )

@@ -1,14 +1,16 @@
-"""The control plane's answers that are not a sandbox, each with the stable code and HTTP status of
-DESIGN.md's table. The API renders them; nothing else decides a status."""
+"""The control plane's answers that are not a sandbox, each with its stable code and that code's HTTP
+status (both from ``corral.codes``). The API renders them; nothing else decides a status."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from corral.codes import ErrorCode
+
 
 class ControlError(Exception):
-    code = "internal"
+    code: str = ErrorCode.INTERNAL
     status = 500
 
     def __init__(
@@ -31,12 +33,12 @@ class Unavailable(ControlError):
     """503: retry. ``no_capacity``, ``no_healthy_hosts`` or ``store_unavailable``; always with a
     Retry-After estimated from the fleet."""
 
-    code = "no_capacity"
+    code = ErrorCode.NO_CAPACITY
     status = 503
 
 
 class InvalidRequest(ControlError):
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
     status = 422
 
     def __init__(self, field: str, message: str) -> None:
@@ -44,58 +46,58 @@ class InvalidRequest(ControlError):
 
 
 class Unauthorized(ControlError):
-    code = "unauthorized"
+    code = ErrorCode.UNAUTHORIZED
     status = 401
 
 
 class Forbidden(ControlError):
-    code = "forbidden"
+    code = ErrorCode.FORBIDDEN
     status = 403
 
 
 class NotFound(ControlError):
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
     status = 404
 
 
 class Conflict(ControlError):
-    code = "name_conflict"
+    code = ErrorCode.NAME_CONFLICT
     status = 409
 
 
 class HostBusy(ControlError):
     """A host cannot be forgotten while live sandboxes are on it."""
 
-    code = "host_has_sandboxes"
+    code = ErrorCode.HOST_HAS_SANDBOXES
     status = 409
 
 
 class PayloadTooLarge(ControlError):
     """The request's body is over its route's cap; refused before it is read in full."""
 
-    code = "payload_too_large"
+    code = ErrorCode.PAYLOAD_TOO_LARGE
     status = 413
 
 
 class Gone(ControlError):
-    code = "sandbox_orphaned"
+    code = ErrorCode.SANDBOX_ORPHANED
     status = 410
 
 
 class OverQuota(ControlError):
-    code = "tenant_over_quota"
+    code = ErrorCode.TENANT_OVER_QUOTA
     status = 429
 
 
 class BadGateway(ControlError):
     """The sandbox's host answered with an error that is not the caller's fault."""
 
-    code = "agent_error"
+    code = ErrorCode.AGENT_ERROR
     status = 502
 
 
 class NotRunning(ControlError):
     """The sandbox exists but is not in a state that can run a command."""
 
-    code = "sandbox_not_running"
+    code = ErrorCode.SANDBOX_NOT_RUNNING
     status = 409

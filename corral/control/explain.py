@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from corral.codes import ErrorCode
 from corral.control.errors import NotFound
 from corral.core import CreateRequest, Decision, Refusal
 from corral.store import NotFound as StoreNotFound
@@ -138,6 +139,6 @@ async def explained(store: Store, sandbox_id: str, tenant_id: str | None) -> str
     if doc is None:
         raise NotFound(
             f"no placement explanation is kept for {sandbox_id} (placed before explanations were kept)",
-            code="no_placement_record",
+            code=ErrorCode.NO_PLACEMENT_RECORD,
         )
     return _ENCODE(expand(json.loads(doc)))

@@ -1,4 +1,4 @@
-"""What must be visible (DESIGN.md): Prometheus names, base units, one registry per control plane so
+"""What must be visible to an operator: Prometheus names, base units, one registry per control plane so
 several can live in one process (tests, ``corral serve``)."""
 
 from __future__ import annotations

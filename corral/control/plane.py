@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.agent.protocol import HeartbeatReply
+from corral.clock import SystemClock
+from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
@@ -25,7 +27,7 @@ from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.view import ViewCache
-from corral.core import Clock, SystemClock
+from corral.core import Clock
 from corral.store import (
     HeartbeatResult,
     HostBusy,
@@ -177,7 +179,7 @@ class ControlPlane:
 
     async def ready(self) -> None:
         if not self.migrated:
-            raise Unavailable("migrations not applied", code="store_unavailable", retry_after_s=1)
+            raise Unavailable("migrations not applied", code=ErrorCode.STORE_UNAVAILABLE, retry_after_s=1)
         await self.store.ping()
 
     # -- auth --------------------------------------------------------------------------------------
@@ -333,6 +335,6 @@ class ControlPlane:
         self.metrics.refusals.labels("store_unavailable").inc()
         return Unavailable(
             f"the state of record cannot be reached: {exc}",
-            code="store_unavailable",
+            code=ErrorCode.STORE_UNAVAILABLE,
             retry_after_s=self.retry_after.estimate("store_unavailable", None),
         )

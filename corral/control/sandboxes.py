@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, AgentUnavailable
 from corral.agent.protocol import ExecRequest, ExecResponse
+from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway, Gone, InvalidRequest, NotFound, NotRunning, Unavailable
 from corral.control.routes import Route, RouteCache
@@ -85,7 +86,7 @@ class Sandboxes:
             raise NotFound(f"sandbox {sandbox_id} is not running on its host") from e
         except AgentUnavailable as e:
             raise Unavailable(
-                f"host {route.host_id} is unreachable", code="host_unreachable", retry_after_s=2
+                f"host {route.host_id} is unreachable", code=ErrorCode.HOST_UNREACHABLE, retry_after_s=2
             ) from e
         except AgentInvalid as e:
             # The host's runtime refused the input itself (what execve would refuse): the caller's.

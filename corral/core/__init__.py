@@ -14,7 +14,7 @@ from corral.core.admission import (
     request_charge_mb,
     reserve_mb,
 )
-from corral.core.clock import Clock, ManualClock, SystemClock
+from corral.core.clock import Clock, ManualClock
 from corral.core.filters import DEFAULT_FILTERS, Filter, FilterContext, Reason, first_failure
 from corral.core.ledger import Ledger, Reservation
 from corral.core.placement import Decision, Placer, Scheduler
@@ -69,7 +69,6 @@ __all__ = [
     "Scorer",
     "Selector",
     "Strategy",
-    "SystemClock",
     "Timeouts",
     "TouchModel",
     "TouchProfile",

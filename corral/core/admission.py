@@ -1,5 +1,5 @@
 """Admission arithmetic: the one rule that the agent publishes, its gate enforces, the scheduler checks
-and the simulator runs (DESIGN.md, "Admission arithmetic").
+and the simulator runs, so none of them can disagree about whether a sandbox fits.
 
 - committed: configured memory of live sandboxes + pending + request <= total - headroom.
 - working-set: resident memory of live sandboxes + reserve of unmeasured ones + pending + reserve(request)

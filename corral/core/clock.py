@@ -1,24 +1,16 @@
-"""Clocks are injected, never read from a global. ``ManualClock`` is the test double, shipped here."""
+"""Clocks are injected, never read from a global. ``ManualClock`` is the test double, shipped here; the
+real clock (``corral.clock.SystemClock``) lives outside the pure core."""
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 
 class Clock(Protocol):
     def now(self) -> float:
-        """Seconds, monotonic within one process."""
+        """Seconds on a timeline shared by every process that compares the readings (the system clock
+        is wall time, so it is not guaranteed to be monotonic)."""
         ...
-
-
-class SystemClock:
-    """Wall-clock seconds (heartbeats cross processes, so they compare wall time)."""
-
-    __slots__ = ()
-
-    def now(self) -> float:
-        return time.time()
 
 
 class ManualClock:

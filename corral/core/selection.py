@@ -222,7 +222,8 @@ class Naive(Selector):
 @dataclass(frozen=True, slots=True)
 class Jitter(Selector):
     # Multiplicative noise on each score. Small enough to keep the policy, so it rarely breaks a real
-    # gap between hosts: seed 000's point, reproduced rather than hidden.
+    # gap between hosts (free memory differs by hundreds of MB, so scores rarely tie): a weak fix on
+    # its own, reproduced rather than hidden.
     amplitude: float = 0.02
     name: str = "jitter"
 

@@ -79,7 +79,8 @@ class SandboxUsage:
     """One live sandbox as its host accounts for it.
 
     ``resident_mb`` is None until a measurement has seen the sandbox: until then working-set
-    admission charges it the reserve, not zero (the blind window of seed 001).
+    admission charges it the reserve, not zero (between admission and the first measurement the host
+    cannot see what the sandbox uses, and a burst admitted against zero would overfill it).
     """
 
     memory_mb: int

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from corral.codes import ErrorCode
 from corral.core.types import DEFAULT_SANDBOX_PIDS
 from corral.runtime.stream import Spawned
 
@@ -55,14 +56,14 @@ class SandboxNotFound(RuntimeFailure):
 class SandboxPaused(RuntimeFailure):
     """The sandbox is paused: nothing runs in it until it is resumed."""
 
-    code = "sandbox_paused"
+    code = ErrorCode.SANDBOX_PAUSED
 
 
 class InvalidSandbox(RuntimeFailure):
     """The spec or the command cannot be run as given (bad id, too little memory, an environment or
     command execve would refuse). Nothing was created or run. ``field`` names what was wrong."""
 
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
     def __init__(self, message: str, field: str = "body") -> None:
         super().__init__(message)

@@ -34,7 +34,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
-from corral.core.clock import Clock, SystemClock
+from corral.clock import SystemClock
+from corral.codes import ErrorCode
+from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.runtime import bwrap, launcher, procfs
 from corral.runtime.base import (
@@ -72,7 +74,7 @@ _SKELETON_OOM_SCORE_ADJ = -999
 class SandboxExists(RuntimeFailure):
     """A sandbox with this id is already on this host; the existing one is untouched."""
 
-    code = "name_conflict"
+    code = ErrorCode.NAME_CONFLICT
 
 
 def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:

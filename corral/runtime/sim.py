@@ -16,7 +16,8 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from corral.core.clock import Clock, SystemClock
+from corral.clock import SystemClock
+from corral.core.clock import Clock
 from corral.core.settle import DEFAULT_SETTLE_S
 from corral.core.touch import TouchModel, TouchProfile
 from corral.runtime.base import (

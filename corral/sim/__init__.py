@@ -12,27 +12,35 @@ The experiments behind ``corral sim ...`` live in :mod:`corral.sim.experiments`;
 """
 
 from corral.sim.events import EventLoop
-from corral.sim.fleet import Create, Fleet, FleetConfig, Metrics, Outcome, RetryPolicy, SimReplica, Store
-from corral.sim.host import AgentRefusal, HostSpec, SimHost, SimSandbox
+from corral.sim.fleet import (
+    ClientBackoff,
+    Create,
+    Fleet,
+    FleetConfig,
+    HostTable,
+    Metrics,
+    Outcome,
+    SimReplica,
+)
+from corral.sim.host import HostSpec, SimHost, SimSandbox
 from corral.sim.policies import BURST_POLICIES, POLICIES, LedgerScope, Policy, policy
 
 __all__ = [
     "BURST_POLICIES",
     "POLICIES",
-    "AgentRefusal",
+    "ClientBackoff",
     "Create",
     "EventLoop",
     "Fleet",
     "FleetConfig",
     "HostSpec",
+    "HostTable",
     "LedgerScope",
     "Metrics",
     "Outcome",
     "Policy",
-    "RetryPolicy",
     "SimHost",
     "SimReplica",
     "SimSandbox",
-    "Store",
     "policy",
 ]

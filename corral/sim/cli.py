@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 import typer
 from rich.console import Console
 
+from corral.codes import ErrorCode
 from corral.sim import plots, render
 from corral.sim.experiments import (
     BurstScenario,
@@ -50,7 +51,7 @@ PLOT = typer.Option(None, "--plot", help="Write the chart to this PNG file.", di
 def _fail(message: str, as_json: bool) -> None:
     """Bad input: a stable code, a clear message, exit status 2."""
     if as_json:
-        typer.echo(json.dumps({"error": {"code": "invalid_scenario", "message": message}}))
+        typer.echo(json.dumps({"error": {"code": ErrorCode.INVALID_SCENARIO, "message": message}}))
     else:
         typer.echo(f"invalid_scenario: {message}", err=True)
     raise typer.Exit(2)
@@ -120,7 +121,7 @@ def burst(
     as_json: bool = JSON,
     plot: Path | None = PLOT,
 ) -> None:
-    """N concurrent creates against a fleet seen through a seconds-old view (seed 000)."""
+    """N concurrent creates against a fleet seen through a seconds-old view: do they pile onto one host?"""
     _run(
         lambda: BurstScenario(
             hosts=hosts,
@@ -156,7 +157,7 @@ def density(
     as_json: bool = JSON,
     plot: Path | None = PLOT,
 ) -> None:
-    """Idle sandboxes per 32 GiB host under committed vs working-set admission (seed 001)."""
+    """Idle sandboxes per 32 GiB host under committed vs working-set admission, and the OOMs each causes."""
     _run(
         lambda: DensityScenario(
             hosts=hosts,

@@ -1,5 +1,5 @@
 """The simulated fleet: hosts heartbeating into a store, scheduler replicas reading it through their
-own view caches, and the create flow of DESIGN.md run by the core's ``Scheduler`` on a virtual clock.
+own view caches, and corral's create flow run by the core's ``Scheduler`` on a virtual clock.
 
 Create flow, per attempt: the replica reads its cached view (re-read once before refusing: a cached
 absence is not a death), the core scheduler filters, scores, selects and reserves; the agent re-checks
@@ -43,7 +43,7 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class ClientBackoff:
     """The client's half of an honest refusal: full-jitter exponential backoff under a deadline."""
 
     base_s: float = 0.25
@@ -59,7 +59,7 @@ class FleetConfig:
     replicas: int = 1
     view_ttl_s: float = 30.0
     # None: view_ttl_s + 3 heartbeats, so a view cached for its whole TTL does not make healthy hosts
-    # look dead (seed 000 pairs a 30 s cutoff with a 30 s cache; see docs/simulation.md).
+    # look dead (a 30 s cutoff beside a 30 s cache turns a remembered absence into a death).
     stale_after_s: float | None = None
     split: str = "round_robin"  # or "random"
     ledger_ttl_s: float = 120.0
@@ -67,7 +67,7 @@ class FleetConfig:
     lease_s: float | None = 10.0
     touch: TouchModel = field(default_factory=TouchModel)
     bind_attempts: int = 6
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: ClientBackoff = field(default_factory=ClientBackoff)
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.replicas < 1:
@@ -84,7 +84,7 @@ class FleetConfig:
         return self.view_ttl_s + 3 * self.host.heartbeat_s * (1 + self.host.heartbeat_jitter)
 
 
-class Store:
+class HostTable:
     """The state of record's host table: the latest heartbeat of every host."""
 
     def __init__(self) -> None:
@@ -104,7 +104,7 @@ class Store:
 class SimReplica:
     """A scheduler replica: the core ``Scheduler`` behind a view cache with a TTL."""
 
-    def __init__(self, id: str, scheduler: Scheduler, store: Store, view_ttl_s: float) -> None:
+    def __init__(self, id: str, scheduler: Scheduler, store: HostTable, view_ttl_s: float) -> None:
         self.id = id
         self.scheduler = scheduler
         self.store = store
@@ -165,7 +165,7 @@ class Fleet:
             SimHost(f"h{i:0{width}d}", spec, cfg.touch, self.stream(f"host/{i}")) for i in range(cfg.hosts)
         ]
         self.by_id = {h.id: h for h in self.hosts}
-        self.store = Store()
+        self.store = HostTable()
         clock = self.loop.clock
         self.shared_ledger = Ledger(clock, cfg.ledger_ttl_s) if pol.ledger is LedgerScope.SHARED else None
         placer = Placer(selector=pol.selector(), stale_after_s=cfg.stale_after, policy=spec.policy)

@@ -16,6 +16,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from corral.codes import ErrorCode
 from corral.core import (
     DEFAULT_POLICY,
     AdmissionMode,
@@ -31,15 +32,6 @@ from corral.core import (
     fits,
     request_charge_mb,
 )
-
-
-class AgentRefusal:
-    """Why an agent refused a start. Each is retryable on another host; none means the host is dead."""
-
-    STARTS_SATURATED = "host_starts_saturated"
-    DOES_NOT_FIT = "host_does_not_fit"
-    PRESSURE = "host_pressure"
-    UNREACHABLE = "host_unreachable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,13 +187,13 @@ class SimHost:
         """The agent's own checks on a start, cheapest first; None means it will start it."""
         spec = self.spec
         if not self.reachable:
-            return AgentRefusal.UNREACHABLE
+            return ErrorCode.HOST_UNREACHABLE
         if spec.starts_limit is not None and self.starts_in_flight >= spec.starts_limit:
-            return AgentRefusal.STARTS_SATURATED
+            return ErrorCode.HOST_STARTS_SATURATED
         if self.gate is not None and not self.gate.is_open:
-            return AgentRefusal.PRESSURE
+            return ErrorCode.HOST_MEMORY_PRESSURE
         if spec.gate and not fits(self._admittable, 0, req, spec.mode, spec.policy):
-            return AgentRefusal.DOES_NOT_FIT
+            return ErrorCode.HOST_DOES_NOT_FIT
         return None
 
     def admit(self, sandbox_id: int, req: CreateRequest, now: float) -> SimSandbox:

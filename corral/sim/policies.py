@@ -12,12 +12,13 @@ from corral.core import FullScan, Jitter, Naive, PowerOfK, Selector
 
 class LedgerScope(StrEnum):
     NONE = "none"  # no in-flight accounting: the view is all a replica knows
-    REPLICA = "replica"  # one ledger per replica process (seed 000's fix 1)
+    REPLICA = "replica"  # one ledger per replica process: each accounts for its own in-flight creates
     SHARED = "shared"  # one ledger for every replica (the store's reservations table)
 
 
 # The agent-side starts limiter of the corral policy: concurrent starts per host, as in E2B's
-# orchestrator (3) and below seed 000's eight; a refusal is retried on another host at once.
+# orchestrator (3), and well below the eight a snapshot-restoring host can take without thrashing its
+# page cache; a refusal is retried on another host at once.
 CORRAL_STARTS_LIMIT = 4
 
 
@@ -41,7 +42,7 @@ POLICIES: dict[str, Policy] = {
             LedgerScope.NONE,
             False,
             None,
-            "argmax over the cached view, no ledger, agents start whatever they are sent (seed 000's bug)",
+            "argmax over the cached view, no ledger, agents start whatever they are sent (the pile-up)",
         ),
         Policy(
             "jitter",
@@ -49,7 +50,7 @@ POLICIES: dict[str, Policy] = {
             LedgerScope.NONE,
             False,
             None,
-            "argmax over scores perturbed by +/-2%, ties broken at random (seed 000's fix 3)",
+            "argmax over scores perturbed by +/-2%, ties broken at random",
         ),
         Policy(
             "reservations",
@@ -57,7 +58,7 @@ POLICIES: dict[str, Policy] = {
             LedgerScope.REPLICA,
             False,
             None,
-            "argmax minus an in-flight ledger held by each replica process (seed 000's fix 1)",
+            "argmax minus an in-flight ledger held by each replica process",
         ),
         Policy(
             "power_of_2",
@@ -65,7 +66,7 @@ POLICIES: dict[str, Policy] = {
             LedgerScope.NONE,
             False,
             None,
-            "best of two hosts sampled at random, no ledger (seed 000's fix 2)",
+            "best of two hosts sampled at random, no ledger",
         ),
         Policy(
             "shared_ledger",

@@ -1,5 +1,5 @@
 """Readable terminal output for each experiment (rich): a table, and for ``burst`` one bar per host,
-like the histogram seed 000's ``burst.py`` prints."""
+so a pile-up shows as one tall bar beside empty ones."""
 
 from __future__ import annotations
 

@@ -435,9 +435,9 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
         "their 1 GiB reserve (working-set admission) until measured after settling; a reservation is released "
         "when a heartbeat accounting for it has had a view TTL to reach every replica, and otherwise expires "
         "with its owner's lease or its TTL; a host is treated as stale after `view_ttl + 3 heartbeats`, so a "
-        "cached view does not make healthy hosts look dead (seed 000 pairs a 30 s cutoff with a 30 s cache; "
-        "its effect is measured under burst). Only `corral` turns on the agents' own gate "
-        "and starts limiter; the other policies change the scheduler alone, as each fix does in seed 000.",
+        "cached view does not make healthy hosts look dead (a 30 s cutoff beside a 30 s cache turns a "
+        "remembered absence into a death; its effect is measured under burst). Only `corral` turns on the "
+        "agents' own gate and starts limiter; the other policies change the scheduler alone, one fix each.",
         "",
     ]
     path = docs / "simulation.md"

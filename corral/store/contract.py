@@ -1,6 +1,6 @@
 """The store contract: records, errors and the abstract ``Store`` every backend implements.
 
-The store is corral's consistency boundary (DESIGN.md, "Consistency boundary"): name uniqueness,
+The store is corral's consistency boundary: name uniqueness,
 idempotency keys, capacity reservations and ownership changes each go through one transaction here, so
 any number of API replicas can decide at once without double-booking a host. Everything else
 (heartbeat freshness, sampling, metrics) is decided by the caller from what the store returns.
@@ -22,6 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from corral.codes import ErrorCode
 from corral.core.types import DEFAULT_SANDBOX_PIDS, AdmissionMode, HostState, HostView, Pending
 
 # -- errors ----------------------------------------------------------------------------------------
@@ -30,36 +31,36 @@ from corral.core.types import DEFAULT_SANDBOX_PIDS, AdmissionMode, HostState, Ho
 class StoreError(Exception):
     """Base of every error the store raises. ``code`` is stable: the API maps it to a response."""
 
-    code: str = "store_error"
+    code: str = ErrorCode.STORE_ERROR
 
 
 class StoreUnavailable(StoreError):
     """The state of record cannot be reached (refused, timed out, server gone). Retryable: the
     backend reconnects by itself when the server is back."""
 
-    code = "store_unavailable"
+    code = ErrorCode.STORE_UNAVAILABLE
 
 
 class NotFound(StoreError):
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class NameConflict(StoreError):
     """A name already taken in its scope (a live sandbox name in its tenant; a tenant or template)."""
 
-    code = "name_conflict"
+    code = ErrorCode.NAME_CONFLICT
 
 
 class IdempotencyMismatch(StoreError):
     """The same idempotency key was sent again with a different request body."""
 
-    code = "idempotency_key_reused"
+    code = ErrorCode.IDEMPOTENCY_KEY_REUSED
 
 
 class OverQuota(StoreError):
     """The tenant's own limit. ``limit`` names which: ``max_sandboxes`` or ``max_memory_mb``."""
 
-    code = "tenant_over_quota"
+    code = ErrorCode.TENANT_OVER_QUOTA
 
     def __init__(self, limit: str, allowed: int, used: int, requested: int) -> None:
         self.limit = limit
@@ -72,7 +73,7 @@ class OverQuota(StoreError):
 class StateConflict(StoreError):
     """A compare-and-set lost: the sandbox is no longer in the expected state (or version)."""
 
-    code = "state_conflict"
+    code = ErrorCode.STATE_CONFLICT
 
     def __init__(self, sandbox_id: str, current: SandboxState, version: int) -> None:
         self.sandbox_id = sandbox_id
@@ -84,26 +85,28 @@ class StateConflict(StoreError):
 class HostBusy(StoreError):
     """A host cannot be forgotten while sandboxes are live on it."""
 
-    code = "host_has_sandboxes"
+    code = ErrorCode.HOST_HAS_SANDBOXES
 
 
 class TokenRevoked(StoreError):
     """A configured token that was revoked: it is never adopted again."""
 
-    code = "token_revoked"
+    code = ErrorCode.TOKEN_REVOKED
 
 
 class InvalidRecord(StoreError, ValueError):
     """Input the store refuses before touching anything (negative memory, unknown state, ...)."""
 
-    code = "invalid_request"
+    code = ErrorCode.INVALID_REQUEST
 
 
 # -- enums -----------------------------------------------------------------------------------------
 
 
 class SandboxState(enum.StrEnum):
-    """DESIGN.md, "Sandbox states"."""
+    """``reserved -> starting -> running -> stopped | deleted``; ``waiting_capacity`` for work parked
+    after a transient refusal (never ``failed`` for a 503); ``orphaned`` when its host died (410 until
+    the host returns and reclaims it, or an operator deletes it); ``failed`` for permanent errors."""
 
     RESERVED = "reserved"
     STARTING = "starting"

@@ -25,7 +25,8 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from corral.core.clock import Clock, SystemClock
+from corral.clock import SystemClock
+from corral.core.clock import Clock
 from corral.core.scoring import ScoreWeights
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, Pending
 from corral.ids import random_hex

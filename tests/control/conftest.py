@@ -3,10 +3,12 @@ ASGI app reached through httpx's ASGI transport (no sockets, no patching)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -86,12 +88,49 @@ async def make_cluster(
     return Cluster(plane, fleet, clock, http)
 
 
+async def close_cluster(c: Cluster) -> None:
+    await c.http.aclose()
+    await c.plane.stop()
+    await c.plane.store.close()
+
+
+Send = Callable[[dict[str, Any]], httpx.Response]
+
+
+def run_beside_cluster(
+    tmp_path: Path,
+    body: Callable[[Cluster, Send], None],
+    setup: Callable[[Cluster], Awaitable[None]] | None = None,
+    **cluster_args: Any,
+) -> None:
+    """A cluster on an event loop of its own, and the synchronous ``body`` (a hypothesis test) run in a
+    worker thread beside it, sending ``httpx`` request arguments through ``send``."""
+
+    async def scenario() -> None:
+        c = await make_cluster(tmp_path, **cluster_args)
+        loop = asyncio.get_running_loop()
+
+        def send(request: dict[str, Any]) -> httpx.Response:
+            return asyncio.run_coroutine_threadsafe(c.http.request(**request), loop).result(30)
+
+        try:
+            if setup is not None:
+                await setup(c)
+            await asyncio.to_thread(body, c, send)
+        finally:
+            await close_cluster(c)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     c = await make_cluster(tmp_path)
     try:
         yield c
     finally:
-        await c.http.aclose()
-        await c.plane.stop()
-        await c.plane.store.close()
+        await close_cluster(c)

@@ -3,8 +3,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from corral.codes import ErrorCode
 from corral.core import AdmissionMode, CreateRequest, TouchModel, admittable_mb, reserve_mb
-from corral.sim.host import AgentRefusal, HostSpec, SimHost
+from corral.sim.host import HostSpec, SimHost
 
 
 def make_host(**spec: object) -> SimHost:
@@ -52,7 +53,7 @@ def test_the_starts_limiter_refuses_then_reopens_when_a_start_completes() -> Non
     host = make_host(starts_limit=2)
     a = host.admit(1, REQ, 0.0)
     host.admit(2, REQ, 0.0)
-    assert host.refusal(REQ) == AgentRefusal.STARTS_SATURATED
+    assert host.refusal(REQ) == ErrorCode.HOST_STARTS_SATURATED
     host.started(a)
     assert host.refusal(REQ) is None
 
@@ -62,7 +63,7 @@ def test_the_gate_refuses_what_does_not_fit_and_no_gate_admits_anything() -> Non
     for i in range(7):
         assert gated.refusal(REQ) is None
         gated.admit(i, REQ, 0.0)
-    assert gated.refusal(REQ) == AgentRefusal.DOES_NOT_FIT
+    assert gated.refusal(REQ) == ErrorCode.HOST_DOES_NOT_FIT
     open_host = make_host(mode=AdmissionMode.COMMITTED, gate=False)
     for i in range(20):
         open_host.admit(i, REQ, 0.0)
@@ -82,7 +83,7 @@ def test_the_pressure_gate_closes_intake_with_hysteresis() -> None:
     host = make_host(memory_mb=10000, pressure=(0.9, 0.8))
     host.preload(1, 9500, 9500, 1.0, 0.0)
     host.memory_tick(0.0)
-    assert host.refusal(CreateRequest(memory_mb=100)) == AgentRefusal.PRESSURE
+    assert host.refusal(CreateRequest(memory_mb=100)) == ErrorCode.HOST_MEMORY_PRESSURE
     host.remove(1)
     host.memory_tick(1.0)
     assert host.refusal(CreateRequest(memory_mb=100)) is None
@@ -91,4 +92,4 @@ def test_the_pressure_gate_closes_intake_with_hysteresis() -> None:
 def test_an_unreachable_host_refuses_as_unreachable() -> None:
     host = make_host()
     host.reachable = False
-    assert host.refusal(REQ) == AgentRefusal.UNREACHABLE
+    assert host.refusal(REQ) == ErrorCode.HOST_UNREACHABLE

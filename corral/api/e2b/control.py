@@ -24,6 +24,7 @@ from corral.api.auth import owner, scope
 from corral.api.e2b.access import access_token
 from corral.api.hot import spec_of
 from corral.api.schemas import SandboxSpecBody
+from corral.codes import ErrorCode
 from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from corral.control.plane import ControlPlane
 from corral.store import Principal, Role, SandboxRecord, SandboxState
@@ -192,7 +193,7 @@ async def set_timeout(sandbox_id: str, request: Request, body: Timeout) -> Respo
 
 async def _agent_op(plane: ControlPlane, record: SandboxRecord, op: str) -> None:
     if record.state is not SandboxState.RUNNING or record.host_id is None:
-        raise Conflict(f"sandbox {record.id} is {record.state.value}", code="sandbox_not_running")
+        raise Conflict(f"sandbox {record.id} is {record.state.value}", code=ErrorCode.SANDBOX_NOT_RUNNING)
     client = await agent_of(plane, record.host_id)
     try:
         await (client.pause(record.id) if op == "pause" else client.resume(record.id))

@@ -1,4 +1,5 @@
-"""``burst``: N concurrent creates against a fleet whose view is seconds old (seed 000's incident).
+"""``burst``: N concurrent creates against a fleet whose view is seconds old: every replica scores the same
+stale numbers, so without a fix they all pick the same host.
 
 Hosts start with free memory a few hundred MB apart, as in a real fleet, so scores strictly order and
 a deterministic scorer has a single winner. The burst arrives within ``window_s``, far inside one
@@ -44,7 +45,7 @@ class BurstScenario:
     # Shared-ledger reservations of a dead replica end with its lease, or at the TTL (last resort).
     lease_s: float | None = 10.0
     ledger_ttl_s: float = 120.0
-    # None: view_ttl_s + 3 heartbeats (see FleetConfig); seed 000 uses 30 s.
+    # None: view_ttl_s + 3 heartbeats (see FleetConfig); a common production cutoff is 30 s.
     stale_after_s: float | None = None
 
     def __post_init__(self) -> None:

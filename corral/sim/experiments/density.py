@@ -1,5 +1,6 @@
 """``density``: how many idle sandboxes fit per host under committed vs working-set admission, and how
-many OOM events each causes (seed 001's "seven 4 GiB sandboxes on a 32 GiB host").
+many OOM events each causes (committed admission stops a 32 GiB host at about seven 4 GiB sandboxes that
+have touched a fraction of their memory).
 
 The same offered load (a Poisson stream of long-lived creates, more than the fleet can hold) runs once
 per admission mode; sandboxes touch about 300 MB of their 4 GiB, growing toward it over a few seconds.
@@ -11,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from corral.core import AdmissionMode, CreateRequest, TouchModel
-from corral.sim.fleet import Fleet, FleetConfig, RetryPolicy
+from corral.sim.fleet import ClientBackoff, Fleet, FleetConfig
 from corral.sim.host import HostSpec
 from corral.sim.policies import policy as policy_named
 
@@ -111,7 +112,7 @@ def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult
             host=spec,
             view_ttl_s=scn.view_ttl_s,
             touch=touch,
-            retry=RetryPolicy(deadline_s=scn.retry_deadline_s),
+            retry=ClientBackoff(deadline_s=scn.retry_deadline_s),
         ),
         seed,
     )

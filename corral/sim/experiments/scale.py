@@ -1,5 +1,5 @@
 """``scale``: the fullest of n hosts after n creates, for random choice, power-of-2 and a full scan
-(the balls-and-bins result seed 000 cites: ln n / ln ln n for one random choice, ln ln n / ln 2 + O(1)
+(the balls-and-bins result: ln n / ln ln n for one random choice, ln ln n / ln 2 + O(1)
 for the better of two).
 
 Information is perfectly fresh here: one shared ledger holds every placement, so each decision sees all

@@ -1,0 +1,92 @@
+"""Every error code corral speaks, declared once with its HTTP status and whether it is retryable.
+
+The API, the host agent, the store, the runtimes, the SDK and the simulator import these instead of
+writing the strings. A code is a ``str`` (a ``StrEnum``), so it goes on the wire and into JSON as itself.
+
+``retryable`` means the same request may succeed later unchanged: "not now", never "not this". Every
+retryable answer is a 503 with Retry-After. ``status`` is None for the codes the SDK makes up itself
+when no usable answer came back (the request may or may not have reached the server).
+
+Standard library only: the SDK imports this module without any server dependency.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    status: int | None
+    retryable: bool
+
+    def __new__(cls, value: str, status: int | None, retryable: bool = False) -> ErrorCode:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status = status
+        member.retryable = retryable
+        return member
+
+    # -- the fleet cannot take it now (the SDK backs off and retries under one Idempotency-Key) -------
+    NO_CAPACITY = "no_capacity", 503, True
+    NO_HEALTHY_HOSTS = "no_healthy_hosts", 503, True
+    STORE_UNAVAILABLE = "store_unavailable", 503, True
+    CREATE_IN_PROGRESS = "create_in_progress", 503, True
+    HOST_UNREACHABLE = "host_unreachable", 503, True
+
+    # -- a verdict about the request --------------------------------------------------------------------
+    INVALID_REQUEST = "invalid_request", 422
+    UNAUTHORIZED = "unauthorized", 401
+    FORBIDDEN = "forbidden", 403
+    NOT_FOUND = "not_found", 404
+    NO_PLACEMENT_RECORD = "no_placement_record", 404
+    METHOD_NOT_ALLOWED = "method_not_allowed", 405
+    NAME_CONFLICT = "name_conflict", 409
+    HOST_HAS_SANDBOXES = "host_has_sandboxes", 409
+    SANDBOX_NOT_RUNNING = "sandbox_not_running", 409
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused", 409
+    STATE_CONFLICT = "state_conflict", 409
+    TOKEN_REVOKED = "token_revoked", 409
+    STORE_ERROR = "store_error", 409
+    SANDBOX_ORPHANED = "sandbox_orphaned", 410
+    PAYLOAD_TOO_LARGE = "payload_too_large", 413
+    MISDIRECTED = "misdirected", 421
+    TENANT_OVER_QUOTA = "tenant_over_quota", 429
+    # Any other HTTP error the framework raises keeps its own status; 400 is the usual one.
+    HTTP_ERROR = "http_error", 400
+
+    # -- the server's own failures ----------------------------------------------------------------------
+    INTERNAL = "internal", 500
+    AGENT_ERROR = "agent_error", 502
+
+    # -- a host agent's answers (to the control plane; the API translates them) ------------------------
+    HOST_STARTS_SATURATED = "host_starts_saturated", 503, True
+    HOST_MEMORY_PRESSURE = "host_memory_pressure", 503, True
+    HOST_DOES_NOT_FIT = "host_does_not_fit", 503, True
+    START_FAILED = "start_failed", 503, True
+    SANDBOX_STARTING = "sandbox_starting", 503, True
+    AGENT_UNAVAILABLE = "agent_unavailable", 503, True
+    SANDBOX_EXISTS = "sandbox_exists", 409
+    SANDBOX_PAUSED = "sandbox_paused", 409
+    SANDBOX_NOT_PAUSED = "sandbox_not_paused", 409
+    WARM_EMPTY = "warm_empty", 409
+    TEMPLATE_MISSING = "template_missing", 422
+    RUNTIME_FAILED = "runtime_failed", 502
+
+    # -- made up by the SDK or a command, with no HTTP answer behind them -------------------------------
+    ERROR = "error", None
+    # The server was not reached, or not completely: only a request that is safe to repeat (a create
+    # under an Idempotency-Key) is retried after it.
+    UNREACHABLE = "unreachable", None
+    BAD_RESPONSE = "bad_response", None
+    INVALID_SCENARIO = "invalid_scenario", None
+
+
+RETRYABLE = frozenset(c for c in ErrorCode if c.retryable)
+
+_BY_VALUE = {c.value: c for c in ErrorCode}
+
+
+def status_of(code: str, default: int) -> int:
+    """The HTTP status a code answers with; ``default`` for an unregistered code or one without."""
+    registered = _BY_VALUE.get(code)
+    return registered.status if registered is not None and registered.status is not None else default

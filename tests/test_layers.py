@@ -1,0 +1,225 @@
+"""The package's layering, read from the source with ``ast`` (nothing is imported), so a violation names
+its file and line.
+
+Layers, lowest first: ``core`` < ``store``, ``runtime``, ``sim`` (and the edge utilities ``clock``,
+``ids``, ``logs``, ``aio``) < ``agent``, ``control`` < ``api`` < ``cli``. A module imports only from its
+own layer or below. ``core`` is pure policy: the standard library's computational modules and itself,
+no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without the server's
+dependencies: it imports nothing of corral but itself and the error codes. ``testing`` helps tests and may use anything
+below ``api``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "corral"
+
+LAYER = {
+    "": 0,  # corral/__init__.py: the version
+    "codes": 0,  # the error codes: the wire's vocabulary, shared with the client
+    "core": 0,
+    "store": 1,
+    "runtime": 1,
+    "sim": 1,
+    "clock": 1,
+    "ids": 1,
+    "logs": 1,
+    "aio": 1,
+    "agent": 2,
+    "control": 2,
+    "testing": 2,
+    "api": 3,
+    "cli": 4,
+    "__main__": 4,
+}
+
+# Standard-library modules that do I/O, read the time, run an event loop or threads, or reach the
+# process's environment: a pure core takes all of these as injected arguments instead.
+CORE_FORBIDDEN_STDLIB = {
+    "asyncio",
+    "time",
+    "datetime",
+    "os",
+    "io",
+    "sys",
+    "socket",
+    "select",
+    "selectors",
+    "subprocess",
+    "threading",
+    "multiprocessing",
+    "concurrent",
+    "signal",
+    "shutil",
+    "tempfile",
+    "pathlib",
+    "glob",
+    "sqlite3",
+    "http",
+    "urllib",
+    "logging",
+    "secrets",
+    "uuid",
+    "ssl",
+    "pickle",
+    "shelve",
+    "ctypes",
+    "fcntl",
+    "mmap",
+    "resource",
+    "platform",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    file: Path
+    line: int
+    module: str  # absolute dotted name
+
+    def where(self) -> str:
+        return f"{self.file.relative_to(ROOT)}:{self.line} imports {self.module}"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[Import]:
+    """Every import statement in a file, relative ones resolved, including those inside functions and
+    ``if TYPE_CHECKING`` blocks (a lazy import still ties the layers together)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Import(path, node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.append(Import(path, node.lineno, module))
+            # `from corral import clock` names a module of corral, not just the package.
+            if module == "corral":
+                found += [
+                    Import(path, node.lineno, f"corral.{a.name}")
+                    for a in node.names
+                    if (ROOT / "corral" / a.name).is_dir() or (ROOT / "corral" / f"{a.name}.py").is_file()
+                ]
+    return found
+
+
+def _part(module: str) -> str:
+    """``corral.store.sql`` -> ``store``; ``corral`` -> ``""``."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def source_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _all_imports() -> list[Import]:
+    return [imp for f in source_files() for imp in imports_of(f)]
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    parts = {_part(_module_name(f)) for f in source_files()}
+    assert parts <= set(LAYER) | {"client"}, f"new part(s) with no layer: {parts - set(LAYER)}"
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    bad = []
+    for imp in _all_imports():
+        if not imp.module.startswith("corral"):
+            continue
+        own, target = _part(_module_name(imp.file)), _part(imp.module)
+        if own == "client" or target in ("", "codes"):
+            continue  # the client's rule is its own test; the root holds only the version
+        if target == "client":
+            if LAYER[own] < LAYER["cli"]:
+                bad.append(f"{imp.where()}: only the command line wires the client in")
+            continue
+        if LAYER[target] > LAYER[own]:
+            bad.append(f"{imp.where()}: {target} is above {own}")
+    assert not bad, "\n".join(bad)
+
+
+def test_core_imports_only_pure_standard_library_and_itself() -> None:
+    bad = []
+    for imp in _all_imports():
+        if _part(_module_name(imp.file)) != "core":
+            continue
+        top = imp.module.split(".")[0]
+        if imp.module == "corral" or imp.module.startswith("corral.core"):
+            continue
+        if top == "corral":
+            bad.append(f"{imp.where()}: core imports only itself")
+        elif top not in sys.stdlib_module_names and top != "__future__":
+            bad.append(f"{imp.where()}: not the standard library")
+        elif top in CORE_FORBIDDEN_STDLIB:
+            bad.append(f"{imp.where()}: I/O, time or concurrency belongs at the edges")
+    assert not bad, "\n".join(bad)
+
+
+def test_core_takes_randomness_injected() -> None:
+    """``random`` is allowed in core only as the type of an injected generator (``random.Random``): a
+    call to the module's shared generator would make a decision unrepeatable."""
+    bad = []
+    for f in source_files():
+        if _part(_module_name(f)) != "core":
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "random":
+                bad += [
+                    f"{f.relative_to(ROOT)}:{node.lineno} from random import {a.name}" for a in node.names
+                ]
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "random"
+                and node.attr != "Random"
+            ):
+                bad.append(f"{f.relative_to(ROOT)}:{node.lineno} uses random.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_client_imports_no_server_code() -> None:
+    bad = [
+        imp.where()
+        for imp in _all_imports()
+        if _part(_module_name(imp.file)) == "client"
+        and imp.module.startswith("corral.")
+        and _part(imp.module) not in ("client", "codes")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_relative_lazy_and_aliased_imports(tmp_path: Path) -> None:
+    """The rules above are only as good as the parser: it must not miss an import written another way."""
+    pkg = tmp_path / "corral" / "core"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "corral" / "api").mkdir()
+    probe = pkg / "probe.py"
+    probe.write_text(
+        "from ..store import sql\ndef f():\n    import time as t\n    from corral import api\n    return t\n"
+    )
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        found = {(i.line, i.module) for i in imports_of(probe)}
+    finally:
+        ROOT = saved
+    assert {(1, "corral.store"), (3, "time"), (4, "corral"), (4, "corral.api")} <= found
