@@ -1,11 +1,12 @@
 """Create throughput and latency through HTTP, side by side with the ceiling: a bare FastAPI endpoint
 on the same uvicorn settings, loaded by the same load generator in the same run. JSON lines.
 
-    .venv/bin/python bench/api.py [--duration 8] [--concurrency 50 200]
+    .venv/bin/python bench/api.py [--duration 8] [--concurrency 50 200] [--fleet 0 20000 100000]
 
 Load comes from wrk (Debian package ``wrk``; a C load generator, so not the bottleneck). corral runs as
-``corral serve --runtime sim --hosts 12`` with hosts large enough that capacity never refuses: this
-measures the create path, not the fleet's size.
+``corral serve --runtime sim --hosts 12`` (through bench/filled_serve.py) with hosts large enough that
+capacity never refuses, and with ``--fleet`` live sandboxes already running and recorded before the
+load starts: the create path's cost as the fleet fills, each level beside the bare endpoint.
 """
 
 from __future__ import annotations
@@ -94,10 +95,67 @@ def wrk(url: str, connections: int, duration: float, script: Path) -> dict[str, 
     }
 
 
+def measure(
+    tmp: Path, here: Path, env: dict[str, str], script: Path, fleet: int, c: int, duration: float
+) -> dict[str, object]:
+    # A fresh server per level, so one level's sandboxes do not slow the next.
+    port, bare_port = free_port(), free_port()
+    db = tmp / f"bench-{fleet}-{c}.db"
+    corral = subprocess.Popen(
+        [
+            sys.executable,
+            str(here / "filled_serve.py"),
+            str(fleet),
+            "--port",
+            str(port),
+            "--hosts",
+            "12",
+            "--store",
+            f"sqlite:///{db}",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    bare = subprocess.Popen(
+        [sys.executable, str(here / "bare_app.py"), str(bare_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", corral, timeout=120 + fleet / 1000)
+        wait_ready(f"http://127.0.0.1:{bare_port}", bare)
+        time.sleep(1.0)
+        ceiling = wrk(f"http://127.0.0.1:{bare_port}/v1/sandboxes", c, duration, script)
+        got = wrk(f"http://127.0.0.1:{port}/v1/sandboxes", c, duration, script)
+    finally:
+        for p in (corral, bare):
+            p.terminate()
+            p.wait(60)
+        for f in tmp.glob(f"{db.name}*"):
+            f.unlink()
+    return {
+        "bench": "api",
+        "target": "corral serve --runtime sim --hosts 12",
+        "live_sandboxes": fleet,
+        "concurrency": c,
+        "per_s": round(got["per_s"], 1),
+        "ceiling_per_s": round(ceiling["per_s"], 1),
+        "ratio": round(got["per_s"] / ceiling["per_s"], 3) if ceiling["per_s"] else None,
+        "p50_ms": got["p50_ms"],
+        "p99_ms": got["p99_ms"],
+        "ceiling_p50_ms": ceiling["p50_ms"],
+        "ceiling_p99_ms": ceiling["p99_ms"],
+        "non_2xx": got["non_2xx"],
+        "requests": got["requests"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[50, 200])
+    parser.add_argument("--fleet", type=int, nargs="+", default=[0, 20_000, 100_000])
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench/api.py needs wrk: apt-get install wrk")
@@ -106,66 +164,9 @@ def main() -> None:
     script.write_text(LUA)
     env = {**os.environ, "CORRAL_TOKEN": TOKEN}
     here = Path(__file__).resolve().parent
-    for c in args.concurrency:
-        # a fresh server per level, so one level's sandboxes do not slow the next
-        port, bare_port = free_port(), free_port()
-        corral = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "corral",
-                "serve",
-                "--runtime",
-                "sim",
-                "--hosts",
-                "12",
-                "--port",
-                str(port),
-                "--host-memory-mb",
-                str(64 * 1024 * 1024),
-                "--host-cpus",
-                "1000000",
-                "--store",
-                f"sqlite:///{tmp}/bench-{c}.db",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        bare = subprocess.Popen(
-            [sys.executable, str(here / "bare_app.py"), str(bare_port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", corral)
-            wait_ready(f"http://127.0.0.1:{bare_port}", bare)
-            time.sleep(1.0)
-            ceiling = wrk(f"http://127.0.0.1:{bare_port}/v1/sandboxes", c, args.duration, script)
-            got = wrk(f"http://127.0.0.1:{port}/v1/sandboxes", c, args.duration, script)
-        finally:
-            for p in (corral, bare):
-                p.terminate()
-                p.wait(30)
-        print(
-            json.dumps(
-                {
-                    "bench": "api",
-                    "target": "corral serve --runtime sim --hosts 12",
-                    "concurrency": c,
-                    "per_s": round(got["per_s"], 1),
-                    "ceiling_per_s": round(ceiling["per_s"], 1),
-                    "ratio": round(got["per_s"] / ceiling["per_s"], 3) if ceiling["per_s"] else None,
-                    "p50_ms": got["p50_ms"],
-                    "p99_ms": got["p99_ms"],
-                    "ceiling_p50_ms": ceiling["p50_ms"],
-                    "ceiling_p99_ms": ceiling["p99_ms"],
-                    "non_2xx": got["non_2xx"],
-                    "requests": got["requests"],
-                }
-            ),
-            flush=True,
-        )
+    for fleet in args.fleet:
+        for c in args.concurrency:
+            print(json.dumps(measure(tmp, here, env, script, fleet, c, args.duration)), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from corral import __version__
 from corral.api import dashboard, e2b, errors, pools
+from corral.api.hot import HotRoutes
 from corral.api.limits import BodyLimit
 from corral.api.requestlog import RequestLog
 from corral.api.routes import router
@@ -23,10 +24,13 @@ def create_app(
     agent_token: str | None = None,
     manage: bool = True,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    hot_routes: bool = True,
 ) -> FastAPI:
     """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
-    the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
-    process (code after ``Server.serve()`` returns may never run)."""
+        the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
+        process (code after ``Server.serve()`` returns may never run). ``hot_routes``: answer the create, get
+    and delete of a sandbox in front of FastAPI (off, the declared routes serve them: the reference the
+    fast layer is tested against)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -45,6 +49,8 @@ def create_app(
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
     app.include_router(pools.router)
+    if hot_routes:
+        app.add_middleware(HotRoutes, plane=plane)
     app.add_middleware(BodyLimit)
     # In front of the body cap: E2B's data plane streams files under caps of its own.
     e2b.install(app, plane)

@@ -33,14 +33,17 @@ async def principal(request: Request, plane: Plane) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-async def user(request: Request) -> Principal:
-    """A tenant or an admin: who may own sandboxes. (One dependency, not a chain: it runs on every
-    request of the hot routes.)"""
-    plane: ControlPlane = request.app.state.plane
+async def authenticated_user(plane: ControlPlane, request: Request) -> Principal:
+    """A tenant or an admin: who may own sandboxes."""
     p = await plane.authenticate(_bearer(request))
     if p.role is Role.AGENT:
         raise Forbidden("agent tokens may only heartbeat")
     return p
+
+
+async def user(request: Request) -> Principal:
+    # One dependency, not a chain.
+    return await authenticated_user(request.app.state.plane, request)
 
 
 async def admin(p: Caller) -> Principal:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -97,62 +98,68 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
-def install(app: FastAPI, store_unavailable_retry: Any) -> None:
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
-        field = _field(tuple(first.get("loc", ())))
-        return error_response(
-            422,
-            ErrorCode.INVALID_REQUEST,
-            f"{field}: {first.get('msg', 'invalid')}",
-            details={
-                "field": field,
-                "errors": [
-                    {"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors[:20]
-                ],
-            },
-        )
+def invalid_request(errors: Sequence[Any]) -> JSONResponse:
+    """422 for a request that failed validation: the first error's field leads, up to 20 listed."""
+    first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+    field = _field(tuple(first.get("loc", ())))
+    return error_response(
+        422,
+        ErrorCode.INVALID_REQUEST,
+        f"{field}: {first.get('msg', 'invalid')}",
+        details={
+            "field": field,
+            "errors": [
+                {"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors[:20]
+            ],
+        },
+    )
 
-    @app.exception_handler(ControlError)
-    async def _control(_: Request, exc: ControlError) -> JSONResponse:
+
+def response_for(exc: Exception, store_unavailable_retry: Any) -> JSONResponse:
+    """The one answer each kind of failure gets, whichever route raised it."""
+    if isinstance(exc, RequestValidationError):
+        return invalid_request(exc.errors())
+    if isinstance(exc, ControlError):
         return error_response(
             exc.status, exc.code, exc.message, retry_after_s=exc.retry_after_s, details=exc.details
         )
-
-    @app.exception_handler(StoreUnavailable)
-    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+    if isinstance(exc, StoreUnavailable):
         err = store_unavailable_retry(exc)
         return error_response(err.status, err.code, err.message, retry_after_s=err.retry_after_s)
-
-    @app.exception_handler(InvalidRecord)
-    async def _invalid_record(_: Request, exc: InvalidRecord) -> JSONResponse:
+    if isinstance(exc, InvalidRecord):
         return error_response(
             422,
             ErrorCode.INVALID_REQUEST,
             str(exc),
             details={"field": "cursor" if "cursor" in str(exc) else "body"},
         )
-
-    @app.exception_handler(StoreError)
-    async def _store(_: Request, exc: StoreError) -> JSONResponse:
+    if isinstance(exc, StoreError):
         return error_response(status_of(exc.code, 409), exc.code, str(exc))
-
-    @app.exception_handler(AgentError)
-    async def _agent(_: Request, exc: AgentError) -> JSONResponse:
+    if isinstance(exc, AgentError):
         status = 503 if exc.retryable else 502
         return error_response(
             status, exc.code, exc.message, retry_after_s=exc.retry_after_s if status == 503 else None
         )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc, StarletteHTTPException):
         return error_response(
             exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.HTTP_ERROR), str(exc.detail)
         )
+    log.exception("unexpected error", exc_info=exc)
+    return error_response(500, ErrorCode.INTERNAL, "internal error")
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return error_response(500, ErrorCode.INTERNAL, "internal error")
+
+def install(app: FastAPI, store_unavailable_retry: Any) -> None:
+    async def handle(_: Request, exc: Exception) -> JSONResponse:
+        return response_for(exc, store_unavailable_retry)
+
+    for kind in (
+        RequestValidationError,
+        ControlError,
+        StoreUnavailable,
+        InvalidRecord,
+        StoreError,
+        AgentError,
+        StarletteHTTPException,
+        Exception,
+    ):
+        app.add_exception_handler(kind, handle)

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from corral.agent.protocol import ID_PATTERN, ExecRequest, HeartbeatReply
 from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.api import hot
 from corral.api.auth import Admin, Agent, Plane, User, owner, scope
 from corral.api.schemas import (
     NAME_PATTERN,
@@ -33,7 +34,6 @@ from corral.api.schemas import (
     iso,
     sandbox_json,
 )
-from corral.control.create import CreateSpec
 from corral.control.errors import InvalidRequest
 from corral.control.explain import explained
 from corral.store import SandboxState, TemplateRecord
@@ -44,32 +44,17 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_lengt
 HostId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 
-def _spec(body: SandboxSpecBody) -> CreateSpec:
-    return CreateSpec(
-        template=body.template,
-        memory_mb=body.memory_mb,
-        cpus=body.cpus,
-        stateful=body.stateful,
-        ttl_seconds=body.ttl_seconds,
-        name=body.name,
-        metadata=body.metadata,
-        env=body.env,
-        secrets=body.secrets,
-        failover=body.failover,
-        wait_s=body.wait_s,
-    )
+# The create, get and delete of one sandbox are answered by corral.api.hot in front of FastAPI; these
+# declarations describe them in /openapi.json and serve them where that layer is not installed.
 
 
 @router.post("/v1/sandboxes", status_code=201, response_model=SandboxOut)
 async def create_sandbox(
     body: SandboxSpecBody, p: User, plane: Plane, response: Response, idempotency_key: IdempotencyKey = None
 ) -> SandboxOut:
-    record, replayed = await plane.creates.create(
-        owner(p, plane), _spec(body), idempotency_key=idempotency_key
-    )
+    record, replayed = await hot.create(plane, p, body, idempotency_key)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    await plane.sandboxes.remember(record)
     return SandboxOut.of(record)
 
 
@@ -77,7 +62,7 @@ async def create_sandbox(
 async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchOut:
     if body.count > plane.config.max_batch:
         raise InvalidRequest("count", f"at most {plane.config.max_batch} per batch")
-    records = await plane.batches.create(owner(p, plane), _spec(body.spec), body.count)
+    records = await plane.batches.create(owner(p, plane), hot.spec_of(body.spec), body.count)
     for r in records:
         await plane.sandboxes.remember(r)
     return BatchOut(sandboxes=[SandboxOut.of(r) for r in records])

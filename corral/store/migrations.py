@@ -201,7 +201,20 @@ _V8 = (
         epoch BIGINT NOT NULL,
         PRIMARY KEY (host_id, sandbox_id)
     )""",
-    "CREATE INDEX sandboxes_state ON sandboxes (state, created_at)",
+)
+
+# Reads by state or by host that page in creation order find their rows through an index instead of
+# scanning (or sorting) every sandbox: the reconciler looks for reserved, orphaned and deleted records
+# every round, and a fleet of 100,000 live sandboxes made each of those lookups a full scan.
+# A host's list of sandbox ids (tens of thousands on a full host) moves to a row of its own: every
+# reservation updates its host's counters, and SQLite rewrites a whole row, list included, on each.
+_V9 = (
+    "CREATE INDEX sandboxes_state_page ON sandboxes (state, created_at, id)",
+    "CREATE INDEX sandboxes_host_page ON sandboxes (host_id, created_at, id)",
+    "DROP INDEX sandboxes_host",
+    "CREATE TABLE host_sandboxes (host_id TEXT PRIMARY KEY, sandbox_ids TEXT NOT NULL)",
+    "INSERT INTO host_sandboxes (host_id, sandbox_ids) SELECT id, sandbox_ids FROM hosts",
+    "ALTER TABLE hosts DROP COLUMN sandbox_ids",
 )
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -213,6 +226,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "placement explanation on the sandbox row", _V6),
     Migration(7, "secrets shared by every replica", _V7),
     Migration(8, "failover policy, epochs, fences, sealed specs", _V8),
+    Migration(9, "sandbox indexes by state and by host; hosts' sandbox lists in their own table", _V9),
 )
 
 LATEST = MIGRATIONS[-1].version

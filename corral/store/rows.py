@@ -40,7 +40,7 @@ def from_millicores(m: int) -> float:
 HOST_COLS = (
     "h.id, h.heartbeat_at, h.cpu_total, h.cpu_used, h.memory_mb_total, h.memory_mb_used, "
     "h.memory_mb_admittable, h.memory_admission, h.templates, h.runtime, h.gpu, h.role, h.state, "
-    "h.stream_restore, h.sandbox_ids, h.seq, h.registered_at, h.address"
+    "h.stream_restore, coalesce(s.sandbox_ids, '[]'), h.seq, h.registered_at, h.address"
 )
 
 # Hosts with their *live* reserved totals: the stored counters also hold reservations that expired but
@@ -53,6 +53,7 @@ LEFT JOIN (
     SELECT host_id, CAST(sum(memory_mb) AS BIGINT) AS mb, CAST(sum(cpu_m) AS BIGINT) AS cpu_m
     FROM reservations WHERE expires_at <= :now {{scope}} GROUP BY host_id
 ) x ON x.host_id = h.id
+LEFT JOIN host_sandboxes s ON s.host_id = h.id
 """
 
 

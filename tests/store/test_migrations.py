@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from corral.core import ManualClock
 from corral.store import InvalidRecord, StoreError, open_store
-from corral.store.migrations import LATEST, MIGRATIONS
+from corral.store.migrations import LATEST, MIGRATIONS, statements
 
 from .test_tenants import raw_rows
 
@@ -107,5 +109,30 @@ async def test_a_closed_store_opens_again_on_use(store_url: str) -> None:
         t = await store.create_tenant("x", max_sandboxes=1, max_memory_mb=1)
         await store.close()
         assert await store.get_tenant(t.id) == t
+    finally:
+        await store.close()
+
+
+async def test_an_upgrade_keeps_each_hosts_sandbox_list(tmp_path: Path) -> None:
+    """A store written before hosts' sandbox lists had their own table still knows what each host runs."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    for m in MIGRATIONS:
+        if m.version >= 9:
+            break
+        for sql in statements(m, "sqlite"):
+            db.execute(sql)
+        db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (m.version,))
+    db.execute(
+        "INSERT INTO hosts (id, registered_at, sandbox_ids) VALUES ('h-old', 0, ?)", ('["sb-a", "sb-b"]',)
+    )
+    db.commit()
+    db.close()
+    store = open_store(f"sqlite:///{path}")
+    try:
+        assert await store.migrate() == LATEST
+        host = await store.get_host("h-old")
+        assert host is not None and host.sandbox_ids == frozenset({"sb-a", "sb-b"})
     finally:
         await store.close()

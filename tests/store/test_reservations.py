@@ -147,6 +147,25 @@ async def test_reserve_best_sees_expired_room(store: Store, clock: ManualClock) 
     assert await store.audit() == []
 
 
+async def test_reserve_best_folds_expired_reservations_only_when_nothing_fits(
+    store: Store, clock: ManualClock
+) -> None:
+    await hosts(store, 2, admittable=1000)
+    old = await store.reserve("h00", memory_mb=600, owner="r", ttl_s=5)
+    assert old is not None
+    clock.advance(5)
+    # Room without the expired one: it stays on the books until something needs its room.
+    first = await store.reserve_best(["h00", "h01"], memory_mb=400, owner="r", ttl_s=5)
+    second = await store.reserve_best(["h00", "h01"], memory_mb=600, owner="r", ttl_s=5)
+    assert first is not None and second is not None and first.host_id == second.host_id == "h01"
+    assert await store.get_reservation(old.id) is not None
+    # Now only the expired room would fit: the reserve ends it and takes the room.
+    third = await store.reserve_best(["h00", "h01"], memory_mb=600, owner="r", ttl_s=5)
+    assert third is not None and third.host_id == old.host_id
+    assert await store.get_reservation(old.id) is None
+    assert await store.audit() == []
+
+
 async def test_batch_is_all_or_nothing(store: Store) -> None:
     await hosts(store, 2, admittable=1000)
     items = [

@@ -22,7 +22,7 @@ from corral.agent.envd import ENVD_VERSION
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.api.auth import owner, scope
 from corral.api.e2b.access import access_token
-from corral.api.routes import _spec
+from corral.api.hot import spec_of
 from corral.api.schemas import SandboxSpecBody
 from corral.codes import ErrorCode
 from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound
@@ -144,7 +144,7 @@ async def create(request: Request, body: dict[str, Any], idempotency_key: str | 
         first = exc.errors()[0]
         raise InvalidRequest(".".join(map(str, first["loc"])) or "body", first["msg"]) from None
     record, _replayed = await plane.creates.create(
-        owner(p, plane), _spec(spec), idempotency_key=idempotency_key
+        owner(p, plane), spec_of(spec), idempotency_key=idempotency_key
     )
     await plane.sandboxes.remember(record)
     return JSONResponse(

@@ -1,0 +1,34 @@
+"""Running sandboxes recorded in bulk, for the benchmarks that need a full fleet: written through the
+store's own transaction, many rows per statement, instead of one create (three transactions) each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.store import rows
+from corral.store.sql import SqlStore
+
+BATCH = 5_000
+_INSERT = (
+    f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, NULL, 'default', :host, 'running', "
+    ":mb, 1.0, :sf, '{}', :now, :now, NULL, NULL, 2, 0, :warm)"
+)
+
+
+async def record_running(
+    store: SqlStore, tenant_id: str, placed: Sequence[tuple[str, str]], memory_mb: int, now: float
+) -> None:
+    """Record each (sandbox id, host id) as running, and count them in the tenant's usage."""
+    for at in range(0, len(placed), BATCH):
+        chunk = [
+            {"id": sid, "t": tenant_id, "host": host, "mb": memory_mb, "now": now, "sf": False, "warm": False}
+            for sid, host in placed[at : at + BATCH]
+        ]
+        await store._write(lambda tx, chunk=chunk: tx.executemany(_INSERT, chunk))  # type: ignore[misc]
+    await store._write(
+        lambda tx: tx.execute(
+            "UPDATE tenants SET live_sandboxes = live_sandboxes + :n, live_memory_mb = live_memory_mb + :mb "
+            "WHERE id = :t",
+            {"n": len(placed), "mb": len(placed) * memory_mb, "t": tenant_id},
+        )
+    )
