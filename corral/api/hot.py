@@ -119,6 +119,8 @@ async def _while_connected(
     finally:
         if not task.done():
             task.cancel()
+            # Its clean-up (withdrawing a keyless parked create) finishes before this answer does.
+            await asyncio.wait({task})
 
 
 async def _get(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:
