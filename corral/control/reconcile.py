@@ -56,6 +56,8 @@ class Reconciler:
         self._strays: set[tuple[str, str]] = set()
         # Records said to be running that their host did not list, as of the previous sweep.
         self._lost: set[str] = set()
+        # Orphans whose host came back without them, as of the last round.
+        self._gone_orphans: set[str] = set()
         # More rounds only the leader runs (warm-pool spreading), each after the books are settled.
         self.leader_work: list[Callable[[], Awaitable[object]]] = []
 
@@ -111,9 +113,11 @@ class Reconciler:
     async def _reclaim_orphans(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)
         if not page.items:
+            self._gone_orphans = set()
             return
         snap = await self.view.get(fresh=True)
         now = self.clock.now()
+        gone: set[str] = set()
         for sb in page.items:
             host = snap.records.get(sb.host_id or "")
             if host is None or now - host.heartbeat_at > self.config.timeouts.stale_after_s:
@@ -124,6 +128,16 @@ class Reconciler:
                     await self.store.set_sandbox_state(
                         sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED, expect_version=sb.version
                     )
+            else:
+                gone.add(sb.id)
+        # Its host is back and heartbeating without it, twice in a row (a restarted agent reports
+        # what it re-adopted from its first heartbeat): the sandbox died with the host. It ends.
+        for sid in gone & self._gone_orphans:
+            log.warning("orphan %s did not come back with its host; marking it stopped", sid)
+            with contextlib.suppress(StoreError):
+                await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.ORPHANED)
+            self.routes.drop(sid)
+        self._gone_orphans = gone - self._gone_orphans
 
     async def _finish_tombstones(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.DELETED, limit=200)

@@ -286,3 +286,35 @@ async def test_a_restarted_agent_gets_secrets_again_for_what_it_owns_only(small:
     hb = other.heartbeat().model_copy(update={"restore": [mine["id"]], "seq": other._seq + 10})
     reply = await c.plane.heartbeat_reply(hb)
     assert reply.secrets == {}
+
+
+async def test_a_host_that_returns_empty_ends_its_orphans(small: Cluster) -> None:
+    c = small
+    dead, recreate = await on_one_host(c, 2, failover="recreate", memory_mb=512)
+    orphan = []
+    while len(orphan) < 2:
+        s = await make(c, memory_mb=512)
+        if s["host_id"] == dead:
+            orphan.append(s)
+        else:
+            assert (await c.http.delete(f"/v1/sandboxes/{s['id']}", headers=H)).status_code == 204
+    c.clock.advance(c.plane.config.timeouts.dead_after_s + 1)
+    await beat_all_but(c, dead)
+    await c.plane.reconciler.tick()
+    for s in orphan:
+        assert (await get(c, s["id"]))["state"] == "orphaned"
+
+    # The host died with its sandboxes: it comes back running none of them.
+    old = agent(c, dead)
+    for sid in list(old.sandbox_ids()):
+        await old.stop(sid)
+    assert old.sandbox_ids() == []
+    for _ in range(2):  # seen missing twice in a row, as a restarted agent's first beat may be partial
+        await old.beat()
+        await beat_all_but(c, dead)
+        await c.plane.reconciler.tick()
+    for s in orphan:
+        assert (await get(c, s["id"]))["state"] == "stopped"
+    for s in recreate:
+        now = await get(c, s["id"])
+        assert now["state"] == "running" and now["host_id"] != dead and now["epoch"] == 1
