@@ -608,8 +608,12 @@ class Agent:
                 mb = await self.runtime.resident_mb(sandbox_id)
             except SandboxNotFound:
                 if sandbox_id not in self._stopping:
-                    self._live.pop(sandbox_id, None)  # died on its own (OOM, crash)
+                    self._live.pop(sandbox_id, None)  # died on its own (OOM, crash, kill -1 inside)
                     self.warm.forget(sandbox_id)
+                    # What it left behind (its record, cgroups, host uid) goes now, not at some
+                    # later listing: nothing else will ever ask the runtime about this id again.
+                    with contextlib.suppress(RuntimeFailure):
+                        await self.runtime.stop(sandbox_id)
                 continue
             except RuntimeFailure:
                 continue  # no reading this round; keep the last one

@@ -273,3 +273,26 @@ async def test_sandboxes_survive_the_agent_process_and_are_readopted(
     await process_runtime.stop("survivor")
     assert _gone(record.init.pid) and _gone(record.monitor.pid)
     assert not cgroup_root.child("survivor").exists()
+
+
+async def test_an_agent_cleans_up_a_sandbox_that_died_on_its_own(
+    process_runtime: ProcessRuntime, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    from corral.agent import Agent
+    from corral.agent.protocol import StartSandbox
+
+    agent = Agent("h", process_runtime, 4096, 2.0)
+    await agent.start(StartSandbox(id="killed", memory_mb=96))
+    record = process_runtime.records.load("killed")
+    assert isinstance(record, Running) and record.cgroup is not None
+    os.kill(record.init.pid, 9)  # as `kill -KILL -1` inside it does, or the OOM killer
+
+    async def measured_gone() -> bool:
+        await agent.measure()
+        return "killed" not in agent.sandbox_ids()
+
+    assert await eventually(measured_gone)
+    # Its record, cgroups and host uid went with it, with no listing or delete to ask for them.
+    assert not process_runtime.records.dir("killed").exists()
+    assert not Path(record.cgroup).exists()
+    assert not any(Path(p).exists() for p in record.cgroup_extra)
