@@ -25,10 +25,16 @@ async def test_a_paused_sandbox_stands_still_and_resumes(
     count = Path(f"/proc/{init}/root/tmp/count")
 
     def read() -> int:
-        try:
-            return int(count.read_text() or 0)
-        except (OSError, ValueError):
-            return 0
+        # The loop truncates the file before each write, so a read often finds it empty: read until
+        # a number shows (a sandbox frozen between truncate and write keeps it empty: 0 then).
+        for _ in range(2000):
+            try:
+                value = int(count.read_text() or 0)
+            except (OSError, ValueError):
+                value = 0
+            if value:
+                return value
+        return 0
 
     async def counting() -> bool:
         first = read()
