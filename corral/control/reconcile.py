@@ -55,9 +55,10 @@ class Reconciler:
         # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
         self._strays: set[tuple[str, str]] = set()
         # Records said to be running that their host did not list, as of the previous sweep.
-        self._lost: set[str] = set()
-        # Orphans whose host came back without them, as of the last round.
-        self._gone_orphans: set[str] = set()
+        # Running sandboxes their host's heartbeat lacked, with that heartbeat's seq.
+        self._lost: dict[str, int] = {}
+        # Orphans whose host came back without them, with the seq of the heartbeat that said so.
+        self._gone_orphans: dict[str, int] = {}
         # More rounds only the leader runs (warm-pool spreading), each after the books are settled.
         self.leader_work: list[Callable[[], Awaitable[object]]] = []
 
@@ -113,11 +114,11 @@ class Reconciler:
     async def _reclaim_orphans(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)
         if not page.items:
-            self._gone_orphans = set()
+            self._gone_orphans = {}
             return
         snap = await self.view.get(fresh=True)
         now = self.clock.now()
-        gone: set[str] = set()
+        gone: dict[str, int] = {}
         for sb in page.items:
             host = snap.records.get(sb.host_id or "")
             if host is None or now - host.heartbeat_at > self.config.timeouts.stale_after_s:
@@ -128,16 +129,21 @@ class Reconciler:
                     await self.store.set_sandbox_state(
                         sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED, expect_version=sb.version
                     )
-            else:
-                gone.add(sb.id)
-        # Its host is back and heartbeating without it, twice in a row (a restarted agent reports
-        # what it re-adopted from its first heartbeat): the sandbox died with the host. It ends.
-        for sid in gone & self._gone_orphans:
+            elif host.heartbeat_at > sb.updated_at:
+                gone[sb.id] = host.seq
+        # Its host is back and two different heartbeats since it was orphaned lack it: the sandbox
+        # died with the host. It ends.
+        ended = {
+            sid for sid, seq in gone.items() if sid in self._gone_orphans and seq > self._gone_orphans[sid]
+        }
+        for sid in ended:
             log.warning("orphan %s did not come back with its host; marking it stopped", sid)
             with contextlib.suppress(StoreError):
                 await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.ORPHANED)
             self.routes.drop(sid)
-        self._gone_orphans = gone - self._gone_orphans
+        self._gone_orphans = {
+            sid: self._gone_orphans.get(sid, seq) for sid, seq in gone.items() if sid not in ended
+        }
 
     async def _finish_tombstones(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.DELETED, limit=200)
@@ -176,7 +182,7 @@ class Reconciler:
         now = self.clock.now()
         stale_after = self.config.timeouts.stale_after_s
         strays: set[tuple[str, str]] = set()
-        lost: set[str] = set()
+        lost: dict[str, int] = {}  # sandbox -> the seq of its host's heartbeat that lacked it
         for host in snap.records.values():
             if now - host.heartbeat_at > stale_after:
                 continue  # a silent host is the dead-host path's business, not this one's
@@ -186,8 +192,12 @@ class Reconciler:
                 page = await self.store.list_sandboxes(host_id=host.id, limit=1000, cursor=cursor)
                 for sb in page.items:
                     known.add(sb.id)
-                    if sb.state is SandboxState.RUNNING and sb.id not in host.sandbox_ids:
-                        lost.add(sb.id)
+                    if (
+                        sb.state is SandboxState.RUNNING
+                        and sb.id not in host.sandbox_ids
+                        and host.heartbeat_at > sb.updated_at
+                    ):
+                        lost[sb.id] = host.seq
                 cursor = page.next_cursor
                 if cursor is None:
                     break
@@ -197,13 +207,17 @@ class Reconciler:
         for host_id, sid in strays & self._strays:
             log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)
             await self._stop(host_id, sid)
-        for sid in lost & self._lost:
+        # Lost only when two different heartbeats, both received after the sandbox was placed, lack
+        # it: one built just before its start (and received just after) would lack it too, and two
+        # rounds can read that same heartbeat when they come faster than heartbeats do.
+        confirmed = {sid for sid, seq in lost.items() if sid in self._lost and seq > self._lost[sid]}
+        for sid in confirmed:
             log.warning("sandbox %s is no longer running on its host; marking it stopped", sid)
             with contextlib.suppress(StoreError):
                 await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.RUNNING)
             self.routes.drop(sid)
         self._strays = strays - self._strays
-        self._lost = lost - self._lost
+        self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in confirmed}
 
     async def _committed_total(self) -> None:
         total = 0

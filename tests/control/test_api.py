@@ -334,8 +334,9 @@ async def test_a_sandbox_its_host_lost_is_marked_stopped_and_a_stray_is_stopped(
     from corral.agent.protocol import StartSandbox
 
     await stray.start(StartSandbox(id="sb-stray", memory_mb=256))  # a sandbox no record claims
-    await cluster.beat()
-    for _ in range(2):  # both must be seen twice before anything is done
+    for _ in range(2):  # both must be seen twice (the lost one in two heartbeats) before anything is done
+        cluster.clock.advance(0.5)
+        await cluster.beat()
         await cluster.plane.reconciler._stop_strays()
     got = (await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))).json()
     assert got["state"] == "stopped"

@@ -309,7 +309,8 @@ async def test_a_host_that_returns_empty_ends_its_orphans(small: Cluster) -> Non
     for sid in list(old.sandbox_ids()):
         await old.stop(sid)
     assert old.sandbox_ids() == []
-    for _ in range(2):  # seen missing twice in a row, as a restarted agent's first beat may be partial
+    for _ in range(2):  # missing from two heartbeats in a row, as a restarted agent's first may be partial
+        c.clock.advance(0.5)
         await old.beat()
         await beat_all_but(c, dead)
         await c.plane.reconciler.tick()
