@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from corral.store import (
     SandboxState,
     Store,
     TokenRevoked,
+    open_store,
 )
 
 from .test_tenants import raw_rows
@@ -96,15 +98,19 @@ async def test_revoking_moves_the_epoch(store: Store) -> None:
     assert await store.auth_epoch() == epoch + 1
 
 
-async def test_the_sqlite_files_are_owner_only(store: Store, store_url: str) -> None:
-    if not store_url.startswith("sqlite:///"):
-        pytest.skip("a file store only")
-    await store.enrol_host("h1")
-    path = store_url.removeprefix("sqlite:///")
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(path + suffix):
-            assert stat.S_IMODE(os.stat(path + suffix).st_mode) == 0o600, suffix
-    assert os.path.exists(path + "-wal")
+async def test_the_sqlite_files_are_owner_only(tmp_path: Path) -> None:
+    # A file store's concern: its database and write-ahead files hold token hashes and host keys.
+    path = str(tmp_path / "corral.db")
+    store = open_store(f"sqlite:///{path}")
+    try:
+        await store.migrate()
+        await store.enrol_host("h1")
+        assert os.path.exists(path + "-wal")
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                assert stat.S_IMODE(os.stat(path + suffix).st_mode) == 0o600, suffix
+    finally:
+        await store.close()
 
 
 async def test_a_revoked_token_cannot_be_configured_again(store: Store) -> None:
