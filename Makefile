@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test lint typecheck pytest fuzz bench bench-deps sim-report system-deps clean
+.PHONY: serve test unasync lint typecheck pytest fuzz bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,8 +33,12 @@ serve: $(STAMP) system-deps
 	$(BIN)/corral serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check corral tests bench
-	$(BIN)/ruff format --check corral tests bench
+	$(BIN)/ruff check corral tests bench scripts
+	$(BIN)/ruff format --check corral tests bench scripts
+
+# The blocking client is written from the asyncio one; tests/client/test_unasync.py fails when stale.
+unasync: $(STAMP)
+	$(BIN)/python scripts/unasync.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -5,7 +5,8 @@ Layers, lowest first: ``core`` < ``store``, ``runtime``, ``sim`` (and the edge u
 ``ids``, ``logs``, ``aio``) < ``agent``, ``control`` < ``api`` < ``cli``. A module imports only from its
 own layer or below. ``core`` is pure policy: the standard library's computational modules and itself,
 no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without the server's
-dependencies: it imports nothing of corral but itself and the error codes. ``testing`` helps tests and may use anything
+dependencies: it imports nothing of corral but itself and the wire's shared vocabulary (``codes``,
+``exec_result``). ``testing`` helps tests and may use anything
 below ``api``.
 """
 
@@ -22,6 +23,7 @@ PACKAGE = ROOT / "corral"
 LAYER = {
     "": 0,  # corral/__init__.py: the version
     "codes": 0,  # the error codes: the wire's vocabulary, shared with the client
+    "exec_result": 0,  # a command's outcome: one shape from the runtime to the client
     "core": 0,
     "store": 1,
     "runtime": 1,
@@ -37,6 +39,9 @@ LAYER = {
     "cli": 4,
     "__main__": 4,
 }
+
+# What both the server and the SDK import: the wire's shared vocabulary.
+SHARED_WITH_CLIENT = ("codes", "exec_result")
 
 # Standard-library modules that do I/O, read the time, run an event loop or threads, or reach the
 # process's environment: a pure core takes all of these as injected arguments instead.
@@ -145,7 +150,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         if not imp.module.startswith("corral"):
             continue
         own, target = _part(_module_name(imp.file)), _part(imp.module)
-        if own == "client" or target in ("", "codes"):
+        if own == "client" or target in ("", *SHARED_WITH_CLIENT):
             continue  # the client's rule is its own test; the root holds only the version
         if target == "client":
             if LAYER[own] < LAYER["cli"]:
@@ -201,7 +206,7 @@ def test_client_imports_no_server_code() -> None:
         for imp in _all_imports()
         if _part(_module_name(imp.file)) == "client"
         and imp.module.startswith("corral.")
-        and _part(imp.module) not in ("client", "codes")
+        and _part(imp.module) not in ("client", *SHARED_WITH_CLIENT)
     ]
     assert not bad, "\n".join(bad)
 

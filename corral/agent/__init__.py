@@ -22,11 +22,11 @@ from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage
 from corral.agent.protocol import (
     Capacity,
     ExecRequest,
-    ExecResponse,
     Heartbeat,
     SandboxInfo,
     StartSandbox,
 )
+from corral.exec_result import ExecResult
 
 __all__ = [
     "Agent",
@@ -43,7 +43,7 @@ __all__ = [
     "Capacity",
     "Code",
     "ExecRequest",
-    "ExecResponse",
+    "ExecResult",
     "Heartbeat",
     "HeartbeatRejected",
     "HeartbeatSink",

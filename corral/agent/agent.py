@@ -32,7 +32,6 @@ from corral.agent.protocol import (
     Capacity,
     ClaimWarm,
     ExecRequest,
-    ExecResponse,
     Heartbeat,
     HeartbeatReply,
     SandboxInfo,
@@ -53,6 +52,7 @@ from corral.core.clock import Clock
 from corral.core.pressure import PressureGate
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
+from corral.exec_result import ExecResult
 from corral.runtime.base import (
     DEFAULT_PIDS,
     InvalidSandbox,
@@ -469,7 +469,7 @@ class Agent:
         self._secrets.pop(sandbox_id, None)
         self.warm.forget(sandbox_id)
 
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         if sandbox_id not in self._live:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
         self._check_epoch(sandbox_id, epoch)
@@ -492,14 +492,7 @@ class Agent:
             raise AgentConflict(Code.SANDBOX_PAUSED, str(exc)) from exc
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
-        return ExecResponse(
-            exit_code=r.exit_code,
-            stdout=r.stdout,
-            stderr=r.stderr,
-            duration_ms=r.duration_ms,
-            truncated=r.truncated,
-            timed_out=r.timed_out,
-        )
+        return r
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
         """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start."""

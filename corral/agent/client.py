@@ -31,10 +31,10 @@ from corral.agent.protocol import (
     Capacity,
     ClaimWarm,
     ExecRequest,
-    ExecResponse,
     SandboxInfo,
     StartSandbox,
 )
+from corral.exec_result import ExecResult
 
 __all__ = [
     "AgentClient",
@@ -56,7 +56,7 @@ class AgentClient(ABC):
         """Stop it; with ``epoch``, only the copy of that epoch (another is refused as stale)."""
 
     @abstractmethod
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         """Run a command in it; with ``epoch``, only in the copy of that epoch."""
 
     @abstractmethod
@@ -91,7 +91,7 @@ class LocalAgentClient(AgentClient):
     async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
         await self.agent.stop(sandbox_id, epoch)
 
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         return await self.agent.exec(sandbox_id, req, epoch)
 
     async def list(self) -> list[SandboxInfo]:
@@ -198,11 +198,11 @@ class HttpAgentClient(AgentClient):
     async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
         await self._call("DELETE", f"/v1/sandboxes/{quote(sandbox_id, safe='')}", epoch=epoch)
 
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/exec"
         # The command may legitimately run for its whole timeout: give the HTTP call a little more.
         data = await self._call("POST", path, req, timeout_s=req.timeout_s + 10.0, epoch=epoch)
-        result: ExecResponse = self._parse(ExecResponse, data)
+        result: ExecResult = self._parse(ExecResult, data)
         return result
 
     async def list(self) -> list[SandboxInfo]:

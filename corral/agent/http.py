@@ -31,11 +31,11 @@ from corral.agent.protocol import (
     Capacity,
     ClaimWarm,
     ExecRequest,
-    ExecResponse,
     SandboxInfo,
     StartSandbox,
 )
 from corral.codes import ErrorCode
+from corral.exec_result import ExecResult
 
 # The epoch the caller routes to; absent: any (a call from this host's own operator).
 EpochHeader = Annotated[Annotated[int, Field(ge=0, lt=2**63)] | None, Header(alias=EPOCH_HEADER)]
@@ -143,7 +143,7 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         return Response(status_code=204)
 
     @api.post("/v1/sandboxes/{sandbox_id}/exec")
-    async def exec_(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> ExecResponse:
+    async def exec_(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> ExecResult:
         return await agent.exec(sandbox_id, body, epoch)
 
     @api.post("/v1/sandboxes/{sandbox_id}/pause")

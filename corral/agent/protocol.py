@@ -122,15 +122,6 @@ class ExecRequest(_Model):
     cwd: AbsPath | None = None
 
 
-class ExecResponse(_Lenient):
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_ms: float
-    truncated: bool = False
-    timed_out: bool = False
-
-
 class Capacity(_Lenient):
     """What a host can take, as a heartbeat carries it (and ``GET /v1/capacity`` answers on demand)."""
 

@@ -18,7 +18,6 @@ from corral.api.schemas import (
     BatchBody,
     BatchOut,
     ExecBody,
-    ExecOut,
     HostCredentialsOut,
     HostList,
     HostOut,
@@ -36,6 +35,7 @@ from corral.api.schemas import (
 )
 from corral.control.errors import InvalidRequest
 from corral.control.explain import explained
+from corral.exec_result import ExecResult
 from corral.store import SandboxState, TemplateRecord
 
 router = APIRouter()
@@ -98,18 +98,10 @@ async def delete_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/v1/sandboxes/{sandbox_id}/exec", response_model=ExecOut)
-async def exec_in_sandbox(sandbox_id: str, body: ExecBody, p: User, plane: Plane) -> ExecOut:
+@router.post("/v1/sandboxes/{sandbox_id}/exec", response_model=ExecResult)
+async def exec_in_sandbox(sandbox_id: str, body: ExecBody, p: User, plane: Plane) -> ExecResult:
     req = ExecRequest(command=body.argv(), timeout_s=body.timeout_s, env=body.env, cwd=body.cwd)
-    out = await plane.sandboxes.exec(sandbox_id, scope(p), req)
-    return ExecOut(
-        exit_code=out.exit_code,
-        stdout=out.stdout,
-        stderr=out.stderr,
-        duration_ms=out.duration_ms,
-        truncated=out.truncated,
-        timed_out=out.timed_out,
-    )
+    return await plane.sandboxes.exec(sandbox_id, scope(p), req)
 
 
 @router.get("/v1/hosts", response_model=HostList)

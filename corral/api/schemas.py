@@ -180,15 +180,6 @@ class BatchOut(BaseModel):
     sandboxes: list[SandboxOut]
 
 
-class ExecOut(BaseModel):
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_ms: float
-    truncated: bool = False
-    timed_out: bool = False
-
-
 class HostOut(BaseModel):
     id: str
     state: str

@@ -5,8 +5,15 @@ idempotency key and raise ``CapacityUnavailable`` at the deadline: transient, so
 ``waiting_capacity`` and never write it to a status column as a failure.
 """
 
-from corral.client.async_client import AsyncCorral, AsyncHosts, AsyncSandboxes, AsyncTokens
-from corral.client.client import Corral, Hosts, Sandboxes, Tokens
+from corral.client.async_client import (
+    AsyncCorral,
+    AsyncHosts,
+    AsyncPools,
+    AsyncSandbox,
+    AsyncSandboxes,
+    AsyncTokens,
+)
+from corral.client.client import Corral, Hosts, Pools, Sandbox, Sandboxes, Tokens
 from corral.client.errors import (
     CapacityUnavailable,
     CorralError,
@@ -22,13 +29,15 @@ from corral.client.errors import (
     Unauthorized,
     Unreachable,
 )
-from corral.client.models import ExecResult, Host, SandboxRecord
+from corral.client.models import Host, SandboxRecord
 from corral.client.retry import CreateStats, RetryBudget, RetryPolicy
-from corral.client.sandbox import AsyncSandbox, Sandbox, SandboxView
+from corral.client.sandbox import SandboxView
+from corral.exec_result import ExecResult
 
 __all__ = [
     "AsyncCorral",
     "AsyncHosts",
+    "AsyncPools",
     "AsyncSandbox",
     "AsyncSandboxes",
     "AsyncTokens",
@@ -47,6 +56,7 @@ __all__ = [
     "NotFound",
     "OverQuota",
     "PayloadTooLarge",
+    "Pools",
     "RetryBudget",
     "RetryPolicy",
     "Sandbox",

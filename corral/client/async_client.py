@@ -1,9 +1,13 @@
-"""``AsyncCorral``: the asyncio client. Same surface as ``Corral``, same retry policy object."""
+"""``AsyncCorral``: the asyncio client, its sandbox handle and its admin verbs.
+
+The blocking client (``client.py``) is generated from this file by ``scripts/unasync.py``: edit this one,
+then run ``make unasync``."""
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import dataclasses
 import random
 import time
@@ -15,10 +19,9 @@ from typing import Any
 import httpx
 
 from corral.client import wire
-from corral.client.errors import CorralError, Unreachable
+from corral.client.errors import CorralError, NotFound, Unreachable
 from corral.client.models import (
     BatchCreated,
-    ExecResult,
     Host,
     HostCredentials,
     HostList,
@@ -29,8 +32,10 @@ from corral.client.models import (
     TokenList,
     parse,
 )
+from corral.client.pools import Pool, PoolList, pool_path
 from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
-from corral.client.sandbox import AsyncSandbox
+from corral.client.sandbox import SandboxView
+from corral.exec_result import ExecResult
 
 
 class AsyncCorral:
@@ -67,6 +72,7 @@ class AsyncCorral:
         self.sandboxes = AsyncSandboxes(self)
         self.hosts = AsyncHosts(self)
         self.tokens = AsyncTokens(self)
+        self.pools = AsyncPools(self)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -242,6 +248,11 @@ class AsyncSandboxes:
     async def delete(self, sandbox_id: str) -> None:
         await self._client.request("DELETE", wire.sandbox_path(sandbox_id))
 
+    async def placement(self, sandbox_id: str) -> dict[str, Any]:
+        """Why the sandbox went where it went: its create's recorded decision."""
+        data: dict[str, Any] = await self._client.request("GET", wire.sandbox_path(sandbox_id) + "/placement")
+        return data
+
     async def exec(
         self,
         sandbox_id: str,
@@ -285,7 +296,9 @@ class AsyncHosts:
 
 
 class AsyncTokens:
-    """``client.tokens``: as :class:`corral.client.client.Tokens`, awaited."""
+    """``client.tokens``: issue, list and revoke API tokens (admin token). Rotating is issuing a new
+    token, moving its users to it, then revoking the old one; a revoked token stops working on every
+    replica within about a second."""
 
     def __init__(self, client: AsyncCorral) -> None:
         self._client = client
@@ -301,3 +314,66 @@ class AsyncTokens:
 
     async def revoke(self, token_id: str) -> None:
         await self._client.request("DELETE", wire.token_path(token_id))
+
+
+class AsyncPools:
+    """``client.pools``: warm pools (admin token)."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def create(self, template: str, size: int, *, max_per_host: int | None = None) -> Pool:
+        body: dict[str, Any] = {"template": template, "size": size}
+        if max_per_host is not None:
+            body["max_per_host"] = max_per_host
+        return parse(Pool, await self._client.request("POST", "/v1/pools", json=body))
+
+    async def list(self) -> builtins.list[Pool]:
+        return parse(PoolList, await self._client.request("GET", "/v1/pools")).pools
+
+    async def get(self, template: str) -> Pool:
+        return parse(Pool, await self._client.request("GET", pool_path(template)))
+
+    async def resize(self, template: str, size: int) -> Pool:
+        return parse(Pool, await self._client.request("PATCH", pool_path(template), json={"size": size}))
+
+    async def delete(self, template: str) -> None:
+        await self._client.request("DELETE", pool_path(template))
+
+
+class AsyncSandbox(SandboxView):
+    """A sandbox, for the asyncio client. ``async with`` kills it on exit (already gone is fine)."""
+
+    __slots__ = ("_api",)
+
+    def __init__(
+        self, record: SandboxRecord, api: AsyncSandboxes, create_stats: CreateStats | None = None
+    ) -> None:
+        super().__init__(record, create_stats)
+        self._api = api
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        return await self._api.exec(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
+
+    async def kill(self) -> None:
+        await self._api.delete(self.id)
+
+    async def refresh(self) -> AsyncSandbox:
+        self._record = (await self._api.get(self.id)).record
+        return self
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with contextlib.suppress(NotFound):  # already gone: the goal of the exit is reached
+            await self.kill()

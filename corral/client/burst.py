@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.client.async_client import AsyncCorral
+from corral.client.async_client import AsyncCorral, AsyncSandbox
 from corral.client.errors import CorralError, Forbidden, NotFound
-from corral.client.sandbox import AsyncSandbox
 
 
 @dataclass(frozen=True, slots=True)

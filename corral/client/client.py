@@ -1,8 +1,11 @@
-"""``Corral``: the blocking client."""
+"""``Corral``: the blocking client, its sandbox handle and its admin verbs.
+
+Generated from ``async_client.py`` by ``scripts/unasync.py``: edit that file, then run ``make unasync``."""
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import random
 import time
@@ -14,10 +17,9 @@ from typing import Any
 import httpx
 
 from corral.client import wire
-from corral.client.errors import CorralError, Unreachable
+from corral.client.errors import CorralError, NotFound, Unreachable
 from corral.client.models import (
     BatchCreated,
-    ExecResult,
     Host,
     HostCredentials,
     HostList,
@@ -28,9 +30,10 @@ from corral.client.models import (
     TokenList,
     parse,
 )
-from corral.client.pools import Pools
+from corral.client.pools import Pool, PoolList, pool_path
 from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
-from corral.client.sandbox import Sandbox
+from corral.client.sandbox import SandboxView
+from corral.exec_result import ExecResult
 
 
 class Corral:
@@ -308,3 +311,66 @@ class Tokens:
 
     def revoke(self, token_id: str) -> None:
         self._client.request("DELETE", wire.token_path(token_id))
+
+
+class Pools:
+    """``client.pools``: warm pools (admin token)."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def create(self, template: str, size: int, *, max_per_host: int | None = None) -> Pool:
+        body: dict[str, Any] = {"template": template, "size": size}
+        if max_per_host is not None:
+            body["max_per_host"] = max_per_host
+        return parse(Pool, self._client.request("POST", "/v1/pools", json=body))
+
+    def list(self) -> builtins.list[Pool]:
+        return parse(PoolList, self._client.request("GET", "/v1/pools")).pools
+
+    def get(self, template: str) -> Pool:
+        return parse(Pool, self._client.request("GET", pool_path(template)))
+
+    def resize(self, template: str, size: int) -> Pool:
+        return parse(Pool, self._client.request("PATCH", pool_path(template), json={"size": size}))
+
+    def delete(self, template: str) -> None:
+        self._client.request("DELETE", pool_path(template))
+
+
+class Sandbox(SandboxView):
+    """A sandbox, for the blocking client. ``with`` kills it on exit (already gone is fine)."""
+
+    __slots__ = ("_api",)
+
+    def __init__(
+        self, record: SandboxRecord, api: Sandboxes, create_stats: CreateStats | None = None
+    ) -> None:
+        super().__init__(record, create_stats)
+        self._api = api
+
+    def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        return self._api.exec(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
+
+    def kill(self) -> None:
+        self._api.delete(self.id)
+
+    def refresh(self) -> Sandbox:
+        self._record = self._api.get(self.id).record
+        return self
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with contextlib.suppress(NotFound):  # already gone: the goal of the exit is reached
+            self.kill()

@@ -38,19 +38,6 @@ class SandboxRecord(_Wire):
     recreated_at: datetime | None = None
 
 
-class ExecResult(_Wire):
-    """The outcome of one command run inside a sandbox."""
-
-    exit_code: int
-    stdout: str = ""
-    stderr: str = ""
-    duration_ms: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
 class Host(_Wire):
     """One host as the admin API describes it: its published admission verdict and its load."""
 

@@ -1,21 +1,13 @@
-"""A sandbox handle: its last known record plus the verbs that act on it. The sync and async handles
-share the read side (``SandboxView``); only the verbs differ in colour."""
+"""The read side of a sandbox handle: its last known record. The verbs that act on it live with each
+client (``AsyncSandbox`` in ``async_client.py``, ``Sandbox`` generated from it in ``client.py``)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from corral.client.errors import NotFound
-from corral.client.models import ExecResult, SandboxRecord
+from corral.client.models import SandboxRecord
 from corral.client.retry import CreateStats
-
-if TYPE_CHECKING:
-    from corral.client.async_client import AsyncSandboxes
-    from corral.client.client import Sandboxes
 
 
 class SandboxView:
@@ -87,79 +79,3 @@ class SandboxView:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, host_id={self.host_id!r}, state={self.state!r})"
-
-
-class Sandbox(SandboxView):
-    """A sandbox, for the blocking client. ``with`` kills it on exit (already gone is fine)."""
-
-    __slots__ = ("_api",)
-
-    def __init__(
-        self, record: SandboxRecord, api: Sandboxes, create_stats: CreateStats | None = None
-    ) -> None:
-        super().__init__(record, create_stats)
-        self._api = api
-
-    def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        return self._api.exec(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
-
-    def kill(self) -> None:
-        self._api.delete(self.id)
-
-    def refresh(self) -> Sandbox:
-        self._record = self._api.get(self.id).record
-        return self
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        with contextlib.suppress(NotFound):  # already gone: the goal of the exit is reached
-            self.kill()
-
-
-class AsyncSandbox(SandboxView):
-    """A sandbox, for the asyncio client. ``async with`` kills it on exit (already gone is fine)."""
-
-    __slots__ = ("_api",)
-
-    def __init__(
-        self, record: SandboxRecord, api: AsyncSandboxes, create_stats: CreateStats | None = None
-    ) -> None:
-        super().__init__(record, create_stats)
-        self._api = api
-
-    async def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> ExecResult:
-        return await self._api.exec(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
-
-    async def kill(self) -> None:
-        await self._api.delete(self.id)
-
-    async def refresh(self) -> AsyncSandbox:
-        self._record = (await self._api.get(self.id)).record
-        return self
-
-    async def __aenter__(self) -> AsyncSandbox:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        with contextlib.suppress(NotFound):
-            await self.kill()

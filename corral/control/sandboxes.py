@@ -4,12 +4,13 @@ is simply not found."""
 from __future__ import annotations
 
 from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, AgentUnavailable
-from corral.agent.protocol import ExecRequest, ExecResponse
+from corral.agent.protocol import ExecRequest
 from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway, Gone, InvalidRequest, NotFound, NotRunning, Unavailable
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
+from corral.exec_result import ExecResult
 from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
@@ -80,7 +81,7 @@ class Sandboxes:
         self.routes.put(sandbox_id, route)
         return route
 
-    async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResponse:
+    async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
         route = await self._route(sandbox_id, tenant_id)
         try:
             return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req, route.epoch)

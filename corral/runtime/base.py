@@ -8,6 +8,7 @@ from typing import Protocol
 
 from corral.codes import ErrorCode
 from corral.core.types import DEFAULT_SANDBOX_PIDS
+from corral.exec_result import ExecResult
 from corral.runtime.stream import Spawned
 
 DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
@@ -34,16 +35,6 @@ class SandboxHandle:
     started_at: float
     # Runtime-specific locator (a pid, a cgroup path); opaque to callers.
     ref: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ExecResult:
-    exit_code: int
-    stdout: str
-    stderr: str
-    duration_ms: float
-    truncated: bool = False
-    timed_out: bool = False
 
 
 class RuntimeFailure(Exception):

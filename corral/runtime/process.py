@@ -38,9 +38,9 @@ from corral.clock import SystemClock
 from corral.codes import ErrorCode
 from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
+from corral.exec_result import ExecResult
 from corral.runtime import bwrap, launcher, procfs
 from corral.runtime.base import (
-    ExecResult,
     InvalidSandbox,
     RuntimeFailure,
     SandboxHandle,

@@ -20,8 +20,8 @@ from corral.clock import SystemClock
 from corral.core.clock import Clock
 from corral.core.settle import DEFAULT_SETTLE_S
 from corral.core.touch import TouchModel, TouchProfile
+from corral.exec_result import ExecResult
 from corral.runtime.base import (
-    ExecResult,
     RuntimeFailure,
     SandboxHandle,
     SandboxNotFound,
@@ -140,13 +140,15 @@ class SimRuntime:
         began = self.clock.now()
         argv = list(command)
         if not argv:
-            return ExecResult(NOT_EMULATED, "", "sim runtime: empty command\n", 0.0)
+            return ExecResult(exit_code=NOT_EMULATED, stderr="sim runtime: empty command\n")
         full_env = {**s.handle.spec.env, **(env or {})}
         prog, args = argv[0].rsplit("/", 1)[-1], argv[1:]
         if prog == "sleep":
             return await self._exec_sleep(args, timeout_s, began)
         code, out, err = _emulate(prog, args, s, full_env, cwd)
-        return ExecResult(code, out, err, (self.clock.now() - began) * 1000.0)
+        return ExecResult(
+            exit_code=code, stdout=out, stderr=err, duration_ms=(self.clock.now() - began) * 1000.0
+        )
 
     async def _exec_sleep(self, args: Sequence[str], timeout_s: float, began: float) -> ExecResult:
         try:
@@ -154,15 +156,18 @@ class SimRuntime:
         except ValueError:
             seconds = -1.0
         if seconds < 0:
-            return ExecResult(1, "", f"sleep: invalid time interval {' '.join(args)!r}\n", 0.0)
+            return ExecResult(exit_code=1, stderr=f"sleep: invalid time interval {' '.join(args)!r}\n")
         timed_out = seconds > timeout_s
         await self._sleep(min(seconds, timeout_s))
         elapsed_ms = (self.clock.now() - began) * 1000.0
         if timed_out:
             return ExecResult(
-                TIMED_OUT, "", f"sleep: timed out after {timeout_s:g}s\n", elapsed_ms, timed_out=True
+                exit_code=TIMED_OUT,
+                stderr=f"sleep: timed out after {timeout_s:g}s\n",
+                duration_ms=elapsed_ms,
+                timed_out=True,
             )
-        return ExecResult(0, "", "", elapsed_ms)
+        return ExecResult(exit_code=0, duration_ms=elapsed_ms)
 
     async def spawn(
         self,

@@ -21,9 +21,9 @@ from corral.agent import (
 from corral.agent.http import create_app
 from corral.core import ManualClock
 from corral.core.types import AdmissionMode
+from corral.exec_result import ExecResult
 from corral.runtime.base import (
     DEFAULT_PIDS,
-    ExecResult,
     InvalidSandbox,
     RuntimeFailure,
     SandboxHandle,

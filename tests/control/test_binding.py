@@ -6,8 +6,9 @@ from pathlib import Path
 
 from corral.agent.client import AgentClient
 from corral.agent.errors import AgentInvalid, AgentRefusal, AgentUnauthorized, AgentUnavailable, Code
-from corral.agent.protocol import Capacity, ExecRequest, ExecResponse, SandboxInfo, StartSandbox
+from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, StartSandbox
 from corral.control.binding import AGENT_UNAVAILABLE, elsewhere_reason
+from corral.exec_result import ExecResult
 
 from .conftest import ADMIN, make_cluster
 
@@ -36,7 +37,7 @@ class Refusing(AgentClient):
     async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
         return None
 
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         raise self.error
 
     async def list(self) -> list[SandboxInfo]:
