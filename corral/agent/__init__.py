@@ -13,7 +13,6 @@ from corral.agent.errors import (
     AgentSandboxNotFound,
     AgentUnauthorized,
     AgentUnavailable,
-    Code,
 )
 from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.limiter import StartsLimiter, StartsSaturated
@@ -41,7 +40,6 @@ __all__ = [
     "AgentUnauthorized",
     "AgentUnavailable",
     "Capacity",
-    "Code",
     "ExecRequest",
     "ExecResult",
     "Heartbeat",

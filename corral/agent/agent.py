@@ -22,7 +22,6 @@ from corral.agent.errors import (
     AgentRefusal,
     AgentRuntimeError,
     AgentSandboxNotFound,
-    Code,
 )
 from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
@@ -40,6 +39,7 @@ from corral.agent.protocol import (
 )
 from corral.agent.warm import WarmBook
 from corral.clock import SystemClock
+from corral.codes import ErrorCode
 from corral.core.admission import (
     DEFAULT_POLICY,
     AdmissionBook,
@@ -292,7 +292,7 @@ class Agent:
     def _check_pressure(self) -> None:
         if not self.observe_pressure():
             raise self._refuse(
-                Code.MEMORY_PRESSURE,
+                ErrorCode.HOST_MEMORY_PRESSURE,
                 f"host memory pressure ({self.signal.name}) is above {self.gate.close_at:g}; intake is "
                 f"closed until it falls below {self.gate.open_at:g}",
                 PRESSURE_RETRY_S,
@@ -306,7 +306,7 @@ class Agent:
         if not fits(admittable, pending, req, self.admission, self.policy) and not self.keeper.evict_for(req):
             need = request_charge_mb(req, self.admission, self.policy)
             raise self._refuse(
-                Code.DOES_NOT_FIT,
+                ErrorCode.HOST_DOES_NOT_FIT,
                 f"needs {need} MiB ({self.admission.value}); {admittable - pending} MiB admittable",
                 self.heartbeat_interval_s,
                 needed_mb=need,
@@ -318,7 +318,7 @@ class Agent:
     def _check_template(self, req: StartSandbox) -> None:
         if self.templates is not None and req.template is not None and req.template not in self.templates:
             raise AgentInvalid(
-                Code.TEMPLATE_MISSING,
+                ErrorCode.TEMPLATE_MISSING,
                 f"template {req.template!r} is not on this host",
                 details={"field": "template", "templates": sorted(self.templates)},
             )
@@ -359,9 +359,9 @@ class Agent:
         if existing is not None:
             if _same(existing.spec, req):
                 return self._info(req.id, existing)  # a retried start: the sandbox is already here
-            raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
+            raise AgentConflict(ErrorCode.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
         if req.id in self._starting:
-            raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} is already starting")
+            raise AgentConflict(ErrorCode.SANDBOX_EXISTS, f"sandbox {req.id!r} is already starting")
         creq = CreateRequest(memory_mb=req.memory_mb, cpu=req.cpus, stateful=req.stateful)
         self._check_pressure()
         if self.limiter.saturated:
@@ -371,7 +371,7 @@ class Agent:
             await self.limiter.acquire()
         except StartsSaturated as exc:
             raise self._refuse(
-                Code.STARTS_SATURATED,
+                ErrorCode.HOST_STARTS_SATURATED,
                 str(exc),
                 STARTS_SATURATED_RETRY_S,
                 in_flight=self.limiter.in_flight,
@@ -380,7 +380,7 @@ class Agent:
         try:
             # Re-check: anything may have changed while this start waited for its slot.
             if req.id in self._live or req.id in self._starting:
-                raise AgentConflict(Code.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
+                raise AgentConflict(ErrorCode.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
             self._check_pressure()
             self._check_fits(creq)
             return await self._run_start(req, creq)
@@ -404,10 +404,10 @@ class Agent:
         try:
             handle = await self.runtime.start(spec)
         except InvalidSandbox as exc:
-            raise AgentInvalid(Code.INVALID, str(exc), details={"field": exc.field}) from exc
+            raise AgentInvalid(ErrorCode.INVALID_REQUEST, str(exc), details={"field": exc.field}) from exc
         except RuntimeFailure as exc:
             raise self._refuse(
-                Code.START_FAILED, f"runtime {self.runtime.name}: {exc}", START_FAILED_RETRY_S
+                ErrorCode.START_FAILED, f"runtime {self.runtime.name}: {exc}", START_FAILED_RETRY_S
             ) from exc
         except asyncio.CancelledError:
             # The caller went away mid-start: make sure nothing half-started stays behind unaccounted.
@@ -433,7 +433,7 @@ class Agent:
         live = self._live.get(sandbox_id)
         if epoch is not None and live is not None and live.spec.epoch != epoch:
             raise AgentConflict(
-                Code.STALE_EPOCH,
+                ErrorCode.STALE_EPOCH,
                 f"sandbox {sandbox_id!r} here is epoch {live.spec.epoch}, the call is for epoch {epoch}",
             )
 
@@ -444,7 +444,7 @@ class Agent:
             if sandbox_id in self._starting:
                 # Not now: once its start returns it can be stopped like any other.
                 raise self._refuse(
-                    Code.SANDBOX_STARTING,
+                    ErrorCode.SANDBOX_STARTING,
                     f"sandbox {sandbox_id!r} is still starting",
                     STARTS_SATURATED_RETRY_S,
                 )
@@ -487,9 +487,9 @@ class Agent:
             raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
         except InvalidSandbox as exc:
             # What the kernel would refuse (E2BIG, a NUL it would cut) is the caller's input.
-            raise AgentInvalid(Code.INVALID, str(exc), details={"field": exc.field}) from exc
+            raise AgentInvalid(ErrorCode.INVALID_REQUEST, str(exc), details={"field": exc.field}) from exc
         except SandboxPaused as exc:
-            raise AgentConflict(Code.SANDBOX_PAUSED, str(exc)) from exc
+            raise AgentConflict(ErrorCode.SANDBOX_PAUSED, str(exc)) from exc
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
         return r
@@ -498,7 +498,7 @@ class Agent:
         """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start."""
         live = self._require(sandbox_id)
         if self._paused(sandbox_id):
-            raise AgentConflict(Code.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
+            raise AgentConflict(ErrorCode.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
         await self._call_runtime(self.runtime.pause, sandbox_id)
         live.paused = True
         return self._info(sandbox_id, live)
@@ -506,7 +506,7 @@ class Agent:
     async def resume(self, sandbox_id: str) -> SandboxInfo:
         live = self._require(sandbox_id)
         if not self._paused(sandbox_id):
-            raise AgentConflict(Code.NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
+            raise AgentConflict(ErrorCode.SANDBOX_NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
         await self._call_runtime(self.runtime.resume, sandbox_id)
         live.paused = False
         return self._info(sandbox_id, live)

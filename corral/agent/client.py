@@ -23,7 +23,6 @@ from corral.agent.errors import (
     AgentSandboxNotFound,
     AgentUnavailable,
     AgentWarmEmpty,
-    Code,
     error_from_response,
 )
 from corral.agent.protocol import (
@@ -34,6 +33,7 @@ from corral.agent.protocol import (
     SandboxInfo,
     StartSandbox,
 )
+from corral.codes import ErrorCode
 from corral.exec_result import ExecResult
 
 __all__ = [
@@ -63,10 +63,10 @@ class AgentClient(ABC):
     async def list(self) -> list[SandboxInfo]: ...
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
-        raise AgentError(Code.RUNTIME_FAILED, "this agent cannot pause sandboxes")
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot pause sandboxes")
 
     async def resume(self, sandbox_id: str) -> SandboxInfo:
-        raise AgentError(Code.RUNTIME_FAILED, "this agent cannot resume sandboxes")
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot resume sandboxes")
 
     @abstractmethod
     async def capacity(self) -> Capacity: ...

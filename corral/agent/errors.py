@@ -13,34 +13,12 @@ from typing import Any
 from corral.codes import ErrorCode
 
 
-class Code:
-    """Stable machine-readable codes. Retryable ones go with HTTP 503 and a Retry-After."""
-
-    STARTS_SATURATED = ErrorCode.HOST_STARTS_SATURATED
-    MEMORY_PRESSURE = ErrorCode.HOST_MEMORY_PRESSURE
-    DOES_NOT_FIT = ErrorCode.HOST_DOES_NOT_FIT
-    START_FAILED = ErrorCode.START_FAILED
-    SANDBOX_STARTING = ErrorCode.SANDBOX_STARTING
-    SANDBOX_EXISTS = ErrorCode.SANDBOX_EXISTS
-    SANDBOX_PAUSED = ErrorCode.SANDBOX_PAUSED
-    NOT_PAUSED = ErrorCode.SANDBOX_NOT_PAUSED
-    NOT_FOUND = ErrorCode.NOT_FOUND
-    INVALID = ErrorCode.INVALID_REQUEST
-    TEMPLATE_MISSING = ErrorCode.TEMPLATE_MISSING
-    UNAUTHORIZED = ErrorCode.UNAUTHORIZED
-    RUNTIME_FAILED = ErrorCode.RUNTIME_FAILED
-    UNAVAILABLE = ErrorCode.AGENT_UNAVAILABLE
-    INTERNAL = ErrorCode.INTERNAL
-    WARM_EMPTY = ErrorCode.WARM_EMPTY
-    STALE_EPOCH = ErrorCode.STALE_EPOCH
-
-
 class AgentError(Exception):
     """Base of every agent error: ``code`` is stable, ``status`` is the HTTP status it maps to."""
 
     status: int = 500
     retryable: bool = False
-    default_code: str = Code.INTERNAL
+    default_code: str = ErrorCode.INTERNAL
 
     def __init__(
         self,
@@ -72,7 +50,7 @@ class AgentRefusal(AgentError):
 
     status = 503
     retryable = True
-    default_code = Code.DOES_NOT_FIT
+    default_code = ErrorCode.HOST_DOES_NOT_FIT
 
     def __init__(
         self,
@@ -86,38 +64,38 @@ class AgentRefusal(AgentError):
 
 class AgentSandboxNotFound(AgentError):
     status = 404
-    default_code = Code.NOT_FOUND
+    default_code = ErrorCode.NOT_FOUND
 
 
 class AgentConflict(AgentError):
     status = 409
-    default_code = Code.SANDBOX_EXISTS
+    default_code = ErrorCode.SANDBOX_EXISTS
 
 
 class AgentWarmEmpty(AgentConflict):
     """No ready warm sandbox of the template is left here: the caller tries another host or starts
     one cold. Answered at once, never waited for."""
 
-    default_code = Code.WARM_EMPTY
+    default_code = ErrorCode.WARM_EMPTY
 
 
 class AgentInvalid(AgentError):
     """Bad input; ``details["field"]`` names the field."""
 
     status = 422
-    default_code = Code.INVALID
+    default_code = ErrorCode.INVALID_REQUEST
 
 
 class AgentUnauthorized(AgentError):
     status = 401
-    default_code = Code.UNAUTHORIZED
+    default_code = ErrorCode.UNAUTHORIZED
 
 
 class AgentRuntimeError(AgentError):
     """The runtime failed at something other than a start (a start failure is a refusal)."""
 
     status = 502
-    default_code = Code.RUNTIME_FAILED
+    default_code = ErrorCode.RUNTIME_FAILED
 
 
 class AgentUnavailable(AgentError):
@@ -125,7 +103,7 @@ class AgentUnavailable(AgentError):
 
     status = 503
     retryable = True
-    default_code = Code.UNAVAILABLE
+    default_code = ErrorCode.AGENT_UNAVAILABLE
 
 
 _BY_STATUS: dict[int, type[AgentError]] = {
@@ -148,10 +126,10 @@ def error_from_response(status: int, body: object) -> AgentError:
     retry = float(raw_retry) if isinstance(raw_retry, int | float) else None
     details = err.get("details") if isinstance(err.get("details"), dict) else {}
     if status == 503:
-        if code == Code.UNAVAILABLE:
+        if code == ErrorCode.AGENT_UNAVAILABLE:
             return AgentUnavailable(code, message, retry, details)
         return AgentRefusal(code, message, retry, details)
-    if status == 409 and code == Code.WARM_EMPTY:
+    if status == 409 and code == ErrorCode.WARM_EMPTY:
         return AgentWarmEmpty(code, message, retry, details)
     cls = _BY_STATUS.get(status)
     if cls is None:

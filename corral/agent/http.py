@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.agent.agent import Agent
 from corral.agent.envd import ENVD_PREFIX, Envd
-from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized, Code
+from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized
 from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import (
     EPOCH_HEADER,
@@ -97,7 +97,7 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         fields = sorted({_field(e) for e in errors})
         return error_response(
             AgentInvalid(
-                Code.INVALID,
+                ErrorCode.INVALID_REQUEST,
                 f"{field}: {first.get('msg', 'invalid')}",
                 details={"field": field, "fields": fields},
             )
@@ -105,7 +105,7 @@ def create_app(agent: Agent, token: str) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: Code.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
             exc.status_code, ErrorCode.HTTP_ERROR
         )
         err = AgentError(code, str(exc.detail))
@@ -115,7 +115,7 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("agent %s: unexpected error on %s %s", agent.id, request.method, request.url.path)
-        return error_response(AgentError(Code.INTERNAL, "internal error"))
+        return error_response(AgentError(ErrorCode.INTERNAL, "internal error"))
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 
 from corral.api.auth import Plane, _bearer
 from corral.api.errors import error_response
+from corral.codes import ErrorCode
 from corral.control.fleetview import collect
 from corral.store import Role
 
@@ -134,7 +135,7 @@ async def logout() -> Response:
 @router.get("/dashboard/data.json")
 async def data(request: Request, plane: Plane) -> Response:
     if not await _authorized(request, plane):
-        return error_response(401, "unauthorized", "an admin token or the dashboard cookie is needed")
+        return error_response(401, ErrorCode.UNAUTHORIZED, "an admin token or the dashboard cookie is needed")
     return JSONResponse(await collect(plane), headers={"Cache-Control": "no-store"})
 
 

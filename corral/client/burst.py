@@ -19,6 +19,7 @@ from typing import Any
 
 from corral.client.async_client import AsyncCorral, AsyncSandbox
 from corral.client.errors import CorralError, Forbidden, NotFound
+from corral.codes import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ def summarize(outcomes: Iterable[CreateOutcome], hosts: Iterable[str] | None = N
             per_host[outcome.host_id or "(unknown)"] += 1
             latencies_ms.append(outcome.latency_s * 1000.0)
         else:
-            refusals[outcome.error_code or "error"] += 1
+            refusals[outcome.error_code or ErrorCode.ERROR] += 1
 
     counts = list(per_host.values())
     top = max(counts, default=0)

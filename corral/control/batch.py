@@ -13,7 +13,8 @@ import asyncio
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 
-from corral.agent.errors import AgentError, AgentRefusal, Code
+from corral.agent.errors import AgentError, AgentRefusal
+from corral.codes import ErrorCode
 from corral.control.binding import elsewhere_reason
 from corral.control.create import CreateFlow, CreateSpec
 from corral.control.errors import InvalidRequest
@@ -143,7 +144,7 @@ class BatchCreate:
                     break
                 except AgentRefusal as e:
                     # Too many starts at once is "wait a moment", and the reservation still holds.
-                    if e.code != Code.STARTS_SATURATED or attempt == SATURATED_RETRIES:
+                    if e.code != ErrorCode.HOST_STARTS_SATURATED or attempt == SATURATED_RETRIES:
                         raise
                     await asyncio.sleep(0.05 * (attempt + 1))
         explain.placed(res.host_id, res.id)

@@ -7,16 +7,15 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 
-from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable, Code
+from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
 from corral.agent.protocol import StartSandbox
+from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway
 from corral.store import SandboxRecord
 
-AGENT_UNAVAILABLE = "agent_unavailable"
-
 # Refusals that say "not this host" rather than "not now": another host may well take it.
-_ELSEWHERE = {Code.TEMPLATE_MISSING}
+_ELSEWHERE = {ErrorCode.TEMPLATE_MISSING}
 
 
 def elsewhere_reason(exc: BaseException) -> str | None:
@@ -29,7 +28,7 @@ def elsewhere_reason(exc: BaseException) -> str | None:
     if isinstance(exc, AgentRefusal):
         return exc.code
     if isinstance(exc, AgentUnavailable | TimeoutError):
-        return AGENT_UNAVAILABLE
+        return ErrorCode.AGENT_UNAVAILABLE
     if isinstance(exc, AgentError) and exc.code in _ELSEWHERE:
         return exc.code
     return None

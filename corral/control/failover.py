@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from corral.agent.errors import AgentConflict, AgentError, Code
+from corral.agent.errors import AgentConflict, AgentError
+from corral.codes import ErrorCode
 from corral.control.create import CreateFlow
 from corral.control.errors import Unavailable
 from corral.control.explain import Explanation
@@ -109,7 +110,7 @@ class Failover:
                 rec, host_id, address, spec.env, await self.creates.pids_of(rec.template), spec.secrets
             )
         except AgentConflict as exc:
-            if exc.code != Code.SANDBOX_EXISTS:
+            if exc.code != ErrorCode.SANDBOX_EXISTS:
                 return False
         except AgentError:
             return False

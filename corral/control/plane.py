@@ -370,9 +370,9 @@ class ControlPlane:
         return tenant, token
 
     def store_unavailable(self, exc: StoreUnavailable) -> Unavailable:
-        self.metrics.refusals.labels("store_unavailable").inc()
+        self.metrics.refusals.labels(ErrorCode.STORE_UNAVAILABLE).inc()
         return Unavailable(
             f"the state of record cannot be reached: {exc}",
             code=ErrorCode.STORE_UNAVAILABLE,
-            retry_after_s=self.retry_after.estimate("store_unavailable", None),
+            retry_after_s=self.retry_after.estimate(ErrorCode.STORE_UNAVAILABLE, None),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from corral.codes import ErrorCode
 from corral.control.view import FleetSnapshot
 from corral.core import Clock
 from corral.core.timeouts import Timeouts
@@ -26,9 +27,9 @@ class RetryAfter:
     def estimate(self, code: str, snap: FleetSnapshot | None) -> int:
         now = self._clock.now()
         interval = self._t.heartbeat_interval_s
-        if code == "store_unavailable" or snap is None or not snap.hosts:
+        if code == ErrorCode.STORE_UNAVAILABLE or snap is None or not snap.hosts:
             return self.clamp(interval)
-        if code == "no_healthy_hosts":
+        if code == ErrorCode.NO_HEALTHY_HOSTS:
             # Nothing fresh: the soonest a host can be back is its next heartbeat.
             return self.clamp(interval)
         newest = max(h.heartbeat_at for h in snap.hosts)

@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections import deque
 
+from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
 from corral.control.errors import InvalidRequest, QueueFull, Unavailable
@@ -81,7 +82,7 @@ class WaitingCreates:
             raise
 
     def _expired(self, rec: SandboxRecord) -> Unavailable:
-        self.metrics.refusals.labels("no_capacity").inc()
+        self.metrics.refusals.labels(ErrorCode.NO_CAPACITY).inc()
         return Unavailable(
             f"waited for capacity until the deadline; nothing fit sandbox {rec.id}",
             retry_after_s=self.config.retry_after_min_s,

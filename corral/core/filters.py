@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from corral.codes import ErrorCode
 from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, cpu_fits, memory_fits
 from corral.core.types import NO_PENDING, CreateRequest, HostState, HostView, Pending
 
@@ -22,7 +23,7 @@ class Reason:
     DRAINING = "draining"
     ROLE = "role_disallowed"
     EXCLUDED = "excluded"
-    TEMPLATE = "template_missing"
+    TEMPLATE = ErrorCode.TEMPLATE_MISSING  # the word the host agent refuses with, for the same fact
     RUNTIME = "runtime_mismatch"
     GPU = "gpu_mismatch"
     FIT = "does_not_fit"

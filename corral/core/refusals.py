@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from corral.codes import ErrorCode
+
 
 class Refusal(Exception):
     code: str = "refused"
@@ -31,10 +33,10 @@ class Refusal(Exception):
 class NoCapacity(Refusal):
     """Live hosts exist; none fits now."""
 
-    code = "no_capacity"
+    code = ErrorCode.NO_CAPACITY
 
 
 class NoHealthyHosts(Refusal):
     """No host has a fresh heartbeat."""
 
-    code = "no_healthy_hosts"
+    code = ErrorCode.NO_HEALTHY_HOSTS

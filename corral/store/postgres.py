@@ -340,7 +340,7 @@ class PostgresStore(SqlStore):
                 await self._evict_broken(pool)
             except psycopg.Error as exc:
                 raise _translate(exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise AssertionError("the loop returns or raises")  # pragma: no cover
 
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return _is_unique(exc)

@@ -19,7 +19,6 @@ from corral.agent import (
     AgentSandboxNotFound,
     AgentUnauthorized,
     AgentUnavailable,
-    Code,
     ExecRequest,
     HttpAgentClient,
     LocalAgentClient,
@@ -27,6 +26,7 @@ from corral.agent import (
 )
 from corral.agent.errors import error_from_response
 from corral.agent.http import create_app
+from corral.codes import ErrorCode
 from corral.control.agents import HttpAgents
 from corral.core import ManualClock
 from corral.core.types import AdmissionMode
@@ -76,7 +76,7 @@ async def test_same_errors(client: AgentClient) -> None:
     await client.start(StartSandbox(id="a", memory_mb=512))
     with pytest.raises(AgentRefusal) as refused:
         await client.start(StartSandbox(id="huge", memory_mb=100_000))
-    assert refused.value.code == Code.DOES_NOT_FIT and refused.value.retry_after_s
+    assert refused.value.code == ErrorCode.HOST_DOES_NOT_FIT and refused.value.retry_after_s
     assert refused.value.details["needed_mb"] == 100_000
     with pytest.raises(AgentSandboxNotFound):
         await client.stop("nope")
@@ -84,10 +84,10 @@ async def test_same_errors(client: AgentClient) -> None:
         await client.exec("nope", ExecRequest(command=["true"]))
     with pytest.raises(AgentConflict) as conflict:
         await client.start(StartSandbox(id="a", memory_mb=1024))
-    assert conflict.value.code == Code.SANDBOX_EXISTS
+    assert conflict.value.code == ErrorCode.SANDBOX_EXISTS
     with pytest.raises(AgentInvalid) as invalid:
         await client.start(StartSandbox(id="b", memory_mb=512, template="ruby"))
-    assert invalid.value.code == Code.TEMPLATE_MISSING
+    assert invalid.value.code == ErrorCode.TEMPLATE_MISSING
 
 
 async def test_unreachable_agent_is_unavailable() -> None:
@@ -125,7 +125,7 @@ async def test_wrong_token_is_unauthorized_not_unavailable(make_agent: Callable[
 
 def test_error_bodies_round_trip() -> None:
     for err in [
-        AgentRefusal(Code.STARTS_SATURATED, "busy", 1.0, {"limit": 8}),
+        AgentRefusal(ErrorCode.HOST_STARTS_SATURATED, "busy", 1.0, {"limit": 8}),
         AgentSandboxNotFound(message="no"),
         AgentConflict(message="dup"),
         AgentInvalid(details={"field": "memory_mb"}),
@@ -207,15 +207,15 @@ async def test_pause_and_resume(client: AgentClient) -> None:
     assert [i.paused for i in await client.list()] == [True]
     with pytest.raises(AgentConflict) as again:
         await client.pause("a")
-    assert again.value.code == Code.SANDBOX_PAUSED
+    assert again.value.code == ErrorCode.SANDBOX_PAUSED
     with pytest.raises(AgentConflict) as frozen:
         await client.exec("a", ExecRequest(command=["true"]))
-    assert frozen.value.code == Code.SANDBOX_PAUSED
+    assert frozen.value.code == ErrorCode.SANDBOX_PAUSED
     assert (await client.capacity()).memory_mb_admittable == charged  # kept, not charged again
     assert not (await client.resume("a")).paused
     with pytest.raises(AgentConflict) as running:
         await client.resume("a")
-    assert running.value.code == Code.NOT_PAUSED
+    assert running.value.code == ErrorCode.SANDBOX_NOT_PAUSED
     assert (await client.exec("a", ExecRequest(command=["true"]))).exit_code == 0
     with pytest.raises(AgentSandboxNotFound):
         await client.pause("nope")

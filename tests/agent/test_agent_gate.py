@@ -11,7 +11,8 @@ from agent_doubles import POLICY, GatedRuntime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.agent import Agent, AgentRefusal, Code, StartSandbox
+from corral.agent import Agent, AgentRefusal, StartSandbox
+from corral.codes import ErrorCode
 from corral.core import ManualClock
 from corral.core.admission import admittable_mb, fits
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
@@ -35,7 +36,7 @@ async def test_committed_refuses_what_does_not_fit(make_agent: Callable[..., Age
     assert agent.admittable_mb() == 14_336 - 3 * 4096
     with pytest.raises(AgentRefusal) as refused:
         await agent.start(StartSandbox(id="big", memory_mb=4096))
-    assert refused.value.code == Code.DOES_NOT_FIT
+    assert refused.value.code == ErrorCode.HOST_DOES_NOT_FIT
     assert refused.value.retryable and refused.value.retry_after_s
     assert refused.value.details["needed_mb"] == 4096
     assert refused.value.details["admittable_mb"] == 2048
@@ -43,7 +44,7 @@ async def test_committed_refuses_what_does_not_fit(make_agent: Callable[..., Age
     await agent.start(StartSandbox(id="exact", memory_mb=2048))
     assert agent.admittable_mb() == 0
     assert [i.id for i in agent.list()] == ["s0", "s1", "s2", "exact"]
-    assert agent.refusals == {Code.DOES_NOT_FIT: 1}
+    assert agent.refusals == {ErrorCode.HOST_DOES_NOT_FIT: 1}
 
 
 async def test_working_set_charges_the_reserve_until_measured(
@@ -56,7 +57,7 @@ async def test_working_set_charges_the_reserve_until_measured(
     assert agent.admittable_mb() == 14_336 - 14 * 1024 == 0
     with pytest.raises(AgentRefusal) as refused:
         await agent.start(StartSandbox(id="s14", memory_mb=4096))
-    assert refused.value.code == Code.DOES_NOT_FIT
+    assert refused.value.code == ErrorCode.HOST_DOES_NOT_FIT
 
     # A measurement that sees them before they settle changes nothing: the blind window stays charged.
     clock.advance(0.5)
@@ -110,7 +111,7 @@ async def test_starts_in_flight_are_pending_and_not_published(
     # Nothing is live yet, but the start in flight is set aside: 14336 - 8192 < 8192.
     with pytest.raises(AgentRefusal) as refused:
         await agent.start(StartSandbox(id="b", memory_mb=8192))
-    assert refused.value.code == Code.DOES_NOT_FIT
+    assert refused.value.code == ErrorCode.HOST_DOES_NOT_FIT
     assert refused.value.details["pending_mb"] == 8192
     # The heartbeat publishes the core's verdict over live sandboxes only: the control plane still holds
     # its own reservation for the start in flight, and would otherwise count it twice.
@@ -129,7 +130,7 @@ async def test_failed_start_leaves_no_pending_and_no_sandbox(
     await runtime.start(SandboxSpec(id="b", memory_mb=1024))  # the runtime refuses a second "b"
     with pytest.raises(AgentRefusal) as refused:
         await agent.start(StartSandbox(id="b", memory_mb=1024))
-    assert refused.value.code == Code.START_FAILED
+    assert refused.value.code == ErrorCode.START_FAILED
     assert agent.pending_mb == 0 and agent.limiter.in_flight == 0
     assert agent.admittable_mb() == 14_336
 
@@ -185,7 +186,7 @@ def test_gate_is_the_core_function(mode: AdmissionMode, requests: list[tuple[int
                 await agent.start(StartSandbox(id=f"s{n}", memory_mb=memory_mb, stateful=stateful))
                 admitted = True
             except AgentRefusal as exc:
-                assert exc.code == Code.DOES_NOT_FIT
+                assert exc.code == ErrorCode.HOST_DOES_NOT_FIT
                 admitted = False
             assert admitted == expected
             assert agent.heartbeat().memory_mb_admittable == core_admittable(agent)
@@ -202,7 +203,7 @@ async def test_stop_during_start_is_a_retryable_not_now(
     await runtime.wait_entered(1)
     with pytest.raises(AgentRefusal) as refused:
         await agent.stop("a")
-    assert refused.value.code == Code.SANDBOX_STARTING and refused.value.retry_after_s
+    assert refused.value.code == ErrorCode.SANDBOX_STARTING and refused.value.retry_after_s
     runtime.open()
     await task
     await agent.stop("a")

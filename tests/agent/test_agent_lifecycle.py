@@ -10,15 +10,9 @@ import httpx
 import pytest
 from agent_doubles import TOKEN
 
-from corral.agent import (
-    Agent,
-    AgentRuntimeError,
-    AgentSandboxNotFound,
-    Code,
-    ExecRequest,
-    StartSandbox,
-)
+from corral.agent import Agent, AgentRuntimeError, AgentSandboxNotFound, ExecRequest, StartSandbox
 from corral.agent.http import create_app
+from corral.codes import ErrorCode
 from corral.core import ManualClock
 from corral.core.types import AdmissionMode
 from corral.exec_result import ExecResult
@@ -75,7 +69,7 @@ async def test_a_failed_stop_keeps_the_sandbox_charged(
     await agent.start(StartSandbox(id="a", memory_mb=4096))
     with pytest.raises(AgentRuntimeError) as failed:
         await agent.stop("a")
-    assert failed.value.code == Code.RUNTIME_FAILED
+    assert failed.value.code == ErrorCode.RUNTIME_FAILED
     # As far as the agent knows it still runs, so it is still charged and still reported.
     assert agent.sandbox_ids() == ["a"] and agent.admittable_mb() == 14_336 - 4096
     runtime.broken = False

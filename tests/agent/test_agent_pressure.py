@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from corral.agent import Agent, AgentRefusal, Code, PressureSignal, StartSandbox
+from corral.agent import Agent, AgentRefusal, PressureSignal, StartSandbox
 from corral.agent.pressure import (
     host_signal,
     psi_signal,
     read_meminfo_used_ratio,
     read_psi_some_avg10,
 )
+from corral.codes import ErrorCode
 from corral.core import ManualClock
 
 
@@ -41,7 +42,7 @@ async def test_gate_does_not_chatter_when_pressure_hovers_at_the_threshold(
             await agent.start(StartSandbox(id=f"s{n}", memory_mb=512))
             outcomes.append(True)
         except AgentRefusal as exc:
-            assert exc.code == Code.MEMORY_PRESSURE
+            assert exc.code == ErrorCode.HOST_MEMORY_PRESSURE
             assert exc.retry_after_s and exc.details["close_at"] == 10.0
             outcomes.append(False)
     # Open until the first crossing, then shut for good while it hovers: one transition, no flapping.

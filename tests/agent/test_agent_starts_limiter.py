@@ -10,8 +10,9 @@ import httpx
 import pytest
 from agent_doubles import TOKEN, GatedRuntime
 
-from corral.agent import Agent, AgentRefusal, Code, StartSandbox, StartsLimiter, StartsSaturated
+from corral.agent import Agent, AgentRefusal, StartSandbox, StartsLimiter, StartsSaturated
 from corral.agent.http import create_app
+from corral.codes import ErrorCode
 from corral.core import ManualClock
 
 
@@ -25,7 +26,7 @@ async def test_ninth_concurrent_start_is_refused_without_waiting_for_the_others(
 
     with pytest.raises(AgentRefusal) as refused:
         await agent.start(StartSandbox(id="ninth", memory_mb=512))
-    assert refused.value.code == Code.STARTS_SATURATED
+    assert refused.value.code == ErrorCode.HOST_STARTS_SATURATED
     assert refused.value.retryable and refused.value.retry_after_s
     assert refused.value.details == {"in_flight": 8, "limit": 8}
     # Refused while every slow start was still in flight: it did not queue behind them.
@@ -36,7 +37,7 @@ async def test_ninth_concurrent_start_is_refused_without_waiting_for_the_others(
     assert len(await asyncio.gather(*slow)) == 8
     # A refusal is about right now: once the slots free up, the same start goes through.
     assert (await agent.start(StartSandbox(id="ninth", memory_mb=512))).id == "ninth"
-    assert agent.refusals == {Code.STARTS_SATURATED: 1}
+    assert agent.refusals == {ErrorCode.HOST_STARTS_SATURATED: 1}
 
 
 async def test_saturated_is_a_503_with_retry_after_over_http(

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from corral.agent.client import AgentClient
-from corral.agent.errors import AgentInvalid, AgentRefusal, AgentUnauthorized, AgentUnavailable, Code
+from corral.agent.errors import AgentInvalid, AgentRefusal, AgentUnauthorized, AgentUnavailable
 from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, StartSandbox
+from corral.codes import ErrorCode
 from corral.control.binding import AGENT_UNAVAILABLE, elsewhere_reason
 from corral.exec_result import ExecResult
 
@@ -14,11 +15,11 @@ from .conftest import ADMIN, make_cluster
 
 
 def test_which_refusals_send_a_create_elsewhere() -> None:
-    assert elsewhere_reason(AgentRefusal(Code.STARTS_SATURATED)) == Code.STARTS_SATURATED
-    assert elsewhere_reason(AgentRefusal(Code.MEMORY_PRESSURE)) == Code.MEMORY_PRESSURE
+    assert elsewhere_reason(AgentRefusal(ErrorCode.HOST_STARTS_SATURATED)) == ErrorCode.HOST_STARTS_SATURATED
+    assert elsewhere_reason(AgentRefusal(ErrorCode.HOST_MEMORY_PRESSURE)) == ErrorCode.HOST_MEMORY_PRESSURE
     assert elsewhere_reason(AgentUnavailable()) == AGENT_UNAVAILABLE
     assert elsewhere_reason(TimeoutError()) == AGENT_UNAVAILABLE
-    assert elsewhere_reason(AgentInvalid(Code.TEMPLATE_MISSING)) == Code.TEMPLATE_MISSING
+    assert elsewhere_reason(AgentInvalid(ErrorCode.TEMPLATE_MISSING)) == ErrorCode.TEMPLATE_MISSING
     assert elsewhere_reason(AgentUnauthorized()) is None
     assert elsewhere_reason(ValueError()) is None
 
@@ -50,7 +51,7 @@ class Refusing(AgentClient):
 async def test_a_host_missing_the_template_sends_the_create_elsewhere(tmp_path: Path) -> None:
     c = await make_cluster(tmp_path, hosts=2)
     try:
-        broken = Refusing(AgentInvalid(Code.TEMPLATE_MISSING, "no such template here"))
+        broken = Refusing(AgentInvalid(ErrorCode.TEMPLATE_MISSING, "no such template here"))
         c.plane.agents.add("host-01", broken)  # type: ignore[attr-defined]
         for _ in range(6):
             r = await c.http.post("/v1/sandboxes", json={}, headers=c.as_(ADMIN))

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.envd import CALLER_AUTH_HEADER, ENVD_PREFIX, SANDBOX_HEADER, Envd
 from corral.api.e2b.access import AccessKey, valid
+from corral.codes import ErrorCode
 from corral.control.errors import ControlError, NotFound
 from corral.control.plane import ControlPlane
 from corral.store import Role, SandboxState, StoreUnavailable
@@ -69,7 +70,11 @@ class DataPlane:
             await _reply(
                 send,
                 421,
-                {"code": 421, "message": "this call was already forwarded once", "error_code": "misdirected"},
+                {
+                    "code": 421,
+                    "message": "this call was already forwarded once",
+                    "error_code": ErrorCode.MISDIRECTED,
+                },
             )
             return
         sandbox_id = headers.get(SANDBOX_HEADER, "")
