@@ -6,7 +6,8 @@
   in-process and over HTTP (ASGI, no sockets).
 - ``heartbeat``: measure every sandbox + build one heartbeat, by host size.
 - ``burst``: 40 simultaneous starts on a host whose starts take 50 ms, limit 8: how many are admitted,
-  and how fast the rest are refused (seed 000's Fix 4).
+  and how fast the rest are refused (a saturated host says "not now" at once, so the create tries
+  another host instead of queueing behind slow starts).
 - ``fleet``: a 12-host sim fleet filled with thousands of sandboxes, then one heartbeat round.
 """
 

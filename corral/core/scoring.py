@@ -19,8 +19,8 @@ class Strategy(StrEnum):
 class ScoreWeights:
     memory: float = 0.7
     cpu: float = 0.3
-    # The seeds' example of a soft preference: a host that can stream-restore boots without first
-    # downloading the whole memory file.
+    # A soft preference, small next to memory and cpu: a host that can stream-restore boots without
+    # first downloading the whole memory file.
     stream_restore: float = 0.05
 
 

@@ -5,8 +5,8 @@ at and how they break ties:
   size, with a bounded number of extra probes when samples are infeasible, and a full scan only on the
   path that is about to refuse (a refusal must be true of the whole fleet, not of a sample).
 - ``FullScan``: every host, best score, ties broken at random (K = all).
-- ``Naive``: every host, the first best score wins. The seeds' deterministic argmax, kept as a baseline:
-  over a frozen view it sends every decision to the same host.
+- ``Naive``: every host, the first best score wins. A deterministic argmax, kept as a baseline: over a
+  frozen view it sends every decision to the same host.
 - ``Jitter``: every host, scores perturbed by a small random factor, ties broken at random.
 """
 

@@ -1,5 +1,5 @@
-"""The agent's HTTP API: bearer auth, stable error codes in the DESIGN.md body, 404 and 422, and no input
-that can make it answer 500."""
+"""The agent's HTTP API: bearer auth, stable error codes in the error body every corral API answers
+with, 404 and 422, and no input that can make it answer 500."""
 
 from __future__ import annotations
 

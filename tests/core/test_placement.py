@@ -47,7 +47,7 @@ def test_naive_over_a_frozen_view_without_ledger_sends_every_decision_to_one_hos
     hosts = fleet()
     rng = random.Random(1)
     landed = Counter(placer.place(hosts, REQ, now=0.0, rng=rng).host.id for _ in range(50))
-    assert landed == {"h11": 50}  # the seeds' bug, reproduced
+    assert landed == {"h11": 50}  # every decision on the top host: the pile-up, reproduced
 
 
 def test_power_of_two_without_ledger_spreads_a_frozen_burst() -> None:
