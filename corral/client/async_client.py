@@ -33,7 +33,7 @@ from corral.client.models import (
     parse,
 )
 from corral.client.pools import Pool, PoolList, pool_path
-from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
+from corral.client.retry import CreateStats, RetryBudget, RetryPolicy, TimeSource, retryable_for_create
 from corral.client.sandbox import SandboxView
 from corral.exec_result import ExecResult
 
@@ -54,7 +54,7 @@ class AsyncCorral:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = wire.DEFAULT_TIMEOUT_S,
         retry: RetryPolicy | None = None,
-        clock: Clock = time.monotonic,
+        clock: TimeSource = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:

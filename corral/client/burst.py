@@ -23,7 +23,7 @@ from corral.codes import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)
-class CreateOutcome:
+class BurstCreate:
     """One create of a burst: where it landed (or the code that refused it) and how long it took,
     retries included. ``retried`` counts refusals the SDK absorbed before the final answer."""
 
@@ -89,7 +89,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
-def summarize(outcomes: Iterable[CreateOutcome], hosts: Iterable[str] | None = None) -> BurstSummary:
+def summarize(outcomes: Iterable[BurstCreate], hosts: Iterable[str] | None = None) -> BurstSummary:
     """The burst's numbers. With ``hosts``, every listed host appears in ``per_host`` (0 if it got
     nothing); hosts that received a sandbox but were not listed are added, never dropped."""
     results = list(outcomes)
@@ -130,7 +130,7 @@ class BurstReport:
     """A finished burst: its summary, and how the clean-up went."""
 
     summary: BurstSummary
-    outcomes: list[CreateOutcome]
+    outcomes: list[BurstCreate]
     deleted: int
     delete_failures: dict[str, int]
 
@@ -173,7 +173,7 @@ async def run_burst(
     host_ids = await fleet_host_ids(client)
     created: list[AsyncSandbox] = []
 
-    async def one(i: int) -> CreateOutcome:
+    async def one(i: int) -> BurstCreate:
         started = timer()
         try:
             sandbox = await client.sandboxes.create(
@@ -189,10 +189,10 @@ async def run_burst(
             # The final refusal is reported under refusals; count only the ones that were retried.
             absorbed = Counter(retried)
             absorbed[exc.code] -= 1
-            return CreateOutcome(latency_s=timer() - started, error_code=exc.code, retried=dict(+absorbed))
+            return BurstCreate(latency_s=timer() - started, error_code=exc.code, retried=dict(+absorbed))
         created.append(sandbox)
         stats = sandbox.create_stats
-        return CreateOutcome(
+        return BurstCreate(
             latency_s=timer() - started,
             host_id=sandbox.host_id,
             sandbox_id=sandbox.id,
@@ -203,7 +203,7 @@ async def run_burst(
         gathered = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
     finally:
         deleted, delete_failures = (await _delete_all(created)) if cleanup else (0, Counter[str]())
-    outcomes: list[CreateOutcome] = []
+    outcomes: list[BurstCreate] = []
     for item in gathered:
         if isinstance(item, BaseException):
             raise item  # a bug, not a refusal: surfaced after the clean-up so nothing leaks

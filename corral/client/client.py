@@ -31,7 +31,7 @@ from corral.client.models import (
     parse,
 )
 from corral.client.pools import Pool, PoolList, pool_path
-from corral.client.retry import Clock, CreateStats, RetryBudget, RetryPolicy, retryable_for_create
+from corral.client.retry import CreateStats, RetryBudget, RetryPolicy, TimeSource, retryable_for_create
 from corral.client.sandbox import SandboxView
 from corral.exec_result import ExecResult
 
@@ -52,7 +52,7 @@ class Corral:
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = wire.DEFAULT_TIMEOUT_S,
         retry: RetryPolicy | None = None,
-        clock: Clock = time.monotonic,
+        clock: TimeSource = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
     ) -> None:

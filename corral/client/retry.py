@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 
-Clock = Callable[[], float]
+# Reads seconds; the SDK uses only differences between readings (its deadline, ``first_refusal_at``),
+# so the default is ``time.monotonic``, not the server's wall-clock ``corral.core.Clock``.
+TimeSource = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ class RetryBudget:
         "started_at",
     )
 
-    def __init__(self, policy: RetryPolicy, clock: Clock, rng: random.Random) -> None:
+    def __init__(self, policy: RetryPolicy, clock: TimeSource, rng: random.Random) -> None:
         self.policy = policy
         self._clock = clock
         self._rng = rng

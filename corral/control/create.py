@@ -23,7 +23,7 @@ from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
 from corral.control.binding import Binder, as_bad_gateway, elsewhere_reason
 from corral.control.config import ControlConfig
-from corral.control.errors import Conflict, InvalidRequest, NotFound, OverQuota, Unavailable
+from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound, TenantOverQuota, Unavailable
 from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
 from corral.control.pools import WarmClaims
@@ -54,14 +54,14 @@ from corral.store import (
     FAILOVER_RECREATE,
     IdempotencyMismatch,
     NameConflict,
+    QuotaExceeded,
+    RecordNotFound,
     ReservationRecord,
     SandboxRecord,
     SandboxState,
     Store,
     TemplateRecord,
 )
-from corral.store import NotFound as StoreNotFound
-from corral.store import OverQuota as StoreOverQuota
 
 # What placement does on the chosen host once its reservation is held: (host, address, reservation,
 # explanation) -> the record as placed.
@@ -232,14 +232,14 @@ class CreateFlow:
             raise InvalidRequest(
                 "Idempotency-Key", "this Idempotency-Key was used with another request body"
             ) from e
-        except StoreOverQuota as e:
-            self.metrics.refusals.labels(OverQuota.code).inc()
-            raise OverQuota(
+        except QuotaExceeded as e:
+            self.metrics.refusals.labels(TenantOverQuota.code).inc()
+            raise TenantOverQuota(
                 str(e),
                 details={"limit": e.limit, "allowed": e.allowed, "used": e.used, "requested": e.requested},
             ) from e
-        except StoreNotFound as e:
-            raise NotFound(f"unknown tenant {tenant_id}") from e
+        except RecordNotFound as e:
+            raise ResourceNotFound(f"unknown tenant {tenant_id}") from e
 
     # -- the whole flow ----------------------------------------------------------------------------
 
@@ -330,7 +330,7 @@ class CreateFlow:
         """What a repeated Idempotency-Key answers: the sandbox the first call made, as it is now."""
         current = await self.store.get_sandbox(first.id, tenant_id=first.tenant_id)
         if current is None or current.state is SandboxState.DELETED:
-            raise NotFound(f"the sandbox this Idempotency-Key created, {first.id}, has been deleted")
+            raise ResourceNotFound(f"the sandbox this Idempotency-Key created, {first.id}, has been deleted")
         if current.state is SandboxState.WAITING_CAPACITY and self.waiting is not None:
             # Parked by the first call (on this replica or one that died): wait with it.
             return await self.waiting.wait(current, "attached")

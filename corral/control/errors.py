@@ -55,7 +55,7 @@ class Forbidden(ControlError):
     status = 403
 
 
-class NotFound(ControlError):
+class ResourceNotFound(ControlError):
     code = ErrorCode.NOT_FOUND
     status = 404
 
@@ -65,7 +65,7 @@ class Conflict(ControlError):
     status = 409
 
 
-class HostBusy(ControlError):
+class HostInUse(ControlError):
     """A host cannot be forgotten while live sandboxes are on it."""
 
     code = ErrorCode.HOST_HAS_SANDBOXES
@@ -84,7 +84,7 @@ class Gone(ControlError):
     status = 410
 
 
-class OverQuota(ControlError):
+class TenantOverQuota(ControlError):
     code = ErrorCode.TENANT_OVER_QUOTA
     status = 429
 

@@ -13,10 +13,9 @@ import json
 from typing import Any
 
 from corral.codes import ErrorCode
-from corral.control.errors import NotFound
+from corral.control.errors import ResourceNotFound
 from corral.core import CreateRequest, Decision, Refusal
-from corral.store import NotFound as StoreNotFound
-from corral.store import Store
+from corral.store import RecordNotFound, Store
 
 VERSION = 1
 # What the store's choice among the offered candidates rests on (the store's ``reserve_best``).
@@ -134,10 +133,10 @@ async def explained(store: Store, sandbox_id: str, tenant_id: str | None) -> str
     """The stored explanation (JSON text) of ``sandbox_id`` as ``tenant_id`` may see it (None: any)."""
     try:
         doc = await store.get_placement(sandbox_id, tenant_id=tenant_id)
-    except StoreNotFound:
-        raise NotFound(f"no sandbox {sandbox_id}") from None
+    except RecordNotFound:
+        raise ResourceNotFound(f"no sandbox {sandbox_id}") from None
     if doc is None:
-        raise NotFound(
+        raise ResourceNotFound(
             f"no placement explanation is kept for {sandbox_id} (placed before explanations were kept)",
             code=ErrorCode.NO_PLACEMENT_RECORD,
         )

@@ -17,8 +17,15 @@ from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
-from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized, Unavailable
-from corral.control.errors import HostBusy as HostBusyError
+from corral.control.errors import (
+    Conflict,
+    Forbidden,
+    HostInUse,
+    InvalidRequest,
+    ResourceNotFound,
+    Unauthorized,
+    Unavailable,
+)
 from corral.control.failover import Failover
 from corral.control.heartbeats import HeartbeatIntake
 from corral.control.metrics import Metrics
@@ -33,11 +40,12 @@ from corral.control.waiting import WaitingCreates
 from corral.core import Clock
 from corral.store import (
     HeartbeatResult,
-    HostBusy,
-    HostCredentials,
+    HostEnrolment,
+    HostHasSandboxes,
     HostRecord,
     NameConflict,
     Principal,
+    RecordNotFound,
     Role,
     SandboxState,
     Store,
@@ -46,7 +54,6 @@ from corral.store import (
     TenantRecord,
     TokenRecord,
 )
-from corral.store import NotFound as StoreNotFound
 
 DEFAULT_TENANT = "default"
 # How long a resolved token is trusted without asking the store again, unless a revocation comes first.
@@ -256,7 +263,7 @@ class ControlPlane:
     async def issue_tenant_token(self, name: str) -> tuple[TenantRecord, str]:
         tenant = await self.store.get_tenant_by_name(name)
         if tenant is None:
-            raise NotFound(f"no tenant {name!r}")
+            raise ResourceNotFound(f"no tenant {name!r}")
         return tenant, await self.store.issue_token(tenant.id, Role.TENANT)
 
     async def revoke_token(self, token_id: str, caller: Principal) -> None:
@@ -264,10 +271,10 @@ class ControlPlane:
             # An operator revoking the token in hand would lock themselves out mid-rotation.
             raise Forbidden("a token cannot revoke itself; revoke it with another admin token")
         if not await self.store.revoke_token(token_id):
-            raise NotFound(f"no token {token_id}")
+            raise ResourceNotFound(f"no token {token_id}")
         self.forget_cached_tokens()
 
-    async def enrol_host(self, host_id: str) -> HostCredentials:
+    async def enrol_host(self, host_id: str) -> HostEnrolment:
         creds = await self.store.enrol_host(host_id)
         self.forget_cached_tokens()
         self.agents.forget_key(host_id)
@@ -277,10 +284,10 @@ class ControlPlane:
     async def forget_host(self, host_id: str) -> None:
         try:
             found = await self.store.forget_host(host_id)
-        except HostBusy as e:
-            raise HostBusyError(str(e)) from e
+        except HostHasSandboxes as e:
+            raise HostInUse(str(e)) from e
         if not found:
-            raise NotFound(f"no host {host_id}")
+            raise ResourceNotFound(f"no host {host_id}")
         self.forget_cached_tokens()
         self.agents.forget_key(host_id)
         self.view.invalidate()
@@ -339,8 +346,8 @@ class ControlPlane:
     async def drain(self, host_id: str, draining: bool, *, evacuate: bool = False) -> HostRecord:
         try:
             rec = await (self.store.drain(host_id) if draining else self.store.undrain(host_id))
-        except StoreNotFound as e:
-            raise NotFound(f"no host {host_id}") from e
+        except RecordNotFound as e:
+            raise ResourceNotFound(f"no host {host_id}") from e
         self.view.invalidate()
         if draining and evacuate:
             # Marked here; the leader's next round places them, as after a host's death.

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from corral.agent.errors import AgentError
 from corral.agent.protocol import ClaimWarm, WarmTarget
 from corral.control.agents import AgentDirectory
-from corral.control.errors import Conflict, InvalidRequest, NotFound
+from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.metrics import LATENCY_BUCKETS
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import AdmissionPolicy, Clock, CreateRequest, HostState
@@ -33,12 +33,12 @@ from corral.store import (
     HostRecord,
     NameConflict,
     PoolRecord,
+    RecordNotFound,
     SandboxRecord,
     SandboxState,
     Store,
     TemplateRecord,
 )
-from corral.store import NotFound as StoreNotFound
 
 # How long the pools and their targets are trusted between reads (heartbeat replies, claims).
 POOLS_CACHE_S = 2.0
@@ -400,7 +400,7 @@ class Pools:
             pool = await self.store.create_pool(template, size=size, max_per_host=max_per_host)
         except NameConflict as e:
             raise Conflict(f"template {template!r} already has a pool", details={"field": "template"}) from e
-        except StoreNotFound as e:
+        except RecordNotFound as e:
             raise InvalidRequest("template", f"unknown template {template!r}") from e
         await self.rebalance()
         return await self.get(pool.template)
@@ -412,8 +412,8 @@ class Pools:
                 size=size,
                 max_per_host=UNSET if max_per_host is UNSET else max_per_host,  # type: ignore[arg-type]
             )
-        except StoreNotFound as e:
-            raise NotFound(f"no pool for template {template!r}") from e
+        except RecordNotFound as e:
+            raise ResourceNotFound(f"no pool for template {template!r}") from e
         await self.rebalance()
         return await self.get(template)
 
@@ -421,7 +421,7 @@ class Pools:
         """The pool's unclaimed warm sandboxes are stopped by their agents once the targets are gone;
         claimed ones belong to their tenants and stay."""
         if not await self.store.delete_pool(template):
-            raise NotFound(f"no pool for template {template!r}")
+            raise ResourceNotFound(f"no pool for template {template!r}")
         self.book.invalidate()
 
     async def list(self) -> list[PoolStatus]:
@@ -432,7 +432,7 @@ class Pools:
         for status in await self.list():
             if status.pool.template == template:
                 return status
-        raise NotFound(f"no pool for template {template!r}")
+        raise ResourceNotFound(f"no pool for template {template!r}")
 
     def status(self, pool: PoolRecord, snap: FleetSnapshot) -> PoolStatus:
         per_host: dict[str, PerHost] = {}

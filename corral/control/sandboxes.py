@@ -7,7 +7,7 @@ from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, 
 from corral.agent.protocol import ExecRequest
 from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
-from corral.control.errors import BadGateway, Gone, InvalidRequest, NotFound, NotRunning, Unavailable
+from corral.control.errors import BadGateway, Gone, InvalidRequest, NotRunning, ResourceNotFound, Unavailable
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
 from corral.exec_result import ExecResult
@@ -47,7 +47,7 @@ class Sandboxes:
     async def get(self, sandbox_id: str, tenant_id: str | None) -> SandboxRecord:
         rec = await self.store.get_sandbox(sandbox_id, tenant_id=tenant_id)
         if rec is None or rec.state is SandboxState.DELETED:
-            raise NotFound(f"no sandbox {sandbox_id}")
+            raise ResourceNotFound(f"no sandbox {sandbox_id}")
         return rec
 
     async def list(
@@ -86,7 +86,7 @@ class Sandboxes:
         try:
             return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req, route.epoch)
         except AgentSandboxNotFound as e:
-            raise NotFound(f"sandbox {sandbox_id} is not running on its host") from e
+            raise ResourceNotFound(f"sandbox {sandbox_id} is not running on its host") from e
         except AgentUnavailable as e:
             raise Unavailable(
                 f"host {route.host_id} is unreachable", code=ErrorCode.HOST_UNREACHABLE, retry_after_s=2

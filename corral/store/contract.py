@@ -41,7 +41,7 @@ class StoreUnavailable(StoreError):
     code = ErrorCode.STORE_UNAVAILABLE
 
 
-class NotFound(StoreError):
+class RecordNotFound(StoreError):
     code = ErrorCode.NOT_FOUND
 
 
@@ -57,7 +57,7 @@ class IdempotencyMismatch(StoreError):
     code = ErrorCode.IDEMPOTENCY_KEY_REUSED
 
 
-class OverQuota(StoreError):
+class QuotaExceeded(StoreError):
     """The tenant's own limit. ``limit`` names which: ``max_sandboxes`` or ``max_memory_mb``."""
 
     code = ErrorCode.TENANT_OVER_QUOTA
@@ -82,7 +82,7 @@ class StateConflict(StoreError):
         super().__init__(f"sandbox {sandbox_id} is {current.value} (version {version})")
 
 
-class HostBusy(StoreError):
+class HostHasSandboxes(StoreError):
     """A host cannot be forgotten while sandboxes are live on it."""
 
     code = ErrorCode.HOST_HAS_SANDBOXES
@@ -368,7 +368,7 @@ class TokenRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class HostCredentials:
+class HostEnrolment:
     """What enrolling a host hands out, once: the token its agent presents to the control plane and
     the key the control plane presents to its agent."""
 
@@ -453,7 +453,7 @@ class Store(ABC):
 
     @abstractmethod
     async def drain(self, host_id: str) -> HostRecord:
-        """Stop new reservations on the host (``state=draining``); raises :class:`NotFound`."""
+        """Stop new reservations on the host (``state=draining``); raises :class:`RecordNotFound`."""
 
     @abstractmethod
     async def undrain(self, host_id: str) -> HostRecord: ...
@@ -584,7 +584,7 @@ class Store(ABC):
         sandbox, ``replayed=True``; the same key with another ``request_hash`` raises
         :class:`IdempotencyMismatch`), name uniqueness among the tenant's sandboxes that are not
         ``deleted`` (:class:`NameConflict`), the tenant's quota over ``LIVE_STATES``
-        (:class:`OverQuota`; :class:`NotFound` for an unknown tenant), then the insert.
+        (:class:`QuotaExceeded`; :class:`RecordNotFound` for an unknown tenant), then the insert.
         ``created_at``/``updated_at``/``version`` are set by the store."""
 
     @abstractmethod
@@ -619,7 +619,7 @@ class Store(ABC):
         """Compare-and-set: move the sandbox to ``state`` (and, when given, set its owner host,
         reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
         at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
-        lost race, :class:`NotFound`."""
+        lost race, :class:`RecordNotFound`."""
 
     @abstractmethod
     async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
@@ -661,7 +661,7 @@ class Store(ABC):
     @abstractmethod
     async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
         """The placement explanation (JSON text) kept with the sandbox, or None when none was kept.
-        Raises :class:`NotFound` when the sandbox does not exist (or is another tenant's)."""
+        Raises :class:`RecordNotFound` when the sandbox does not exist (or is another tenant's)."""
 
     @abstractmethod
     async def set_sandbox_expiry(self, sandbox_id: str, expires_at: float | None) -> SandboxRecord:
@@ -755,7 +755,7 @@ class Store(ABC):
     # -- host identity -------------------------------------------------------------------------
 
     @abstractmethod
-    async def enrol_host(self, host_id: str) -> HostCredentials:
+    async def enrol_host(self, host_id: str) -> HostEnrolment:
         """Create the host's record if new, and give it fresh credentials: its previous agent
         tokens and key are revoked, and its ``seq`` starts over (in one transaction)."""
 
@@ -765,7 +765,7 @@ class Store(ABC):
 
     @abstractmethod
     async def forget_host(self, host_id: str) -> bool:
-        """Delete the host, its reservations and its credentials. Raises :class:`HostBusy` while a
+        """Delete the host, its reservations and its credentials. Raises :class:`HostHasSandboxes` while a
         live sandbox is on it. True if there was anything to forget."""
 
     # -- templates -----------------------------------------------------------------------------
@@ -788,14 +788,14 @@ class Store(ABC):
 
     @abstractmethod
     async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
-        """Raises :class:`NameConflict` if the template already has a pool, :class:`NotFound` if the
+        """Raises :class:`NameConflict` if the template already has a pool, :class:`RecordNotFound` if the
         template does not exist."""
 
     @abstractmethod
     async def update_pool(
         self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
     ) -> PoolRecord:
-        """Change a pool's size or per-host cap; raises :class:`NotFound`."""
+        """Change a pool's size or per-host cap; raises :class:`RecordNotFound`."""
 
     @abstractmethod
     async def delete_pool(self, template: str) -> bool:

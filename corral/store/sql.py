@@ -39,17 +39,17 @@ from corral.store.contract import (
     FailedHost,
     Heartbeat,
     HeartbeatResult,
-    HostBusy,
-    HostCredentials,
+    HostEnrolment,
+    HostHasSandboxes,
     HostRecord,
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    NotFound,
-    OverQuota,
     Page,
     PoolRecord,
     Principal,
+    QuotaExceeded,
+    RecordNotFound,
     ReservationRecord,
     ReserveItem,
     Role,
@@ -350,7 +350,7 @@ class SqlStore(Store):
             if row is None:
                 current = await self._sandbox(tx, sandbox_id)
                 if current is None:
-                    raise NotFound(f"sandbox {sandbox_id!r}")
+                    raise RecordNotFound(f"sandbox {sandbox_id!r}")
                 raise StateConflict(sandbox_id, current.state, current.version)
             rec = rows.sandbox_from_row(row)
             # Every host that may hold an older copy is fenced: the one it left, whoever that was.
@@ -382,7 +382,7 @@ class SqlStore(Store):
             if row is None:
                 current = await self._sandbox(tx, sandbox_id)
                 if current is None:
-                    raise NotFound(f"sandbox {sandbox_id!r}")
+                    raise RecordNotFound(f"sandbox {sandbox_id!r}")
                 raise StateConflict(sandbox_id, current.state, current.version)
             return rows.sandbox_from_row(row)
 
@@ -423,7 +423,7 @@ class SqlStore(Store):
                 "UPDATE hosts SET state = :s WHERE id = :id", {"s": state.value, "id": host_id}
             )
             if n == 0:
-                raise NotFound(f"host {host_id!r}")
+                raise RecordNotFound(f"host {host_id!r}")
             host = await self._host(tx, host_id, now)
             assert host is not None
             return host
@@ -872,7 +872,7 @@ class SqlStore(Store):
             {"t": rec.tenant_id},
         )
         if tenant is None:
-            raise NotFound(f"tenant {rec.tenant_id!r}")
+            raise RecordNotFound(f"tenant {rec.tenant_id!r}")
         if idempotency_key is not None:
             seen = await tx.fetchone(
                 "SELECT request_hash, sandbox_id, record FROM idempotency_keys WHERE tenant_id = :t AND key = :k",
@@ -889,9 +889,9 @@ class SqlStore(Store):
         if rec.state in LIVE_STATES:
             used = Usage(int(tenant[2]), int(tenant[3]))
             if used.sandboxes + 1 > int(tenant[0]):
-                raise OverQuota("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
+                raise QuotaExceeded("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
             if used.memory_mb + rec.memory_mb > int(tenant[1]):
-                raise OverQuota("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
+                raise QuotaExceeded("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
         return None
 
     async def create_sandbox(
@@ -1069,7 +1069,7 @@ class SqlStore(Store):
                 return rec
             current = await self._sandbox(tx, sandbox_id)
             if current is None:
-                raise NotFound(f"sandbox {sandbox_id!r}")
+                raise RecordNotFound(f"sandbox {sandbox_id!r}")
             raise StateConflict(sandbox_id, current.state, current.version)
 
         try:
@@ -1089,7 +1089,7 @@ class SqlStore(Store):
                 {"id": sandbox_id, "exp": expires_at, "now": now},
             )
             if row is None:
-                raise NotFound(f"sandbox {sandbox_id!r}")
+                raise RecordNotFound(f"sandbox {sandbox_id!r}")
             return rows.sandbox_from_row(row)
 
         return await self._write(run)
@@ -1123,7 +1123,7 @@ class SqlStore(Store):
                 "SELECT tenant_id, placement FROM sandboxes WHERE id = :id", {"id": sandbox_id}
             )
             if row is None or (tenant_id is not None and row[0] != tenant_id):
-                raise NotFound(f"sandbox {sandbox_id!r}")
+                raise RecordNotFound(f"sandbox {sandbox_id!r}")
             return None if row[1] is None else str(row[1])
 
         return await self._read(run)
@@ -1266,7 +1266,7 @@ class SqlStore(Store):
                 {"id": tenant_id, "ms": max_sandboxes, "mm": max_memory_mb},
             )
             if row is None:
-                raise NotFound(f"tenant {tenant_id!r}")
+                raise RecordNotFound(f"tenant {tenant_id!r}")
             return rows.tenant_from_row(row)
 
         return await self._write(run)
@@ -1307,7 +1307,7 @@ class SqlStore(Store):
                 tenant_id is not None
                 and await tx.fetchone("SELECT id FROM tenants WHERE id = :t", {"t": tenant_id}) is None
             ):
-                raise NotFound(f"tenant {tenant_id!r}")
+                raise RecordNotFound(f"tenant {tenant_id!r}")
             if await tx.fetchone("SELECT 1 FROM revoked_tokens WHERE hash = :h", {"h": digest}):
                 raise TokenRevoked("this token was revoked; configure a new one")
             await tx.execute(
@@ -1408,13 +1408,13 @@ class SqlStore(Store):
 
     # -- host identity -------------------------------------------------------------------------
 
-    async def enrol_host(self, host_id: str) -> HostCredentials:
+    async def enrol_host(self, host_id: str) -> HostEnrolment:
         if not host_id:
             raise InvalidRecord("host_id: must not be empty")
-        creds = HostCredentials(host_id, _TOKEN_PREFIX + secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        creds = HostEnrolment(host_id, _TOKEN_PREFIX + secrets.token_urlsafe(32), secrets.token_urlsafe(32))
         now = self._now()
 
-        async def run(tx: Tx) -> HostCredentials:
+        async def run(tx: Tx) -> HostEnrolment:
             # A new identity starts its sequence over: whatever the previous credentials sent no
             # longer binds the host.
             await tx.execute(
@@ -1460,7 +1460,7 @@ class SqlStore(Store):
                 {"h": host_id, **params},
             )
             if live is not None and int(live[0]) > 0:
-                raise HostBusy(f"host {host_id} has {int(live[0])} live sandboxes")
+                raise HostHasSandboxes(f"host {host_id} has {int(live[0])} live sandboxes")
             await self._end_where(tx, "host_id = :h", {"h": host_id})
             await tx.execute("DELETE FROM host_sandboxes WHERE host_id = :h", {"h": host_id})
             found = await tx.execute("DELETE FROM hosts WHERE id = :h", {"h": host_id}) > 0
@@ -1550,7 +1550,7 @@ class SqlStore(Store):
 
         async def run(tx: Tx) -> PoolRecord:
             if await tx.fetchone("SELECT 1 FROM templates WHERE name = :t", {"t": template}) is None:
-                raise NotFound(f"template {template!r}")
+                raise RecordNotFound(f"template {template!r}")
             if await tx.fetchone("SELECT 1 FROM pools WHERE template = :t", {"t": template}) is not None:
                 raise NameConflict(f"template {template!r} already has a pool")
             await tx.execute(
@@ -1581,7 +1581,7 @@ class SqlStore(Store):
 
         async def run(tx: Tx) -> PoolRecord:
             if await tx.execute(f"UPDATE pools SET {', '.join(sets)} WHERE template = :t", params) == 0:
-                raise NotFound(f"no pool for template {template!r}")
+                raise RecordNotFound(f"no pool for template {template!r}")
             return (await self._pools(tx, template))[0]
 
         return await self._write(run)

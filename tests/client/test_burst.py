@@ -7,17 +7,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from corral.client import AsyncCorral
-from corral.client.burst import CreateOutcome, percentile, run_burst, summarize
+from corral.client.burst import BurstCreate, percentile, run_burst, summarize
 
 from .fakes import FakeApi, refusal
 
 
-def placed(host: str, ms: float = 100.0, **retried: int) -> CreateOutcome:
-    return CreateOutcome(latency_s=ms / 1000, host_id=host, sandbox_id=f"sb-{host}", retried=retried)
+def placed(host: str, ms: float = 100.0, **retried: int) -> BurstCreate:
+    return BurstCreate(latency_s=ms / 1000, host_id=host, sandbox_id=f"sb-{host}", retried=retried)
 
 
-def refused(code: str, ms: float = 5000.0) -> CreateOutcome:
-    return CreateOutcome(latency_s=ms / 1000, error_code=code)
+def refused(code: str, ms: float = 5000.0) -> BurstCreate:
+    return BurstCreate(latency_s=ms / 1000, error_code=code)
 
 
 def test_zero_count_hosts_are_in_the_histogram_and_the_median() -> None:

@@ -8,7 +8,7 @@ from corral.agent.client import AgentClient
 from corral.agent.errors import AgentInvalid, AgentRefusal, AgentUnauthorized, AgentUnavailable
 from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, StartSandbox
 from corral.codes import ErrorCode
-from corral.control.binding import AGENT_UNAVAILABLE, elsewhere_reason
+from corral.control.binding import elsewhere_reason
 from corral.exec_result import ExecResult
 
 from .conftest import ADMIN, make_cluster
@@ -17,8 +17,8 @@ from .conftest import ADMIN, make_cluster
 def test_which_refusals_send_a_create_elsewhere() -> None:
     assert elsewhere_reason(AgentRefusal(ErrorCode.HOST_STARTS_SATURATED)) == ErrorCode.HOST_STARTS_SATURATED
     assert elsewhere_reason(AgentRefusal(ErrorCode.HOST_MEMORY_PRESSURE)) == ErrorCode.HOST_MEMORY_PRESSURE
-    assert elsewhere_reason(AgentUnavailable()) == AGENT_UNAVAILABLE
-    assert elsewhere_reason(TimeoutError()) == AGENT_UNAVAILABLE
+    assert elsewhere_reason(AgentUnavailable()) == ErrorCode.AGENT_UNAVAILABLE
+    assert elsewhere_reason(TimeoutError()) == ErrorCode.AGENT_UNAVAILABLE
     assert elsewhere_reason(AgentInvalid(ErrorCode.TEMPLATE_MISSING)) == ErrorCode.TEMPLATE_MISSING
     assert elsewhere_reason(AgentUnauthorized()) is None
     assert elsewhere_reason(ValueError()) is None

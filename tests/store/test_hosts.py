@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from corral.core import AdmissionMode, HostState, HostView, ManualClock, Pending
-from corral.store import NotFound, Store
+from corral.store import RecordNotFound, Store
 
 from .conftest import T0
 from .helpers import beat
@@ -81,9 +81,9 @@ async def test_drain_survives_heartbeats_and_undrain_restores(store: Store) -> N
     after = await store.upsert_heartbeat(beat("h1", 2))
     assert after.accepted and after.host.state is HostState.DRAINING
     assert (await store.undrain("h1")).state is HostState.READY
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.drain("nope")
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.undrain("nope")
 
 

@@ -12,7 +12,7 @@ import pytest
 from corral.agent.inputs import MAX_SANDBOXES_PER_HOST
 from corral.store import (
     Heartbeat,
-    HostBusy,
+    HostHasSandboxes,
     Role,
     SandboxRecord,
     SandboxState,
@@ -56,7 +56,7 @@ async def test_forgetting_a_host_revokes_its_credentials_once_it_is_empty(store:
     await store.create_sandbox(
         SandboxRecord("sb-1", tenant.id, "default", 512, 1.0, state=SandboxState.RUNNING, host_id="h1")
     )
-    with pytest.raises(HostBusy):
+    with pytest.raises(HostHasSandboxes):
         await store.forget_host("h1")
     assert await store.resolve_token(creds.agent_token) is not None
     await store.set_sandbox_state("sb-1", SandboxState.DELETED)

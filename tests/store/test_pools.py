@@ -10,8 +10,8 @@ from corral.store import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    NotFound,
-    OverQuota,
+    QuotaExceeded,
+    RecordNotFound,
     SandboxState,
     Store,
     TemplateRecord,
@@ -26,7 +26,7 @@ async def test_pool_lifecycle_and_targets(store: Store) -> None:
     assert (pool.template, pool.size, pool.max_per_host, dict(pool.targets)) == ("py", 10, 3, {})
     with pytest.raises(NameConflict):
         await store.create_pool("py", size=1)
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.create_pool("nope", size=1)
     for bad in ({"size": -1}, {"size": 1, "max_per_host": 0}):
         with pytest.raises(InvalidRecord):
@@ -41,7 +41,7 @@ async def test_pool_lifecycle_and_targets(store: Store) -> None:
     updated = await store.update_pool("py", max_per_host=None)
     assert updated.max_per_host is None and updated.size == 20
     assert (await store.update_pool("py", max_per_host=UNSET)).max_per_host is None
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.update_pool("nope", size=1)
     assert await store.delete_pool("py")
     assert not await store.delete_pool("py")
@@ -73,7 +73,7 @@ async def test_warm_flag_and_read_only_create_checks(store: Store) -> None:
     with pytest.raises(NameConflict):
         await store.check_create(sandbox("sb-x", tenant, name="one"))
     await store.create_sandbox(sandbox("sb-2", tenant))
-    with pytest.raises(OverQuota):
+    with pytest.raises(QuotaExceeded):
         await store.check_create(sandbox("sb-3", tenant))
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.check_create(sandbox("sb-3", tenant.__class__("ghost", "ghost", 1, 1, 0.0)))

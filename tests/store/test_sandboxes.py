@@ -15,8 +15,8 @@ from corral.store import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    NotFound,
-    OverQuota,
+    QuotaExceeded,
+    RecordNotFound,
     SandboxRecord,
     SandboxState,
     StateConflict,
@@ -131,7 +131,7 @@ async def test_quota_counts_live_sandboxes_and_memory(store: Store) -> None:
     t = await store.create_tenant("small", max_sandboxes=3, max_memory_mb=2048)
     await store.create_sandbox(sandbox("a", t, memory_mb=1024))
     await store.create_sandbox(sandbox("b", t, memory_mb=512))
-    with pytest.raises(OverQuota) as e:
+    with pytest.raises(QuotaExceeded) as e:
         await store.create_sandbox(sandbox("c", t, memory_mb=1024))
     assert (e.value.code, e.value.limit, e.value.allowed, e.value.used, e.value.requested) == (
         "tenant_over_quota",
@@ -141,7 +141,7 @@ async def test_quota_counts_live_sandboxes_and_memory(store: Store) -> None:
         1024,
     )
     await store.create_sandbox(sandbox("c", t, memory_mb=512))
-    with pytest.raises(OverQuota) as e:
+    with pytest.raises(QuotaExceeded) as e:
         await store.create_sandbox(sandbox("d", t, memory_mb=1))
     assert e.value.limit == "max_sandboxes"
     assert (await store.usage(t.id)).sandboxes == 3
@@ -152,7 +152,7 @@ async def test_quota_counts_live_sandboxes_and_memory(store: Store) -> None:
     # A quota change applies to the next create.
     await store.set_quota(t.id, max_sandboxes=10, max_memory_mb=10_000)
     await store.create_sandbox(sandbox("e", t, memory_mb=4096))
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.create_sandbox(sandbox("f", TenantRecord("tn_ghost", "ghost", 1, 1, 0.0)))
 
 
@@ -163,7 +163,7 @@ async def test_concurrent_creates_never_exceed_quota(store: Store) -> None:
         try:
             await store.create_sandbox(sandbox(f"sb-{i}", t))
             return True
-        except OverQuota:
+        except QuotaExceeded:
             return False
 
     made = await asyncio.gather(*(one(i) for i in range(12)))
@@ -199,7 +199,7 @@ async def test_state_changes_are_compare_and_set(
     assert (running.host_id, running.reservation_id, running.version) == ("h1", "r1", 3)
     cleared = await store.set_sandbox_state("sb-1", SandboxState.ORPHANED, reservation_id=None)
     assert cleared.reservation_id is None and cleared.host_id == "h1"
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.set_sandbox_state("nope", SandboxState.RUNNING)
     with pytest.raises(InvalidRecord):
         await store.set_sandbox_state("sb-1", "bogus")  # type: ignore[arg-type]
@@ -245,7 +245,7 @@ async def test_expiry_and_the_reaper_query(store: Store, tenant: TenantRecord, c
     assert extended.expires_at == T0 + 100 and extended.version == 2
     assert await store.set_sandbox_expiry("c", None)
     assert [s.id for s in await store.expired_sandboxes()] == ["b"]
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.set_sandbox_expiry("zz", None)
 
 

@@ -10,8 +10,8 @@ import pytest
 from corral.store import (
     InvalidRecord,
     NameConflict,
-    NotFound,
     Principal,
+    RecordNotFound,
     Role,
     SandboxRecord,
     SandboxState,
@@ -54,7 +54,7 @@ async def test_tenants(store: Store) -> None:
     assert await store.list_tenants() == [a, b]
     raised = await store.set_quota(b.id, max_sandboxes=5, max_memory_mb=5000)
     assert (raised.max_sandboxes, raised.max_memory_mb) == (5, 5000)
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.set_quota("nope", max_sandboxes=1, max_memory_mb=1)
     assert (await store.usage(a.id)).sandboxes == 0
 
@@ -92,7 +92,7 @@ async def test_ensure_token_is_idempotent(store: Store) -> None:
         await store.ensure_token("short", None, Role.AGENT)
     with pytest.raises(InvalidRecord):
         await store.ensure_token("a-tenant-token-without-tenant", None, Role.TENANT)
-    with pytest.raises(NotFound):
+    with pytest.raises(RecordNotFound):
         await store.ensure_token("a-token-for-a-ghost-tenant", "tn_ghost", Role.TENANT)
 
 

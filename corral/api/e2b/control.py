@@ -25,7 +25,7 @@ from corral.api.e2b.access import access_token
 from corral.api.hot import spec_of
 from corral.api.schemas import SandboxSpecBody
 from corral.codes import ErrorCode
-from corral.control.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from corral.control.errors import Conflict, Forbidden, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
 from corral.store import Principal, Role, SandboxRecord, SandboxState
 from corral.store.rows import encode_cursor
@@ -105,7 +105,7 @@ async def agent_of(plane: ControlPlane, host_id: str) -> AgentClient:
 async def _get(plane: ControlPlane, p: Principal, sandbox_id: str) -> SandboxRecord:
     record = await plane.sandboxes.get(sandbox_id, scope(p))
     if record.state not in LIVE:
-        raise NotFound(f"sandbox {sandbox_id} was not found")
+        raise ResourceNotFound(f"sandbox {sandbox_id} was not found")
     return record
 
 
@@ -198,7 +198,7 @@ async def _agent_op(plane: ControlPlane, record: SandboxRecord, op: str) -> None
     try:
         await (client.pause(record.id) if op == "pause" else client.resume(record.id))
     except AgentSandboxNotFound:
-        raise NotFound(f"sandbox {record.id} was not found") from None
+        raise ResourceNotFound(f"sandbox {record.id} was not found") from None
     except AgentError as exc:
         if exc.status == 409:
             raise Conflict(exc.message, code=exc.code) from None

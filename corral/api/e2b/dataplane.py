@@ -17,7 +17,7 @@ from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.envd import CALLER_AUTH_HEADER, ENVD_PREFIX, SANDBOX_HEADER, Envd
 from corral.api.e2b.access import AccessKey, valid
 from corral.codes import ErrorCode
-from corral.control.errors import ControlError, NotFound
+from corral.control.errors import ControlError, ResourceNotFound
 from corral.control.plane import ControlPlane
 from corral.store import Role, SandboxState, StoreUnavailable
 
@@ -103,7 +103,7 @@ class DataPlane:
         as a sandbox that does not exist, so a caller learns nothing about other tenants' sandboxes.
         While the store is unreachable, the route this replica remembers serves (running sandboxes
         keep serving)."""
-        missing = NotFound(f"sandbox {sandbox_id} was not found")
+        missing = ResourceNotFound(f"sandbox {sandbox_id} was not found")
         if not sandbox_id:
             raise missing
         try:

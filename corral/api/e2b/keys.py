@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from corral.api.auth import Admin, Plane
-from corral.control.errors import NotFound
+from corral.control.errors import ResourceNotFound
 from corral.store import Role
 
 router = APIRouter()
@@ -28,7 +28,7 @@ class KeyOut(BaseModel):
 @router.post("/v1/tenants/{tenant_id}/e2b-keys", status_code=201, response_model=KeyOut)
 async def issue(tenant_id: str, _: Admin, plane: Plane) -> KeyOut:
     if await plane.store.get_tenant(tenant_id) is None:
-        raise NotFound(f"no tenant {tenant_id}")
+        raise ResourceNotFound(f"no tenant {tenant_id}")
     key = new_key()
     await plane.store.ensure_token(key, tenant_id, Role.TENANT)
     return KeyOut(tenant_id=tenant_id, key=key)
