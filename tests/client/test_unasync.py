@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 from pathlib import Path
+from types import ModuleType
 
 import corral.client.async_client as async_client
 import corral.client.client as sync_client
@@ -13,7 +14,7 @@ import corral.client.client as sync_client
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "unasync.py"
 
 
-def _load_script():  # type: ignore[no-untyped-def]
+def _load_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("unasync", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
