@@ -196,8 +196,18 @@ class Sampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.mark()
         self._stop.set()
         self._thread.join(10)
+
+    def mark(self) -> None:
+        """Wait for a sample taken after this moment: each phase of a scenario is watched at least
+        once, however slowly the machine samples."""
+        seen = self.samples
+        deadline = time.monotonic() + 30
+        while self.samples < seen + 2 and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        assert self.samples >= seen + 2, "the sampler stalled"
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -267,6 +277,7 @@ def test_kill_9_of_an_agent_and_of_the_leader_mid_failover(fleet: Fleet) -> None
             "every recreate sandbox running",
         )
         took = time.monotonic() - killed_at
+        sampler.mark()
         recs = records(f)
         for sid in recreate:
             assert recs[sid]["host_id"] != dead and recs[sid]["epoch"] >= 1 and recs[sid]["recreated_at"]
@@ -279,6 +290,7 @@ def test_kill_9_of_an_agent_and_of_the_leader_mid_failover(fleet: Fleet) -> None
         # The agent comes back with its old copies (their processes kept running): the recreated
         # ones are stopped at once, the orphans reclaimed.
         f.start_agent(dead)
+        sampler.mark()
         wait_for(lambda: not set(recreate) & set(f.on_agent(dead)), 60, "the stale copies to stop")
         wait_for(lambda: all(records(f)[i]["state"] == "running" for i in orphan), 60, "orphans reclaimed")
         assert set(orphan) <= set(f.on_agent(dead))
@@ -286,7 +298,7 @@ def test_kill_9_of_an_agent_and_of_the_leader_mid_failover(fleet: Fleet) -> None
         for sid in orphan:
             r = exec_env(f, sid)
             assert r.status_code == 200 and f"TOKEN={CANARY}" in r.json()["stdout"], r.text
-    assert sampler.samples > 10 and sampler.doubles == []
+    assert sampler.doubles == []
     # Nothing lost: every sandbox is running, each on exactly one host.
     recs = records(f)
     everywhere: dict[str, list[str]] = {}
@@ -322,13 +334,15 @@ def test_an_agent_cut_off_then_healed_is_fenced(fleet: Fleet) -> None:
             "every recreate sandbox recreated elsewhere",
         )
         took = time.monotonic() - cut_at
+        sampler.mark()
         for sid in recreate:
             assert sid in f.on_agent(cut)  # the old copy still runs where it was cut off...
             assert stale_copy_refuses(f, cut, sid, 1)  # ...and refuses a call for the current epoch
         f.heal(cut)
+        sampler.mark()
         wait_for(lambda: not set(recreate) & set(f.on_agent(cut)), 60, "the stale copies to stop")
         wait_for(lambda: all(records(f)[i]["state"] == "running" for i in orphan), 60, "orphans reclaimed")
-    assert sampler.samples > 10 and sampler.doubles == []
+    assert sampler.doubles == []
     print(f"failover: all recreate sandboxes running {took:.2f}s after the cut (dead_after 3 s)")
 
 
