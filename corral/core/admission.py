@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from corral.core.fit import CPU, FIT_RULE, MEMORY, Term
 from corral.core.types import AdmissionMode, CreateRequest, HostView, Pending, SandboxUsage
 
 
@@ -89,27 +90,49 @@ def fits(
     policy: AdmissionPolicy = DEFAULT_POLICY,
 ) -> bool:
     """The gate: does ``request`` fit into ``admittable`` once ``pending_mb`` is set aside?"""
-    return admittable - pending_mb >= request_charge_mb(request, mode, policy)
+    values = {
+        Term.ADMITTABLE_MB: admittable,
+        Term.PENDING_MB: pending_mb,
+        Term.CHARGE_MB: request_charge_mb(request, mode, policy),
+    }
+    return MEMORY.holds(values, policy.cpu_overcommit)
+
+
+def fit_terms(
+    host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
+) -> dict[Term, float]:
+    """Every term of ``FIT_RULE`` for ``request`` on ``host`` with ``pending`` set aside."""
+    return {
+        Term.ADMITTABLE_MB: host.memory_mb_admittable,
+        Term.MEMORY_TOTAL_MB: host.memory_mb_total,
+        Term.PENDING_MB: pending.memory_mb,
+        Term.CHARGE_MB: request_charge_mb(request, host.memory_admission, policy),
+        Term.CPU_TOTAL: host.cpu_total,
+        Term.CPU_USED: host.cpu_used,
+        Term.PENDING_CPU: pending.cpu,
+        Term.REQUEST_CPU: request.cpu,
+    }
 
 
 def cpu_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
-    return host.cpu_used + pending.cpu + request.cpu <= host.cpu_total * policy.cpu_overcommit
+    return CPU.holds(fit_terms(host, pending, request, policy), policy.cpu_overcommit)
 
 
 def memory_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
     """The scheduler's view of the gate: the host's published verdict minus what is still pending."""
-    return fits(host.memory_mb_admittable, pending.memory_mb, request, host.memory_admission, policy)
+    return MEMORY.holds(fit_terms(host, pending, request, policy), policy.cpu_overcommit)
 
 
 def host_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
-    """Memory and CPU both."""
-    return memory_fits(host, pending, request, policy) and cpu_fits(host, pending, request, policy)
+    """Memory and CPU both: every bound of ``FIT_RULE`` (what the store's reservations check too)."""
+    values = fit_terms(host, pending, request, policy)
+    return all(b.holds(values, policy.cpu_overcommit) for b in FIT_RULE)
 
 
 class AdmissionBook:

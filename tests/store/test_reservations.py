@@ -147,21 +147,18 @@ async def test_reserve_best_sees_expired_room(store: Store, clock: ManualClock) 
     assert await store.audit() == []
 
 
-async def test_reserve_best_folds_expired_reservations_only_when_nothing_fits(
+async def test_reserve_best_ranks_by_live_totals_ending_expired_claims_first(
     store: Store, clock: ManualClock
 ) -> None:
     await hosts(store, 2, admittable=1000)
     old = await store.reserve("h00", memory_mb=600, owner="r", ttl_s=5)
     assert old is not None
     clock.advance(5)
-    # Room without the expired one: it stays on the books until something needs its room.
+    assert await store.reserve("h01", memory_mb=300, owner="r", ttl_s=60)
+    # By live totals h00 is empty and h01 holds 300: h00 is the roomiest, as the core scores it,
+    # although its counter still holds the expired 600 (which alone would have put the pick on h01).
     first = await store.reserve_best(["h00", "h01"], memory_mb=400, owner="r", ttl_s=5)
-    second = await store.reserve_best(["h00", "h01"], memory_mb=600, owner="r", ttl_s=5)
-    assert first is not None and second is not None and first.host_id == second.host_id == "h01"
-    assert await store.get_reservation(old.id) is not None
-    # Now only the expired room would fit: the reserve ends it and takes the room.
-    third = await store.reserve_best(["h00", "h01"], memory_mb=600, owner="r", ttl_s=5)
-    assert third is not None and third.host_id == old.host_id
+    assert first is not None and first.host_id == "h00"
     assert await store.get_reservation(old.id) is None
     assert await store.audit() == []
 
