@@ -233,7 +233,7 @@ async def _check(store: Store, clock: ManualClock, fleet: Fleet) -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
