@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, fit_terms
+from corral.core.admission import DEFAULT_POLICY, LEFT, TOTAL, AdmissionPolicy
 from corral.core.fit import CPU, MEMORY, Bound
 from corral.core.types import CreateRequest, HostView, Pending
 
@@ -34,10 +34,11 @@ class Scorer:
     def headroom(self, host: HostView, pending: Pending, req: CreateRequest) -> float:
         """Fraction of the host left after this request and everything pending (AerolVM's headroom):
         what each bound of the fit rule leaves, over the host's total, weighted."""
-        values = fit_terms(host, pending, req, self.policy)
+        policy = self.policy
         total = 0.0
         for bound, weight in self.weighted():
-            total = total + weight * (bound.left(values) / (values[bound.total] or 1))
+            left = LEFT[bound.name](host, pending, req, policy)
+            total = total + weight * (left / (TOTAL[bound.name](host, pending, req, policy) or 1))
         return total
 
     def weighted(self) -> tuple[tuple[Bound, float], ...]:
