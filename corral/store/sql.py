@@ -611,15 +611,18 @@ class SqlStore(Store):
         take_best = (
             "UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu "
             f"WHERE id = (SELECT id FROM hosts WHERE id IN {clause} AND {_FITS} "
+            f"AND NOT EXISTS (SELECT 1 FROM reservations WHERE host_id IN {clause} AND expires_at <= :now) "
             f"ORDER BY {_ROOM_ORDER}, {tie} LIMIT 1) AND {_FITS} RETURNING id"
         )
-        p = {**params, "mb": memory_mb, "cpu": rows.to_millicores(template.cpu)}
+        p = {**params, "mb": memory_mb, "cpu": rows.to_millicores(template.cpu), "now": template.created_at}
 
         async def run(tx: Tx) -> ReservationRecord | None:
             await self._lock_hosts(tx, params.values())
-            # Expired claims are ended first: the pick ranks by live totals, as the core does.
-            await self._fold_expired(tx, params.values(), template.created_at)
             took = await tx.fetchone(take_best, p)
+            # A candidate's expired claims, still on its counter, make the pick wait until they are
+            # ended: it ranks by live totals, as the core does.
+            if took is None and await self._fold_expired(tx, params.values(), template.created_at):
+                took = await tx.fetchone(take_best, p)
             if took is None:
                 return None
             r = _with_host(template, took[0])
