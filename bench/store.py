@@ -42,7 +42,8 @@ from corral.store.sql import SqlStore
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 BATCH = 50
-# Room for everything a run can reserve: the condition is evaluated by every statement and always holds.
+# Room for everything a run can reserve, memory and CPU: the condition is evaluated by every statement
+# and always holds.
 ADMITTABLE = 10**15
 TTL_S = 3600.0
 MB = 512
@@ -235,7 +236,7 @@ async def prepare(url: str, hosts: list[str]) -> None:
     await store.migrate()
     for h in hosts:
         await store.upsert_heartbeat(
-            Heartbeat(h, 1, 64.0, 0.0, ADMITTABLE, 0, ADMITTABLE, AdmissionMode.COMMITTED)
+            Heartbeat(h, 1, float(ADMITTABLE), 0.0, ADMITTABLE, 0, ADMITTABLE, AdmissionMode.COMMITTED)
         )
     await store.close()
 

@@ -8,6 +8,7 @@ from corral.core.admission import (
     admittable_mb,
     charge_mb,
     cpu_fits,
+    fit_terms,
     fits,
     host_fits,
     memory_fits,
@@ -16,6 +17,7 @@ from corral.core.admission import (
 )
 from corral.core.clock import Clock, ManualClock
 from corral.core.filters import DEFAULT_FILTERS, Filter, FilterContext, Reason, first_failure
+from corral.core.fit import FIT_RULE, TAKES_STATE, Bound, Term, tie_rank
 from corral.core.ledger import Ledger, Reservation
 from corral.core.placement import Decision, Placer, Scheduler
 from corral.core.pressure import PressureGate
@@ -37,9 +39,12 @@ from corral.core.types import (
 __all__ = [
     "DEFAULT_FILTERS",
     "DEFAULT_POLICY",
+    "FIT_RULE",
+    "TAKES_STATE",
     "AdmissionBook",
     "AdmissionMode",
     "AdmissionPolicy",
+    "Bound",
     "Clock",
     "ConfigError",
     "CreateRequest",
@@ -69,6 +74,7 @@ __all__ = [
     "Scorer",
     "Selector",
     "Strategy",
+    "Term",
     "Timeouts",
     "TouchModel",
     "TouchProfile",
@@ -77,9 +83,11 @@ __all__ = [
     "charge_mb",
     "cpu_fits",
     "first_failure",
+    "fit_terms",
     "fits",
     "host_fits",
     "memory_fits",
     "request_charge_mb",
     "reserve_mb",
+    "tie_rank",
 ]

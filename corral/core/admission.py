@@ -14,9 +14,10 @@ Both sides call the same two functions.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from corral.core.fit import CPU, FIT_RULE, MEMORY, Bound, Term
 from corral.core.types import AdmissionMode, CreateRequest, HostView, Pending, SandboxUsage
 
 
@@ -89,27 +90,96 @@ def fits(
     policy: AdmissionPolicy = DEFAULT_POLICY,
 ) -> bool:
     """The gate: does ``request`` fit into ``admittable`` once ``pending_mb`` is set aside?"""
-    return admittable - pending_mb >= request_charge_mb(request, mode, policy)
+    values = {
+        Term.ADMITTABLE_MB: admittable,
+        Term.PENDING_MB: pending_mb,
+        Term.CHARGE_MB: request_charge_mb(request, mode, policy),
+    }
+    return MEMORY.holds(values, policy.cpu_overcommit)
+
+
+def fit_terms(
+    host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
+) -> dict[Term, float]:
+    """Every term of ``FIT_RULE`` for ``request`` on ``host`` with ``pending`` set aside."""
+    return {
+        Term.ADMITTABLE_MB: host.memory_mb_admittable,
+        Term.MEMORY_TOTAL_MB: host.memory_mb_total,
+        Term.PENDING_MB: pending.memory_mb,
+        Term.CHARGE_MB: request_charge_mb(request, host.memory_admission, policy),
+        Term.CPU_TOTAL: host.cpu_total,
+        Term.CPU_USED: host.cpu_used,
+        Term.PENDING_CPU: pending.cpu,
+        Term.REQUEST_CPU: request.cpu,
+    }
+
+
+# Each term as Python over one host, its pending claims and the request (``charge`` is the request's
+# charge on that host): the core's rendering of the rule, beside the store's SQL one.
+_PY_TERMS = {
+    Term.ADMITTABLE_MB: "host.memory_mb_admittable",
+    Term.MEMORY_TOTAL_MB: "host.memory_mb_total",
+    Term.PENDING_MB: "pending.memory_mb",
+    Term.CHARGE_MB: "charge",
+    Term.CPU_TOTAL: "host.cpu_total",
+    Term.CPU_USED: "host.cpu_used",
+    Term.PENDING_CPU: "pending.cpu",
+    Term.REQUEST_CPU: "request.cpu",
+}
+BoundFn = Callable[[HostView, Pending, CreateRequest, AdmissionPolicy], float]
+
+
+def _render(bound: Bound, expr: str, reads: Iterable[Term]) -> BoundFn:
+    """``bound`` compiled to a plain function of (host, pending, request, policy) returning ``expr``.
+    The filters and the score run per host per decision: compiled once, a bound costs what the
+    hand-written comparison did, not a dict of terms and a loop over them."""
+    charge = (
+        "    charge = request_charge_mb(request, host.memory_admission, policy)\n"
+        if Term.CHARGE_MB in reads
+        else ""
+    )
+    src = f"def f(host, pending, request, policy):\n{charge}    return {expr}\n"
+    scope: dict[str, object] = {"request_charge_mb": request_charge_mb}
+    exec(compile(src, f"<fit rule: {bound.name}>", "exec"), scope)
+    fn: BoundFn = scope["f"]  # type: ignore[assignment]
+    return fn
+
+
+def _holds_expr(bound: Bound) -> str:
+    need = " + ".join(_PY_TERMS[t] for t in bound.need)
+    room = _PY_TERMS[bound.room]
+    return f"{need} <= {room} * policy.cpu_overcommit" if bound.overcommitted else f"{need} <= {room}"
+
+
+def _left_expr(bound: Bound) -> str:
+    return " - ".join([_PY_TERMS[bound.room], *(_PY_TERMS[t] for t in bound.need)])
+
+
+HOLDS: dict[str, BoundFn] = {b.name: _render(b, _holds_expr(b), (*b.need, b.room)) for b in FIT_RULE}
+# What each bound leaves once the request is met (the spread score's terms), and the host's total.
+LEFT: dict[str, BoundFn] = {b.name: _render(b, _left_expr(b), (*b.need, b.room)) for b in FIT_RULE}
+TOTAL: dict[str, BoundFn] = {b.name: _render(b, _PY_TERMS[b.total], (b.total,)) for b in FIT_RULE}
+_MEMORY_HOLDS, _CPU_HOLDS = HOLDS[MEMORY.name], HOLDS[CPU.name]
 
 
 def cpu_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
-    return host.cpu_used + pending.cpu + request.cpu <= host.cpu_total * policy.cpu_overcommit
+    return bool(_CPU_HOLDS(host, pending, request, policy))
 
 
 def memory_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
     """The scheduler's view of the gate: the host's published verdict minus what is still pending."""
-    return fits(host.memory_mb_admittable, pending.memory_mb, request, host.memory_admission, policy)
+    return bool(_MEMORY_HOLDS(host, pending, request, policy))
 
 
 def host_fits(
     host: HostView, pending: Pending, request: CreateRequest, policy: AdmissionPolicy = DEFAULT_POLICY
 ) -> bool:
-    """Memory and CPU both."""
-    return memory_fits(host, pending, request, policy) and cpu_fits(host, pending, request, policy)
+    """Memory and CPU both: every bound of ``FIT_RULE`` (what the store's reservations check too)."""
+    return all(HOLDS[b.name](host, pending, request, policy) for b in FIT_RULE)
 
 
 class AdmissionBook:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from corral.codes import ErrorCode
 from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, cpu_fits, memory_fits
-from corral.core.types import NO_PENDING, CreateRequest, HostState, HostView, Pending
+from corral.core.fit import TAKES_STATE
+from corral.core.types import NO_PENDING, CreateRequest, HostView, Pending
 
 PendingFn = Callable[[str], Pending]
 
@@ -63,7 +64,7 @@ class NotDraining(Filter):
     reason = Reason.DRAINING
 
     def passes(self, host: HostView, req: CreateRequest, ctx: FilterContext) -> bool:
-        return host.state is HostState.READY
+        return host.state is TAKES_STATE
 
 
 class RoleAllowed(Filter):

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, request_charge_mb
+from corral.core.admission import DEFAULT_POLICY, LEFT, TOTAL, AdmissionPolicy
+from corral.core.fit import CPU, MEMORY, Bound
 from corral.core.types import CreateRequest, HostView, Pending
 
 
@@ -31,17 +32,18 @@ class Scorer:
     policy: AdmissionPolicy = DEFAULT_POLICY
 
     def headroom(self, host: HostView, pending: Pending, req: CreateRequest) -> float:
-        """Fraction of the host left after this request and everything pending (AerolVM's headroom)."""
-        w = self.weights
-        mem_total = host.memory_mb_total or 1
-        mem_left = (
-            host.memory_mb_admittable
-            - pending.memory_mb
-            - request_charge_mb(req, host.memory_admission, self.policy)
-        )
-        cpu_total = host.cpu_total or 1.0
-        cpu_left = cpu_total - host.cpu_used - pending.cpu - req.cpu
-        return w.memory * (mem_left / mem_total) + w.cpu * (cpu_left / cpu_total)
+        """Fraction of the host left after this request and everything pending (AerolVM's headroom):
+        what each bound of the fit rule leaves, over the host's total, weighted."""
+        policy = self.policy
+        total = 0.0
+        for bound, weight in self.weighted():
+            left = LEFT[bound.name](host, pending, req, policy)
+            total = total + weight * (left / (TOTAL[bound.name](host, pending, req, policy) or 1))
+        return total
+
+    def weighted(self) -> tuple[tuple[Bound, float], ...]:
+        """The bounds the headroom counts, with their weights (the store ranks by the same terms)."""
+        return ((MEMORY, self.weights.memory), (CPU, self.weights.cpu))
 
     def score(self, host: HostView, pending: Pending, req: CreateRequest) -> float:
         h = self.headroom(host, pending, req)

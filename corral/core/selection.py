@@ -4,10 +4,10 @@ at and how they break ties:
 - ``PowerOfK``: sample K hosts, filter only those, keep the best. O(K) per decision whatever the fleet
   size, with a bounded number of extra probes when samples are infeasible, and a full scan only on the
   path that is about to refuse (a refusal must be true of the whole fleet, not of a sample).
-- ``FullScan``: every host, best score, ties broken at random (K = all).
-- ``Naive``: every host, the first best score wins. A deterministic argmax, kept as a baseline: over a
-  frozen view it sends every decision to the same host.
-- ``Jitter``: every host, scores perturbed by a small random factor, ties broken at random.
+- ``FullScan``: every host, best score, ties broken by ``tie_rank`` under a random salt (K = all).
+- ``Naive``: every host, the first best score wins. A deterministic argmax, kept as a baseline: over
+  a frozen view it sends every decision to the same host.
+- ``Jitter``: every host, scores perturbed by a small random factor, ties broken as ``FullScan`` does.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from corral.core.filters import Filter, FilterContext, first_failure
+from corral.core.fit import tie_rank
 from corral.core.scoring import Scorer
 from corral.core.types import CreateRequest, HostView
 
@@ -89,11 +90,12 @@ def _best(
     rng: random.Random | None,
     jitter: float = 0.0,
 ) -> Choice:
-    """Highest score; ties broken uniformly at random when ``rng`` is given, else the first wins."""
+    """Highest score; ties broken by ``tie_rank`` under a salt drawn from ``rng`` (the store's rule,
+    so each tied host wins equally often), else the first wins."""
     best: HostView | None = None
     best_score = float("-inf")
-    ties = 0
     oldest: float | None = None
+    salt: str | None = None
     scored: list[tuple[float, int, HostView]] = []
     for i, h in enumerate(candidates):
         s = scorer.score(h, ctx.pending(h.id), req)
@@ -103,10 +105,11 @@ def _best(
         if oldest is None or h.heartbeat_at < oldest:
             oldest = h.heartbeat_at
         if s > best_score:
-            best, best_score, ties = h, s, 1
-        elif s == best_score and rng is not None:
-            ties += 1
-            if rng.random() * ties < 1.0:  # reservoir: each tied host wins with probability 1/ties
+            best, best_score = h, s
+        elif s == best_score and rng is not None and best is not None:
+            if salt is None:  # drawn only when a tie needs it, so a decision without one draws nothing
+                salt = tie_salt(rng)
+            if tie_rank(salt, h.id) < tie_rank(salt, best.id):
                 best = h
     if len(scored) <= 2:
         top = sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)
@@ -122,6 +125,11 @@ def _best(
         candidates=tuple(t[2] for t in top),
         scores=tuple(t[0] for t in top),
     )
+
+
+def tie_salt(rng: random.Random) -> str:
+    """A fresh per-decision salt for ``tie_rank``."""
+    return f"{rng.getrandbits(64):016x}"
 
 
 def _choice(best: Choice, reasons: dict[str, int], checked: int, rejected: list[tuple[str, str]]) -> Choice:

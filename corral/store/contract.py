@@ -9,8 +9,9 @@ Times are epoch seconds (float) from the store's injected clock, never the datab
 drive expiry with ``ManualClock``, and replicas compare times they themselves wrote.
 
 Memory amounts handed to ``reserve*`` are *charges* already computed by the caller with
-:func:`corral.core.admission.request_charge_mb`; the store's capacity condition,
-``memory_mb_admittable - reserved_mb >= charge``, is :func:`corral.core.admission.fits` with that charge,
+:func:`corral.core.admission.request_charge_mb`; the store's capacity condition is
+:func:`corral.core.admission.host_fits` of a ready host (memory and CPU, on the store's live reserved
+totals) with that charge, rendered from the core's one declaration (:mod:`corral.store.fit`) and
 evaluated where two deciders cannot both pass it.
 """
 
@@ -483,9 +484,9 @@ class Store(ABC):
         ttl_s: float,
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
-        """Reserve ``memory_mb`` (a charge) on a ready host if its admittable minus its live
-        reservations covers it. None: no room (or no such host, or draining). Race-proof across
-        processes and replicas; expired reservations never count against the room."""
+        """Reserve ``memory_mb`` (a charge) and ``cpu`` on a ready host if they fit beside its live
+        reservations (``corral.core.admission.host_fits``). None: no room (or no such host, or
+        draining). Race-proof across processes and replicas; expired reservations never count against the room."""
 
     @abstractmethod
     async def reserve_best(
@@ -498,9 +499,11 @@ class Store(ABC):
         ttl_s: float,
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
-        """Among ``candidates`` (the K sampled hosts), reserve on the ready one with the most room by
-        the store's *current* reserved totals, so replicas see each other's in-flight work at
-        commit. The record's ``host_id`` says which host it took. None: none of them has room."""
+        """Among ``candidates`` (the K sampled hosts), reserve on the one that fits with the best
+        spread score (``corral.core.scoring.Scorer``) by the store's *current* live reserved totals,
+        so replicas see each other's in-flight work at commit; ties go by ``corral.core.fit.tie_rank``
+        salted with ``sandbox_id`` (else the reservation's id). The record's ``host_id`` says which
+        host it took. None: none of them has room."""
 
     @abstractmethod
     async def reserve_batch(

@@ -33,9 +33,10 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from corral.core.clock import Clock
 from corral.store import rows
 from corral.store.contract import InvalidRecord, ReservationRecord, ReserveItem, StoreError, StoreUnavailable
+from corral.store.fit import by_tie_rank, fit_condition, room_order
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 from corral.store.outage import Breaker
-from corral.store.sql import ROOM_ORDER, Params, SqlStore, Tx, _check_reservation
+from corral.store.sql import Params, SqlStore, Tx, _check_reservation
 
 T = TypeVar("T")
 
@@ -101,7 +102,7 @@ def _translate(exc: psycopg.Error) -> StoreError:
 _RESERVE = _pg(
     f"""WITH h AS (
         UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu
-        WHERE id = :h AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb
+        WHERE id = :h AND {fit_condition()}
         RETURNING id
     )
     INSERT INTO reservations ({rows.RESERVATION_COLS})
@@ -115,18 +116,21 @@ _RESERVE = _pg(
 # that lock would re-check only that the host still fits, not that it is still the roomiest, so
 # every writer queued behind one lock lands on the same host (a burst across four replicas put
 # twelve of fifty creates on one host of twelve). When every candidate is locked, nothing is picked
-# and the locking path below waits for the rows and decides on their newest totals.
+# and the locking path below waits for the rows and decides on their newest totals. ``:c`` comes in
+# the core's tie-break order, so among equally good hosts the first in it wins (as on SQLite).
+# A candidate with expired, unswept claims sends the create to the locking path too, which ends them
+# first: the counters still hold them, and the pick must rank by live totals as the core does.
 _RESERVE_BEST = _pg(
     f"""WITH pick AS (
         SELECT id FROM hosts
-        WHERE id = ANY(:c) AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb
-        ORDER BY {ROOM_ORDER}, random() LIMIT 1
+        WHERE id = ANY(:c) AND {fit_condition()}
+          AND NOT EXISTS (SELECT 1 FROM reservations WHERE host_id = ANY(:c) AND expires_at <= :now)
+        ORDER BY {room_order()}, array_position(CAST(:c AS text[]), id) LIMIT 1
         FOR UPDATE SKIP LOCKED
     ), h AS (
         UPDATE hosts SET reserved_mb = hosts.reserved_mb + :mb, reserved_cpu_m = hosts.reserved_cpu_m + :cpu
         FROM pick
-        WHERE hosts.id = pick.id AND hosts.state = 'ready'
-          AND hosts.memory_mb_admittable - hosts.reserved_mb >= :mb
+        WHERE hosts.id = pick.id AND {fit_condition("hosts.")}
         RETURNING hosts.id
     ), ins AS (
         INSERT INTO reservations ({rows.RESERVATION_COLS})
@@ -144,13 +148,13 @@ _RESERVE_BATCH = _pg(
     f"""WITH need AS (
         SELECT * FROM unnest(CAST(:hids AS text[]), CAST(:hmb AS bigint[]), CAST(:hcpu AS bigint[])) AS d(id, mb, cpu)
     ), locked AS (
-        SELECT id, state, memory_mb_admittable - reserved_mb AS room
+        SELECT id, state, memory_mb_admittable, reserved_mb, cpu_total, cpu_used, reserved_cpu_m
         FROM hosts WHERE id = ANY(CAST(:hids AS text[]))
         ORDER BY id FOR UPDATE
     ), verdict AS (
         SELECT count(*) = :nhosts AS fits
         FROM locked JOIN need ON need.id = locked.id
-        WHERE locked.state = 'ready' AND locked.room >= need.mb
+        WHERE {fit_condition("locked.", "need.mb", "need.cpu")}
     ), upd AS (
         UPDATE hosts SET reserved_mb = hosts.reserved_mb + need.mb, reserved_cpu_m = hosts.reserved_cpu_m + need.cpu
         FROM need, verdict
@@ -417,9 +421,9 @@ class PostgresStore(SqlStore):
         _check_reservation(memory_mb, cpu, ttl_s)
         if not candidates:
             return None
-        hosts = sorted(set(candidates))
         for _ in range(_BEST_TRIES):
             r = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
+            hosts = by_tie_rank(sandbox_id or r.id, candidates)
             got = await self._autocommit(_RESERVE_BEST, {**self._res_params(r), "c": hosts})
             assert got is not None
             picked, took = got

@@ -27,7 +27,6 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral.clock import SystemClock
 from corral.core.clock import Clock
-from corral.core.scoring import ScoreWeights
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, Pending
 from corral.ids import random_hex
 from corral.store import rows
@@ -66,6 +65,7 @@ from corral.store.contract import (
     as_states,
     metadata_dict,
 )
+from corral.store.fit import by_tie_rank, fit_condition, room_order
 
 T = TypeVar("T")
 Params = Mapping[str, Any]
@@ -73,19 +73,8 @@ Params = Mapping[str, Any]
 MAX_PAGE = 1000
 
 
-def room_order(weights: ScoreWeights = ScoreWeights()) -> str:
-    """How reserve_best ranks the candidates that fit: the memory and CPU terms of the core's spread
-    score (``corral.core.scoring.Scorer.headroom``), weighted alike, on the store's current totals.
-    Fractions, not raw amounts, so a large host does not win over an emptier small one; CPU counts,
-    so a host whose sandboxes were measured small does not take every create."""
-    mem = "CAST(memory_mb_admittable - reserved_mb AS REAL) / CASE WHEN memory_mb_total > 0 THEN memory_mb_total ELSE 1 END"
-    cpu = (
-        "(cpu_total - cpu_used - reserved_cpu_m / 1000.0) / CASE WHEN cpu_total > 0 THEN cpu_total ELSE 1 END"
-    )
-    return f"({weights.memory!r} * {mem} + {weights.cpu!r} * {cpu}) DESC"
-
-
-ROOM_ORDER = room_order()
+_FITS = fit_condition()
+_ROOM_ORDER = room_order()
 # ``state`` in a form no index serves: where a narrower index exists (expiry, tenant, host), the state
 # index (nearly every sandbox is running) must not be the planner's choice.
 UNINDEXED_STATE = "(state || '')"
@@ -529,7 +518,7 @@ class SqlStore(Store):
 
     _TAKE = (
         "UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu "
-        "WHERE id = :h AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb RETURNING id"
+        f"WHERE id = :h AND {_FITS} RETURNING id"
     )
     _INSERT = (
         f"INSERT INTO reservations ({rows.RESERVATION_COLS}) "
@@ -614,21 +603,24 @@ class SqlStore(Store):
         if not candidates:
             return None
         template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-        clause, params = in_list("c", sorted(set(candidates)))
+        ranked = by_tie_rank(sandbox_id or template.id, candidates)
+        clause, params = in_list("c", ranked)
+        tie = "CASE id " + " ".join(f"WHEN :{k} THEN {i}" for i, k in enumerate(params)) + " END"
         # The pick and the take in one statement; the outer conditions hold the row to the same test
         # (PostgreSQL re-checks them against the newest version of a row another create just took).
         take_best = (
             "UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu "
-            f"WHERE id = (SELECT id FROM hosts WHERE id IN {clause} AND state = 'ready' "
-            f"AND memory_mb_admittable - reserved_mb >= :mb ORDER BY {ROOM_ORDER}, id LIMIT 1) "
-            "AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb RETURNING id"
+            f"WHERE id = (SELECT id FROM hosts WHERE id IN {clause} AND {_FITS} "
+            f"AND NOT EXISTS (SELECT 1 FROM reservations WHERE host_id IN {clause} AND expires_at <= :now) "
+            f"ORDER BY {_ROOM_ORDER}, {tie} LIMIT 1) AND {_FITS} RETURNING id"
         )
-        p = {**params, "mb": memory_mb, "cpu": rows.to_millicores(template.cpu)}
+        p = {**params, "mb": memory_mb, "cpu": rows.to_millicores(template.cpu), "now": template.created_at}
 
         async def run(tx: Tx) -> ReservationRecord | None:
             await self._lock_hosts(tx, params.values())
             took = await tx.fetchone(take_best, p)
-            # Expired reservations are folded only when nothing fits without them.
+            # A candidate's expired claims, still on its counter, make the pick wait until they are
+            # ended: it ranks by live totals, as the core does.
             if took is None and await self._fold_expired(tx, params.values(), template.created_at):
                 took = await tx.fetchone(take_best, p)
             if took is None:
