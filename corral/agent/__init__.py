@@ -20,10 +20,10 @@ from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.metrics import AgentCollector
 from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage_ratio_signal
 from corral.agent.protocol import (
+    AgentHeartbeat,
     Capacity,
     ExecRequest,
     ExecResponse,
-    Heartbeat,
     SandboxInfo,
     StartSandbox,
 )
@@ -34,6 +34,7 @@ __all__ = [
     "AgentCollector",
     "AgentConflict",
     "AgentError",
+    "AgentHeartbeat",
     "AgentInvalid",
     "AgentRefusal",
     "AgentRuntimeError",
@@ -44,7 +45,6 @@ __all__ = [
     "Code",
     "ExecRequest",
     "ExecResponse",
-    "Heartbeat",
     "HeartbeatRejected",
     "HeartbeatSink",
     "HttpAgentClient",

@@ -26,14 +26,16 @@ from corral.agent.errors import (
 )
 from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
+from corral.agent.listing import ListingTracker, Outgoing
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
     ROLE_OWNED,
+    ROLE_WARM,
+    AgentHeartbeat,
     Capacity,
     ClaimWarm,
     ExecRequest,
     ExecResponse,
-    Heartbeat,
     HeartbeatReply,
     SandboxInfo,
     StartSandbox,
@@ -66,7 +68,7 @@ from corral.runtime.base import (
 log = logging.getLogger("corral.agent")
 
 # A sink may answer with the control plane's reply (warm targets); None leaves them as they are.
-HeartbeatSink = Callable[[Heartbeat], Awaitable[HeartbeatReply | None]]
+HeartbeatSink = Callable[[AgentHeartbeat], Awaitable[HeartbeatReply | None]]
 
 # Honest Retry-After estimates, per reason.
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
@@ -114,6 +116,9 @@ class _LiveSet(Mapping[str, _Live]):
         self.observed_mb = 0
         # Still charged their reserve: what the settle sampling between heartbeats reads.
         self.untrusted: set[str] = set()
+        # Left the set since the control plane last acknowledged a listing (the listing tracker's).
+        self.dropped: set[str] = set()
+        self.cpus = 0.0  # their CPUs, summed as they come and go
 
     def __getitem__(self, key: str) -> _Live:
         return self._items[key]
@@ -129,6 +134,7 @@ class _LiveSet(Mapping[str, _Live]):
         self._items[key] = value
         self.book.put(key, value.usage)
         self.observed_mb += value.observed_mb or 0
+        self.cpus += value.spec.cpus
         if not value.trusted:
             self.untrusted.add(key)
 
@@ -142,7 +148,9 @@ class _LiveSet(Mapping[str, _Live]):
             return default
         self.book.remove(key)
         self.observed_mb -= old.observed_mb or 0
+        self.cpus -= old.spec.cpus
         self.untrusted.discard(key)
+        self.dropped.add(key)
         return old
 
     def measured(self, key: str, observed_mb: int, rule: SettleRule, now: float) -> bool:
@@ -240,6 +248,9 @@ class Agent:
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
+        self.listing = ListingTracker(self._live.dropped)
+        self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
+        self._rotation = 0  # which share of settled sandboxes the next measurement reads
         self.refusals: dict[str, int] = {}
         self.warm = WarmBook()
         self.keeper = WarmKeeper(self, warm_starts_per_round, warm_fill_interval_s)
@@ -644,7 +655,7 @@ class Agent:
         warm_mb, warm_cpus = self.keeper.charge()
         return Capacity(
             cpu_total=self.cpu_total,
-            cpu_used=sum(s.spec.cpus for s in self._live.values()) - warm_cpus,
+            cpu_used=self._live.cpus - warm_cpus,
             memory_mb_total=self.memory_mb_total,
             memory_mb_used=self.memory_mb_used(),
             memory_admission=self.admission,
@@ -659,35 +670,74 @@ class Agent:
             max_concurrent_starts=self.limiter.limit,
         )
 
-    def heartbeat(self) -> Heartbeat:
-        """Build the next heartbeat from the current accounting (no I/O)."""
+    def heartbeat(self) -> AgentHeartbeat:
+        """Build the next heartbeat from the current accounting (no I/O). Its listing is the whole set
+        or the changes since the last acknowledged one: hand the reply to :meth:`acknowledge`."""
         self._seq += 1
         cap = self.capacity()
-        return Heartbeat(
+        roles = self.warm.roles()
+        owned = {i: s.spec.epoch for i, s in self._live.items() if roles.get(i) != ROLE_WARM}
+        out = self.listing.next(self._seq, owned)
+        restore = sorted(i for i in self._restore if i in self._live)
+        whole = out.base is None
+        if whole:
+            epochs = {i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch}
+        else:
+            epochs = {i: e for i, e in out.added.items() if e}
+            epochs.update((i, owned[i]) for i in restore if owned.get(i))
+        hb = AgentHeartbeat(
             **cap.model_dump(),
             agent_id=self.id,
             seq=self._seq,
             address=self.address,
             sent_at=self.clock.now(),
-            sandbox_ids=self.sandbox_ids(),
+            sandbox_ids=self.sandbox_ids() if whole else [],
+            roles=roles if whole else {},
+            epochs=epochs,
+            base=out.base,
+            added=[] if whole else sorted(out.added),
+            removed=sorted(out.removed),
+            digest=out.digest,
             oom_kills=self.oom_kills(),
-            roles=self.warm.roles(),
-            epochs={i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch},
-            restore=sorted(i for i in self._restore if i in self._live),
+            restore=restore,
             warm=self.warm.counts(),
         )
+        self._outgoing = out
+        return hb
 
-    async def beat(self) -> Heartbeat:
+    def acknowledge(self, hb: AgentHeartbeat, reply: HeartbeatReply | None) -> None:
+        """Take the control plane's reply to ``hb``, the last heartbeat built (None: none came)."""
+        out, self._outgoing = self._outgoing, None
+        if out is not None and out.seq == hb.seq:
+            self.listing.settle(out, reply.listed_seq if reply is not None else None)
+        if reply is not None:
+            self.set_warm_targets(reply.warm_targets)
+            if reply.accepted:
+                self._restore_secrets(hb.restore, reply.secrets)
+
+    def _due_readings(self) -> builtins.list[str] | None:
+        """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled
+        readings hold for several heartbeats (``settled_reading_beats``) has its settling sandboxes
+        read every time and a rotating share of the rest, so each is still read every that many."""
+        every = int(getattr(self.runtime, "settled_reading_beats", 1))
+        if every <= 1:
+            return None
+        self._rotation = (self._rotation + 1) % every
+        return builtins.list(self._live.untrusted) + builtins.list(self._live)[self._rotation :: every]
+
+    async def beat(self) -> AgentHeartbeat:
         """Measure, build one heartbeat and send it through the sink. Errors of the sink propagate."""
-        await self.measure()
+        await self.measure(self._due_readings())
         hb = self.heartbeat()
         if self.sink is not None:
-            reply = await self.sink(hb)
+            reply = None
+            try:
+                reply = await self.sink(hb)
+            finally:
+                # No reply is no acknowledgement: the next heartbeat carries the whole set.
+                self.acknowledge(hb, reply)
             self.heartbeats_sent += 1
             if reply is not None:
-                self.set_warm_targets(reply.warm_targets)
-                if reply.accepted:
-                    self._restore_secrets(hb.restore, reply.secrets)
                 await self._stop_fenced(reply.stop)
         return hb
 
