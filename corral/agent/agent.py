@@ -723,7 +723,9 @@ class Agent:
         if every <= 1:
             return None
         self._rotation = (self._rotation + 1) % every
-        return builtins.list(self._live.untrusted) + builtins.list(self._live)[self._rotation :: every]
+        untrusted = self._live.untrusted
+        share = builtins.list(self._live)[self._rotation :: every]
+        return builtins.list(untrusted) + [i for i in share if i not in untrusted]
 
     async def beat(self) -> AgentHeartbeat:
         """Measure, build one heartbeat and send it through the sink. Errors of the sink propagate."""

@@ -12,7 +12,7 @@ import pytest
 
 from corral.agent import (
     Agent,
-    Heartbeat,
+    AgentHeartbeat,
     HeartbeatRejected,
     StartSandbox,
     http_heartbeat_sink,
@@ -48,7 +48,7 @@ async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: Manual
     # Drain state is the control plane's: the agent never sends one.
     assert "state" not in hb.model_dump()
     # It survives the wire.
-    assert Heartbeat.model_validate_json(hb.model_dump_json()) == hb
+    assert AgentHeartbeat.model_validate_json(hb.model_dump_json()) == hb
 
 
 async def test_seq_is_strictly_increasing_even_across_a_restart(
@@ -63,11 +63,11 @@ async def test_seq_is_strictly_increasing_even_across_a_restart(
 
 
 async def test_loop_survives_a_control_plane_that_is_down(make_agent: Callable[..., Agent]) -> None:
-    received: list[Heartbeat] = []
+    received: list[AgentHeartbeat] = []
     failures = 0
     enough = asyncio.Event()
 
-    async def flaky(hb: Heartbeat) -> None:
+    async def flaky(hb: AgentHeartbeat) -> None:
         nonlocal failures
         if failures < 3:
             failures += 1
@@ -90,7 +90,7 @@ async def test_loop_survives_a_control_plane_that_is_down(make_agent: Callable[.
 async def test_a_stuck_sink_never_blocks_starts(make_agent: Callable[..., Agent]) -> None:
     stuck = asyncio.Event()
 
-    async def hangs(hb: Heartbeat) -> None:
+    async def hangs(hb: AgentHeartbeat) -> None:
         stuck.set()
         await asyncio.Event().wait()  # a control plane that never answers
 
@@ -118,7 +118,7 @@ async def test_http_sink_posts_to_the_agent_route_with_the_token(make_agent: Cal
     (req,) = seen
     assert req.method == "POST" and str(req.url) == "http://cp.test/v1/agent/heartbeat"
     assert req.headers["Authorization"] == "Bearer agent-token"
-    assert Heartbeat.model_validate(json.loads(req.content)) == hb
+    assert AgentHeartbeat.model_validate(json.loads(req.content)) == hb
     with pytest.raises(HeartbeatRejected) as rejected:
         await agent.beat()
     assert rejected.value.status == 503

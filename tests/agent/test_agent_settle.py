@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from corral.agent import Agent
-from corral.agent.protocol import Heartbeat, StartSandbox
+from corral.agent.protocol import AgentHeartbeat, StartSandbox
 from corral.core import AdmissionMode, ManualClock
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.runtime.sim import SimRuntime
@@ -78,10 +78,10 @@ async def test_a_ramping_reading_is_not_trusted_even_with_no_settle_time(
 async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
     make_agent: Callable[..., Agent], clock: ManualClock
 ) -> None:
-    beats: list[Heartbeat] = []
+    beats: list[AgentHeartbeat] = []
     roomier = asyncio.Event()
 
-    async def sink(hb: Heartbeat) -> None:
+    async def sink(hb: AgentHeartbeat) -> None:
         beats.append(hb)
         if len(beats) > 1 and hb.memory_mb_admittable > beats[0].memory_mb_admittable:
             roomier.set()
