@@ -116,7 +116,8 @@ class _LiveSet(Mapping[str, _Live]):
         self.observed_mb = 0
         # Still charged their reserve: what the settle sampling between heartbeats reads.
         self.untrusted: set[str] = set()
-        # Left the set since the control plane last acknowledged a listing (the listing tracker's).
+        # Added or removed, and removed, since the last heartbeat was built: what its listing checks.
+        self.touched: set[str] = set()
         self.dropped: set[str] = set()
         self.cpus = 0.0  # their CPUs, summed as they come and go
 
@@ -135,6 +136,7 @@ class _LiveSet(Mapping[str, _Live]):
         self.book.put(key, value.usage)
         self.observed_mb += value.observed_mb or 0
         self.cpus += value.spec.cpus
+        self.touched.add(key)
         if not value.trusted:
             self.untrusted.add(key)
 
@@ -150,8 +152,15 @@ class _LiveSet(Mapping[str, _Live]):
         self.observed_mb -= old.observed_mb or 0
         self.cpus -= old.spec.cpus
         self.untrusted.discard(key)
+        self.touched.add(key)
         self.dropped.add(key)
         return old
+
+    def take_changes(self) -> tuple[set[str], set[str]]:
+        """(touched, dropped) since the last call, handed over and forgotten here."""
+        touched, dropped = self.touched, self.dropped
+        self.touched, self.dropped = set(), set()
+        return touched, dropped
 
     def measured(self, key: str, observed_mb: int, rule: SettleRule, now: float) -> bool:
         """Record a reading; returns whether this reading is the one that made the sandbox trusted."""
@@ -248,7 +257,12 @@ class Agent:
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
-        self.listing = ListingTracker(self._live.dropped)
+        self.listing = ListingTracker()
+        # What the host runs for records (id -> epoch), kept in step with the live set and the warm
+        # book at each heartbeat, from what changed only.
+        self._owned: dict[str, int] = {}
+        self._warm_ids: set[str] = set()
+        self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
         self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
         self._rotation = 0  # which share of settled sandboxes the next measurement reads
         self.refusals: dict[str, int] = {}
@@ -641,13 +655,15 @@ class Agent:
         except RuntimeFailure:
             return  # gone or unreadable this round; the next measurement tells
         if kills > s.oom_kills:
+            self._oom_ids.add(sandbox_id)
             self.oom_kills_total += kills - s.oom_kills
             log.info("agent %s: sandbox %s had %d OOM kills", self.id, sandbox_id, kills)
             s.oom_kills = kills
 
     def oom_kills(self) -> dict[str, int]:
         """Sandbox id -> OOM kills so far, for the sandboxes that had any."""
-        return {i: s.oom_kills for i, s in self._live.items() if s.oom_kills}
+        self._oom_ids = {i for i in self._oom_ids if i in self._live}
+        return {i: self._live[i].oom_kills for i in self._oom_ids if self._live[i].oom_kills}
 
     def capacity(self) -> Capacity:
         # Ready warm sandboxes are charged in the gate, but any real create may take their room (it
@@ -673,11 +689,25 @@ class Agent:
     def heartbeat(self) -> AgentHeartbeat:
         """Build the next heartbeat from the current accounting (no I/O). Its listing is the whole set
         or the changes since the last acknowledged one: hand the reply to :meth:`acknowledge`."""
+        if self._outgoing is not None:
+            # The previous heartbeat's reply never came to acknowledge(): the changes it took are
+            # not known to have arrived, so this one carries the whole set.
+            self.acknowledge_listing(None)
         self._seq += 1
         cap = self.capacity()
         roles = self.warm.roles()
-        owned = {i: s.spec.epoch for i, s in self._live.items() if roles.get(i) != ROLE_WARM}
-        out = self.listing.next(self._seq, owned)
+        warm_ids = {i for i, r in roles.items() if r == ROLE_WARM}
+        touched, dropped = self._live.take_changes()
+        touched |= warm_ids ^ self._warm_ids
+        self._warm_ids = warm_ids
+        owned = self._owned
+        for i in touched:
+            live = self._live.get(i)
+            if live is None or i in warm_ids:
+                owned.pop(i, None)
+            else:
+                owned[i] = live.spec.epoch
+        out = self.listing.next(self._seq, owned, touched, dropped)
         restore = sorted(i for i in self._restore if i in self._live)
         whole = out.base is None
         if whole:
@@ -696,7 +726,7 @@ class Agent:
             epochs=epochs,
             base=out.base,
             added=[] if whole else sorted(out.added),
-            removed=sorted(out.removed),
+            removed=sorted(out.gone),
             digest=out.digest,
             oom_kills=self.oom_kills(),
             restore=restore,
@@ -707,13 +737,17 @@ class Agent:
 
     def acknowledge(self, hb: AgentHeartbeat, reply: HeartbeatReply | None) -> None:
         """Take the control plane's reply to ``hb``, the last heartbeat built (None: none came)."""
-        out, self._outgoing = self._outgoing, None
-        if out is not None and out.seq == hb.seq:
-            self.listing.settle(out, reply.listed_seq if reply is not None else None)
+        if self._outgoing is not None and self._outgoing.seq == hb.seq:
+            self.acknowledge_listing(reply.listed_seq if reply is not None else None)
         if reply is not None:
             self.set_warm_targets(reply.warm_targets)
             if reply.accepted:
                 self._restore_secrets(hb.restore, reply.secrets)
+
+    def acknowledge_listing(self, listed_seq: int | None) -> None:
+        out, self._outgoing = self._outgoing, None
+        if out is not None:
+            self.listing.settle(out, listed_seq)
 
     def _due_readings(self) -> builtins.list[str] | None:
         """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled

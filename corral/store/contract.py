@@ -467,7 +467,8 @@ class Store(ABC):
 
     @abstractmethod
     async def committed_mb(self) -> int:
-        """Memory of every running sandbox, summed where the rows are."""
+        """Memory promised to every live sandbox (``LIVE_STATES``), from the tenants' usage counters:
+        a read per tenant, never per sandbox."""
 
     @abstractmethod
     async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:

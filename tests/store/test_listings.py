@@ -129,7 +129,7 @@ async def test_confirmation_reads_the_hosts_outstanding_reservations(store: Stor
     assert await store.get_reservation(pending.id) is None
 
 
-async def test_committed_memory_is_summed_where_the_rows_are(store: Store) -> None:
+async def test_committed_memory_is_read_from_the_tenants_counters(store: Store) -> None:
     tenant = await store.create_tenant("t", max_sandboxes=10, max_memory_mb=10_000)
     await store.upsert_heartbeat(beat("h1", 1))
     await store.create_sandbox(
@@ -141,6 +141,10 @@ async def test_committed_memory_is_summed_where_the_rows_are(store: Store) -> No
     await store.create_sandbox(
         sandbox("sb-3", tenant, host_id="h1", state=SandboxState.ORPHANED, memory_mb=50)
     )
+    other = await store.create_tenant("u", max_sandboxes=10, max_memory_mb=10_000)
+    await store.create_sandbox(sandbox("sb-4", other, host_id="h1", state=SandboxState.RUNNING, memory_mb=25))
+    assert await store.committed_mb() == 525  # every tenant's live sandboxes
+    await store.set_sandbox_state("sb-4", SandboxState.STOPPED)
     assert await store.committed_mb() == 500
     got = await store.get_sandboxes(["sb-1", "sb-3", "sb-none"])
     assert set(got) == {"sb-1", "sb-3"} and got["sb-3"].state is SandboxState.ORPHANED
