@@ -278,11 +278,7 @@ class SqlStore(Store):
         )
 
     async def committed_mb(self) -> int:
-        row = await self._read(
-            lambda tx: tx.fetchone(
-                "SELECT coalesce(sum(memory_mb), 0) FROM sandboxes WHERE state = 'running'"
-            )
-        )
+        row = await self._read(lambda tx: tx.fetchone("SELECT coalesce(sum(live_memory_mb), 0) FROM tenants"))
         return int(row[0]) if row is not None else 0
 
     async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:

@@ -143,8 +143,8 @@ async def test_committed_memory_is_read_from_the_tenants_counters(store: Store) 
     )
     other = await store.create_tenant("u", max_sandboxes=10, max_memory_mb=10_000)
     await store.create_sandbox(sandbox("sb-4", other, host_id="h1", state=SandboxState.RUNNING, memory_mb=25))
-    assert await store.committed_mb() == 525  # every tenant's live sandboxes
+    assert await store.committed_mb() == 575  # every tenant's live sandboxes, the orphan's included
     await store.set_sandbox_state("sb-4", SandboxState.STOPPED)
-    assert await store.committed_mb() == 500
+    assert await store.committed_mb() == 550
     got = await store.get_sandboxes(["sb-1", "sb-3", "sb-none"])
     assert set(got) == {"sb-1", "sb-3"} and got["sb-3"].state is SandboxState.ORPHANED
