@@ -17,9 +17,11 @@ from corral.agent import (
     StartSandbox,
     http_heartbeat_sink,
 )
+from corral.agent.protocol import Capacity, HeartbeatReply
 from corral.core import ManualClock
 from corral.core.admission import admittable_mb
-from corral.core.types import AdmissionMode, SandboxUsage
+from corral.core.listing import digest_of
+from corral.core.types import HOST_FACTS, AdmissionMode, SandboxUsage
 
 
 async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
@@ -49,6 +51,42 @@ async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: Manual
     assert "state" not in hb.model_dump()
     # It survives the wire.
     assert AgentHeartbeat.model_validate_json(hb.model_dump_json()) == hb
+
+
+async def test_the_wire_carries_every_host_fact_and_the_view_is_built_from_them(
+    make_agent: Callable[..., Agent],
+) -> None:
+    # One declaration (HostFacts): a fact added there and not to the wire model fails here.
+    assert set(HOST_FACTS) <= set(Capacity.model_fields)
+    agent = make_agent(templates=["python"], gpu="a10", stream_restore=True)
+    hb = agent.heartbeat()
+    view = hb.host_view(heartbeat_at=5.0)
+    assert view.facts() == hb.facts() == agent.capacity().facts()
+    assert view.templates == frozenset({"python"}) and view.gpu == "a10" and view.stream_restore
+    assert (view.id, view.heartbeat_at) == ("host-1", 5.0)
+
+
+async def test_heartbeats_carry_changes_once_a_listing_is_acknowledged(
+    make_agent: Callable[..., Agent],
+) -> None:
+    agent = make_agent()
+    await agent.start(StartSandbox(id="a", memory_mb=256))
+    first = agent.heartbeat()
+    assert first.base is None and first.sandbox_ids == ["a"]
+    agent.acknowledge(first, HeartbeatReply(listed_seq=first.seq))
+    await agent.start(StartSandbox(id="b", memory_mb=256, epoch=4))
+    await agent.stop("a")
+    second = agent.heartbeat()
+    assert second.base == first.seq and second.sandbox_ids == []
+    assert (second.added, second.removed, second.epochs) == (["b"], ["a"], {"b": 4})
+    assert second.digest == digest_of({"b": 4})
+    # A reply naming another heartbeat (or none) acknowledges nothing: the next one is whole.
+    agent.acknowledge(second, HeartbeatReply(listed_seq=first.seq))
+    third = agent.heartbeat()
+    assert third.base is None and third.sandbox_ids == ["b"] and third.digest == second.digest
+    # A reply from a control plane that takes whole sets only (no listed_seq) keeps them whole.
+    agent.acknowledge(third, HeartbeatReply())
+    assert agent.heartbeat().base is None
 
 
 async def test_seq_is_strictly_increasing_even_across_a_restart(

@@ -148,3 +148,12 @@ async def test_committed_memory_is_read_from_the_tenants_counters(store: Store) 
     assert await store.committed_mb() == 550
     got = await store.get_sandboxes(["sb-1", "sb-3", "sb-none"])
     assert set(got) == {"sb-1", "sb-3"} and got["sb-3"].state is SandboxState.ORPHANED
+
+
+async def test_an_agent_older_than_changes_sends_whole_sets_that_each_replace(store: Store) -> None:
+    # No digest, no base: every heartbeat is the whole set, taken as it is (the reply's listed_seq,
+    # which such an agent ignores, names it all the same).
+    for seq, ids in enumerate([{"sb-a", "sb-b"}, {"sb-b"}, {"sb-b", "sb-c"}], start=1):
+        result = await store.upsert_heartbeat(beat("h1", seq, sandbox_ids=frozenset(ids)))
+        assert result.listed_seq == seq and result.host.sandbox_count == len(ids)
+        assert set(await store.listed("h1", ["sb-a", "sb-b", "sb-c"])) == ids
