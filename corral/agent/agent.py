@@ -264,7 +264,9 @@ class Agent:
         self._warm_ids: set[str] = set()
         self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
         self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
-        self._rotation = 0  # which share of settled sandboxes the next measurement reads
+        # The order settled sandboxes take turns being read in, and where the next turn starts.
+        self._reading_turns: builtins.list[str] = []
+        self._reading_at = 0
         self.refusals: dict[str, int] = {}
         self.warm = WarmBook()
         self.keeper = WarmKeeper(self, warm_starts_per_round, warm_fill_interval_s)
@@ -751,15 +753,18 @@ class Agent:
 
     def _due_readings(self) -> builtins.list[str] | None:
         """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled
-        readings hold for several heartbeats (``settled_reading_beats``) has its settling sandboxes
-        read every time and a rotating share of the rest, so each is still read every that many."""
-        every = int(getattr(self.runtime, "settled_reading_beats", 1))
-        if every <= 1:
+        readings hold (``settled_readings_per_beat``) has its settling sandboxes read every time and
+        at most that many of the rest, taken in turn, so a heartbeat's readings do not grow with
+        the host while each sandbox is still read now and then."""
+        share = int(getattr(self.runtime, "settled_readings_per_beat", 0))
+        if share <= 0:
             return None
-        self._rotation = (self._rotation + 1) % every
+        if self._reading_at >= len(self._reading_turns):
+            self._reading_turns, self._reading_at = builtins.list(self._live), 0
+        turn = self._reading_turns[self._reading_at : self._reading_at + share]
+        self._reading_at += share
         untrusted = self._live.untrusted
-        share = builtins.list(self._live)[self._rotation :: every]
-        return builtins.list(untrusted) + [i for i in share if i not in untrusted]
+        return builtins.list(untrusted) + [i for i in turn if i not in untrusted]
 
     async def beat(self) -> AgentHeartbeat:
         """Measure, build one heartbeat and send it through the sink. Errors of the sink propagate."""

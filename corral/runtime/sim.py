@@ -72,7 +72,7 @@ class SimRuntime:
     memory_settle_s = DEFAULT_SETTLE_S
     # A reading is a pure function of age that flattens once the ramp is over: reading every settled
     # sandbox at every heartbeat would cost a fleet-scale benchmark O(sandboxes) per beat for nothing.
-    settled_reading_beats = 8
+    settled_readings_per_beat = 256
 
     def __init__(
         self,
