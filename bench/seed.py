@@ -11,7 +11,7 @@ from corral.store.sql import SqlStore
 BATCH = 5_000
 _INSERT = (
     f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, NULL, 'default', :host, 'running', "
-    ":mb, 1.0, :sf, '{}', :now, :now, NULL, NULL, 2, 0, :warm)"
+    ":mb, 1.0, :sf, '{}', :now, :now, NULL, NULL, 2, 0, :warm, 'orphan', 0, NULL, NULL)"
 )
 
 

@@ -35,8 +35,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql as pgsql
 
-from corral.core import AdmissionMode
-from corral.store import Heartbeat, ReserveItem, Store, open_store
+from corral.core import AdmissionMode, HostFacts
+from corral.store import HostReport, ReserveItem, Store, open_store
 from corral.store.postgres import _RESERVE, _RESERVE_BATCH
 from corral.store.sql import SqlStore
 
@@ -236,7 +236,9 @@ async def prepare(url: str, hosts: list[str]) -> None:
     await store.migrate()
     for h in hosts:
         await store.upsert_heartbeat(
-            Heartbeat(h, 1, float(ADMITTABLE), 0.0, ADMITTABLE, 0, ADMITTABLE, AdmissionMode.COMMITTED)
+            HostReport(
+                h, 1, HostFacts(float(ADMITTABLE), 0.0, ADMITTABLE, 0, ADMITTABLE, AdmissionMode.COMMITTED)
+            )
         )
     await store.close()
 

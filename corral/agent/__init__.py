@@ -19,9 +19,9 @@ from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.metrics import AgentCollector
 from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage_ratio_signal
 from corral.agent.protocol import (
+    AgentHeartbeat,
     Capacity,
     ExecRequest,
-    Heartbeat,
     SandboxInfo,
     StartSandbox,
 )
@@ -33,6 +33,7 @@ __all__ = [
     "AgentCollector",
     "AgentConflict",
     "AgentError",
+    "AgentHeartbeat",
     "AgentInvalid",
     "AgentRefusal",
     "AgentRuntimeError",
@@ -42,7 +43,6 @@ __all__ = [
     "Capacity",
     "ExecRequest",
     "ExecResult",
-    "Heartbeat",
     "HeartbeatRejected",
     "HeartbeatSink",
     "HttpAgentClient",

@@ -25,13 +25,15 @@ from corral.agent.errors import (
 )
 from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
+from corral.agent.listing import ListingTracker, Outgoing
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
     ROLE_OWNED,
+    ROLE_WARM,
+    AgentHeartbeat,
     Capacity,
     ClaimWarm,
     ExecRequest,
-    Heartbeat,
     HeartbeatReply,
     SandboxInfo,
     StartSandbox,
@@ -66,7 +68,7 @@ from corral.runtime.base import (
 log = logging.getLogger("corral.agent")
 
 # A sink may answer with the control plane's reply (warm targets); None leaves them as they are.
-HeartbeatSink = Callable[[Heartbeat], Awaitable[HeartbeatReply | None]]
+HeartbeatSink = Callable[[AgentHeartbeat], Awaitable[HeartbeatReply | None]]
 
 # Honest Retry-After estimates, per reason.
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
@@ -114,6 +116,10 @@ class _LiveSet(Mapping[str, _Live]):
         self.observed_mb = 0
         # Still charged their reserve: what the settle sampling between heartbeats reads.
         self.untrusted: set[str] = set()
+        # Added or removed, and removed, since the last heartbeat was built: what its listing checks.
+        self.touched: set[str] = set()
+        self.dropped: set[str] = set()
+        self.cpus = 0.0  # their CPUs, summed as they come and go
 
     def __getitem__(self, key: str) -> _Live:
         return self._items[key]
@@ -129,6 +135,8 @@ class _LiveSet(Mapping[str, _Live]):
         self._items[key] = value
         self.book.put(key, value.usage)
         self.observed_mb += value.observed_mb or 0
+        self.cpus += value.spec.cpus
+        self.touched.add(key)
         if not value.trusted:
             self.untrusted.add(key)
 
@@ -142,8 +150,17 @@ class _LiveSet(Mapping[str, _Live]):
             return default
         self.book.remove(key)
         self.observed_mb -= old.observed_mb or 0
+        self.cpus -= old.spec.cpus
         self.untrusted.discard(key)
+        self.touched.add(key)
+        self.dropped.add(key)
         return old
+
+    def take_changes(self) -> tuple[set[str], set[str]]:
+        """(touched, dropped) since the last call, handed over and forgotten here."""
+        touched, dropped = self.touched, self.dropped
+        self.touched, self.dropped = set(), set()
+        return touched, dropped
 
     def measured(self, key: str, observed_mb: int, rule: SettleRule, now: float) -> bool:
         """Record a reading; returns whether this reading is the one that made the sandbox trusted."""
@@ -240,6 +257,16 @@ class Agent:
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
         self._seq = int(self.clock.now() * 1000)
+        self.listing = ListingTracker()
+        # What the host runs for records (id -> epoch), kept in step with the live set and the warm
+        # book at each heartbeat, from what changed only.
+        self._owned: dict[str, int] = {}
+        self._warm_ids: set[str] = set()
+        self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
+        self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
+        # The order settled sandboxes take turns being read in, and where the next turn starts.
+        self._reading_turns: builtins.list[str] = []
+        self._reading_at = 0
         self.refusals: dict[str, int] = {}
         self.warm = WarmBook()
         self.keeper = WarmKeeper(self, warm_starts_per_round, warm_fill_interval_s)
@@ -623,13 +650,15 @@ class Agent:
         except RuntimeFailure:
             return  # gone or unreadable this round; the next measurement tells
         if kills > s.oom_kills:
+            self._oom_ids.add(sandbox_id)
             self.oom_kills_total += kills - s.oom_kills
             log.info("agent %s: sandbox %s had %d OOM kills", self.id, sandbox_id, kills)
             s.oom_kills = kills
 
     def oom_kills(self) -> dict[str, int]:
         """Sandbox id -> OOM kills so far, for the sandboxes that had any."""
-        return {i: s.oom_kills for i, s in self._live.items() if s.oom_kills}
+        self._oom_ids = {i for i in self._oom_ids if i in self._live}
+        return {i: self._live[i].oom_kills for i in self._oom_ids if self._live[i].oom_kills}
 
     def capacity(self) -> Capacity:
         # Ready warm sandboxes are charged in the gate, but any real create may take their room (it
@@ -637,7 +666,7 @@ class Agent:
         warm_mb, warm_cpus = self.keeper.charge()
         return Capacity(
             cpu_total=self.cpu_total,
-            cpu_used=sum(s.spec.cpus for s in self._live.values()) - warm_cpus,
+            cpu_used=self._live.cpus - warm_cpus,
             memory_mb_total=self.memory_mb_total,
             memory_mb_used=self.memory_mb_used(),
             memory_admission=self.admission,
@@ -652,35 +681,97 @@ class Agent:
             max_concurrent_starts=self.limiter.limit,
         )
 
-    def heartbeat(self) -> Heartbeat:
-        """Build the next heartbeat from the current accounting (no I/O)."""
+    def heartbeat(self) -> AgentHeartbeat:
+        """Build the next heartbeat from the current accounting (no I/O). Its listing is the whole set
+        or the changes since the last acknowledged one: hand the reply to :meth:`acknowledge`."""
+        if self._outgoing is not None:
+            # The previous heartbeat's reply never came to acknowledge(): the changes it took are
+            # not known to have arrived, so this one carries the whole set.
+            self.acknowledge_listing(None)
         self._seq += 1
         cap = self.capacity()
-        return Heartbeat(
+        roles = self.warm.roles()
+        warm_ids = {i for i, r in roles.items() if r == ROLE_WARM}
+        touched, dropped = self._live.take_changes()
+        touched |= warm_ids ^ self._warm_ids
+        self._warm_ids = warm_ids
+        owned = self._owned
+        for i in touched:
+            live = self._live.get(i)
+            if live is None or i in warm_ids:
+                owned.pop(i, None)
+            else:
+                owned[i] = live.spec.epoch
+        out = self.listing.next(self._seq, owned, touched, dropped)
+        restore = sorted(i for i in self._restore if i in self._live)
+        whole = out.base is None
+        if whole:
+            epochs = {i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch}
+        else:
+            epochs = {i: e for i, e in out.added.items() if e}
+            epochs.update((i, owned[i]) for i in restore if owned.get(i))
+        hb = AgentHeartbeat(
             **cap.model_dump(),
             agent_id=self.id,
             seq=self._seq,
             address=self.address,
             sent_at=self.clock.now(),
-            sandbox_ids=self.sandbox_ids(),
+            sandbox_ids=self.sandbox_ids() if whole else [],
+            roles=roles if whole else {},
+            epochs=epochs,
+            base=out.base,
+            added=[] if whole else sorted(out.added),
+            removed=sorted(out.gone),
+            digest=out.digest,
             oom_kills=self.oom_kills(),
-            roles=self.warm.roles(),
-            epochs={i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch},
-            restore=sorted(i for i in self._restore if i in self._live),
+            restore=restore,
             warm=self.warm.counts(),
         )
+        self._outgoing = out
+        return hb
 
-    async def beat(self) -> Heartbeat:
+    def acknowledge(self, hb: AgentHeartbeat, reply: HeartbeatReply | None) -> None:
+        """Take the control plane's reply to ``hb``, the last heartbeat built (None: none came)."""
+        if self._outgoing is not None and self._outgoing.seq == hb.seq:
+            self.acknowledge_listing(reply.listed_seq if reply is not None else None)
+        if reply is not None:
+            self.set_warm_targets(reply.warm_targets)
+            if reply.accepted:
+                self._restore_secrets(hb.restore, reply.secrets)
+
+    def acknowledge_listing(self, listed_seq: int | None) -> None:
+        out, self._outgoing = self._outgoing, None
+        if out is not None:
+            self.listing.settle(out, listed_seq)
+
+    def _due_readings(self) -> builtins.list[str] | None:
+        """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled
+        readings hold (``settled_readings_per_beat``) has its settling sandboxes read every time and
+        at most that many of the rest, taken in turn, so a heartbeat's readings do not grow with
+        the host while each sandbox is still read now and then."""
+        share = int(getattr(self.runtime, "settled_readings_per_beat", 0))
+        if share <= 0:
+            return None
+        if self._reading_at >= len(self._reading_turns):
+            self._reading_turns, self._reading_at = builtins.list(self._live), 0
+        turn = self._reading_turns[self._reading_at : self._reading_at + share]
+        self._reading_at += share
+        untrusted = self._live.untrusted
+        return builtins.list(untrusted) + [i for i in turn if i not in untrusted]
+
+    async def beat(self) -> AgentHeartbeat:
         """Measure, build one heartbeat and send it through the sink. Errors of the sink propagate."""
-        await self.measure()
+        await self.measure(self._due_readings())
         hb = self.heartbeat()
         if self.sink is not None:
-            reply = await self.sink(hb)
+            reply = None
+            try:
+                reply = await self.sink(hb)
+            finally:
+                # No reply is no acknowledgement: the next heartbeat carries the whole set.
+                self.acknowledge(hb, reply)
             self.heartbeats_sent += 1
             if reply is not None:
-                self.set_warm_targets(reply.warm_targets)
-                if reply.accepted:
-                    self._restore_secrets(hb.restore, reply.secrets)
                 await self._stop_fenced(reply.stop)
         return hb
 

@@ -1,5 +1,5 @@
 """Heartbeat sinks: where an agent's heartbeats go. The agent sends through any
-``async def sink(hb: Heartbeat) -> None``; ``corral serve`` passes an in-process callable, a remote agent
+``async def sink(hb: AgentHeartbeat) -> None``; ``corral serve`` passes an in-process callable, a remote agent
 uses :class:`HttpHeartbeatSink` against the control plane's agent-facing route."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from corral.agent.protocol import Heartbeat, HeartbeatReply
+from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
 
@@ -54,7 +54,7 @@ class HttpHeartbeatSink:
     def url(self) -> str:
         return self.urls[self._current]
 
-    async def __call__(self, hb: Heartbeat) -> HeartbeatReply | None:
+    async def __call__(self, hb: AgentHeartbeat) -> HeartbeatReply | None:
         body = hb.model_dump_json()
         error: Exception | None = None
         for step in range(len(self.urls)):

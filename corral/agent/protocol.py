@@ -1,6 +1,6 @@
 """The agent's wire models (pydantic v2): what it publishes, and what it is asked to do.
 
-The control plane reads ``Heartbeat`` through ``POST /v1/agent/heartbeat``; ``memory_mb_admittable`` in it
+The control plane reads ``AgentHeartbeat`` through ``POST /v1/agent/heartbeat``; ``memory_mb_admittable`` in it
 is the agent's own verdict, computed with :func:`corral.core.admission.admittable_mb`. Host state
 (ready / draining) is deliberately absent: draining is the control plane's decision, not the host's.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.agent.inputs import (
     MAX_SANDBOXES_PER_HOST,
@@ -26,7 +26,15 @@ from corral.agent.inputs import (
     Timestamp,
     Word,
 )
-from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, HostView
+from corral.core.types import (
+    HOST_FACTS,
+    MAX_SANDBOX_PIDS,
+    MIN_SANDBOX_PIDS,
+    AdmissionMode,
+    HostFacts,
+    HostState,
+    HostView,
+)
 
 # Sandbox ids and hostnames travel in URLs and become hostnames: keep them to a safe alphabet.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -141,8 +149,24 @@ class Capacity(_Lenient):
     starts_in_flight: Count = 0
     max_concurrent_starts: Count = 0
 
+    def facts(self) -> HostFacts:
+        """The host's facts as the core declares them (the fields above are their wire form)."""
+        values = {f: getattr(self, f) for f in HOST_FACTS}
+        values["templates"] = None if self.templates is None else frozenset(self.templates)
+        return HostFacts(**values)
 
-class Heartbeat(Capacity):
+
+class AgentHeartbeat(Capacity):
+    """What an agent publishes every interval.
+
+    Its sandboxes travel one of two ways. Whole: ``sandbox_ids`` lists every one (with ``roles`` and
+    ``epochs``), as every agent did before changes existed and as an agent still does at start, after a
+    reply it did not get, and whenever the control plane has not acknowledged its last heartbeat's
+    listing. Changes: ``base`` is the seq of the heartbeat whose listing the control plane acknowledged
+    (``HeartbeatReply.listed_seq``), ``added`` and ``removed`` what changed among the sandboxes records
+    may claim (warm ones excluded) since then, and ``digest`` lets the control plane prove its copy
+    still matches; on any doubt it withholds the acknowledgement and the next heartbeat is whole."""
+
     agent_id: str = Field(pattern=ID_PATTERN)
     # Strictly increasing per agent, and seeded from the clock so it keeps increasing across restarts:
     # a receiver may drop any heartbeat whose seq is not above the last one it kept.
@@ -158,8 +182,14 @@ class Heartbeat(Capacity):
     roles: dict[SandboxId, Annotated[str, Field(pattern=ROLE_PATTERN)]] = Field(
         default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST
     )
-    # Sparse: the epoch of every entry of ``sandbox_ids`` whose epoch is not 0.
+    # Sparse: the epoch of every entry of ``sandbox_ids`` (or of ``added``) whose epoch is not 0.
     epochs: dict[SandboxId, Epoch] = Field(default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST)
+    # None: ``sandbox_ids`` is the whole set. Otherwise the changes below build on heartbeat ``base``.
+    base: Seq | None = None
+    added: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
+    removed: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
+    # corral.core.listing.digest_of the sandboxes records may claim, after this heartbeat.
+    digest: int | None = Field(default=None, ge=0, lt=2**63, strict=True)
     # Sandboxes adopted after a restart: their secrets (never on the host's disk) are to be sent again.
     restore: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
     # Warm sandboxes per template.
@@ -167,8 +197,16 @@ class Heartbeat(Capacity):
         default_factory=dict, max_length=MAX_TEMPLATES_PER_HOST
     )
 
+    @model_validator(mode="after")
+    def _one_form(self) -> AgentHeartbeat:
+        if self.base is None and (self.added or self.removed):
+            raise ValueError("added and removed need a base: without one, sandbox_ids is the whole set")
+        if self.base is not None and self.sandbox_ids:
+            raise ValueError("sandbox_ids is the whole set: a heartbeat with a base carries changes only")
+        return self
+
     def owned_ids(self) -> frozenset[str]:
-        """The entries a record may claim: every sandbox but the warm ones."""
+        """Of a whole set, the entries a record may claim: every sandbox but the warm ones."""
         if not self.roles:
             return frozenset(self.sandbox_ids)
         return frozenset(i for i in self.sandbox_ids if self.roles.get(i) != ROLE_WARM)
@@ -177,20 +215,10 @@ class Heartbeat(Capacity):
         """The core's view of this host. ``heartbeat_at`` is when the receiver got it (default: sent_at);
         ``state`` is the control plane's own (draining is its decision, never the agent's)."""
         return HostView(
+            **{f: getattr(self.facts(), f) for f in HOST_FACTS},
             id=self.agent_id,
             heartbeat_at=self.sent_at if heartbeat_at is None else heartbeat_at,
-            cpu_total=self.cpu_total,
-            cpu_used=self.cpu_used,
-            memory_mb_total=self.memory_mb_total,
-            memory_mb_used=self.memory_mb_used,
-            memory_mb_admittable=self.memory_mb_admittable,
-            memory_admission=self.memory_admission,
-            templates=None if self.templates is None else frozenset(self.templates),
-            runtime=self.runtime,
-            gpu=self.gpu,
-            role=self.role,
             state=state,
-            stream_restore=self.stream_restore,
         )
 
 
@@ -200,6 +228,10 @@ class HeartbeatReply(_Lenient):
 
     accepted: bool = True
     confirmed: int = 0
+    # The seq of the heartbeat whose listing the control plane holds for this host: the agent's next
+    # heartbeat may carry changes since it only when it is the seq of the heartbeat just sent. None:
+    # a control plane that takes whole sets only.
+    listed_seq: int | None = None
     state: str = "ready"
     warm_targets: list[WarmTarget] = Field(default_factory=list)
     stop: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)

@@ -9,8 +9,7 @@ from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from corral.agent.protocol import ID_PATTERN, ExecRequest, HeartbeatReply
-from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.agent.protocol import ID_PATTERN, AgentHeartbeat, ExecRequest, HeartbeatReply
 from corral.api import hot
 from corral.api.auth import Admin, Agent, Plane, User, owner, scope
 from corral.api.schemas import (
@@ -213,7 +212,7 @@ async def list_tenants(_: Admin, plane: Plane) -> dict[str, list[TenantOut]]:
 
 
 @router.post("/v1/agent/heartbeat")
-async def heartbeat(hb: WireHeartbeat, sender: Agent, plane: Plane) -> HeartbeatReply:
+async def heartbeat(hb: AgentHeartbeat, sender: Agent, plane: Plane) -> HeartbeatReply:
     return await plane.heartbeat_reply(hb, sender)
 
 

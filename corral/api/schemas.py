@@ -210,7 +210,7 @@ class HostOut(BaseModel):
             memory_mb_admittable=r.memory_mb_admittable,
             memory_admission=r.memory_admission.value,
             reserved_mb=r.reserved_mb,
-            sandboxes=len(r.sandbox_ids),
+            sandboxes=r.sandbox_count,
             runtime=r.runtime,
             address=r.address,
             warm={t: {"ready": n[0], "starting": n[1]} for t, n in sorted(r.warm.items())},

@@ -98,7 +98,7 @@ def build(
                 "id": r.id,
                 "state": r.state.value,
                 "heartbeat_age_s": round(h.heartbeat_age_s, 3),
-                "sandboxes": len(r.sandbox_ids),
+                "sandboxes": r.sandbox_count,
                 "placements_60s": placed,
                 "memory_mb_total": r.memory_mb_total,
                 "memory_mb_admittable": r.memory_mb_admittable,
@@ -109,7 +109,7 @@ def build(
                 "create_latency": _summary(latency.get(r.id, [])),
             }
         )
-    loads: list[int] = [len(h.record.sandbox_ids) for h in hosts]
+    loads: list[int] = [h.record.sandbox_count for h in hosts]
     median = float(statistics.median(loads)) if loads else 0.0
     biggest = max(loads) if loads else 0
     ages: list[float] = [h.heartbeat_age_s for h in hosts]

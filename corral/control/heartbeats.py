@@ -3,31 +3,25 @@ reservation whose sandbox the heartbeat shows: the agent's admittable now counts
 
 from __future__ import annotations
 
-from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.agent.protocol import AgentHeartbeat
 from corral.control.metrics import Metrics
-from corral.store import Heartbeat, HeartbeatResult, Store
+from corral.store import HeartbeatResult, HostReport, Listing, Store
 
 
-def to_store(hb: WireHeartbeat) -> Heartbeat:
-    return Heartbeat(
+def to_store(hb: AgentHeartbeat) -> HostReport:
+    # Warm sandboxes are no record's: they must neither confirm a reservation nor look stray.
+    if hb.base is None:
+        listing = Listing(None, {i: hb.epochs.get(i, 0) for i in hb.owned_ids()}, digest=hb.digest)
+    else:
+        added = {i: hb.epochs.get(i, 0) for i in hb.added}
+        listing = Listing(hb.base, added, frozenset(hb.removed), hb.digest)
+    return HostReport(
         host_id=hb.agent_id,
         seq=hb.seq,
-        cpu_total=hb.cpu_total,
-        cpu_used=hb.cpu_used,
-        memory_mb_total=hb.memory_mb_total,
-        memory_mb_used=hb.memory_mb_used,
-        memory_mb_admittable=hb.memory_mb_admittable,
-        memory_admission=hb.memory_admission,
-        templates=frozenset(hb.templates) if hb.templates is not None else None,
-        runtime=hb.runtime,
-        gpu=hb.gpu,
-        role=hb.role,
-        stream_restore=hb.stream_restore,
-        # Warm sandboxes are no record's: they must neither confirm a reservation nor look stray.
-        sandbox_ids=hb.owned_ids(),
+        facts=hb.facts(),
+        listing=listing,
         address=hb.address,
         warm={t: (c.ready, c.starting) for t, c in hb.warm.items()},
-        epochs=dict(hb.epochs),
     )
 
 
@@ -39,7 +33,7 @@ class HeartbeatIntake:
         # only a rise needs a write.
         self._oom_recorded: dict[str, dict[str, int]] = {}
 
-    async def accept(self, hb: WireHeartbeat) -> HeartbeatResult:
+    async def accept(self, hb: AgentHeartbeat) -> HeartbeatResult:
         result = await self.store.upsert_heartbeat(to_store(hb))
         self.metrics.heartbeats.labels("true" if result.accepted else "false").inc()
         if result.accepted:

@@ -13,7 +13,7 @@ from pathlib import Path
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
 from corral.agent.metrics import AgentCollector
-from corral.agent.protocol import Heartbeat, HeartbeatReply
+from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.control.agents import LocalAgents
 from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy, Clock
@@ -85,7 +85,7 @@ def build_local_fleet(
     seed: int | None = None,
     settle_s: float | None = None,
 ) -> LocalFleet:
-    async def sink(hb: Heartbeat) -> HeartbeatReply:
+    async def sink(hb: AgentHeartbeat) -> HeartbeatReply:
         return await plane.heartbeat_reply(hb)
 
     root = state_root or Path(os.environ.get("CORRAL_STATE_DIR", "/run/corral"))

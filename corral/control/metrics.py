@@ -38,12 +38,12 @@ class FleetCollector(Collector):
         )
         for h in hosts:
             reserved.add_metric([h.id], h.reserved_mb * MiB)
-            sandboxes.add_metric([h.id], len(h.sandbox_ids))
+            sandboxes.add_metric([h.id], h.sandbox_count)
             admittable.add_metric([h.id], h.memory_mb_admittable * MiB)
         yield reserved
         yield sandboxes
         yield admittable
-        loads = [len(h.sandbox_ids) for h in hosts]
+        loads = [h.sandbox_count for h in hosts]
         ratio = GaugeMetricFamily(
             "corral_host_load_max_to_median_ratio",
             "Max-to-median sandboxes per host: the one number that catches a pile-up",

@@ -9,8 +9,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from corral.agent.protocol import Heartbeat as WireHeartbeat
-from corral.agent.protocol import HeartbeatReply
+from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.clock import SystemClock
 from corral.codes import ErrorCode
 from corral.control.agents import AgentDirectory
@@ -294,7 +293,7 @@ class ControlPlane:
 
     # -- hosts -------------------------------------------------------------------------------------
 
-    async def heartbeat(self, hb: WireHeartbeat, sender: Principal | None = None) -> HeartbeatResult:
+    async def heartbeat(self, hb: AgentHeartbeat, sender: Principal | None = None) -> HeartbeatResult:
         """``sender``: who sent it over the network (None: an agent in this process). An agent token
         speaks for its own host only; a fleet-wide one only in the development mode that made it."""
         if sender is not None:
@@ -311,19 +310,20 @@ class ControlPlane:
             self.view.invalidate()
         return result
 
-    async def heartbeat_reply(self, hb: WireHeartbeat, sender: Principal | None = None) -> HeartbeatReply:
+    async def heartbeat_reply(self, hb: AgentHeartbeat, sender: Principal | None = None) -> HeartbeatReply:
         """Accept a heartbeat (as :meth:`heartbeat` does) and answer with the host's warm targets."""
         result = await self.heartbeat(hb, sender)
         return HeartbeatReply(
             accepted=result.accepted,
             confirmed=result.confirmed,
+            listed_seq=result.listed_seq,
             state=result.host.state.value,
             warm_targets=await self.pool_book.targets_for(hb.agent_id),
             stop=sorted(result.fenced),
             secrets=await self._restored_secrets(hb) if hb.restore and result.accepted else {},
         )
 
-    async def _restored_secrets(self, hb: WireHeartbeat) -> dict[str, dict[str, str]]:
+    async def _restored_secrets(self, hb: AgentHeartbeat) -> dict[str, dict[str, str]]:
         """Secrets of sandboxes an agent adopted after a restart, for those its record says it owns at
         the epoch the agent holds (read per sandbox: only after a restart, never on a periodic path)."""
         out: dict[str, dict[str, str]] = {}

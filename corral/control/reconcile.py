@@ -19,11 +19,16 @@ from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.core import Clock
-from corral.store import SandboxState, Store, StoreError
+from corral.store import SandboxRecord, SandboxState, Store, StoreError
 
 log = logging.getLogger("corral.reconcile")
 
 LEADER_LEASE = "reconciler"
+# Listing changes are read again this far back: a heartbeat's transaction stamps its rows when it
+# starts and may commit a little later than a sweep that began in between.
+LISTING_OVERLAP_S = 5.0
+# How long an entry that went out of a listing is kept for the sweeps to see.
+LISTING_KEEP_S = 300.0
 # How long a repeated Idempotency-Key returns the first create's sandbox (E2B and Stripe keep a day).
 IDEMPOTENCY_KEY_TTL_S = 24 * 3600.0
 
@@ -54,9 +59,13 @@ class Reconciler:
         self._ticks = 0
         # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
         self._strays: set[tuple[str, str]] = set()
-        # Records said to be running that their host did not list, as of the previous sweep.
-        # Running sandboxes their host's heartbeat lacked, with that heartbeat's seq.
+        # Running sandboxes their host's listing lacked, with that listing's heartbeat seq.
         self._lost: dict[str, int] = {}
+        # Listing entries to compare with their records, (host, id): those that changed, kept until
+        # they agree or are acted on. Read from the changes since ``_listings_since`` (None: a new
+        # leader, which reads every entry once).
+        self._watch: set[tuple[str, str]] = set()
+        self._listings_since: float | None = None
         # Orphans whose host came back without them, with the seq of the heartbeat that said so.
         self._gone_orphans: dict[str, int] = {}
         # More rounds only the leader runs (warm-pool spreading), each after the books are settled.
@@ -71,6 +80,7 @@ class Reconciler:
         self.retry_after.next_reservation_expiry = await self.store.next_expiry()
         self.is_leader = await self.store.try_lead(LEADER_LEASE, cfg.replica_id, cfg.replica_lease_s)
         if not self.is_leader:
+            self._listings_since = None  # whoever leads next starts from every entry
             return
         await self.store.expire_replicas()
         await self.store.sweep_expired()
@@ -85,10 +95,11 @@ class Reconciler:
         self._ticks += 1
         if self._ticks % 5 == 0:
             await self._stop_strays()
-        if self._ticks % 10 == 1:  # a full read of running sandboxes: not every round
-            await self._committed_total()
+        if self._ticks % 10 == 1:
+            self.metrics.fleet.committed_mb = await self.store.committed_mb()
         if self._ticks % 60 == 1:
             await self.store.purge_idempotency_keys(self.clock.now() - IDEMPOTENCY_KEY_TTL_S)
+            await self.store.prune_listings(self.clock.now() - LISTING_KEEP_S)
 
     async def _stop(self, host_id: str, sandbox_id: str) -> bool:
         snap = await self.view.get()
@@ -119,18 +130,30 @@ class Reconciler:
         snap = await self.view.get(fresh=True)
         now = self.clock.now()
         gone: dict[str, int] = {}
+        by_host: dict[str, list[SandboxRecord]] = {}
         for sb in page.items:
-            host = snap.records.get(sb.host_id or "")
-            if host is None or now - host.heartbeat_at > self.config.timeouts.stale_after_s:
+            by_host.setdefault(sb.host_id or "", []).append(sb)
+        for host_id, orphans in by_host.items():
+            host = snap.records.get(host_id)
+            if (
+                host is None
+                or host.listed_seq is None
+                or now - host.heartbeat_at > self.config.timeouts.stale_after_s
+            ):
                 continue
-            if sb.id in host.sandbox_ids:
-                # At the version read: an orphan given another host or epoch since is not reclaimed.
-                with contextlib.suppress(StoreError):
-                    await self.store.set_sandbox_state(
-                        sb.id, SandboxState.RUNNING, expect=SandboxState.ORPHANED, expect_version=sb.version
-                    )
-            elif host.heartbeat_at > sb.updated_at:
-                gone[sb.id] = host.seq
+            listed = await self.store.listed(host_id, [sb.id for sb in orphans])
+            for sb in orphans:
+                if sb.id in listed:
+                    # At the version read: an orphan given another host or epoch since is not reclaimed.
+                    with contextlib.suppress(StoreError):
+                        await self.store.set_sandbox_state(
+                            sb.id,
+                            SandboxState.RUNNING,
+                            expect=SandboxState.ORPHANED,
+                            expect_version=sb.version,
+                        )
+                elif host.listed_at > sb.updated_at:
+                    gone[sb.id] = host.listed_seq
         # Its host is back and two different heartbeats since it was orphaned lack it: the sandbox
         # died with the host. It ends.
         ended = {
@@ -158,12 +181,14 @@ class Reconciler:
         if not page.items:
             return
         cutoff = self.clock.now() - self.config.create_deadline_s
-        snap = None
+        owners: dict[str, str] | None = None
         for sb in page.items:
             if sb.updated_at > cutoff:
                 continue  # its create may still be binding
-            snap = snap or await self.view.get(fresh=True)
-            owner = next((h.id for h in snap.records.values() if sb.id in h.sandbox_ids), None)
+            owners = (
+                owners if owners is not None else await self.store.listed_hosts([s.id for s in page.items])
+            )
+            owner = owners.get(sb.id)
             with contextlib.suppress(StoreError):
                 if owner is not None:
                     await self.store.set_sandbox_state(
@@ -174,61 +199,63 @@ class Reconciler:
                     await self.store.delete_sandbox(sb.id, forget_idempotency=True)
 
     async def _stop_strays(self) -> None:
-        """Compare what each live host runs with what the records say it runs. Both differences must
-        be seen twice in a row before anything is done (a create binding right now differs for an
+        """Compare what hosts list with what the records say, for the listing entries that changed
+        since the last sweep (and those still under watch): never every record. Both differences
+        must be seen twice before anything is done (a create binding right now differs for an
         instant): a sandbox no record claims is stopped; a record whose sandbox its host no longer
-        runs (it died, or the host was restarted without it) is marked ``stopped``."""
+        lists (it died, or the host was restarted without it) is marked ``stopped``."""
+        started = self.clock.now()
+        since = 0.0 if self._listings_since is None else self._listings_since - LISTING_OVERLAP_S
+        self._watch.update((c.host_id, c.sandbox_id) for c in await self.store.listing_changes(since))
+        self._listings_since = started
+        if not self._watch:
+            self._strays, self._lost = set(), {}
+            return
         snap = await self.view.get(fresh=True)
-        now = self.clock.now()
         stale_after = self.config.timeouts.stale_after_s
+        records = await self.store.get_sandboxes({sid for _, sid in self._watch})
+        by_host: dict[str, list[str]] = {}
+        for host_id, sid in self._watch:
+            by_host.setdefault(host_id, []).append(sid)
         strays: set[tuple[str, str]] = set()
-        lost: dict[str, int] = {}  # sandbox -> the seq of its host's heartbeat that lacked it
-        for host in snap.records.values():
-            if now - host.heartbeat_at > stale_after:
-                continue  # a silent host is the dead-host path's business, not this one's
-            known: set[str] = set()
-            cursor = None
-            while True:
-                page = await self.store.list_sandboxes(host_id=host.id, limit=1000, cursor=cursor)
-                for sb in page.items:
-                    known.add(sb.id)
-                    if (
-                        sb.state is SandboxState.RUNNING
-                        and sb.id not in host.sandbox_ids
-                        and host.heartbeat_at > sb.updated_at
-                    ):
-                        lost[sb.id] = host.seq
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
-            for sid in host.sandbox_ids - known:
-                if await self.store.get_sandbox(sid) is None:
-                    strays.add((host.id, sid))
+        lost: dict[str, int] = {}  # sandbox -> the seq of the listing that lacked it
+        watch: set[tuple[str, str]] = set()
+        for host_id, sids in by_host.items():
+            host = snap.records.get(host_id)
+            if host is None:
+                continue  # the host is gone: so is its listing
+            if host.listed_seq is None or started - host.heartbeat_at > stale_after:
+                # A silent host is the dead-host path's business; an untrusted listing waits for the
+                # whole set.
+                watch.update((host_id, sid) for sid in sids)
+                continue
+            listed = await self.store.listed(host_id, sids)
+            for sid in sids:
+                rec = records.get(sid)
+                if sid in listed:
+                    if rec is None:
+                        strays.add((host_id, sid))
+                        watch.add((host_id, sid))
+                elif rec is not None and rec.state is SandboxState.RUNNING and rec.host_id == host_id:
+                    watch.add((host_id, sid))
+                    if host.listed_at > rec.updated_at:
+                        lost[sid] = host.listed_seq
         for host_id, sid in strays & self._strays:
             log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)
             await self._stop(host_id, sid)
-        # Lost only when two different heartbeats, both received after the sandbox was placed, lack
+            watch.discard((host_id, sid))
+        # Lost only when two different listings, both received after the sandbox was placed, lack
         # it: one built just before its start (and received just after) would lack it too, and two
-        # rounds can read that same heartbeat when they come faster than heartbeats do.
+        # rounds can read that same listing when they come faster than heartbeats do.
         confirmed = {sid for sid, seq in lost.items() if sid in self._lost and seq > self._lost[sid]}
         for sid in confirmed:
             log.warning("sandbox %s is no longer running on its host; marking it stopped", sid)
             with contextlib.suppress(StoreError):
                 await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.RUNNING)
             self.routes.drop(sid)
+        self._watch = {(h, sid) for h, sid in watch if sid not in confirmed}
         self._strays = strays - self._strays
         self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in confirmed}
-
-    async def _committed_total(self) -> None:
-        total = 0
-        cursor = None
-        while True:
-            page = await self.store.list_sandboxes(state=SandboxState.RUNNING, limit=1000, cursor=cursor)
-            total += sum(s.memory_mb for s in page.items)
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        self.metrics.fleet.committed_mb = total
 
     async def run(self) -> None:
         while True:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 # Processes (threads included) one sandbox may run at once, by default: enough for a build or a test
@@ -26,16 +26,15 @@ class HostState(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class HostView:
-    """A host as its last heartbeat described it. Positive facts only; never mutated in place.
+class HostFacts:
+    """What a host's agent says of it in every heartbeat. Declared here once: the placement view, the
+    store's host record and the agent's wire model all carry exactly these.
 
     ``memory_mb_admittable`` is the agent's own verdict, computed with
     :func:`corral.core.admission.admittable_mb`; the scheduler subtracts only the reservations the
     agent cannot know about yet.
     """
 
-    id: str
-    heartbeat_at: float
     cpu_total: float
     cpu_used: float
     memory_mb_total: int
@@ -47,8 +46,24 @@ class HostView:
     runtime: str = "sim"
     gpu: str | None = None
     role: str = "worker"
-    state: HostState = HostState.READY
     stream_restore: bool = False
+
+    def facts(self) -> HostFacts:
+        """Only the facts (a subclass's extra fields dropped)."""
+        return HostFacts(**{f: getattr(self, f) for f in HOST_FACTS})
+
+
+HOST_FACTS: tuple[str, ...] = tuple(f.name for f in fields(HostFacts))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostView(HostFacts):
+    """A host as its last heartbeat described it, with the control plane's own word on it (``state``:
+    draining is its decision, never the agent's). Positive facts only; never mutated in place."""
+
+    id: str
+    heartbeat_at: float
+    state: HostState = HostState.READY
 
     @property
     def cpu_free(self) -> float:

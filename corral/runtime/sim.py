@@ -70,6 +70,9 @@ class SimRuntime:
     # A modelled guest faults its working set in over seconds (the touch model's ramp): a reading
     # before then understates what the sandbox will hold.
     memory_settle_s = DEFAULT_SETTLE_S
+    # A reading is a pure function of age that flattens once the ramp is over: reading every settled
+    # sandbox at every heartbeat would cost a fleet-scale benchmark O(sandboxes) per beat for nothing.
+    settled_readings_per_beat = 256
 
     def __init__(
         self,

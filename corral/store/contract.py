@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from corral.codes import ErrorCode
-from corral.core.types import DEFAULT_SANDBOX_PIDS, AdmissionMode, HostState, HostView, Pending
+from corral.core.types import DEFAULT_SANDBOX_PIDS, HostFacts, HostView, Pending
 
 # -- errors ----------------------------------------------------------------------------------------
 
@@ -158,56 +158,46 @@ UNSET = _Unset.UNSET
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Listing:
+    """The sandboxes a heartbeat says its host runs for records (warm ones are no record's), each with
+    the epoch of its copy: either the whole set, or what changed since the heartbeat whose set the
+    store holds (``base``), so a heartbeat costs what changed, not what runs."""
+
+    # None: ``entries`` is the whole set. Otherwise the seq of the heartbeat this one builds on: its
+    # changes apply only if that is the set the store holds.
+    base: int | None = None
+    # Sandbox id -> epoch: the whole set, or the entries added (or whose epoch changed) since ``base``.
+    entries: Mapping[str, int] = field(default_factory=dict)
+    # Entries gone since ``base``. A change may name a sandbox the store never had: one that started
+    # and ended between two heartbeats, whose record may still say it runs.
+    removed: frozenset[str] = frozenset()
+    # :func:`corral.core.listing.digest_of` the whole set after this heartbeat; None: not checked (an
+    # agent older than digests, which sends whole sets only).
+    digest: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostReport:
     """What an agent reports. ``seq`` must increase strictly across the agent's whole life, restarts
-    included (seed it from wall-clock milliseconds at start): a heartbeat whose seq is not newer than
+    included (seed it from wall-clock milliseconds at start): a report whose seq is not newer than
     the stored one is a delayed packet and is ignored."""
 
     host_id: str
     seq: int
-    cpu_total: float
-    cpu_used: float
-    memory_mb_total: int
-    memory_mb_used: int
-    memory_mb_admittable: int
-    memory_admission: AdmissionMode = AdmissionMode.WORKING_SET
-    # None: the host accepts any template.
-    templates: frozenset[str] | None = None
-    runtime: str = "sim"
-    gpu: str | None = None
-    role: str = "worker"
-    stream_restore: bool = False
-    # The sandboxes the agent's admittable already accounts for.
-    sandbox_ids: frozenset[str] = frozenset()
+    facts: HostFacts
+    listing: Listing = Listing()
     # The agent's base URL; empty for in-process agents.
     address: str = ""
-    # Warm sandboxes per template: (ready, starting). They are not in ``sandbox_ids``: no record
+    # Warm sandboxes per template: (ready, starting). They are not in the listing: no record
     # claims them and none ever will until one is claimed.
     warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    # Sparse: the epoch of every entry of ``sandbox_ids`` whose epoch is not 0.
-    epochs: Mapping[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class HostRecord:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostRecord(HostView):
     """A host as the store holds it: its last accepted heartbeat plus what only the store knows
-    (drain state, outstanding live reservations)."""
+    (drain state, outstanding live reservations, how much of its listing it holds)."""
 
-    id: str
-    heartbeat_at: float
-    cpu_total: float
-    cpu_used: float
-    memory_mb_total: int
-    memory_mb_used: int
-    memory_mb_admittable: int
-    memory_admission: AdmissionMode
-    templates: frozenset[str] | None
-    runtime: str
-    gpu: str | None
-    role: str
-    state: HostState
-    stream_restore: bool
-    sandbox_ids: frozenset[str]
     seq: int
     registered_at: float
     address: str
@@ -216,27 +206,18 @@ class HostRecord:
     reserved_cpu: float
     # Warm sandboxes per template as the last heartbeat said: (ready, starting).
     warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # How many sandboxes its listing holds.
+    sandbox_count: int = 0
+    # The seq of the heartbeat whose listing the store holds, and when that listing was last brought
+    # up to date; None: the store holds none it can trust (the host must send its whole set).
+    listed_seq: int | None = None
+    listed_at: float = 0.0
 
     def warm_ready(self, template: str) -> int:
         return self.warm.get(template, (0, 0))[0]
 
     def view(self) -> HostView:
-        return HostView(
-            id=self.id,
-            heartbeat_at=self.heartbeat_at,
-            cpu_total=self.cpu_total,
-            cpu_used=self.cpu_used,
-            memory_mb_total=self.memory_mb_total,
-            memory_mb_used=self.memory_mb_used,
-            memory_mb_admittable=self.memory_mb_admittable,
-            memory_admission=self.memory_admission,
-            templates=self.templates,
-            runtime=self.runtime,
-            gpu=self.gpu,
-            role=self.role,
-            state=self.state,
-            stream_restore=self.stream_restore,
-        )
+        return self
 
     def pending(self) -> Pending:
         return Pending(self.reserved_mb, self.reserved_cpu)
@@ -251,6 +232,22 @@ class HeartbeatResult:
     confirmed: int
     # Sandboxes this host runs at an epoch that is no longer theirs: it must stop them now.
     fenced: frozenset[str] = frozenset()
+
+    @property
+    def listed_seq(self) -> int | None:
+        """The seq of the heartbeat whose listing the store now holds for this host: the agent's
+        acknowledgement. A heartbeat whose seq this is not must be followed by the whole set."""
+        return self.host.listed_seq
+
+
+@dataclass(frozen=True, slots=True)
+class ListingChange:
+    """One entry of a host's listing as it changed: present or gone since ``changed_at``."""
+
+    host_id: str
+    sandbox_id: str
+    present: bool
+    changed_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,13 +436,40 @@ class Store(ABC):
         stale and never placed on), or update the address of a known one."""
 
     @abstractmethod
-    async def upsert_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+    async def upsert_heartbeat(self, hb: HostReport) -> HeartbeatResult:
         """Register or refresh a host from its heartbeat, stamped with the store's clock.
 
-        Ignored (``accepted=False``) when ``hb.seq`` is not newer than the stored seq. When accepted,
-        the same transaction confirms (ends) every reservation on the host whose ``sandbox_id`` is in
-        ``hb.sandbox_ids``: the published admittable now counts that sandbox, so its reservation must
-        stop being subtracted. A heartbeat never changes the drain state."""
+        Ignored (``accepted=False``) when ``hb.seq`` is not newer than the stored seq. When accepted:
+        a whole listing replaces the host's; changes apply only if ``listing.base`` is the seq of the
+        listing the store holds and the digest they fold to is the one the agent sent (otherwise the
+        store's listing is kept, or marked untrusted on a digest mismatch, and ``listed_seq`` in the
+        result tells the agent to send its whole set). The same transaction confirms (ends) every
+        outstanding reservation on the host whose sandbox the host now lists: the published
+        admittable counts that sandbox, so its reservation must stop being subtracted. A heartbeat
+        never changes the drain state."""
+
+    @abstractmethod
+    async def listing_changes(self, since: float) -> list[ListingChange]:
+        """Entries of hosts' listings that changed (appeared, went, or were re-read whole) at or
+        after ``since`` by the store's clock: what the reconciler checks against the records."""
+
+    @abstractmethod
+    async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
+        """Of ``sandbox_ids``, those ``host_id``'s listing holds, with their epochs."""
+
+    @abstractmethod
+    async def listed_hosts(self, sandbox_ids: Collection[str]) -> dict[str, str]:
+        """Sandbox id -> a host whose listing holds it, for those of ``sandbox_ids`` some host lists."""
+
+    @abstractmethod
+    async def prune_listings(self, before: float) -> int:
+        """Forget entries that went out of listings before ``before`` (kept until then so the
+        reconciler sees them go). Returns how many."""
+
+    @abstractmethod
+    async def committed_mb(self) -> int:
+        """Memory promised to every live sandbox (``LIVE_STATES``), from the tenants' usage counters:
+        a read per tenant, never per sandbox."""
 
     @abstractmethod
     async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
@@ -673,6 +697,10 @@ class Store(ABC):
     @abstractmethod
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
         """The sandbox, or None. With ``tenant_id``, another tenant's sandbox is None too."""
+
+    @abstractmethod
+    async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]:
+        """Those of ``sandbox_ids`` that have a record, by id (any tenant)."""
 
     @abstractmethod
     async def list_sandboxes(

@@ -217,6 +217,30 @@ _V9 = (
     "ALTER TABLE hosts DROP COLUMN sandbox_ids",
 )
 
+# A host's listing as one row per sandbox, so a heartbeat that carries only what changed costs what
+# changed: ``present`` false keeps a gone entry for a while, so the reconciler finds what went as well as
+# what came by ``changed_at`` instead of reading every record. The host row holds which heartbeat's
+# listing it is (``listed_seq``; NULL: none to trust, send the whole set), its digest, when it was last
+# brought up to date and its size. The old JSON lists are dropped: each agent is asked for its whole set
+# at its next heartbeat.
+_V10 = (
+    "DROP TABLE host_sandboxes",
+    """CREATE TABLE listed_sandboxes (
+        host_id TEXT NOT NULL,
+        sandbox_id TEXT NOT NULL,
+        epoch BIGINT NOT NULL DEFAULT 0,
+        present {bool} NOT NULL,
+        changed_at {real} NOT NULL,
+        PRIMARY KEY (host_id, sandbox_id)
+    )""",
+    "CREATE INDEX listed_sandboxes_changed ON listed_sandboxes (changed_at)",
+    "CREATE INDEX listed_sandboxes_sandbox ON listed_sandboxes (sandbox_id)",
+    "ALTER TABLE hosts ADD COLUMN listed_seq BIGINT",
+    "ALTER TABLE hosts ADD COLUMN listed_digest BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE hosts ADD COLUMN listed_at {real} NOT NULL DEFAULT 0",
+    "ALTER TABLE hosts ADD COLUMN listed_count BIGINT NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -227,6 +251,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(7, "secrets shared by every replica", _V7),
     Migration(8, "failover policy, epochs, fences, sealed specs", _V8),
     Migration(9, "sandbox indexes by state and by host; hosts' sandbox lists in their own table", _V9),
+    Migration(10, "hosts' listings one row per sandbox, with digest and acknowledged seq", _V10),
 )
 
 LATEST = MIGRATIONS[-1].version

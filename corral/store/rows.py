@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from corral.core.types import AdmissionMode, HostState
@@ -27,6 +27,12 @@ from corral.store.contract import (
 Row = Sequence[Any]
 
 
+def in_list(prefix: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
+    """``IN (:p0, :p1, ...)`` and its parameters (the portable spelling of a list parameter)."""
+    params = {f"{prefix}{i}": v for i, v in enumerate(values)}
+    return "(" + ", ".join(f":{k}" for k in params) + ")", params
+
+
 def to_millicores(cpu: float) -> int:
     return round(cpu * 1000)
 
@@ -40,7 +46,7 @@ def from_millicores(m: int) -> float:
 HOST_COLS = (
     "h.id, h.heartbeat_at, h.cpu_total, h.cpu_used, h.memory_mb_total, h.memory_mb_used, "
     "h.memory_mb_admittable, h.memory_admission, h.templates, h.runtime, h.gpu, h.role, h.state, "
-    "h.stream_restore, coalesce(s.sandbox_ids, '[]'), h.seq, h.registered_at, h.address"
+    "h.stream_restore, h.listed_count, h.seq, h.registered_at, h.address, h.listed_seq, h.listed_at"
 )
 
 # Hosts with their *live* reserved totals: the stored counters also hold reservations that expired but
@@ -53,7 +59,6 @@ LEFT JOIN (
     SELECT host_id, CAST(sum(memory_mb) AS BIGINT) AS mb, CAST(sum(cpu_m) AS BIGINT) AS cpu_m
     FROM reservations WHERE expires_at <= :now {{scope}} GROUP BY host_id
 ) x ON x.host_id = h.id
-LEFT JOIN host_sandboxes s ON s.host_id = h.id
 """
 
 
@@ -74,13 +79,15 @@ def host_from_row(r: Row) -> HostRecord:
         role=r[11],
         state=HostState(r[12]),
         stream_restore=bool(r[13]),
-        sandbox_ids=frozenset(json.loads(r[14])),
+        sandbox_count=int(r[14]),
         seq=int(r[15]),
         registered_at=float(r[16]),
         address=r[17],
-        reserved_mb=int(r[18]),
-        reserved_cpu=from_millicores(int(r[19])),
-        warm=warm_from_json(r[20]),
+        listed_seq=None if r[18] is None else int(r[18]),
+        listed_at=float(r[19]),
+        reserved_mb=int(r[20]),
+        reserved_cpu=from_millicores(int(r[21])),
+        warm=warm_from_json(r[22]),
     )
 
 

@@ -22,27 +22,28 @@ import hashlib
 import json
 import secrets
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from corral.clock import SystemClock
 from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, Pending
 from corral.ids import random_hex
-from corral.store import rows
+from corral.store import listings, rows
 from corral.store.contract import (
     FAILOVER_POLICIES,
     LIVE_STATES,
     UNSET,
     CreateOutcome,
     FailedHost,
-    Heartbeat,
     HeartbeatResult,
     HostEnrolment,
     HostHasSandboxes,
     HostRecord,
+    HostReport,
     IdempotencyMismatch,
     InvalidRecord,
+    ListingChange,
     NameConflict,
     Page,
     PoolRecord,
@@ -66,6 +67,7 @@ from corral.store.contract import (
     metadata_dict,
 )
 from corral.store.fit import by_tie_rank, fit_condition, room_order
+from corral.store.rows import in_list
 
 T = TypeVar("T")
 Params = Mapping[str, Any]
@@ -97,12 +99,6 @@ class Tx(Protocol):
 
 class _NoRoom(Exception):
     """Raised inside a write transaction to roll back an all-or-nothing batch."""
-
-
-def in_list(prefix: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
-    """``IN (:p0, :p1, ...)`` and its parameters (the portable spelling of a list parameter)."""
-    params = {f"{prefix}{i}": v for i, v in enumerate(values)}
-    return "(" + ", ".join(f":{k}" for k in params) + ")", params
 
 
 def token_hash(plaintext: str) -> str:
@@ -189,26 +185,27 @@ class SqlStore(Store):
 
         await self._write(run)
 
-    async def upsert_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+    async def upsert_heartbeat(self, hb: HostReport) -> HeartbeatResult:
         if not hb.host_id:
             raise InvalidRecord("host_id: must not be empty")
         now = self._now()
+        f = hb.facts
         params = {
             "id": hb.host_id,
             "address": hb.address,
             "now": now,
             "seq": hb.seq,
-            "cpu_total": hb.cpu_total,
-            "cpu_used": hb.cpu_used,
-            "mt": hb.memory_mb_total,
-            "mu": hb.memory_mb_used,
-            "ma": hb.memory_mb_admittable,
-            "mode": AdmissionMode(hb.memory_admission).value,
-            "templates": rows.json_list(hb.templates),
-            "runtime": hb.runtime,
-            "gpu": hb.gpu,
-            "role": hb.role,
-            "sr": bool(hb.stream_restore),
+            "cpu_total": f.cpu_total,
+            "cpu_used": f.cpu_used,
+            "mt": f.memory_mb_total,
+            "mu": f.memory_mb_used,
+            "ma": f.memory_mb_admittable,
+            "mode": AdmissionMode(f.memory_admission).value,
+            "templates": rows.json_list(f.templates),
+            "runtime": f.runtime,
+            "gpu": f.gpu,
+            "role": f.role,
+            "sr": bool(f.stream_restore),
             "warm": rows.warm_to_json(hb.warm),
         }
 
@@ -232,53 +229,46 @@ class SqlStore(Store):
                      stream_restore = excluded.stream_restore,
                      warm = excluded.warm
                    WHERE hosts.seq < excluded.seq
-                   RETURNING id""",
+                   RETURNING listed_seq, listed_digest""",
                 params,
             )
             confirmed = 0
+            fenced: frozenset[str] = frozenset()
             if applied is not None:
-                await tx.execute(
-                    "INSERT INTO host_sandboxes (host_id, sandbox_ids) VALUES (:h, :ids) "
-                    "ON CONFLICT (host_id) DO UPDATE SET sandbox_ids = excluded.sandbox_ids",
-                    {"h": hb.host_id, "ids": rows.json_list(hb.sandbox_ids)},
-                )
-            if applied is not None and hb.sandbox_ids:
-                # The host's outstanding reservations are few; the ids it lists may be tens of thousands.
-                # Matching them here keeps the statement small (binding every listed id cost ~20 ms a
-                # heartbeat at 8,000 sandboxes, inside the write lock every create waits for).
-                outstanding = await tx.fetchall(
-                    "SELECT id, sandbox_id FROM reservations WHERE host_id = :h AND sandbox_id IS NOT NULL",
-                    {"h": hb.host_id},
-                )
-                listed = set(hb.sandbox_ids)
-                done = sorted(rid for rid, sid in outstanding if sid in listed)
+                held_seq = None if applied[0] is None else int(applied[0])
+                listed = await listings.apply(tx, hb, held_seq, int(applied[1]), now)
+                done = await listings.confirmable(tx, hb)
                 if done:
                     clause, ids = in_list("r", done)
                     confirmed = await self._end_where(tx, f"id IN {clause}", ids)
-            fenced = await self._fences(tx, hb) if applied is not None else frozenset()
+                if listed:
+                    fenced = await listings.fences(tx, hb.host_id)
             host = await self._host(tx, hb.host_id, now)
             assert host is not None
             return HeartbeatResult(host, applied is not None, confirmed, fenced)
 
         return await self._write(run)
 
-    async def _fences(self, tx: Tx, hb: Heartbeat) -> frozenset[str]:
-        """The sandboxes this host runs at an epoch older than their fence: it must stop them. A fence
-        whose copy the host no longer runs (or runs at a current epoch) has done its work and goes."""
-        got = await tx.fetchall("SELECT sandbox_id, epoch FROM fences WHERE host_id = :h", {"h": hb.host_id})
-        if not got:
-            return frozenset()
-        fenced = frozenset(
-            str(sid) for sid, epoch in got if sid in hb.sandbox_ids and hb.epochs.get(sid, 0) < int(epoch)
-        )
-        done = [str(sid) for sid, _ in got if sid not in fenced]
-        if done:
-            clause, params = in_list("d", done)
-            await tx.execute(
-                f"DELETE FROM fences WHERE host_id = :h AND sandbox_id IN {clause}",
-                {"h": hb.host_id, **params},
+    async def listing_changes(self, since: float) -> list[ListingChange]:
+        return await self._read(lambda tx: listings.changes(tx, since))
+
+    async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
+        return await self._read(lambda tx: listings.held(tx, host_id, sandbox_ids))
+
+    async def listed_hosts(self, sandbox_ids: Collection[str]) -> dict[str, str]:
+        return await self._read(lambda tx: listings.hosts_of(tx, sandbox_ids))
+
+    async def prune_listings(self, before: float) -> int:
+        return await self._write(
+            lambda tx: tx.execute(
+                "DELETE FROM listed_sandboxes WHERE present = :no AND changed_at < :before",
+                {"no": False, "before": before},
             )
-        return fenced
+        )
+
+    async def committed_mb(self) -> int:
+        row = await self._read(lambda tx: tx.fetchone("SELECT coalesce(sum(live_memory_mb), 0) FROM tenants"))
+        return int(row[0]) if row is not None else 0
 
     async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
         now = self._now()
@@ -428,7 +418,7 @@ class SqlStore(Store):
     async def delete_host(self, host_id: str) -> bool:
         async def run(tx: Tx) -> bool:
             await self._end_where(tx, "host_id = :h", {"h": host_id})
-            await tx.execute("DELETE FROM host_sandboxes WHERE host_id = :id", {"id": host_id})
+            await tx.execute("DELETE FROM listed_sandboxes WHERE host_id = :id", {"id": host_id})
             return await tx.execute("DELETE FROM hosts WHERE id = :id", {"id": host_id}) > 0
 
         return await self._write(run)
@@ -1129,6 +1119,20 @@ class SqlStore(Store):
 
         return await self._read(run)
 
+    async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]:
+        async def run(tx: Tx) -> dict[str, SandboxRecord]:
+            out: dict[str, SandboxRecord] = {}
+            for part in listings.chunks(sandbox_ids):
+                clause, params = in_list("g", part)
+                for r in await tx.fetchall(
+                    f"SELECT {rows.SANDBOX_COLS} FROM sandboxes WHERE id IN {clause}", params
+                ):
+                    rec = rows.sandbox_from_row(r)
+                    out[rec.id] = rec
+            return out
+
+        return await self._read(run)
+
     async def list_sandboxes(
         self,
         *,
@@ -1454,7 +1458,7 @@ class SqlStore(Store):
             if live is not None and int(live[0]) > 0:
                 raise HostHasSandboxes(f"host {host_id} has {int(live[0])} live sandboxes")
             await self._end_where(tx, "host_id = :h", {"h": host_id})
-            await tx.execute("DELETE FROM host_sandboxes WHERE host_id = :h", {"h": host_id})
+            await tx.execute("DELETE FROM listed_sandboxes WHERE host_id = :h", {"h": host_id})
             found = await tx.execute("DELETE FROM hosts WHERE id = :h", {"h": host_id}) > 0
             found = await tx.execute("DELETE FROM host_keys WHERE host_id = :h", {"h": host_id}) > 0 or found
             return await self._revoke_where(tx, "host_id = :h", {"h": host_id}) > 0 or found

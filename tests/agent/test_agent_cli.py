@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from corral.agent import Heartbeat, HttpAgentClient, StartSandbox
+from corral.agent import AgentHeartbeat, HttpAgentClient, StartSandbox
 from corral.agent.cli import agent_command, parse_listen
 from corral.client.credentials import write_private
 
@@ -65,12 +65,14 @@ def test_credentials_are_required_and_the_shared_token_only_in_development_mode(
 
 
 class _ControlPlane(BaseHTTPRequestHandler):
-    beats: ClassVar[list[tuple[str, Heartbeat]]] = []
+    beats: ClassVar[list[tuple[str, AgentHeartbeat]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if self.path == "/v1/agent/heartbeat":
-            self.beats.append((self.headers["Authorization"], Heartbeat.model_validate(json.loads(body))))
+            self.beats.append(
+                (self.headers["Authorization"], AgentHeartbeat.model_validate(json.loads(body)))
+            )
             self.send_response(204)
         else:
             self.send_response(404)
@@ -81,7 +83,7 @@ class _ControlPlane(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def control_plane() -> Iterator[tuple[str, list[tuple[str, Heartbeat]]]]:
+def control_plane() -> Iterator[tuple[str, list[tuple[str, AgentHeartbeat]]]]:
     _ControlPlane.beats = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ControlPlane)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -101,7 +103,7 @@ def _wait_for(predicate: Callable[[], bool], what: str, limit_s: float = 30.0) -
 
 @pytest.mark.slow
 async def test_agent_command_serves_and_heartbeats(
-    control_plane: tuple[str, list[tuple[str, Heartbeat]]], tmp_path: Path
+    control_plane: tuple[str, list[tuple[str, AgentHeartbeat]]], tmp_path: Path
 ) -> None:
     url, beats = control_plane
     creds = tmp_path / "e2e.json"

@@ -12,14 +12,16 @@ import pytest
 
 from corral.agent import (
     Agent,
-    Heartbeat,
+    AgentHeartbeat,
     HeartbeatRejected,
     StartSandbox,
     http_heartbeat_sink,
 )
+from corral.agent.protocol import Capacity, HeartbeatReply
 from corral.core import ManualClock
 from corral.core.admission import admittable_mb
-from corral.core.types import AdmissionMode, SandboxUsage
+from corral.core.listing import digest_of
+from corral.core.types import HOST_FACTS, AdmissionMode, SandboxUsage
 
 
 async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
@@ -48,7 +50,43 @@ async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: Manual
     # Drain state is the control plane's: the agent never sends one.
     assert "state" not in hb.model_dump()
     # It survives the wire.
-    assert Heartbeat.model_validate_json(hb.model_dump_json()) == hb
+    assert AgentHeartbeat.model_validate_json(hb.model_dump_json()) == hb
+
+
+async def test_the_wire_carries_every_host_fact_and_the_view_is_built_from_them(
+    make_agent: Callable[..., Agent],
+) -> None:
+    # One declaration (HostFacts): a fact added there and not to the wire model fails here.
+    assert set(HOST_FACTS) <= set(Capacity.model_fields)
+    agent = make_agent(templates=["python"], gpu="a10", stream_restore=True)
+    hb = agent.heartbeat()
+    view = hb.host_view(heartbeat_at=5.0)
+    assert view.facts() == hb.facts() == agent.capacity().facts()
+    assert view.templates == frozenset({"python"}) and view.gpu == "a10" and view.stream_restore
+    assert (view.id, view.heartbeat_at) == ("host-1", 5.0)
+
+
+async def test_heartbeats_carry_changes_once_a_listing_is_acknowledged(
+    make_agent: Callable[..., Agent],
+) -> None:
+    agent = make_agent()
+    await agent.start(StartSandbox(id="a", memory_mb=256))
+    first = agent.heartbeat()
+    assert first.base is None and first.sandbox_ids == ["a"]
+    agent.acknowledge(first, HeartbeatReply(listed_seq=first.seq))
+    await agent.start(StartSandbox(id="b", memory_mb=256, epoch=4))
+    await agent.stop("a")
+    second = agent.heartbeat()
+    assert second.base == first.seq and second.sandbox_ids == []
+    assert (second.added, second.removed, second.epochs) == (["b"], ["a"], {"b": 4})
+    assert second.digest == digest_of({"b": 4})
+    # A reply naming another heartbeat (or none) acknowledges nothing: the next one is whole.
+    agent.acknowledge(second, HeartbeatReply(listed_seq=first.seq))
+    third = agent.heartbeat()
+    assert third.base is None and third.sandbox_ids == ["b"] and third.digest == second.digest
+    # A reply from a control plane that takes whole sets only (no listed_seq) keeps them whole.
+    agent.acknowledge(third, HeartbeatReply())
+    assert agent.heartbeat().base is None
 
 
 async def test_seq_is_strictly_increasing_even_across_a_restart(
@@ -63,11 +101,11 @@ async def test_seq_is_strictly_increasing_even_across_a_restart(
 
 
 async def test_loop_survives_a_control_plane_that_is_down(make_agent: Callable[..., Agent]) -> None:
-    received: list[Heartbeat] = []
+    received: list[AgentHeartbeat] = []
     failures = 0
     enough = asyncio.Event()
 
-    async def flaky(hb: Heartbeat) -> None:
+    async def flaky(hb: AgentHeartbeat) -> None:
         nonlocal failures
         if failures < 3:
             failures += 1
@@ -90,7 +128,7 @@ async def test_loop_survives_a_control_plane_that_is_down(make_agent: Callable[.
 async def test_a_stuck_sink_never_blocks_starts(make_agent: Callable[..., Agent]) -> None:
     stuck = asyncio.Event()
 
-    async def hangs(hb: Heartbeat) -> None:
+    async def hangs(hb: AgentHeartbeat) -> None:
         stuck.set()
         await asyncio.Event().wait()  # a control plane that never answers
 
@@ -118,7 +156,7 @@ async def test_http_sink_posts_to_the_agent_route_with_the_token(make_agent: Cal
     (req,) = seen
     assert req.method == "POST" and str(req.url) == "http://cp.test/v1/agent/heartbeat"
     assert req.headers["Authorization"] == "Bearer agent-token"
-    assert Heartbeat.model_validate(json.loads(req.content)) == hb
+    assert AgentHeartbeat.model_validate(json.loads(req.content)) == hb
     with pytest.raises(HeartbeatRejected) as rejected:
         await agent.beat()
     assert rejected.value.status == 503

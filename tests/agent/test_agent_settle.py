@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from corral.agent import Agent
-from corral.agent.protocol import Heartbeat, StartSandbox
+from corral.agent.protocol import AgentHeartbeat, StartSandbox
 from corral.core import AdmissionMode, ManualClock
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.runtime.sim import SimRuntime
@@ -78,10 +78,10 @@ async def test_a_ramping_reading_is_not_trusted_even_with_no_settle_time(
 async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
     make_agent: Callable[..., Agent], clock: ManualClock
 ) -> None:
-    beats: list[Heartbeat] = []
+    beats: list[AgentHeartbeat] = []
     roomier = asyncio.Event()
 
-    async def sink(hb: Heartbeat) -> None:
+    async def sink(hb: AgentHeartbeat) -> None:
         beats.append(hb)
         if len(beats) > 1 and hb.memory_mb_admittable > beats[0].memory_mb_admittable:
             roomier.set()
@@ -105,3 +105,40 @@ async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
     assert beats[0].memory_mb_admittable == 16_384 - 2048 - 3 * 512  # three reserves (headroom 2048)
     assert beats[-1].memory_mb_admittable == 16_384 - 2048 - 3 * 1  # three exact 1 MiB readings
     assert all(i.charged_mb == 1 for i in agent.list())
+
+
+class CountingRuntime(SimRuntime):
+    """The sim runtime, counting the readings asked of it, three settled ones per heartbeat."""
+
+    settled_readings_per_beat = 3
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock, rng=random.Random(5))
+        self.read: list[str] = []
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        self.read.append(sandbox_id)
+        return await super().resident_mb(sandbox_id)
+
+
+async def test_settled_sandboxes_take_turns_being_read(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    runtime = CountingRuntime(clock)
+    agent = make_agent(runtime=runtime)
+    for i in range(7):
+        await agent.start(StartSandbox(id=f"s{i}", memory_mb=256))
+    for _ in range(4):  # settle every one (readings every beat while they settle)
+        clock.advance(30)
+        await agent.beat()
+    assert not agent._live.untrusted
+    runtime.read.clear()
+    await agent.start(StartSandbox(id="new", memory_mb=256))
+    beats = [set(runtime.read)]
+    for _ in range(3):
+        runtime.read.clear()
+        await agent.beat()
+        beats.append(set(runtime.read))
+    # Each heartbeat reads the settling sandbox and at most three settled ones; every one gets a turn.
+    assert all("new" in b and len(b - {"new"}) <= 3 for b in beats[1:])
+    assert set().union(*beats) >= {f"s{i}" for i in range(7)}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import httpx
 
 from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink
-from corral.agent.protocol import Heartbeat
+from corral.agent.protocol import AgentHeartbeat
 from corral.core.types import AdmissionMode
 
-HB = Heartbeat(
+HB = AgentHeartbeat(
     agent_id="h1",
     seq=1,
     address="http://h1",

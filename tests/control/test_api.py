@@ -389,7 +389,8 @@ async def test_oom_kills_travel_from_the_agent_to_the_sandbox(cluster: Cluster) 
     status, sb = await create(cluster)
     assert status == 201 and sb["oom_kills"] == 0
     agent = next(a for a in cluster.fleet.agents if a.id == sb["host_id"])
-    agent._live[sb["id"]].oom_kills = 3  # what a measurement of its cgroup would have read
+    agent._live[sb["id"]].oom_kills = 3  # what a measurement of its cgroup would have read and noted
+    agent._oom_ids.add(sb["id"])
     await cluster.beat()
     got = await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))
     assert got.json()["oom_kills"] == 3

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral.agent.protocol import Heartbeat
+from corral.agent.protocol import AgentHeartbeat
 
 from .conftest import ADMIN, make_cluster
 
@@ -45,7 +45,7 @@ field_names = st.sampled_from(
 )
 bodies = st.dictionaries(field_names, json_values, max_size=6) | json_values
 # A heartbeat is probed from a valid one with some fields replaced, so the probe reaches its bounds.
-heartbeat_fields = st.sampled_from(sorted(Heartbeat.model_fields))
+heartbeat_fields = st.sampled_from(sorted(AgentHeartbeat.model_fields))
 big_numbers = st.integers(-(2**80), 2**80) | st.floats() | st.sampled_from([2**63, 2**63 - 1, -1, 0])
 heartbeat_changes = st.dictionaries(heartbeat_fields, json_values | big_numbers, max_size=4)
 routes = st.sampled_from(

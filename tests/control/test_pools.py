@@ -185,7 +185,7 @@ async def test_crash_between_hand_over_and_record_is_reconciled(cluster: Cluster
     assert agent.warm.role(info.id) == ROLE_CLAIMED
     await c.beat()
     host = await c.plane.store.get_host(agent.id)
-    assert host is not None and info.id in host.sandbox_ids  # reported, not as warm
+    assert host is not None and info.id in await c.plane.store.listed(agent.id, [info.id])  # not as warm
     # Warm ones are never strays: two sweeps leave them; the unrecorded claimed one is stopped.
     await c.plane.reconciler._stop_strays()
     await c.beat()
@@ -315,12 +315,15 @@ async def test_heartbeat_roles_and_counts(cluster: Cluster) -> None:
     c = cluster
     await pool(c, 12)
     agent = next(a for a in c.fleet.agents if a.warm.ready_count("py"))
+    changes = agent.heartbeat()  # the listing was acknowledged: changes only, and warm ones are none
+    assert changes.base is not None and not changes.added and not changes.sandbox_ids
+    agent.acknowledge(changes, None)  # no reply: the next heartbeat is the whole set
     hb = agent.heartbeat()
-    assert set(hb.roles.values()) == {ROLE_WARM}
+    assert hb.base is None and set(hb.roles.values()) == {ROLE_WARM}
     assert hb.warm["py"].ready == agent.warm.ready_count("py")
     assert not hb.owned_ids()
     host = await c.plane.store.get_host(agent.id)
-    assert host is not None and host.warm["py"][0] == agent.warm.ready_count("py") and not host.sandbox_ids
+    assert host is not None and host.warm["py"][0] == agent.warm.ready_count("py") and not host.sandbox_count
 
 
 def test_spread_is_level_respects_caps_and_keeps_what_it_has() -> None:
@@ -471,7 +474,6 @@ def test_plan_shares_room_between_pools_and_skips_hosts_that_cannot_run_them() -
             "role": "worker",
             "state": HostState.READY,
             "stream_restore": False,
-            "sandbox_ids": frozenset(),
             "seq": 1,
             "registered_at": 0.0,
             "address": "",

@@ -138,7 +138,9 @@ async def test_a_body_over_the_cap_is_a_413(cluster: Cluster) -> None:
 
 
 async def _beat(c: Cluster, token: str, **changes: Any) -> httpx.Response:
-    body = c.fleet.agents[0].heartbeat().model_dump(mode="json")
+    agent = c.fleet.agents[0]
+    agent.acknowledge(agent.heartbeat(), None)  # unacknowledged: the next heartbeat is the whole set
+    body = agent.heartbeat().model_dump(mode="json")
     body.update(changes)
     return await c.http.post("/v1/agent/heartbeat", json=body, headers=c.as_(token))
 
@@ -162,6 +164,10 @@ async def _beat(c: Cluster, token: str, **changes: Any) -> httpx.Response:
         ("sandbox_ids", [f"sb-{i}" for i in range(MAX_SANDBOXES_PER_HOST + 1)]),
         ("sent_at", 1e300),
         ("templates", ["x" * 500]),
+        ("base", -1),
+        ("digest", -1),
+        ("digest", 2**63),
+        ("removed", ["../x"]),
         ("agent_id", "../x"),
     ],
 )
@@ -182,4 +188,18 @@ async def test_a_heartbeat_with_10000_sandboxes_is_accepted(cluster: Cluster) ->
     r = await _beat(cluster, creds.agent_token, sandbox_ids=ids, seq=2**63 - 1)
     assert r.status_code == 200, r.text[:300]
     rec = await cluster.plane.store.get_host(host)
-    assert rec is not None and len(rec.sandbox_ids) == 10_000 and rec.seq == 2**63 - 1
+    assert rec is not None and rec.sandbox_count == 10_000 and rec.seq == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    "mixed",
+    [{"added": ["sb-a"]}, {"removed": ["sb-a"]}, {"base": 7, "sandbox_ids": ["sb-a"]}],
+    ids=["added-without-base", "removed-without-base", "whole-set-with-base"],
+)
+async def test_a_heartbeat_mixing_whole_set_and_changes_is_a_422(
+    cluster: Cluster, mixed: dict[str, Any]
+) -> None:
+    creds = await cluster.plane.enrol_host(cluster.fleet.agents[0].id)
+    before = await cluster.plane.store.get_host(cluster.fleet.agents[0].id)
+    refused(await _beat(cluster, creds.agent_token, **mixed), 422, "invalid_request")
+    assert await cluster.plane.store.get_host(cluster.fleet.agents[0].id) == before

@@ -16,8 +16,8 @@ import random
 import sys
 import time
 
-from corral.core import AdmissionMode
-from corral.store import Heartbeat, ReserveItem, open_store
+from corral.core import AdmissionMode, HostFacts
+from corral.store import HostReport, Listing, ReserveItem, open_store
 
 HOSTS = [f"h{i:02d}" for i in range(12)]
 ADMITTABLE = 6000
@@ -88,16 +88,18 @@ async def main(url: str, index: int, ops: int, seed: int, role: str) -> dict[str
             # Show a handful of recent sandboxes of every writer on one host: whichever of them hold a
             # reservation there are confirmed by it.
             shown = frozenset(f"w{w}-{j}" for w in range(8) for j in range(max(0, i - 40), i))
-            hb = Heartbeat(
+            hb = HostReport(
                 host_id=rng.choice(HOSTS),
                 seq=time.time_ns(),
-                cpu_total=64.0,
-                cpu_used=0.0,
-                memory_mb_total=ADMITTABLE + 2048,
-                memory_mb_used=0,
-                memory_mb_admittable=ADMITTABLE,
-                memory_admission=AdmissionMode.COMMITTED,
-                sandbox_ids=shown,
+                facts=HostFacts(
+                    cpu_total=64.0,
+                    cpu_used=0.0,
+                    memory_mb_total=ADMITTABLE + 2048,
+                    memory_mb_used=0,
+                    memory_mb_admittable=ADMITTABLE,
+                    memory_admission=AdmissionMode.COMMITTED,
+                ),
+                listing=Listing(None, dict.fromkeys(shown, 0)),
             )
             stats["confirmed_by_heartbeat"] += (await store.upsert_heartbeat(hb)).confirmed
         if role == "sweep" and i % 25 == 0:

@@ -36,7 +36,8 @@ async def test_heartbeat_registers_a_host_with_every_field(store: Store, clock: 
         True,
         "http://10.0.0.1:7000",
     )
-    assert host.sandbox_ids == frozenset({"sb-a"})
+    assert host.sandbox_count == 1 and host.listed_seq == 7 and host.listed_at == T0
+    assert await store.listed("h1", ["sb-a", "sb-b"]) == {"sb-a": 0}
     assert host.state is HostState.READY and host.memory_admission is AdmissionMode.WORKING_SET
     assert (host.reserved_mb, host.reserved_cpu) == (0, 0.0)
     view = host.view()

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from corral.agent.inputs import MAX_SANDBOXES_PER_HOST
+from corral.core import HostFacts
 from corral.store import (
-    Heartbeat,
     HostHasSandboxes,
+    HostReport,
+    Listing,
     Role,
     SandboxRecord,
     SandboxState,
@@ -24,8 +26,8 @@ from corral.store import (
 from .test_tenants import raw_rows
 
 
-def _hb(host: str, seq: int) -> Heartbeat:
-    return Heartbeat(host, seq, 4, 0, 8192, 0, 6144)
+def _hb(host: str, seq: int) -> HostReport:
+    return HostReport(host, seq, HostFacts(4, 0, 8192, 0, 6144))
 
 
 async def test_enrolment_issues_a_host_bound_token_and_a_key_and_rotates_both(
@@ -132,6 +134,7 @@ async def test_a_revoked_token_cannot_be_configured_again(store: Store) -> None:
 
 async def test_a_heartbeat_can_carry_the_most_sandboxes_a_host_may_report(store: Store) -> None:
     ids = frozenset(f"sb-{i:05d}" for i in range(MAX_SANDBOXES_PER_HOST))
-    hb = Heartbeat("h1", 1, 4, 0, 8192, 0, 6144, sandbox_ids=ids)
+    hb = HostReport("h1", 1, HostFacts(4, 0, 8192, 0, 6144), Listing(None, dict.fromkeys(ids, 0)))
     result = await store.upsert_heartbeat(hb)
-    assert result.accepted and result.host.sandbox_ids == ids
+    assert result.accepted and result.host.sandbox_count == len(ids) and result.listed_seq == 1
+    assert await store.listed("h1", ["sb-00000", "sb-99999999"]) == {"sb-00000": 0}

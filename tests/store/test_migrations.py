@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from corral.core import ManualClock
-from corral.store import InvalidRecord, StoreError, open_store
+from corral.store import InvalidRecord, Listing, StoreError, open_store
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 
+from .helpers import beat
 from .test_tenants import raw_rows
 
 ALL_VERSIONS = [(m.version,) for m in MIGRATIONS]
@@ -113,26 +114,31 @@ async def test_a_closed_store_opens_again_on_use(store_url: str) -> None:
         await store.close()
 
 
-async def test_an_upgrade_keeps_each_hosts_sandbox_list(tmp_path: Path) -> None:
-    """A store written before hosts' sandbox lists had their own table still knows what each host runs."""
+async def test_an_upgrade_asks_each_host_for_its_whole_listing(tmp_path: Path) -> None:
+    """A store written when hosts' sandbox lists were one JSON value each holds no listing it can trust
+    after the upgrade: a heartbeat of changes is not applied, and the agent's next (whole) one is."""
     path = tmp_path / "old.db"
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
     for m in MIGRATIONS:
-        if m.version >= 9:
+        if m.version >= 10:
             break
         for sql in statements(m, "sqlite"):
             db.execute(sql)
         db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (m.version,))
-    db.execute(
-        "INSERT INTO hosts (id, registered_at, sandbox_ids) VALUES ('h-old', 0, ?)", ('["sb-a", "sb-b"]',)
-    )
+    db.execute("INSERT INTO hosts (id, registered_at, seq) VALUES ('h-old', 0, 1)")
+    db.execute("INSERT INTO host_sandboxes (host_id, sandbox_ids) VALUES ('h-old', ?)", ('["sb-a", "sb-b"]',))
     db.commit()
     db.close()
     store = open_store(f"sqlite:///{path}")
     try:
         assert await store.migrate() == LATEST
         host = await store.get_host("h-old")
-        assert host is not None and host.sandbox_ids == frozenset({"sb-a", "sb-b"})
+        assert host is not None and host.listed_seq is None and host.sandbox_count == 0
+        changes = await store.upsert_heartbeat(beat("h-old", 2, listing=Listing(1, {"sb-c": 0})))
+        assert changes.accepted and changes.listed_seq is None
+        whole = await store.upsert_heartbeat(beat("h-old", 3, sandbox_ids=frozenset({"sb-a", "sb-b"})))
+        assert whole.listed_seq == 3 and whole.host.sandbox_count == 2
+        assert await store.listed("h-old", ["sb-a", "sb-b", "sb-c"]) == {"sb-a": 0, "sb-b": 0}
     finally:
         await store.close()
