@@ -22,6 +22,7 @@ from corral.core import (
     TAKES_STATE,
     AdmissionMode,
     CreateRequest,
+    HostFacts,
     HostState,
     HostView,
     ManualClock,
@@ -31,7 +32,7 @@ from corral.core import (
     request_charge_mb,
     tie_rank,
 )
-from corral.store import Heartbeat, ReserveItem, Store
+from corral.store import HostReport, ReserveItem, Store
 
 _ids = itertools.count()
 SCORER = Scorer()
@@ -150,17 +151,19 @@ async def _build(store: Store, clock: ManualClock, fleet: Fleet) -> tuple[Model,
     for hid, spec in zip(ids, fleet.hosts, strict=True):
         total = spec.admittable + spec.spare
         result = await store.upsert_heartbeat(
-            Heartbeat(
+            HostReport(
                 host_id=hid,
                 seq=1,
-                cpu_total=spec.cpu_total,
-                cpu_used=spec.cpu_used,
-                memory_mb_total=total,
-                memory_mb_used=max(0, total - spec.admittable),
-                memory_mb_admittable=spec.admittable,
-                memory_admission=spec.mode,
-                templates=spec.templates,
-                stream_restore=spec.stream_restore,
+                facts=HostFacts(
+                    cpu_total=spec.cpu_total,
+                    cpu_used=spec.cpu_used,
+                    memory_mb_total=total,
+                    memory_mb_used=max(0, total - spec.admittable),
+                    memory_mb_admittable=spec.admittable,
+                    memory_admission=spec.mode,
+                    templates=spec.templates,
+                    stream_restore=spec.stream_restore,
+                ),
             )
         )
         if spec.draining:
