@@ -55,7 +55,6 @@ from corral.store import (
     IdempotencyMismatch,
     NameConflict,
     ReservationRecord,
-    ReserveAsk,
     SandboxRecord,
     SandboxState,
     Store,
@@ -259,21 +258,6 @@ class CreateFlow:
                 if not claimed[1]:
                     self.observe_success(claimed[0], started, tenant_id, idempotency_key)
                 return claimed
-        if idempotency_key is None and spec.wait_s is None:
-            # Nothing to replay and nothing to park: the record is written with its first reservation,
-            # in one transaction.
-            record = await self.draft(tenant_id, spec)
-            try:
-                placed = await self.place(
-                    record,
-                    self.bind(record, SandboxState.RESERVED, dict(spec.env), spec.secrets),
-                    unwritten=spec,
-                )
-            except BaseException:
-                await self.forget(record)
-                raise
-            self.observe_success(placed, started, tenant_id, idempotency_key)
-            return placed, False
         record, replayed = await self.new_record(tenant_id, spec, idempotency_key)
         if replayed:
             note(outcome="replayed", sandbox_id=record.id)
@@ -442,18 +426,11 @@ class CreateFlow:
         return commit
 
     async def place(
-        self,
-        record: SandboxRecord,
-        commit: Commit,
-        exclude: Collection[str] = (),
-        *,
-        unwritten: CreateSpec | None = None,
+        self, record: SandboxRecord, commit: Commit, exclude: Collection[str] = ()
     ) -> SandboxRecord:
         """Placement as every sandbox gets it (a create, a recreate after failover): filter, sample,
         score, reserve in the store, then ``commit`` on the chosen host; a host that says no is
-        excluded and the next is tried. Whatever ``commit`` raises ends what this attempt took.
-        ``unwritten``: the record is not in the store yet; it is written (with the checks of
-        ``create_sandbox``, whose refusals come first) together with the first reservation."""
+        excluded and the next is tried. Whatever ``commit`` raises ends what this attempt took."""
         cfg = self.config
         req = CreateRequest(memory_mb=record.memory_mb, cpu=record.cpus, stateful=record.stateful)
         exclude = set(exclude)
@@ -478,8 +455,6 @@ class CreateFlow:
                     reread = True
                     snap = await self.view.get(fresh=True)
                     continue
-                if unwritten is not None:
-                    await self._check_unwritten(record, unwritten)
                 raise self.refused(refusal, snap, elsewhere, explain) from None
             if attempts >= cfg.max_attempts:
                 raise self.refused(NoCapacity({}, len(snap.hosts)), snap, elsewhere, explain)
@@ -489,11 +464,10 @@ class CreateFlow:
             # Claim locally before the first await, so this replica's concurrent decisions see it.
             claim = self.view.claim(decision.host.id, decision.charge_mb, req.cpu)
             try:
-                res = await self._reserve(decision, req, record, attempt, unwritten)
+                res = await self._reserve(decision, req, record, attempt)
             except BaseException:
                 claim.release()
                 raise
-            unwritten = None
             if res is None:
                 # Other replicas took the room since our read: drop these hosts, read afresh.
                 claim.release()
@@ -534,16 +508,10 @@ class CreateFlow:
             exclude.add(host_id)
 
     async def _reserve(
-        self,
-        decision: Decision,
-        req: CreateRequest,
-        record: SandboxRecord,
-        attempt: Attempt | None = None,
-        unwritten: CreateSpec | None = None,
+        self, decision: Decision, req: CreateRequest, record: SandboxRecord, attempt: Attempt | None = None
     ) -> ReservationRecord | None:
         """The durable claim. Spreading, the store chooses among the sampled candidates by its current
-        totals (replicas see each other's in-flight work at commit); packing, it is the chosen host.
-        ``unwritten``: the record is written with it, in the same store call."""
+        totals (replicas see each other's in-flight work at commit); packing, it is the chosen host."""
         t = self.config.timeouts
         kw = {
             "cpu": req.cpu,
@@ -553,30 +521,16 @@ class CreateFlow:
         }
         if self.config.strategy is Strategy.PACK:
             candidates = [decision.host.id]
+            res = await self.store.reserve(decision.host.id, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
         else:
             # Only candidates charged the same as the chosen one (same admission mode) share its charge.
             mode = decision.host.memory_admission
             candidates = [h.id for h in decision.candidates if h.memory_admission is mode]
-        if unwritten is not None:
-            ask = ReserveAsk(
-                tuple(candidates), decision.charge_mb, req.cpu, self.config.replica_id, t.reservation_ttl_s
-            )
-            with self.store_errors(unwritten, record.tenant_id):
-                res = (await self.store.create_sandbox(record, reserve=ask)).reservation
-        elif self.config.strategy is Strategy.PACK:
-            res = await self.store.reserve(decision.host.id, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
-        else:
             res = await self.store.reserve_best(candidates, memory_mb=decision.charge_mb, **kw)  # type: ignore[arg-type]
         if attempt is not None:
             attempt.offered(candidates)
             attempt.took(res.host_id if res is not None else None)
         return res
-
-    async def _check_unwritten(self, record: SandboxRecord, spec: CreateSpec) -> None:
-        """A create refused before its record was written is refused as the write would have been
-        first (quota, name), so what a caller is told does not depend on the fleet's fill."""
-        with self.store_errors(spec, record.tenant_id):
-            await self.store.check_create(record)
 
     async def cancel_quietly(self, reservation_id: str) -> None:
         """End a claim at once. If the store cannot be told now, the replica's lease or the

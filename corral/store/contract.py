@@ -315,24 +315,10 @@ class SandboxRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class ReserveAsk:
-    """A reservation taken with a new sandbox's record: among ``candidates``, as ``reserve_best``
-    takes it, for the sandbox being created."""
-
-    candidates: tuple[str, ...]
-    memory_mb: int
-    cpu: float
-    owner: str
-    ttl_s: float
-
-
-@dataclass(frozen=True, slots=True)
 class CreateOutcome:
     record: SandboxRecord
     # True: the idempotency key had been seen; this is the first call's sandbox, nothing was created.
     replayed: bool
-    # What a ``reserve`` asked with the create took; None: nothing fit (or nothing was asked).
-    reservation: ReservationRecord | None = None
 
 
 class Page(NamedTuple):
@@ -593,16 +579,13 @@ class Store(ABC):
         *,
         idempotency_key: str | None = None,
         request_hash: str | None = None,
-        reserve: ReserveAsk | None = None,
     ) -> CreateOutcome:
         """In one transaction: idempotency lookup (a repeated key of the tenant returns the first
         sandbox, ``replayed=True``; the same key with another ``request_hash`` raises
         :class:`IdempotencyMismatch`), name uniqueness among the tenant's sandboxes that are not
         ``deleted`` (:class:`NameConflict`), the tenant's quota over ``LIVE_STATES``
         (:class:`OverQuota`; :class:`NotFound` for an unknown tenant), then the insert.
-        ``created_at``/``updated_at``/``version`` are set by the store. ``reserve``: once the record
-        is in, take its reservation as :meth:`reserve_best` would (a replay takes none); the record
-        stays when nothing fits, and the outcome's ``reservation`` is then None."""
+        ``created_at``/``updated_at``/``version`` are set by the store."""
 
     @abstractmethod
     async def check_create(

@@ -32,16 +32,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from corral.core.clock import Clock
 from corral.store import rows
-from corral.store.contract import (
-    CreateOutcome,
-    InvalidRecord,
-    ReservationRecord,
-    ReserveAsk,
-    ReserveItem,
-    SandboxRecord,
-    StoreError,
-    StoreUnavailable,
-)
+from corral.store.contract import InvalidRecord, ReservationRecord, ReserveItem, StoreError, StoreUnavailable
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 from corral.store.outage import Breaker
 from corral.store.sql import ROOM_ORDER, Params, SqlStore, Tx, _check_reservation
@@ -443,29 +434,6 @@ class PostgresStore(SqlStore):
         return await super().reserve_best(
             candidates, memory_mb=memory_mb, cpu=cpu, owner=owner, ttl_s=ttl_s, sandbox_id=sandbox_id
         )
-
-    async def create_sandbox(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
-        reserve: ReserveAsk | None = None,
-    ) -> CreateOutcome:
-        # The reservation as its own statement, after the record's commit: taken inside the record's
-        # transaction it would hold the tenant's row lock for the pick among contended host rows.
-        out = await super().create_sandbox(record, idempotency_key=idempotency_key, request_hash=request_hash)
-        if reserve is None or out.replayed:
-            return out
-        took = await self.reserve_best(
-            reserve.candidates,
-            memory_mb=reserve.memory_mb,
-            cpu=reserve.cpu,
-            owner=reserve.owner,
-            ttl_s=reserve.ttl_s,
-            sandbox_id=out.record.id,
-        )
-        return CreateOutcome(out.record, replayed=False, reservation=took)
 
     async def reserve_batch(
         self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float

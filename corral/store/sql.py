@@ -51,7 +51,6 @@ from corral.store.contract import (
     PoolRecord,
     Principal,
     ReservationRecord,
-    ReserveAsk,
     ReserveItem,
     Role,
     SandboxRecord,
@@ -615,13 +614,6 @@ class SqlStore(Store):
         if not candidates:
             return None
         template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-        return await self._write(lambda tx: self._take_best(tx, candidates, template))
-
-    async def _take_best(
-        self, tx: Tx, candidates: Collection[str], template: ReservationRecord
-    ) -> ReservationRecord | None:
-        """``reserve_best`` in ``tx``: ``template`` (host id to be chosen) taken on the roomiest of
-        ``candidates``, or None."""
         clause, params = in_list("c", sorted(set(candidates)))
         # The pick and the take in one statement; the outer conditions hold the row to the same test
         # (PostgreSQL re-checks them against the newest version of a row another create just took).
@@ -631,17 +623,21 @@ class SqlStore(Store):
             f"AND memory_mb_admittable - reserved_mb >= :mb ORDER BY {ROOM_ORDER}, id LIMIT 1) "
             "AND state = 'ready' AND memory_mb_admittable - reserved_mb >= :mb RETURNING id"
         )
-        p = {**params, "mb": template.memory_mb, "cpu": rows.to_millicores(template.cpu)}
-        await self._lock_hosts(tx, params.values())
-        took = await tx.fetchone(take_best, p)
-        # Expired reservations are folded only when nothing fits without them.
-        if took is None and await self._fold_expired(tx, params.values(), template.created_at):
+        p = {**params, "mb": memory_mb, "cpu": rows.to_millicores(template.cpu)}
+
+        async def run(tx: Tx) -> ReservationRecord | None:
+            await self._lock_hosts(tx, params.values())
             took = await tx.fetchone(take_best, p)
-        if took is None:
-            return None
-        r = _with_host(template, took[0])
-        await tx.execute(self._INSERT, self._res_params(r))
-        return r
+            # Expired reservations are folded only when nothing fits without them.
+            if took is None and await self._fold_expired(tx, params.values(), template.created_at):
+                took = await tx.fetchone(take_best, p)
+            if took is None:
+                return None
+            r = _with_host(template, took[0])
+            await tx.execute(self._INSERT, self._res_params(r))
+            return r
+
+        return await self._write(run)
 
     def _batch(
         self, items: Sequence[ReserveItem], owner: str, ttl_s: float
@@ -904,16 +900,9 @@ class SqlStore(Store):
         *,
         idempotency_key: str | None = None,
         request_hash: str | None = None,
-        reserve: ReserveAsk | None = None,
     ) -> CreateOutcome:
         _check_sandbox(record)
         now = self._now()
-        ask, candidates = None, reserve.candidates if reserve is not None else ()
-        if reserve is not None and candidates:
-            _check_reservation(reserve.memory_mb, reserve.cpu, reserve.ttl_s)
-            ask = self._reservation(
-                "", reserve.memory_mb, reserve.cpu, reserve.owner, reserve.ttl_s, record.id, now
-            )
         rec = SandboxRecord(
             id=record.id,
             tenant_id=record.tenant_id,
@@ -992,10 +981,7 @@ class SqlStore(Store):
                         "now": now,
                     },
                 )
-            if ask is None:
-                return CreateOutcome(rec, replayed=False)
-            # The reservation in the same transaction: one commit for both, no turn of the loop between.
-            return CreateOutcome(rec, replayed=False, reservation=await self._take_best(tx, candidates, ask))
+            return CreateOutcome(rec, replayed=False)
 
         try:
             return await self._write(run)

@@ -10,14 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral.core import ManualClock, Pending
+from corral.core import ManualClock
 from corral.store import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
     NotFound,
     OverQuota,
-    ReserveAsk,
     SandboxRecord,
     SandboxState,
     StateConflict,
@@ -27,7 +26,7 @@ from corral.store import (
 )
 
 from .conftest import T0
-from .helpers import hosts, sandbox
+from .helpers import sandbox
 
 
 @pytest.fixture
@@ -60,28 +59,6 @@ async def test_create_sets_times_and_version(store: Store, tenant: TenantRecord,
         T0 + 300,
         1.5,
     )
-
-
-async def test_create_takes_its_reservation_with_the_record(store: Store, tenant: TenantRecord) -> None:
-    await hosts(store, 2, admittable=1000)
-    ask = ReserveAsk(("h00", "h01"), memory_mb=600, cpu=0.5, owner="r", ttl_s=30)
-    first = await store.create_sandbox(sandbox("sb-1", tenant), reserve=ask)
-    r = first.reservation
-    assert r is not None and (r.memory_mb, r.cpu, r.owner, r.sandbox_id) == (600, 0.5, "r", "sb-1")
-    assert await store.get_reservation(r.id) == r
-    second = await store.create_sandbox(sandbox("sb-2", tenant), reserve=ask)
-    assert second.reservation is not None and second.reservation.host_id != r.host_id
-    # Nothing fits: the record is written all the same, with no reservation.
-    third = await store.create_sandbox(sandbox("sb-3", tenant), reserve=ask)
-    assert third.reservation is None
-    assert (await store.get_sandbox("sb-3")) is not None
-    assert await store.usage(tenant.id) == Usage(3, 3 * 512)
-    assert await store.outstanding() == {"h00": Pending(600, 0.5), "h01": Pending(600, 0.5)}
-    # A refused record takes nothing.
-    with pytest.raises(NameConflict):
-        await store.create_sandbox(sandbox("sb-1", tenant), reserve=ReserveAsk(("h00",), 1, 0.0, "r", 30))
-    assert len(await store.outstanding()) == 2
-    assert await store.audit() == []
 
 
 async def test_idempotency_key_returns_the_first_result(store: Store, tenant: TenantRecord) -> None:
