@@ -95,6 +95,26 @@ def wrk(url: str, connections: int, duration: float, script: Path) -> dict[str, 
     }
 
 
+def cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) the process has used so far; None where /proc is not there."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loaded(url: str, pid: int, c: int, duration: float, script: Path) -> dict[str, float]:
+    """wrk's numbers, and the server's CPU milliseconds per request over the same run: on a shared
+    machine, throughput moves with the neighbours' load; the CPU a request costs moves much less."""
+    before = cpu_s(pid)
+    got = wrk(url, c, duration, script)
+    after = cpu_s(pid)
+    if before is not None and after is not None and got["requests"]:
+        got["cpu_ms"] = (after - before) * 1000 / got["requests"]
+    return got
+
+
 def measure(
     tmp: Path, here: Path, env: dict[str, str], script: Path, fleet: int, c: int, duration: float
 ) -> dict[str, object]:
@@ -126,8 +146,8 @@ def measure(
         wait_ready(f"http://127.0.0.1:{port}", corral, timeout=120 + fleet / 1000)
         wait_ready(f"http://127.0.0.1:{bare_port}", bare)
         time.sleep(1.0)
-        ceiling = wrk(f"http://127.0.0.1:{bare_port}/v1/sandboxes", c, duration, script)
-        got = wrk(f"http://127.0.0.1:{port}/v1/sandboxes", c, duration, script)
+        ceiling = loaded(f"http://127.0.0.1:{bare_port}/v1/sandboxes", bare.pid, c, duration, script)
+        got = loaded(f"http://127.0.0.1:{port}/v1/sandboxes", corral.pid, c, duration, script)
     finally:
         for p in (corral, bare):
             p.terminate()
@@ -146,9 +166,20 @@ def measure(
         "p99_ms": got["p99_ms"],
         "ceiling_p50_ms": ceiling["p50_ms"],
         "ceiling_p99_ms": ceiling["p99_ms"],
+        "cpu_ms_per_req": _round(got.get("cpu_ms")),
+        "ceiling_cpu_ms_per_req": _round(ceiling.get("cpu_ms")),
+        # The ceiling's CPU per request over corral's (its background work and in-process agents
+        # included): what the throughput ratio would be on an otherwise idle core.
+        "cpu_ratio": _round(ceiling["cpu_ms"] / got["cpu_ms"])
+        if "cpu_ms" in got and "cpu_ms" in ceiling
+        else None,
         "non_2xx": got["non_2xx"],
         "requests": got["requests"],
     }
+
+
+def _round(v: float | None) -> float | None:
+    return round(v, 3) if v is not None else None
 
 
 def main() -> None:

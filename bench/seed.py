@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral.store import rows
+from corral.store import FAILOVER_ORPHAN, rows
 from corral.store.sql import SqlStore
 
 BATCH = 5_000
 _INSERT = (
     f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, NULL, 'default', :host, 'running', "
-    ":mb, 1.0, :sf, '{}', :now, :now, NULL, NULL, 2, 0, :warm, 'orphan', 0, NULL, NULL)"
+    f":mb, 1.0, :sf, '{{}}', :now, :now, NULL, NULL, 2, 0, :warm, '{FAILOVER_ORPHAN}', 0, NULL, NULL)"
 )
 
 

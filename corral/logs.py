@@ -14,9 +14,10 @@ import time
 from contextvars import ContextVar
 from typing import Any, TextIO
 
+from corral.jsontext import dumps_any
+
 FORMATS = ("auto", "json", "text")
-# Built once: ``json.dumps`` with options builds a new encoder per call, and this runs per request.
-_ENCODE = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_ENCODE = dumps_any
 
 _request_fields: ContextVar[dict[str, Any] | None] = ContextVar("corral_request_fields", default=None)
 

@@ -2,7 +2,7 @@
 its file and line.
 
 Layers, lowest first: ``core`` < ``store``, ``runtime``, ``sim`` (and the edge utilities ``clock``,
-``ids``, ``logs``, ``aio``) < ``agent``, ``control`` < ``api`` < ``cli``. A module imports only from its
+``ids``, ``logs``, ``jsontext``, ``aio``) < ``agent``, ``control`` < ``api`` < ``cli``. A module imports only from its
 own layer or below. ``core`` is pure policy: the standard library's computational modules, the error
 codes and itself, no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without
 the server's dependencies: it imports nothing of corral but itself and the wire's shared vocabulary
@@ -30,6 +30,7 @@ LAYER = {
     "clock": 1,
     "ids": 1,
     "logs": 1,
+    "jsontext": 1,
     "aio": 1,
     "agent": 2,
     "control": 2,

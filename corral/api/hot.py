@@ -25,7 +25,14 @@ from corral.api.errors import invalid_request, response_for
 from corral.api.schemas import SandboxSpecBody, sandbox_json
 from corral.control.create import CreateSpec
 from corral.control.plane import ControlPlane
+from corral.jsontext import dump_bytes
 from corral.store import Principal, SandboxRecord
+
+
+class _Json(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return dump_bytes(content)
+
 
 COLLECTION = "/v1/sandboxes"
 _ONE = COLLECTION + "/"
@@ -94,7 +101,7 @@ async def _create(plane: ControlPlane, request: Request, _: str) -> Response:
         record, replayed = await create(plane, p, body, key)
     else:
         record, replayed = await _while_connected(create(plane, p, body, key), request)
-    response = JSONResponse(sandbox_json(record), status_code=201)
+    response = _Json(sandbox_json(record), status_code=201)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return response
@@ -125,7 +132,7 @@ async def _while_connected(
 
 async def _get(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:
     p = await authenticated_user(plane, request)
-    return JSONResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, tenant_scope(p))))
+    return _Json(sandbox_json(await plane.sandboxes.get(sandbox_id, tenant_scope(p))))
 
 
 async def _delete(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:

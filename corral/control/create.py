@@ -193,7 +193,8 @@ class CreateFlow:
                 field_name = "secrets" if spec.secrets else "failover"
                 raise InvalidRequest(field_name, f"{field_name}: this control plane has no seal key")
             sealed = self.sealer.seal(sandbox_id, Spec(env=dict(spec.env), secrets=dict(spec.secrets)))
-        elif self.sealer is not None:
+        elif self.sealer is not None and spec.env:
+            # Nothing to keep, nothing sealed: a sandbox without a sealed spec starts with an empty one.
             sealed = self.sealer.seal(sandbox_id, Spec(env=dict(spec.env), secrets={}))
         return SandboxRecord(
             id=sandbox_id,

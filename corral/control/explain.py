@@ -15,14 +15,14 @@ from typing import Any
 from corral.codes import ErrorCode
 from corral.control.errors import ResourceNotFound
 from corral.core import CreateRequest, Decision, Refusal
+from corral.jsontext import dumps
 from corral.store import RecordNotFound, Store
 
 VERSION = 1
 # What the store's choice among the offered candidates rests on (the store's ``reserve_best``).
 STORE_RULE = "most room by the store's current reserved totals (memory and CPU fractions)"
 SCORE_DIGITS = 4
-# One encoder, built once: ``json.dumps`` with options builds a new one per call, on the create path.
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_ENCODE = dumps
 
 
 class Attempt:

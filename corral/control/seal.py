@@ -16,6 +16,8 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from corral.jsontext import dumps_sorted
+
 SEAL_KEY_ENV = "CORRAL_SEAL_KEY"
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -60,7 +62,7 @@ class Sealer:
         self.current = key_id(keys[0])
 
     def seal(self, sandbox_id: str, spec: Spec) -> str:
-        body = json.dumps({"env": dict(spec.env), "secrets": dict(spec.secrets)}, sort_keys=True).encode()
+        body = dumps_sorted({"env": dict(spec.env), "secrets": dict(spec.secrets)}).encode()
         nonce = os.urandom(NONCE_BYTES)
         ct = self._keys[self.current].encrypt(nonce, body, sandbox_id.encode())
         return f"{_PREFIX}:{self.current}:{base64.b64encode(nonce + ct).decode()}"

@@ -19,7 +19,6 @@ then reservation rows.
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -29,6 +28,7 @@ from corral.clock import SystemClock
 from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS, AdmissionMode, HostState, Pending
 from corral.ids import random_hex
+from corral.jsontext import dumps_sorted
 from corral.store import listings, rows
 from corral.store.contract import (
     FAILOVER_POLICIES,
@@ -1652,4 +1652,4 @@ def _check_sandbox(r: SandboxRecord) -> None:
 
 
 def _json(metadata: Mapping[str, str]) -> str:
-    return json.dumps(dict(metadata), sort_keys=True)
+    return dumps_sorted(dict(metadata)) if metadata else "{}"

@@ -167,6 +167,25 @@ async def test_quota_is_429(cluster: Cluster) -> None:
     assert status == 429 and body["error"]["code"] == "tenant_over_quota"
 
 
+async def test_quota_and_name_are_answered_before_capacity(cluster: Cluster) -> None:
+    """A create that fits nowhere is still told first about its quota or its name, and leaves nothing."""
+    r = await cluster.http.post(
+        "/v1/tenants", json={"name": "small", "max_sandboxes": 1}, headers=cluster.as_(ADMIN)
+    )
+    token = r.json()["token"]
+    assert (await create(cluster, token=token, name="db"))[0] == 201
+    huge = {"memory_mb": 65536, "stateful": True}  # charged in full: twice a host
+    status, body = await create(cluster, token=token, **huge)
+    assert status == 429 and body["error"]["code"] == "tenant_over_quota"
+    status, body = await create(cluster, name="x", **huge)
+    assert status == 503 and body["error"]["code"] == "no_capacity"
+    status, body = await create(cluster, token=token, name="db", **huge)
+    assert status == 409 and body["error"]["code"] == "name_conflict"
+    assert len((await cluster.plane.store.list_sandboxes(limit=100)).items) == 1
+    # Only the placed one's reservation (until a heartbeat confirms it) is on the books.
+    assert [p.memory_mb for p in (await cluster.plane.store.outstanding()).values()] == [512]
+
+
 async def test_idempotency_key_returns_the_first_sandbox(cluster: Cluster) -> None:
     h = {**cluster.as_(ADMIN), "Idempotency-Key": "k-1"}
     a = await cluster.http.post("/v1/sandboxes", json={"memory_mb": 1024}, headers=h)
