@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable, Code
 from corral.agent.protocol import StartSandbox
-from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway
+from corral.control.ports import AgentLookup
 from corral.store import SandboxRecord
 
 AGENT_UNAVAILABLE = "agent_unavailable"
@@ -40,7 +40,7 @@ def as_bad_gateway(host_id: str, exc: AgentError) -> BadGateway:
 
 
 class Binder:
-    def __init__(self, agents: AgentDirectory, bind_timeout_s: float) -> None:
+    def __init__(self, agents: AgentLookup, bind_timeout_s: float) -> None:
         self.agents = agents
         self.bind_timeout_s = bind_timeout_s
 

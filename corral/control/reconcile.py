@@ -11,15 +11,15 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from corral.agent.errors import AgentError, AgentSandboxNotFound
-from corral.control.agents import AgentDirectory
 from corral.control.config import ControlConfig
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
+from corral.control.ports import AgentLookup, ReconcileStore
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.core import Clock
-from corral.store import SandboxState, Store, StoreError
+from corral.store import SandboxState, StoreError
 
 log = logging.getLogger("corral.reconcile")
 
@@ -31,9 +31,9 @@ IDEMPOTENCY_KEY_TTL_S = 24 * 3600.0
 class Reconciler:
     def __init__(
         self,
-        store: Store,
+        store: ReconcileStore,
         view: ViewCache,
-        agents: AgentDirectory,
+        agents: AgentLookup,
         config: ControlConfig,
         clock: Clock,
         metrics: Metrics,

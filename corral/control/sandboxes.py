@@ -6,17 +6,17 @@ from __future__ import annotations
 from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, AgentUnavailable
 from corral.agent.protocol import ExecRequest, ExecResponse
 from corral.codes import ErrorCode
-from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway, Gone, InvalidRequest, NotFound, NotRunning, Unavailable
+from corral.control.ports import AgentLookup, CreateStore
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
-from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
+from corral.store import Page, SandboxRecord, SandboxState, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
 
 class Sandboxes:
-    def __init__(self, store: Store, view: ViewCache, agents: AgentDirectory, routes: RouteCache) -> None:
+    def __init__(self, store: CreateStore, view: ViewCache, agents: AgentLookup, routes: RouteCache) -> None:
         self.store = store
         self.view = view
         self.agents = agents

@@ -89,7 +89,13 @@ def fits(
     policy: AdmissionPolicy = DEFAULT_POLICY,
 ) -> bool:
     """The gate: does ``request`` fit into ``admittable`` once ``pending_mb`` is set aside?"""
-    return admittable - pending_mb >= request_charge_mb(request, mode, policy)
+    return covers(admittable, pending_mb, request_charge_mb(request, mode, policy))
+
+
+def covers(admittable: int, pending_mb: int, charge: int) -> bool:
+    """The fit rule on a charge already computed: what the store's reservation checks, where two
+    deciders cannot both pass it (the SQL stores state it as ``admittable - reserved >= charge``)."""
+    return admittable - pending_mb >= charge
 
 
 def cpu_fits(
