@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import multiprocessing
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -698,3 +699,44 @@ def run_seed(seed: int, cfg: ChaosConfig | None = None) -> ChaosResult:
 def run_seeds(seeds: Iterator[int] | range, cfg: ChaosConfig | None = None) -> Iterator[ChaosResult]:
     for seed in seeds:
         yield run_seed(seed, cfg)
+
+
+def _run_one(seed: int) -> ChaosResult:
+    result = run_seed(seed)
+    result.trace = []  # a worker sends back the verdict; a replay rebuilds the trace
+    return result
+
+
+def run_many(seeds: range, jobs: int = 1) -> Iterator[ChaosResult]:
+    """Seeds in order; with ``jobs`` > 1, in that many forked processes (each run is independent)."""
+    if jobs <= 1:
+        yield from run_seeds(seeds)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(jobs) as pool:
+        yield from pool.imap(_run_one, seeds, chunksize=4)
+
+
+def summary(results: list[ChaosResult], seconds: float, *, one: bool = False) -> dict[str, Any]:
+    """What a run of seeds found: failing seeds, seeds per second, each fault injected and each outcome."""
+    faults: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for r in results:
+        faults.update(r.faults)
+        outcomes.update(r.outcomes)
+    out: dict[str, Any] = {
+        "seeds": len(results),
+        "failed": [
+            {"seed": r.seed, "invariant": v.invariant, "detail": v.detail, "replay": replay_command(r.seed)}
+            for r in results
+            for v in r.violations
+        ],
+        "faults": dict(sorted(faults.items())),
+        "outcomes": dict(sorted(outcomes.items())),
+    }
+    if one:
+        out["digest"] = results[0].digest
+    else:
+        out["seconds"] = round(seconds, 3)
+        out["seeds_per_s"] = round(len(results) / seconds, 2) if seconds > 0 else None
+    return out

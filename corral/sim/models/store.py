@@ -335,8 +335,11 @@ class ModelStore:
             [r.id for r in self.reservations.values() if r.host_id in hosts and r.expires_at <= now]
         )
 
-    def _room(self, h: _Host, memory_mb: int) -> bool:
-        return h.state is HostState.READY and covers(h.memory_mb_admittable, h.reserved_mb, memory_mb)
+    def _room(self, h: _Host, memory_mb: int, expired_mb: int = 0) -> bool:
+        """Whether ``memory_mb`` fits, with ``expired_mb`` of expired reservations set aside."""
+        return h.state is HostState.READY and covers(
+            h.memory_mb_admittable, h.reserved_mb - expired_mb, memory_mb
+        )
 
     def _take(self, r: ReservationRecord) -> None:
         h = self.hosts[r.host_id]
@@ -435,11 +438,14 @@ class ModelStore:
         need: dict[str, int] = {}
         for r in records:
             need[r.host_id] = need.get(r.host_id, 0) + r.memory_mb
-        self._fold_expired(need, records[0].created_at)
+        now = records[0].created_at
         for host_id, mb in sorted(need.items()):
             h = self.hosts.get(host_id)
-            if h is None or not self._room(h, mb):
+            # As if the host's expired reservations were folded first: a batch refused rolls back
+            # everything, the fold included.
+            if h is None or not self._room(h, mb, self._expired_on(host_id, now)[0]):
                 return None
+        self._fold_expired(need, now)
         for r in records:
             self._take(r)
         return records
