@@ -1,7 +1,7 @@
 """What the control plane's flows need from the state of record and from the fleet, as narrow
 protocols: the create flow, batch creates, failover and the reconciler each depend on the few methods
 they call, never on the whole :class:`corral.store.Store`. The SQL stores satisfy them structurally
-(:mod:`corral.store.conformance` makes mypy prove it) and so do the simulator's in-memory models, which
+(:mod:`corral.sim.models.conformance` makes mypy prove it) and so do the simulator's in-memory models, which
 is what lets the real flows run on virtual time under injected faults.
 """
 
@@ -123,7 +123,9 @@ class Lifecycle(Protocol):
         self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
     ) -> SandboxRecord: ...
 
-    async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]: ...
+    async def expired_sandboxes(
+        self, now: float | None = None, *, limit: int = 100
+    ) -> list[SandboxRecord]: ...
 
     async def purge_idempotency_keys(self, older_than: float) -> int: ...
 

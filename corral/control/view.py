@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from corral.control.ports import HostReader
 from corral.core import Clock, HostView, Ledger, Pending, Reservation
 from corral.core.filters import PendingFn
-from corral.control.ports import HostReader
 from corral.store import HostRecord
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,22 @@ OWNERS = ["ra", "rb"]
 MB = st.sampled_from([0, 128, 512, 1024, 1536])
 HOST = st.sampled_from(HOSTS)
 STATES = st.sampled_from(
-    [SandboxState.RESERVED, SandboxState.RUNNING, SandboxState.STOPPED, SandboxState.DELETED, SandboxState.ORPHANED]
+    [
+        SandboxState.RESERVED,
+        SandboxState.RUNNING,
+        SandboxState.STOPPED,
+        SandboxState.DELETED,
+        SandboxState.ORPHANED,
+    ]
 )
 
 OPS = st.one_of(
     st.tuples(
-        st.just("beat"), HOST, st.integers(0, 12).map(lambda n: n * 256), st.booleans(), st.sets(st.integers(0, 7))
+        st.just("beat"),
+        HOST,
+        st.integers(0, 12).map(lambda n: n * 256),
+        st.booleans(),
+        st.sets(st.integers(0, 7)),
     ),
     st.tuples(
         st.just("reserve"),
@@ -57,7 +66,9 @@ OPS = st.one_of(
         st.sampled_from(OWNERS),
         st.sampled_from([1.0, 5.0, 30.0]),
     ),
-    st.tuples(st.just("batch"), st.lists(st.tuples(HOST, MB), min_size=0, max_size=4), st.sampled_from(OWNERS)),
+    st.tuples(
+        st.just("batch"), st.lists(st.tuples(HOST, MB), min_size=0, max_size=4), st.sampled_from(OWNERS)
+    ),
     st.tuples(st.sampled_from(["cancel", "confirm"]), st.integers(0, 12)),
     st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 10.0])),
     st.tuples(st.sampled_from(["sweep", "expire_replicas", "expire_replicas", "next_expiry"])),
@@ -124,7 +135,9 @@ class Driver:
         if kind == "reserve":
             _, host, mb, owner, ttl, sb = op
             sid = None if sb is None else f"sb-{sb}"
-            return self.res(await s.reserve(host, memory_mb=mb, cpu=0.5, owner=owner, ttl_s=ttl, sandbox_id=sid))
+            return self.res(
+                await s.reserve(host, memory_mb=mb, cpu=0.5, owner=owner, ttl_s=ttl, sandbox_id=sid)
+            )
         if kind == "reserve_best":
             _, cands, mb, owner, ttl = op
             return self.res(await s.reserve_best(cands, memory_mb=mb, cpu=0.25, owner=owner, ttl_s=ttl))
@@ -145,7 +158,14 @@ class Driver:
             return await s.renew_replica(op[1], op[2])
         if kind == "create":
             _, name, mb, key, body = op
-            rec = SandboxRecord(id=f"sb-{n_created}", tenant_id=self.tenant, template="default", memory_mb=mb, cpus=1.0, name=name)
+            rec = SandboxRecord(
+                id=f"sb-{n_created}",
+                tenant_id=self.tenant,
+                template="default",
+                memory_mb=mb,
+                cpus=1.0,
+                name=name,
+            )
             out = await s.create_sandbox(rec, idempotency_key=key, request_hash=body if key else None)
             return (_fields(out.record), out.replayed)
         if kind == "delete":
@@ -172,12 +192,21 @@ def _fields(r: SandboxRecord) -> dict[str, object]:
 
 
 def _host(h: Any) -> tuple[object, ...]:
-    return (h.id, h.heartbeat_at, h.memory_mb_admittable, h.reserved_mb, h.reserved_cpu, h.state, h.seq, h.sandbox_ids)
+    return (
+        h.id,
+        h.heartbeat_at,
+        h.memory_mb_admittable,
+        h.reserved_mb,
+        h.reserved_cpu,
+        h.state,
+        h.seq,
+        h.sandbox_ids,
+    )
 
 
-async def _outcome(fn: Callable[[], Any]) -> object:
+async def _outcome(d: Driver, op: tuple[Any, ...], created: int) -> object:
     try:
-        return ("ok", await fn())
+        return ("ok", await d.op(op, created))
     except Exception as exc:
         return ("error", type(exc).__name__)
 
@@ -196,7 +225,7 @@ async def _compare(ops: list[tuple[Any, ...]], url: str) -> None:
             if op[0] == "advance":
                 clock.advance(op[1])  # one clock: both stores see the same time
                 continue
-            got = [await _outcome(lambda d=d: d.op(op, created)) for d in drivers]
+            got = [await _outcome(d, op, created) for d in drivers]
             if op[0] == "create":
                 created += 1
             assert got[0] == got[1], f"step {step} {op} of {ops}: model {got[0]} != sql {got[1]}"

@@ -389,7 +389,9 @@ class ModelStore:
     def _room_score(self, h: _Host) -> float:
         """How reserve_best ranks the candidates that fit, as the SQL stores' ``room_order`` does."""
         w = self.weights
-        mem = float(h.memory_mb_admittable - h.reserved_mb) / (h.memory_mb_total if h.memory_mb_total > 0 else 1)
+        mem = float(h.memory_mb_admittable - h.reserved_mb) / (
+            h.memory_mb_total if h.memory_mb_total > 0 else 1
+        )
         cpu = (h.cpu_total - h.cpu_used - h.reserved_cpu_m / 1000.0) / (h.cpu_total if h.cpu_total > 0 else 1)
         return w.memory * mem + w.cpu * cpu
 
@@ -752,10 +754,15 @@ class ModelStore:
         """The whole state, canonically, for a run's digest."""
         return json.dumps(
             {
-                "hosts": {h: [x.seq, x.reserved_mb, x.memory_mb_admittable, x.state] for h, x in self.hosts.items()},
-                "res": sorted([r.id, r.host_id, r.memory_mb, r.owner, r.expires_at] for r in self.reservations.values()),
+                "hosts": {
+                    h: [x.seq, x.reserved_mb, x.memory_mb_admittable, x.state] for h, x in self.hosts.items()
+                },
+                "res": sorted(
+                    [r.id, r.host_id, r.memory_mb, r.owner, r.expires_at] for r in self.reservations.values()
+                ),
                 "sb": sorted(
-                    [sb.id, sb.state.value, sb.host_id, sb.version, sb.epoch] for sb in self.sandboxes.values()
+                    [sb.id, sb.state.value, sb.host_id, sb.version, sb.epoch]
+                    for sb in self.sandboxes.values()
                 ),
             },
             sort_keys=True,
