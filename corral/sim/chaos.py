@@ -20,7 +20,7 @@ import logging
 import multiprocessing
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -241,6 +241,7 @@ class World:
             if sid in self.delete_requested:
                 continue
             rec = store.sandboxes[sid]
+            self.outcomes[f"acked_at_end:{rec.state.value}"] += 1
             if rec.state is SandboxState.RUNNING:
                 host = self.hosts.get(rec.host_id or "")
                 copy = host.state.sandboxes.get(sid) if host is not None else None
@@ -457,8 +458,8 @@ class Replica:
         self.config = config
         self.tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
-        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
@@ -500,7 +501,7 @@ class Client:
         up = [r for r in self.world.replicas if r.alive and r.ready]
         return self.rng.choice(up) if up else None
 
-    async def _call(self, make: Callable[[Replica], Awaitable[Any]]) -> Any:
+    async def _call(self, make: Callable[[Replica], Coroutine[Any, Any, Any]]) -> Any:
         """One request through a load balancer: a replica that dies mid-request is a lost connection."""
         replica = self._replica()
         if replica is None:
@@ -519,13 +520,13 @@ class Client:
             raise exc
         return task.result()
 
-    async def _with_retries(self, what: str, make: Callable[[Replica], Awaitable[Any]]) -> Any:
+    async def _with_retries(self, what: str, make: Callable[[Replica], Coroutine[Any, Any, Any]]) -> Any:
         w = self.world
         budget = RetryBudget(RetryPolicy(base_s=0.25, cap_s=4.0, deadline_s=20.0), w.loop.time, self.rng)
         while True:
             budget.attempt()
             try:
-                return await make_call(self, make)
+                return await self._call(make)
             except CorralError as err:
                 if not (isinstance(err, Unreachable) or err.retryable):
                     w.outcomes[f"{what}_refused:{err.code}"] += 1
@@ -598,10 +599,6 @@ class Client:
                 await self.delete()
 
 
-async def make_call(client: Client, make: Callable[[Replica], Awaitable[Any]]) -> Any:
-    return await client._call(make)
-
-
 async def _faults(world: World, until: float) -> None:
     f = world.rng("faults/schedule")
     loop = world.loop
@@ -629,7 +626,10 @@ async def _faults(world: World, until: float) -> None:
             later(f.uniform(1.0, 14.0), host.boot)
         elif x < 0.35 and len(alive) > 1:
             replica = f.choice(alive)
-            world.fault("replica_crash", f"{replica.id} with {len(replica.tasks) - 1} requests in flight")
+            in_flight = len(replica.tasks) - 1  # besides its reconciler loop
+            world.fault("replica_crash", f"{replica.id} with {in_flight} requests in flight")
+            if in_flight:
+                world.fault("replica_crash_mid_request", replica.id)
             replica.crash()
 
             async def restart(slot: int = replica.slot, gen: int = replica.gen + 1) -> None:

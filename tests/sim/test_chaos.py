@@ -20,6 +20,7 @@ CI_SEEDS = 200
 FAULTS = {
     "host_crash",
     "replica_crash",
+    "replica_crash_mid_request",
     "store_unavailable",
     "heartbeat_lost",
     "heartbeat_delayed",
