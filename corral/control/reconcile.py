@@ -230,12 +230,28 @@ class Reconciler:
                 break
         self.metrics.fleet.committed_mb = total
 
-    async def run(self) -> None:
+    async def keep_lease(self) -> None:
+        """Renew this replica's lease on its own schedule, not only as a round starts: a leader's round
+        can outlast the lease (failover binding sandbox after sandbox), and a live replica whose lease
+        lapses has its in-flight reservations ended under it, and its next ones covered by no lease."""
+        cfg = self.config
         while True:
             try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("reconcile round failed", exc_info=True)
-            await asyncio.sleep(self.config.reconcile_interval_s)
+                await self.store.renew_replica(cfg.replica_id, cfg.replica_lease_s)
+            except Exception as exc:
+                log.info("lease renewal failed: %r", exc)
+            await asyncio.sleep(cfg.reconcile_interval_s)
+
+    async def run(self) -> None:
+        lease = asyncio.get_running_loop().create_task(self.keep_lease())
+        try:
+            while True:
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.warning("reconcile round failed", exc_info=True)
+                await asyncio.sleep(self.config.reconcile_interval_s)
+        finally:
+            lease.cancel()

@@ -219,18 +219,22 @@ class World:
 
     def check_leases(self, began: float) -> None:
         """After a leader's round that began at ``began``, no reservation made before then may remain
-        once its TTL or its owner's lease had run out by then."""
-        for r in self.store.reservations.values():
+        once its TTL or its owner's lease had run out by then (a lease that was ended counts from when
+        it ended: a reservation made after that, by a replica that has not renewed yet, has its TTL)."""
+        store = self.store
+        for r in store.reservations.values():
             if r.created_at > began:
                 continue
-            lease = self.store.replicas.get(r.owner)
             if r.expires_at <= began:
                 self.violate(
                     "reservation_outlived_ttl", f"{r.id} on {r.host_id} expired at {r.expires_at - START:.3f}"
                 )
-            if lease is None or lease <= began:
+            lease = store.replicas.get(r.owner)
+            lapsed = lease is not None and lease <= began
+            ended = lease is None and r.created_at <= store.leases_ended.get(r.owner, float("-inf"))
+            if lapsed or ended:
                 self.violate(
-                    "reservation_outlived_lease", f"{r.id} on {r.host_id}: owner {r.owner} has no lease"
+                    "reservation_outlived_lease", f"{r.id} on {r.host_id}: owner {r.owner}'s lease ran out"
                 )
 
     def check_final(self) -> None:
@@ -464,22 +468,20 @@ class Replica:
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def _loop(self) -> None:
-        w = self.world
-        while True:
-            began = w.store.clock.now()
-            try:
-                await self.reconciler.tick()
-            except Exception:
-                pass
-            else:
-                self.ready = True
-                if self.reconciler.is_leader:
-                    w.check_leases(began)
-            await asyncio.sleep(self.config.reconcile_interval_s)
-
     def start(self) -> None:
-        self.spawn(self._loop())
+        """The replica's real reconciler loop, each round followed by the lease checks when it led."""
+        rec, w = self.reconciler, self.world
+        tick = rec.tick
+
+        async def checked_tick() -> None:
+            began = w.store.clock.now()
+            await tick()
+            self.ready = True
+            if rec.is_leader:
+                w.check_leases(began)
+
+        rec.tick = checked_tick  # type: ignore[method-assign]
+        self.spawn(rec.run())
 
     def crash(self) -> None:
         """The process dies: whatever it was doing stops at its current await, and nothing it would

@@ -128,6 +128,7 @@ class ModelStore:
         self.hosts: dict[str, _Host] = {}
         self.reservations: dict[str, ReservationRecord] = {}
         self.replicas: dict[str, float] = {}
+        self.leases_ended: dict[str, float] = {}  # replica -> when its lapsed lease was last ended
         self.leases: dict[str, tuple[str, float]] = {}
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.placements: dict[str, str | None] = {}
@@ -494,6 +495,7 @@ class ModelStore:
         for replica_id in lapsed:
             self._end([r.id for r in self.reservations.values() if r.owner == replica_id])
             del self.replicas[replica_id]
+            self.leases_ended[replica_id] = now
         return lapsed
 
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
