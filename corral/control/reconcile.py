@@ -176,7 +176,7 @@ class Reconciler:
     async def _stop_strays(self) -> None:
         """Compare what each live host runs with what the records say it runs. Both differences must
         be seen twice in a row before anything is done (a create binding right now differs for an
-        instant): a sandbox no record claims is stopped; a record whose sandbox its host no longer
+        instant): a sandbox no record places on that host is stopped; a record whose sandbox its host no longer
         runs (it died, or the host was restarted without it) is marked ``stopped``."""
         snap = await self.view.get(fresh=True)
         now = self.clock.now()
@@ -202,7 +202,10 @@ class Reconciler:
                 if cursor is None:
                     break
             for sid in host.sandbox_ids - known:
-                if await self.store.get_sandbox(sid) is None:
+                # No record claims it here: none at all, or one placed on another host (a start whose
+                # reply was lost, tried again elsewhere). A record still being placed claims no host.
+                rec = await self.store.get_sandbox(sid)
+                if rec is None or (rec.host_id is not None and rec.state is not SandboxState.RESERVED):
                     strays.add((host.id, sid))
         for host_id, sid in strays & self._strays:
             log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)

@@ -193,14 +193,15 @@ class World:
             if rec is None or rec.state in (SandboxState.RESERVED, SandboxState.DELETED):
                 state = "no record" if rec is None else rec.state.value
                 self.violate("acked_create_lost", f"{sid} (acknowledged to {client}): {state}")
+        # A new epoch is written to the record before its copy starts, so no copy is ever ahead of
+        # it. Copies behind it, or a second copy of its epoch left by a start whose reply was lost,
+        # are fenced or stopped as strays later: ``check_final`` holds that none is left.
         for sid, rec in store.sandboxes.items():
-            if rec.state is not SandboxState.RUNNING:
-                continue
             for host in self.hosts.values():
                 copy = host.state.sandboxes.get(sid)
-                if host.id != rec.host_id and copy is not None and copy.handle.spec.epoch >= rec.epoch:
+                if copy is not None and copy.handle.spec.epoch > rec.epoch:
                     self.violate(
-                        "epoch_split",
+                        "copy_ahead_of_record",
                         f"{sid} runs on {host.id} at epoch {copy.handle.spec.epoch}; "
                         f"its record names {rec.host_id} at epoch {rec.epoch}",
                     )

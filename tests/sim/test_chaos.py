@@ -37,7 +37,7 @@ def test_the_ci_budget_of_seeds_holds_every_invariant() -> None:
     assert out["failed"] == [], out["failed"]
     assert out["seeds"] == CI_SEEDS
     # Every kind of fault was injected, and the load got through them.
-    assert set(out["faults"]) == FAULTS and min(out["faults"].values()) >= CI_SEEDS // 10
+    assert set(out["faults"]) == FAULTS and min(out["faults"].values()) >= CI_SEEDS // 20
     assert out["outcomes"]["create_acked"] >= CI_SEEDS and out["outcomes"]["batch_acked"] >= CI_SEEDS // 4
 
 
