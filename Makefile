@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test unasync lint typecheck pytest fuzz bench bench-deps sim-report system-deps clean
+.PHONY: serve test unasync lint typecheck pytest fuzz chaos bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,13 @@ test: lint typecheck pytest
 FUZZ_EXAMPLES ?= 500
 fuzz: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -o timeout=3600 tests/control/test_openapi_fuzz.py
+
+# The deterministic simulation with faults over many more seeds than the suite runs (CHAOS_SEEDS), on
+# CHAOS_JOBS processes. A failing seed prints the command that replays it. Not part of `make test`.
+CHAOS_SEEDS ?= 10000
+CHAOS_JOBS ?= 2
+chaos: $(STAMP)
+	$(BIN)/corral sim chaos --seeds $(CHAOS_SEEDS) --jobs $(CHAOS_JOBS)
 
 # Every benchmark in bench/, then docs/benchmarks.md from their JSON lines. Not part of `make test`.
 bench: $(STAMP) system-deps bench-deps

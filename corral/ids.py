@@ -18,6 +18,15 @@ _seed()
 os.register_at_fork(after_in_child=_seed)
 
 
+def reseed(value: str | None) -> None:
+    """Draw ids from a sequence fixed by ``value`` (a simulation replays its run exactly); None: back
+    to a seed from the OS."""
+    if value is None:
+        _seed()
+    else:
+        _ids.seed(value)
+
+
 def random_hex(bits: int) -> str:
     """``bits`` random bits as lower-case hex, zero-padded."""
     return f"{_ids.getrandbits(bits):0{(bits + 3) // 4}x}"

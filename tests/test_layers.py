@@ -1,8 +1,10 @@
 """The package's layering, read from the source with ``ast`` (nothing is imported), so a violation names
 its file and line.
 
-Layers, lowest first: ``core`` < ``store``, ``runtime``, ``sim`` (and the edge utilities ``clock``,
-``ids``, ``logs``, ``jsontext``, ``aio``) < ``agent``, ``control`` < ``api`` < ``cli``. A module imports only from its
+Layers, lowest first: ``core`` < ``store``, ``runtime`` (and the edge utilities ``clock``, ``ids``,
+``logs``, ``jsontext``, ``aio``) < ``agent``, ``control`` < ``api``, ``sim`` < ``cli``. The simulator
+sits above the control plane because it runs the real flows, and it plays the SDK's clients (their
+retry policy), so it may import ``client`` as the command line does. A module imports only from its
 own layer or below. ``core`` is pure policy: the standard library's computational modules, the error
 codes and itself, no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without
 the server's dependencies: it imports nothing of corral but itself and the wire's shared vocabulary
@@ -26,7 +28,6 @@ LAYER = {
     "core": 0,
     "store": 1,
     "runtime": 1,
-    "sim": 1,
     "clock": 1,
     "ids": 1,
     "logs": 1,
@@ -36,6 +37,7 @@ LAYER = {
     "control": 2,
     "testing": 2,
     "api": 3,
+    "sim": 3,
     "cli": 4,
     "__main__": 4,
 }
@@ -153,7 +155,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         if own == "client" or target in ("", *SHARED_WITH_CLIENT):
             continue  # the client's rule is its own test; the root holds only the version
         if target == "client":
-            if LAYER[own] < LAYER["cli"]:
+            if LAYER[own] < LAYER["cli"] and own != "sim":
                 bad.append(f"{imp.where()}: only the command line wires the client in")
             continue
         if LAYER[target] > LAYER[own]:

@@ -383,8 +383,14 @@ class Agent:
         """Admit and start one sandbox, or refuse with a stable code. Never queues for long."""
         self._check_template(req)
         existing = self._live.get(req.id)
+        if existing is not None and existing.spec.epoch < req.epoch:
+            # The copy here is an older epoch's: the control plane has given this id a newer epoch on
+            # this host, so the stale copy goes and the new one starts. Answering the start as already
+            # done would leave the old copy running under a record that routes only the new epoch.
+            await self.stop(req.id)
+            existing = self._live.get(req.id)
         if existing is not None:
-            if _same(existing.spec, req):
+            if existing.spec.epoch == req.epoch and _same(existing.spec, req):
                 return self._info(req.id, existing)  # a retried start: the sandbox is already here
             raise AgentConflict(ErrorCode.SANDBOX_EXISTS, f"sandbox {req.id!r} already exists")
         if req.id in self._starting:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
 from corral.agent.protocol import StartSandbox
 from corral.codes import ErrorCode
-from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway
+from corral.control.ports import AgentLookup
 from corral.store import SandboxRecord
 
 # Refusals that say "not this host" rather than "not now": another host may well take it.
@@ -39,7 +39,7 @@ def as_bad_gateway(host_id: str, exc: AgentError) -> BadGateway:
 
 
 class Binder:
-    def __init__(self, agents: AgentDirectory, bind_timeout_s: float) -> None:
+    def __init__(self, agents: AgentLookup, bind_timeout_s: float) -> None:
         self.agents = agents
         self.bind_timeout_s = bind_timeout_s
 

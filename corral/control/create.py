@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 from corral.agent.errors import AgentError, AgentRefusal
 from corral.codes import ErrorCode
-from corral.control.agents import AgentDirectory
 from corral.control.binding import Binder, as_bad_gateway, elsewhere_reason
 from corral.control.config import ControlConfig
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound, TenantOverQuota, Unavailable
 from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
 from corral.control.pools import WarmClaims
+from corral.control.ports import AgentLookup, CreateStore
 from corral.control.retry import RetryAfter
 from corral.control.seal import Sealer, Spec
 
@@ -59,7 +59,6 @@ from corral.store import (
     ReservationRecord,
     SandboxRecord,
     SandboxState,
-    Store,
     TemplateRecord,
 )
 
@@ -104,9 +103,9 @@ def new_sandbox_id() -> str:
 class CreateFlow:
     def __init__(
         self,
-        store: Store,
+        store: CreateStore,
         view: ViewCache,
-        agents: AgentDirectory,
+        agents: AgentLookup,
         config: ControlConfig,
         clock: Clock,
         rng: random.Random,

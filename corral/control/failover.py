@@ -27,12 +27,13 @@ from corral.codes import ErrorCode
 from corral.control.create import CreateFlow
 from corral.control.errors import Unavailable
 from corral.control.explain import Explanation
+from corral.control.ports import FailoverStore
 from corral.control.seal import SealError
 from corral.control.view import ViewCache
 from corral.core import Clock
 from corral.core.timeouts import Timeouts
 from corral.core.types import HostState
-from corral.store import ReservationRecord, SandboxRecord, SandboxState, StateConflict, Store, StoreError
+from corral.store import ReservationRecord, SandboxRecord, SandboxState, StateConflict, StoreError
 
 log = logging.getLogger("corral.failover")
 
@@ -41,7 +42,7 @@ RECREATE_BATCH = 200
 
 class Failover:
     def __init__(
-        self, store: Store, view: ViewCache, creates: CreateFlow, clock: Clock, timeouts: Timeouts
+        self, store: FailoverStore, view: ViewCache, creates: CreateFlow, clock: Clock, timeouts: Timeouts
     ) -> None:
         self.store = store
         self.view = view

@@ -11,15 +11,15 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from corral.agent.errors import AgentError, AgentSandboxNotFound
-from corral.control.agents import AgentDirectory
 from corral.control.config import ControlConfig
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
+from corral.control.ports import AgentLookup, ReconcileStore
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.core import Clock
-from corral.store import SandboxRecord, SandboxState, Store, StoreError
+from corral.store import SandboxRecord, SandboxState, StoreError
 
 log = logging.getLogger("corral.reconcile")
 
@@ -36,9 +36,9 @@ IDEMPOTENCY_KEY_TTL_S = 24 * 3600.0
 class Reconciler:
     def __init__(
         self,
-        store: Store,
+        store: ReconcileStore,
         view: ViewCache,
-        agents: AgentDirectory,
+        agents: AgentLookup,
         config: ControlConfig,
         clock: Clock,
         metrics: Metrics,
@@ -233,7 +233,14 @@ class Reconciler:
             for sid in sids:
                 rec = records.get(sid)
                 if sid in listed:
-                    if rec is None:
+                    # No record claims it here: none at all, or one placed on another host (a start
+                    # whose reply was lost, tried again elsewhere). A record still being placed claims
+                    # no host yet.
+                    if rec is None or (
+                        rec.host_id is not None
+                        and rec.host_id != host_id
+                        and rec.state is not SandboxState.RESERVED
+                    ):
                         strays.add((host_id, sid))
                         watch.add((host_id, sid))
                 elif rec is not None and rec.state is SandboxState.RUNNING and rec.host_id == host_id:
@@ -257,12 +264,28 @@ class Reconciler:
         self._strays = strays - self._strays
         self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in confirmed}
 
-    async def run(self) -> None:
+    async def keep_lease(self) -> None:
+        """Renew this replica's lease on its own schedule, not only as a round starts: a leader's round
+        can outlast the lease (failover binding sandbox after sandbox), and a live replica whose lease
+        lapses has its in-flight reservations ended under it, and its next ones covered by no lease."""
+        cfg = self.config
         while True:
             try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("reconcile round failed", exc_info=True)
-            await asyncio.sleep(self.config.reconcile_interval_s)
+                await self.store.renew_replica(cfg.replica_id, cfg.replica_lease_s)
+            except Exception as exc:
+                log.info("lease renewal failed: %r", exc)
+            await asyncio.sleep(cfg.reconcile_interval_s)
+
+    async def run(self) -> None:
+        lease = asyncio.get_running_loop().create_task(self.keep_lease())
+        try:
+            while True:
+                try:
+                    await self.tick()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.warning("reconcile round failed", exc_info=True)
+                await asyncio.sleep(self.config.reconcile_interval_s)
+        finally:
+            lease.cancel()

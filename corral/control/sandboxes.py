@@ -6,18 +6,18 @@ from __future__ import annotations
 from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, AgentUnavailable
 from corral.agent.protocol import ExecRequest
 from corral.codes import ErrorCode
-from corral.control.agents import AgentDirectory
 from corral.control.errors import BadGateway, Gone, InvalidRequest, NotRunning, ResourceNotFound, Unavailable
+from corral.control.ports import AgentLookup, CreateStore
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
 from corral.exec_result import ExecResult
-from corral.store import Page, SandboxRecord, SandboxState, Store, StoreUnavailable
+from corral.store import Page, SandboxRecord, SandboxState, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
 
 class Sandboxes:
-    def __init__(self, store: Store, view: ViewCache, agents: AgentDirectory, routes: RouteCache) -> None:
+    def __init__(self, store: CreateStore, view: ViewCache, agents: AgentLookup, routes: RouteCache) -> None:
         self.store = store
         self.view = view
         self.agents = agents

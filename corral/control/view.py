@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from corral.control.ports import HostReader
 from corral.core import Clock, HostView, Ledger, Pending, Reservation
 from corral.core.filters import PendingFn
-from corral.store import HostRecord, Store
+from corral.store import HostRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,7 @@ class Claim:
 
 
 class ViewCache:
-    def __init__(self, store: Store, clock: Clock, ttl_s: float, ledger_ttl_s: float) -> None:
+    def __init__(self, store: HostReader, clock: Clock, ttl_s: float, ledger_ttl_s: float) -> None:
         self._store = store
         self._clock = clock
         self._ttl_s = ttl_s

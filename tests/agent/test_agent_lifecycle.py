@@ -10,7 +10,14 @@ import httpx
 import pytest
 from agent_doubles import TOKEN
 
-from corral.agent import Agent, AgentRuntimeError, AgentSandboxNotFound, ExecRequest, StartSandbox
+from corral.agent import (
+    Agent,
+    AgentConflict,
+    AgentRuntimeError,
+    AgentSandboxNotFound,
+    ExecRequest,
+    StartSandbox,
+)
 from corral.agent.http import create_app
 from corral.codes import ErrorCode
 from corral.core import ManualClock
@@ -201,3 +208,21 @@ async def test_oom_kills_reach_the_heartbeat_and_the_counter(
     assert agent.oom_kills_total == 4  # each kill counted once, however many beats saw it
     await agent.stop("a")
     assert (await agent.beat()).oom_kills == {"b": 1} and agent.oom_kills_total == 4
+
+
+async def test_a_start_at_a_newer_epoch_replaces_the_stale_copy(
+    make_agent: Callable[..., Agent], runtime: SimRuntime
+) -> None:
+    """A host that still runs an old epoch's copy (its fence never reached it) and is then chosen for
+    the sandbox's newer epoch runs the new copy, not the old one answered as "already started"."""
+    agent = make_agent()
+    await agent.start(StartSandbox(id="sb-1", memory_mb=256, cpus=0.5, epoch=0))
+    info = await agent.start(StartSandbox(id="sb-1", memory_mb=256, cpus=0.5, epoch=2))
+    assert info.epoch == 2
+    assert runtime.state.sandboxes["sb-1"].handle.spec.epoch == 2
+    assert agent.heartbeat().epochs == {"sb-1": 2}
+    # The same epoch again is a retried start; an older one is refused, never run beside it.
+    assert (await agent.start(StartSandbox(id="sb-1", memory_mb=256, cpus=0.5, epoch=2))).epoch == 2
+    with pytest.raises(AgentConflict):
+        await agent.start(StartSandbox(id="sb-1", memory_mb=256, cpus=0.5, epoch=1))
+    assert len(runtime.state.sandboxes) == 1

@@ -1,0 +1,160 @@
+"""What the control plane's flows need from the state of record and from the fleet, as narrow
+protocols: the create flow, batch creates, failover and the reconciler each depend on the few methods
+they call, never on the whole :class:`corral.store.Store`. The SQL stores satisfy them structurally
+(:mod:`corral.sim.models.conformance` makes mypy prove it) and so do the simulator's in-memory models, which
+is what lets the real flows run on virtual time under injected faults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+from corral.agent.client import AgentClient
+from corral.store import (
+    UNSET,
+    CreateOutcome,
+    FailedHost,
+    HostRecord,
+    Page,
+    ReservationRecord,
+    ReserveItem,
+    SandboxRecord,
+    SandboxState,
+    TemplateRecord,
+    Usage,
+)
+from corral.store.contract import _Unset
+
+
+class HostReader(Protocol):
+    async def list_hosts(self) -> list[HostRecord]: ...
+
+
+class Reservations(Protocol):
+    """Capacity claims: taken against a host's admittable, ended once, expired by their TTL."""
+
+    async def reserve(
+        self,
+        host_id: str,
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None: ...
+
+    async def reserve_best(
+        self,
+        candidates: Sequence[str],
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None: ...
+
+    async def reserve_batch(
+        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
+    ) -> list[ReservationRecord] | None: ...
+
+    async def cancel(self, reservation_id: str) -> bool: ...
+
+    async def sweep_expired(self) -> int: ...
+
+    async def next_expiry(self) -> float | None: ...
+
+
+class Leases(Protocol):
+    """Replica liveness (a reservation ends with its owner's lease) and the single leader."""
+
+    async def renew_replica(self, replica_id: str, ttl_s: float) -> float: ...
+
+    async def expire_replicas(self) -> list[str]: ...
+
+    async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool: ...
+
+
+class SandboxRecords(Protocol):
+    async def create_sandbox(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome: ...
+
+    async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None: ...
+
+    async def set_sandbox_state(
+        self,
+        sandbox_id: str,
+        state: SandboxState,
+        *,
+        expect: SandboxState | Collection[SandboxState] | None = None,
+        expect_version: int | None = None,
+        host_id: str | _Unset | None = UNSET,
+        reservation_id: str | _Unset | None = UNSET,
+        placement: str | _Unset | None = UNSET,
+    ) -> SandboxRecord: ...
+
+    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool: ...
+
+    async def list_sandboxes(
+        self,
+        *,
+        tenant_id: str | None = None,
+        host_id: str | None = None,
+        state: SandboxState | Collection[SandboxState] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page: ...
+
+
+class Lifecycle(Protocol):
+    """What only the leader does to records: fail a dead host, give a sandbox a new host and epoch,
+    find sandboxes past their TTL, forget old idempotency keys."""
+
+    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost: ...
+
+    async def reassign_sandbox(
+        self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
+    ) -> SandboxRecord: ...
+
+    async def expired_sandboxes(
+        self, now: float | None = None, *, limit: int = 100
+    ) -> list[SandboxRecord]: ...
+
+    async def purge_idempotency_keys(self, older_than: float) -> int: ...
+
+
+class Specs(Protocol):
+    """What a sandbox is started from: its template and its sealed spec."""
+
+    async def get_template(self, name: str) -> TemplateRecord | None: ...
+
+    async def sealed_spec(self, sandbox_id: str) -> str | None: ...
+
+
+class Tenants(Protocol):
+    async def usage(self, tenant_id: str) -> Usage: ...
+
+
+class CreateStore(SandboxRecords, Reservations, Specs, Protocol):
+    """What the create flow (and batch creates) write through."""
+
+
+class FailoverStore(CreateStore, Lifecycle, Protocol):
+    """What failover writes through: placement as a create gets it, plus the leader's lifecycle."""
+
+
+class ReconcileStore(FailoverStore, Leases, Protocol):
+    """What the reconciler, the leader's loop, writes through."""
+
+
+class AgentLookup(Protocol):
+    """Where a host's agent is reached."""
+
+    def client(self, host_id: str, address: str) -> AgentClient: ...

@@ -1,0 +1,763 @@
+"""Deterministic simulation with faults: corral's real create flow, batch creates, reconciler and
+failover, on virtual time, over the in-memory store model and real agents on the ``sim`` runtime,
+while hosts crash and return, heartbeats are lost or late, replicas die mid-create, the store goes
+away for a while, binds are slow or fail, and replicas' clocks disagree.
+
+Several replicas each run a :class:`CreateFlow` (and :class:`BatchCreate`, deletes) and the real
+:class:`Reconciler` loop; the store lease makes one of them the leader. Clients create and delete with
+the SDK's retry policy, honouring Retry-After. Invariants are checked after every store and agent
+call; a run is a pure function of (config, seed): every random draw comes from a ``random.Random``
+seeded from the seed and the drawing component's name, and every event lands in a trace whose digest
+identifies the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import multiprocessing
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from corral import ids
+from corral.agent.agent import Agent
+from corral.agent.client import AgentClient
+from corral.agent.errors import AgentUnavailable
+from corral.agent.protocol import (
+    Capacity,
+    ExecRequest,
+    ExecResponse,
+    HeartbeatReply,
+    SandboxInfo,
+    StartSandbox,
+)
+from corral.agent.protocol import Heartbeat as WireHeartbeat
+from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
+from corral.client.retry import RetryBudget, RetryPolicy
+from corral.control.batch import BatchCreate
+from corral.control.config import ControlConfig
+from corral.control.create import CreateFlow, CreateSpec
+from corral.control.errors import ControlError
+from corral.control.failover import Failover
+from corral.control.heartbeats import to_store
+from corral.control.metrics import Metrics
+from corral.control.ports import AgentLookup, HostReader, ReconcileStore
+from corral.control.reconcile import Reconciler
+from corral.control.retry import RetryAfter
+from corral.control.routes import RouteCache
+from corral.control.sandboxes import Sandboxes
+from corral.control.seal import Sealer
+from corral.control.view import ViewCache
+from corral.core.timeouts import Timeouts
+from corral.core.types import AdmissionMode
+from corral.runtime.sim import SimRuntime, SimState
+from corral.sim.models.store import ModelStore
+from corral.sim.vtime import VirtualClock, run_virtual
+from corral.store import FAILOVER_ORPHAN, FAILOVER_RECREATE, ReservationRecord, SandboxState, StoreError
+
+START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
+RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})
+# Calls that change nothing: the state after them is the state checked after the previous step.
+READS = frozenset(
+    {"list_hosts", "get_host", "get_sandbox", "list_sandboxes", "expired_sandboxes", "next_expiry"}
+    | {"get_template", "sealed_spec", "usage", "get_reservation", "get_placement"}
+)
+ENDED = frozenset({SandboxState.STOPPED, SandboxState.DELETED})
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosConfig:
+    hosts: int = 3
+    replicas: int = 3
+    clients: int = 3
+    duration_s: float = 30.0  # virtual seconds of load and faults
+    settle_s: float = 25.0  # then no faults, every host back: the books must come right
+    host_mb: int = 5120  # 3 GiB admittable after the policy's headroom
+    host_cpus: float = 8.0
+    tenant_max_sandboxes: int = 14
+    # per-call fault probabilities
+    heartbeat_lost: float = 0.08
+    heartbeat_delayed: float = 0.08
+    bind_failed: float = 0.04
+    bind_slow: float = 0.05
+    bind_reply_lost: float = 0.03
+    timeouts: Timeouts = field(
+        default_factory=lambda: Timeouts(
+            heartbeat_interval_s=1.0,
+            stale_after_s=3.0,
+            dead_after_s=8.0,
+            bind_timeout_s=2.0,
+            reservation_ttl_s=6.0,
+            view_ttl_s=0.5,
+        )
+    )
+    replica_lease_s: float = 3.0
+    reconcile_interval_s: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    at: float
+    invariant: str
+    detail: str
+
+
+@dataclass(slots=True)
+class ChaosResult:
+    seed: int
+    violations: list[Violation]
+    faults: Counter[str]
+    outcomes: Counter[str]
+    trace: list[str]
+    digest: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def replay_command(seed: int) -> str:
+    return f"corral sim chaos --seed {seed} --replay"
+
+
+class World:
+    def __init__(self, cfg: ChaosConfig, seed: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.loop = loop
+        self.clock = VirtualClock(loop)
+        self.trace: list[str] = []
+        self.faults: Counter[str] = Counter()
+        self.outcomes: Counter[str] = Counter()
+        self.violations: list[Violation] = []
+        self.outage_until = 0.0
+        lat = self.rng("store/latency")
+        self.store = ModelStore(
+            self.clock,
+            self.rng("store/ids"),
+            latency=lambda: lat.choice((0.0, 0.0, 0.001, 0.004)),
+            outage=lambda: self.loop.time() < self.outage_until,
+        )
+        self.fault_rng = self.rng("faults/calls")
+        self.sealer = Sealer([hashlib.sha256(f"chaos/{seed}".encode()).digest()])
+        self.hosts: dict[str, SimHost] = {}
+        self.replicas: list[Replica] = []
+        self.tenant = ""
+        self.acked: dict[str, str] = {}  # sandbox id -> the client that was told it exists
+        self.delete_requested: set[str] = set()
+        self.calming = False  # faults have stopped
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}/{name}")
+
+    def note(self, event: str) -> None:
+        self.trace.append(f"{self.loop.time() - START:.6f} {event}")
+
+    def fault(self, kind: str, detail: str = "") -> None:
+        self.faults[kind] += 1
+        self.note(f"fault {kind} {detail}".rstrip())
+
+    def violate(self, invariant: str, detail: str) -> None:
+        """Record a broken invariant (once per invariant: a state that stays broken is checked again
+        at every step); the run ends at its next second."""
+        if any(v.invariant == invariant for v in self.violations):
+            return
+        self.violations.append(Violation(self.loop.time() - START, invariant, detail))
+        self.note(f"VIOLATION {invariant} {detail}")
+
+    # -- invariants -----------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """What must hold after every step."""
+        store = self.store
+        for host in self.hosts.values():
+            if host.agent is not None and host.agent.admittable_mb() < 0:
+                self.violate(
+                    "host_over_admittable", f"{host.id}: admittable {host.agent.admittable_mb()} MiB"
+                )
+        for tid in store.tenants:
+            if store.counted_usage(tid) != store.recorded_usage(tid):
+                self.violate(
+                    "tenant_usage",
+                    f"{tid}: counted {store.counted_usage(tid)}, records {store.recorded_usage(tid)}",
+                )
+        for sid, client in self.acked.items():
+            if sid in self.delete_requested:
+                continue
+            rec = store.sandboxes.get(sid)
+            if rec is None or rec.state in (SandboxState.RESERVED, SandboxState.DELETED):
+                state = "no record" if rec is None else rec.state.value
+                self.violate("acked_create_lost", f"{sid} (acknowledged to {client}): {state}")
+        # A new epoch is written to the record before its copy starts, so no copy is ever ahead of
+        # it. Copies behind it, or a second copy of its epoch left by a start whose reply was lost,
+        # are fenced or stopped as strays later: ``check_final`` holds that none is left.
+        for sid, rec in store.sandboxes.items():
+            for host in self.hosts.values():
+                copy = host.state.sandboxes.get(sid)
+                if copy is not None and copy.handle.spec.epoch > rec.epoch:
+                    self.violate(
+                        "copy_ahead_of_record",
+                        f"{sid} runs on {host.id} at epoch {copy.handle.spec.epoch}; "
+                        f"its record names {rec.host_id} at epoch {rec.epoch}",
+                    )
+
+    def check_grant(self, got: object) -> None:
+        """A reservation is granted only where it fits: right after the grant, the host's reserved total
+        is within its admittable."""
+        granted = got if isinstance(got, list) else [got] if isinstance(got, ReservationRecord) else []
+        for r in granted:
+            h = self.store.hosts[r.host_id]
+            if h.reserved_mb > h.memory_mb_admittable:
+                self.violate(
+                    "reservation_over_admittable",
+                    f"{r.host_id}: {h.reserved_mb} MiB reserved, {h.memory_mb_admittable} MiB admittable",
+                )
+
+    def check_leases(self, began: float) -> None:
+        """After a leader's round that began at ``began``, no reservation made before then may remain
+        once its TTL or its owner's lease had run out by then (a lease that was ended counts from when
+        it ended: a reservation made after that, by a replica that has not renewed yet, has its TTL)."""
+        store = self.store
+        for r in store.reservations.values():
+            if r.created_at > began:
+                continue
+            if r.expires_at <= began:
+                self.violate(
+                    "reservation_outlived_ttl", f"{r.id} on {r.host_id} expired at {r.expires_at - START:.3f}"
+                )
+            lease = store.replicas.get(r.owner)
+            lapsed = lease is not None and lease <= began
+            ended = lease is None and r.created_at <= store.leases_ended.get(r.owner, float("-inf"))
+            if lapsed or ended:
+                self.violate(
+                    "reservation_outlived_lease", f"{r.id} on {r.host_id}: owner {r.owner}'s lease ran out"
+                )
+
+    def check_final(self) -> None:
+        """Once faults stop and every host is back: every acknowledged sandbox runs where its record
+        says (or was explicitly ended), no sandbox runs on two hosts, no reservation is left."""
+        store = self.store
+        for sid in sorted(self.acked):
+            if sid in self.delete_requested:
+                continue
+            rec = store.sandboxes[sid]
+            self.outcomes[f"acked_at_end:{rec.state.value}"] += 1
+            if rec.state is SandboxState.RUNNING:
+                host = self.hosts.get(rec.host_id or "")
+                copy = host.state.sandboxes.get(sid) if host is not None else None
+                if copy is None or copy.handle.spec.epoch != rec.epoch:
+                    self.violate("acked_not_running", f"{sid} is running on {rec.host_id} by its record only")
+            elif rec.state not in ENDED and rec.state is not SandboxState.RECREATING:
+                self.violate("acked_unsettled", f"{sid} is still {rec.state.value}")
+        where: dict[str, list[str]] = {}
+        for host in self.hosts.values():
+            for sid in host.state.sandboxes:
+                where.setdefault(sid, []).append(host.id)
+        for sid, on in sorted(where.items()):
+            if len(on) > 1:
+                self.violate("two_live_copies", f"{sid} runs on {', '.join(sorted(on))}")
+        if store.reservations:
+            self.violate("reservation_leak", f"{len(store.reservations)} reservations outlive the run")
+
+    def after(self, name: str, result: object) -> None:
+        if name in READS:
+            return
+        if name in RESERVE_CALLS and result:
+            self.check_grant(result)
+        self.check()
+
+
+class _Guarded:
+    """The store as one replica's process reaches it: once the process is gone, nothing more of it
+    reaches the store (a dead process's clean-up never runs), and every call is followed by the checks."""
+
+    def __init__(self, world: World, replica: Replica) -> None:
+        self._world = world
+        self._replica = replica
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        fn = getattr(self._world.store, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if not self._replica.alive:
+                raise StoreError("this process is gone")
+            result = await fn(*args, **kwargs)
+            self._world.after(name, result)
+            return result
+
+        return call
+
+
+class SimAgentClient(AgentClient):
+    """One replica's connection to one simulated host: the real agent, called in memory, behind a
+    network that can be slow, fail, or lose the reply after the agent acted."""
+
+    def __init__(self, host: SimHost, replica: Replica) -> None:
+        self.host = host
+        self.replica = replica
+
+    def _agent(self) -> Agent:
+        if not self.replica.alive or not self.host.up or self.host.agent is None:
+            raise AgentUnavailable(message=f"host {self.host.id} cannot be reached")
+        return self.host.agent
+
+    async def start(self, req: StartSandbox) -> SandboxInfo:
+        world, cfg = self.host.world, self.host.world.cfg
+        agent = self._agent()
+        f = world.fault_rng
+        if not world.calming and f.random() < cfg.bind_failed:
+            world.fault("bind_failed", f"{req.id} on {self.host.id}")
+            raise AgentUnavailable(message="connection reset")
+        if not world.calming and f.random() < cfg.bind_slow:
+            world.fault("bind_slow", f"{req.id} on {self.host.id}")
+            await asyncio.sleep(f.uniform(0.5, 3.0))
+            agent = self._agent()
+        gen = self.host.gen
+        try:
+            info = await agent.start(req)
+        finally:
+            world.check()
+        if self.host.gen != gen or not self.replica.alive:
+            raise AgentUnavailable(message="the host went away mid-start")
+        if not world.calming and f.random() < cfg.bind_reply_lost:
+            world.fault("bind_reply_lost", f"{req.id} on {self.host.id}")
+            raise AgentUnavailable(message="connection reset after the start")
+        return info
+
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        try:
+            await self._agent().stop(sandbox_id, epoch)
+        finally:
+            self.host.world.check()
+
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+        return await self._agent().exec(sandbox_id, req, epoch)
+
+    async def list(self) -> list[SandboxInfo]:
+        return self._agent().list()
+
+    async def capacity(self) -> Capacity:
+        return self._agent().capacity()
+
+
+class SimAgents:
+    def __init__(self, world: World, replica: Replica) -> None:
+        self.world = world
+        self.replica = replica
+
+    def client(self, host_id: str, address: str) -> AgentClient:
+        host = self.world.hosts.get(host_id)
+        if host is None:
+            raise AgentUnavailable(message=f"no host {host_id}")
+        return SimAgentClient(host, self.replica)
+
+
+class SimHost:
+    def __init__(self, world: World, host_id: str) -> None:
+        self.world = world
+        self.id = host_id
+        self.state = SimState()
+        self.agent: Agent | None = None
+        self.up = False
+        self.gen = 0
+        self._task: asyncio.Task[None] | None = None
+        self._late: set[asyncio.Task[None]] = set()
+
+    async def boot(self) -> None:
+        w = self.world
+        self.gen += 1
+        runtime = SimRuntime(
+            w.clock, w.rng(f"runtime/{self.id}/{self.gen}"), state=self.state, start_latency_s=0.05
+        )
+        agent = Agent(
+            self.id,
+            runtime,
+            w.cfg.host_mb,
+            w.cfg.host_cpus,
+            admission=AdmissionMode.COMMITTED,
+            clock=w.clock,
+            heartbeat_interval_s=w.cfg.timeouts.heartbeat_interval_s,
+            sink=self._sink,
+            max_concurrent_starts=4,
+        )
+        await agent.adopt()
+        self.agent, self.up = agent, True
+        self._task = asyncio.get_running_loop().create_task(agent.run_heartbeats())
+        w.note(f"host {self.id} up (gen {self.gen}, {len(self.state.sandboxes)} sandboxes kept)")
+
+    def crash(self, wipe: bool) -> None:
+        self.up = False
+        self.agent = None
+        if self._task is not None:
+            self._task.cancel()
+        if wipe:
+            self.state = SimState()  # it died with its sandboxes
+
+    async def _sink(self, hb: WireHeartbeat) -> HeartbeatReply | None:
+        w = self.world
+        f = w.fault_rng
+        if not w.calming and f.random() < w.cfg.heartbeat_lost:
+            w.fault("heartbeat_lost", self.id)
+            raise ConnectionError("heartbeat lost")
+        if not w.calming and f.random() < w.cfg.heartbeat_delayed:
+            w.fault("heartbeat_delayed", self.id)
+            delay = f.uniform(0.5, 4.0)
+
+            async def late() -> None:
+                await asyncio.sleep(delay)
+                with contextlib.suppress(StoreError):
+                    await w.store.upsert_heartbeat(to_store(hb))
+                w.check()
+
+            task = asyncio.get_running_loop().create_task(late())
+            self._late.add(task)
+            task.add_done_callback(self._late.discard)
+            return None
+        result = await w.store.upsert_heartbeat(to_store(hb))
+        w.check()
+        return HeartbeatReply(
+            accepted=result.accepted, confirmed=result.confirmed, stop=sorted(result.fenced)
+        )
+
+
+class Replica:
+    def __init__(self, world: World, slot: int, gen: int) -> None:
+        self.world = world
+        self.id = f"r{slot}.{gen}"
+        self.slot = slot
+        self.gen = gen
+        self.alive = True
+        self.ready = False
+        cfg = world.cfg
+        t = cfg.timeouts
+        self.clock = VirtualClock(world.loop)
+        config = ControlConfig(
+            replica_id=self.id,
+            timeouts=t,
+            replica_lease_s=cfg.replica_lease_s,
+            reconcile_interval_s=cfg.reconcile_interval_s,
+            retry_after_max_s=5.0,
+        )
+        guarded = _Guarded(world, self)
+        store = cast(ReconcileStore, guarded)
+        agents: AgentLookup = SimAgents(world, self)
+        metrics = Metrics()
+        view = ViewCache(cast(HostReader, guarded), self.clock, t.view_ttl_s, t.heartbeat_interval_s)
+        retry = RetryAfter(self.clock, t, config.retry_after_min_s, config.retry_after_max_s)
+        routes = RouteCache()
+        self.flow = CreateFlow(
+            store, view, agents, config, self.clock, world.rng(f"replica/{self.id}"), metrics, retry
+        )
+        self.flow.sealer = world.sealer
+        self.batch = BatchCreate(self.flow)
+        self.sandboxes = Sandboxes(store, view, agents, routes)
+        failover = Failover(store, view, self.flow, self.clock, t)
+        self.reconciler = Reconciler(
+            store, view, agents, config, self.clock, metrics, retry, routes, failover
+        )
+        self.config = config
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def start(self) -> None:
+        """The replica's real reconciler loop, each round followed by the lease checks when it led."""
+        rec, w = self.reconciler, self.world
+        tick = rec.tick
+
+        async def checked_tick() -> None:
+            began = w.store.clock.now()
+            await tick()
+            self.ready = True
+            if rec.is_leader:
+                w.check_leases(began)
+
+        rec.tick = checked_tick  # type: ignore[method-assign]
+        self.spawn(rec.run())
+
+    def crash(self) -> None:
+        """The process dies: whatever it was doing stops at its current await, and nothing it would
+        have done to clean up reaches the store or the agents."""
+        self.alive = False
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class Client:
+    def __init__(self, world: World, n: int) -> None:
+        self.world = world
+        self.name = f"c{n}"
+        self.rng = world.rng(f"client/{n}")
+        self.mine: list[str] = []
+        self.creates = 0
+
+    def _replica(self) -> Replica | None:
+        up = [r for r in self.world.replicas if r.alive and r.ready]
+        return self.rng.choice(up) if up else None
+
+    async def _call(self, make: Callable[[Replica], Coroutine[Any, Any, Any]]) -> Any:
+        """One request through a load balancer: a replica that dies mid-request is a lost connection."""
+        replica = self._replica()
+        if replica is None:
+            raise Unreachable("no replica answers")
+        task = replica.spawn(make(replica))
+        await asyncio.wait([task])
+        if task.cancelled():
+            raise Unreachable("the replica went away mid-request")
+        exc = task.exception()
+        if isinstance(exc, ControlError):
+            raise CorralError(exc.message, code=exc.code, status=exc.status, retry_after_s=exc.retry_after_s)
+        if isinstance(exc, StoreError):
+            status = 503 if exc.code == "store_unavailable" else 500
+            raise CorralError(str(exc), code=exc.code, status=status, retry_after_s=1.0)
+        if exc is not None:
+            raise exc
+        return task.result()
+
+    async def _with_retries(self, what: str, make: Callable[[Replica], Coroutine[Any, Any, Any]]) -> Any:
+        w = self.world
+        budget = RetryBudget(RetryPolicy(base_s=0.25, cap_s=4.0, deadline_s=20.0), w.loop.time, self.rng)
+        while True:
+            budget.attempt()
+            try:
+                return await self._call(make)
+            except CorralError as err:
+                if not (isinstance(err, Unreachable) or err.retryable):
+                    w.outcomes[f"{what}_refused:{err.code}"] += 1
+                    return None
+                w.outcomes[f"{what}_retried:{err.code}"] += 1
+                try:
+                    delay = budget.after_refusal(err)
+                except CapacityUnavailable:
+                    w.outcomes[f"{what}_gave_up"] += 1
+                    return None
+                await asyncio.sleep(delay)
+
+    def _spec(self) -> CreateSpec:
+        r = self.rng
+        return CreateSpec(
+            memory_mb=r.choice((256, 512, 1024)),
+            cpus=0.5,
+            failover=r.choice((FAILOVER_RECREATE, FAILOVER_ORPHAN)),
+        )
+
+    def _acked(self, sid: str) -> None:
+        w = self.world
+        if sid not in w.acked:
+            w.acked[sid] = self.name
+            self.mine.append(sid)
+        w.note(f"ack {sid} to {self.name}")
+
+    async def create(self) -> None:
+        self.creates += 1
+        key = f"{self.name}-{self.creates}"
+        spec = self._spec()
+        tenant = self.world.tenant
+        got = await self._with_retries(
+            "create", lambda rep: rep.flow.create(tenant, spec, idempotency_key=key)
+        )
+        if got is not None:
+            self.world.outcomes["create_acked"] += 1
+            self._acked(got[0].id)
+
+    async def batch(self) -> None:
+        spec = self._spec()
+        count = self.rng.randint(2, 3)
+        tenant = self.world.tenant
+        got = await self._with_retries("batch", lambda rep: rep.batch.create(tenant, spec, count))
+        if got is not None:
+            self.world.outcomes["batch_acked"] += 1
+            for rec in got:
+                self._acked(rec.id)
+
+    async def delete(self) -> None:
+        if not self.mine:
+            return
+        sid = self.mine.pop(self.rng.randrange(len(self.mine)))
+        w = self.world
+        w.delete_requested.add(sid)
+        w.note(f"delete {sid}")
+        tenant = w.tenant
+        await self._with_retries("delete", lambda rep: rep.sandboxes.delete(sid, tenant))
+
+    async def run(self, until: float) -> None:
+        r = self.rng
+        while self.world.loop.time() < until:
+            await asyncio.sleep(r.uniform(0.1, 1.2))
+            x = r.random()
+            if x < 0.55:
+                await self.create()
+            elif x < 0.7:
+                await self.batch()
+            else:
+                await self.delete()
+
+
+async def _faults(world: World, until: float) -> None:
+    f = world.rng("faults/schedule")
+    loop = world.loop
+    pending: set[asyncio.Task[None]] = set()
+
+    def later(delay: float, fn: Callable[[], Awaitable[None]]) -> None:
+        async def run() -> None:
+            await asyncio.sleep(delay)
+            await fn()
+
+        task = loop.create_task(run())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    while loop.time() < until:
+        await asyncio.sleep(f.uniform(0.5, 2.5))
+        x = f.random()
+        up_hosts = [h for h in world.hosts.values() if h.up]
+        alive = [r for r in world.replicas if r.alive]
+        if x < 0.2 and len(up_hosts) > 1:
+            host = f.choice(up_hosts)
+            wipe = f.random() < 0.5
+            world.fault("host_crash", f"{host.id} wipe={wipe}")
+            host.crash(wipe)
+            later(f.uniform(1.0, 14.0), host.boot)
+        elif x < 0.35 and len(alive) > 1:
+            replica = f.choice(alive)
+            in_flight = len(replica.tasks) - 1  # besides its reconciler loop
+            world.fault("replica_crash", f"{replica.id} with {in_flight} requests in flight")
+            if in_flight:
+                world.fault("replica_crash_mid_request", replica.id)
+            replica.crash()
+
+            async def restart(slot: int = replica.slot, gen: int = replica.gen + 1) -> None:
+                fresh = Replica(world, slot, gen)
+                world.replicas[slot] = fresh
+                fresh.start()
+
+            later(f.uniform(0.5, 3.0), restart)
+        elif x < 0.45:
+            span = f.uniform(0.2, 4.0)
+            world.outage_until = max(world.outage_until, loop.time() + span)
+            world.fault("store_unavailable", f"{span:.3f}s")
+        elif x < 0.55:
+            replica = f.choice(alive)
+            replica.clock.skew_s = f.uniform(-1.5, 1.5)
+            world.fault("clock_skew", f"{replica.id} {replica.clock.skew_s:+.3f}s")
+    # Faults stop: every host comes back, the store answers.
+    await asyncio.gather(*pending, return_exceptions=True)
+    world.calming = True
+    world.outage_until = 0.0
+    for r in world.replicas:
+        r.clock.skew_s = 0.0
+    for host in world.hosts.values():
+        if not host.up:
+            await host.boot()
+
+
+async def _run(world: World) -> None:
+    cfg = world.cfg
+    loop = world.loop
+    store = world.store
+    world.tenant = (
+        await store.create_tenant("chaos", max_sandboxes=cfg.tenant_max_sandboxes, max_memory_mb=1 << 30)
+    ).id
+    for i in range(cfg.hosts):
+        host = world.hosts[f"h{i}"] = SimHost(world, f"h{i}")
+        await host.boot()
+    await asyncio.sleep(cfg.timeouts.heartbeat_interval_s)
+    world.replicas = [Replica(world, i, 0) for i in range(cfg.replicas)]
+    for r in world.replicas:
+        r.start()
+    until = loop.time() + cfg.duration_s
+    clients = [Client(world, i) for i in range(cfg.clients)]
+    tasks = [loop.create_task(c.run(until)) for c in clients]
+    tasks.append(loop.create_task(_faults(world, until)))
+    try:
+        end = until + cfg.settle_s
+        while loop.time() < end and not world.violations:
+            await asyncio.sleep(1.0)
+        if not world.violations:
+            world.check()
+            world.check_final()
+    finally:
+        for t in tasks:
+            t.cancel()
+        for r in world.replicas:
+            r.crash()
+        for h in world.hosts.values():
+            h.crash(False)
+
+
+def run_seed(seed: int, cfg: ChaosConfig | None = None) -> ChaosResult:
+    """One run: a pure function of (config, seed)."""
+    cfg = cfg or ChaosConfig()
+    ids.reseed(f"chaos/{seed}")
+    quiet = logging.getLogger("corral")
+    level, quiet.level = quiet.level, logging.CRITICAL
+    holder: list[World] = []
+
+    async def main() -> None:
+        world = World(cfg, seed, asyncio.get_running_loop())
+        holder.append(world)
+        await _run(world)
+
+    try:
+        run_virtual(main(), START)
+    finally:
+        quiet.level = level
+        ids.reseed(None)
+    world = holder[0]
+    digest = hashlib.sha256("\n".join([*world.trace, world.store.dump()]).encode()).hexdigest()
+    return ChaosResult(seed, world.violations, world.faults, world.outcomes, world.trace, digest)
+
+
+def run_seeds(seeds: Iterator[int] | range, cfg: ChaosConfig | None = None) -> Iterator[ChaosResult]:
+    for seed in seeds:
+        yield run_seed(seed, cfg)
+
+
+def _run_one(seed: int) -> ChaosResult:
+    result = run_seed(seed)
+    result.trace = []  # a worker sends back the verdict; a replay rebuilds the trace
+    return result
+
+
+def run_many(seeds: range, jobs: int = 1) -> Iterator[ChaosResult]:
+    """Seeds in order; with ``jobs`` > 1, in that many forked processes (each run is independent)."""
+    if jobs <= 1:
+        yield from run_seeds(seeds)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(jobs) as pool:
+        yield from pool.imap(_run_one, seeds, chunksize=4)
+
+
+def summary(results: list[ChaosResult], seconds: float, *, one: bool = False) -> dict[str, Any]:
+    """What a run of seeds found: failing seeds, seeds per second, each fault injected and each outcome."""
+    faults: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for r in results:
+        faults.update(r.faults)
+        outcomes.update(r.outcomes)
+    out: dict[str, Any] = {
+        "seeds": len(results),
+        "failed": [
+            {"seed": r.seed, "invariant": v.invariant, "detail": v.detail, "replay": replay_command(r.seed)}
+            for r in results
+            for v in r.violations
+        ],
+        "faults": dict(sorted(faults.items())),
+        "outcomes": dict(sorted(outcomes.items())),
+    }
+    if one:
+        out["digest"] = results[0].digest
+    else:
+        out["seconds"] = round(seconds, 3)
+        out["seeds_per_s"] = round(len(results) / seconds, 2) if seconds > 0 else None
+    return out

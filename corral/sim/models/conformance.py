@@ -1,0 +1,19 @@
+"""Proof, for the type checker, that the SQL stores and the in-memory model both give the control
+plane's flows what their narrow protocols ask (:mod:`corral.control.ports`): an assignment below fails
+``mypy`` the moment a signature drifts on either side. Nothing here runs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from corral.control.ports import HostReader, ReconcileStore, Tenants
+    from corral.sim.models.store import ModelStore
+    from corral.store.postgres import PostgresStore
+    from corral.store.sqlite import SqliteStore
+
+    def _conforms(model: ModelStore, sqlite: SqliteStore, postgres: PostgresStore) -> None:
+        flows: list[ReconcileStore] = [model, sqlite, postgres]
+        hosts: list[HostReader] = [model, sqlite, postgres]
+        tenants: list[Tenants] = [model, sqlite, postgres]
+        del flows, hosts, tenants

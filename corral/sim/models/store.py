@@ -1,0 +1,772 @@
+"""The state of record in memory, with the SQL stores' semantics for what the control plane's flows
+call (:mod:`corral.control.ports`): reservations against a host's admittable (the core's fit rule),
+ended exactly once, expired by TTL and with their owner's lease; sandbox records with quota counters,
+name uniqueness and idempotency keys; heartbeats, fences and failover.
+
+Every method is one "transaction": it may await (a latency, an outage) only before it reads anything,
+then runs to completion without yielding, as a serialisable transaction would. ``outage`` makes every
+call raise :class:`StoreUnavailable` while it returns true, as a database that cannot be reached.
+A property test holds this model to the SQLite store on random sequences of operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from corral.core.admission import covers
+from corral.core.clock import Clock
+from corral.core.scoring import ScoreWeights
+from corral.core.types import AdmissionMode, HostState
+from corral.store import rows
+from corral.store.contract import (
+    FAILOVER_POLICIES,
+    LIVE_STATES,
+    UNSET,
+    CreateOutcome,
+    FailedHost,
+    Heartbeat,
+    HeartbeatResult,
+    HostRecord,
+    IdempotencyMismatch,
+    InvalidRecord,
+    NameConflict,
+    NotFound,
+    OverQuota,
+    Page,
+    ReservationRecord,
+    ReserveItem,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+    StoreUnavailable,
+    TemplateRecord,
+    TenantRecord,
+    Usage,
+    _Unset,
+    as_states,
+    metadata_dict,
+)
+
+MAX_PAGE = 1000
+DEFAULT_TEMPLATE = TemplateRecord(
+    name="default", cpus=1.0, memory_mb=512, stateful=False, description="built-in: 1 cpu, 512 MiB"
+)
+
+
+@dataclass(slots=True)
+class _Host:
+    id: str
+    registered_at: float
+    heartbeat_at: float = 0.0
+    seq: int = 0
+    cpu_total: float = 0.0
+    cpu_used: float = 0.0
+    memory_mb_total: int = 0
+    memory_mb_used: int = 0
+    memory_mb_admittable: int = 0
+    memory_admission: AdmissionMode = AdmissionMode.WORKING_SET
+    templates: frozenset[str] | None = None
+    runtime: str = "sim"
+    gpu: str | None = None
+    role: str = "worker"
+    state: HostState = HostState.READY
+    stream_restore: bool = False
+    address: str = ""
+    warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    sandbox_ids: frozenset[str] = frozenset()
+    # Every reservation row of the host, expired-unswept ones included (the SQL stores' counters).
+    reserved_mb: int = 0
+    reserved_cpu_m: int = 0
+
+
+@dataclass(slots=True)
+class _Tenant:
+    record: TenantRecord
+    live_sandboxes: int = 0
+    live_memory_mb: int = 0
+
+
+def _check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
+    if memory_mb < 0 or cpu < 0:
+        raise InvalidRecord("a reservation cannot be negative")
+    if not ttl_s > 0:
+        raise InvalidRecord("ttl_s: must be positive")
+
+
+def _check_sandbox(r: SandboxRecord) -> None:
+    if not r.id or not r.tenant_id:
+        raise InvalidRecord("id/tenant_id: must not be empty")
+    if r.memory_mb <= 0 or r.cpus < 0:
+        raise InvalidRecord("memory_mb must be positive, cpus not negative")
+    if r.name is not None and not r.name:
+        raise InvalidRecord("name: must not be empty (use None for no name)")
+    if r.failover not in FAILOVER_POLICIES:
+        raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
+
+
+class ModelStore:
+    """See the module docstring. ``rng`` draws every id, so a run is a function of its seed."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        rng: random.Random,
+        *,
+        latency: Callable[[], float] | None = None,
+        outage: Callable[[], bool] | None = None,
+        weights: ScoreWeights = ScoreWeights(),
+    ) -> None:
+        self.clock = clock
+        self.rng = rng
+        self.latency = latency
+        self.outage = outage
+        self.weights = weights
+        self.hosts: dict[str, _Host] = {}
+        self.reservations: dict[str, ReservationRecord] = {}
+        self.replicas: dict[str, float] = {}
+        self.leases_ended: dict[str, float] = {}  # replica -> when its lapsed lease was last ended
+        self.leases: dict[str, tuple[str, float]] = {}
+        self.sandboxes: dict[str, SandboxRecord] = {}
+        self.placements: dict[str, str | None] = {}
+        self.tenants: dict[str, _Tenant] = {}
+        self.templates: dict[str, TemplateRecord] = {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}
+        # (tenant, key) -> (request hash, sandbox id, the record as first created, when)
+        self.idempotency: dict[tuple[str, str], tuple[str | None, str, SandboxRecord, float]] = {}
+        self.fences: dict[tuple[str, str], int] = {}  # (host, sandbox) -> the epoch it must reach
+        self.calls = 0
+        self.refused_calls = 0
+
+    # -- the transaction boundary ------------------------------------------------------------------
+
+    async def _enter(self) -> None:
+        self.calls += 1
+        if self.latency is not None:
+            await asyncio.sleep(self.latency())
+        if self.outage is not None and self.outage():
+            self.refused_calls += 1
+            raise StoreUnavailable("the store cannot be reached")
+
+    def _now(self) -> float:
+        return self.clock.now()
+
+    def _id(self, bits: int = 128) -> str:
+        return f"{self.rng.getrandbits(bits):0{(bits + 3) // 4}x}"
+
+    # -- hosts ---------------------------------------------------------------------------------------
+
+    def _expired_on(self, host_id: str, now: float) -> tuple[int, int]:
+        mb = cpu_m = 0
+        for r in self.reservations.values():
+            if r.host_id == host_id and r.expires_at <= now:
+                mb += r.memory_mb
+                cpu_m += rows.to_millicores(r.cpu)
+        return mb, cpu_m
+
+    def _record(self, h: _Host, now: float) -> HostRecord:
+        mb, cpu_m = self._expired_on(h.id, now)
+        return HostRecord(
+            id=h.id,
+            heartbeat_at=h.heartbeat_at,
+            cpu_total=h.cpu_total,
+            cpu_used=h.cpu_used,
+            memory_mb_total=h.memory_mb_total,
+            memory_mb_used=h.memory_mb_used,
+            memory_mb_admittable=h.memory_mb_admittable,
+            memory_admission=h.memory_admission,
+            templates=h.templates,
+            runtime=h.runtime,
+            gpu=h.gpu,
+            role=h.role,
+            state=h.state,
+            stream_restore=h.stream_restore,
+            sandbox_ids=h.sandbox_ids,
+            seq=h.seq,
+            registered_at=h.registered_at,
+            address=h.address,
+            reserved_mb=h.reserved_mb - mb,
+            reserved_cpu=rows.from_millicores(h.reserved_cpu_m - cpu_m),
+            warm=dict(h.warm),
+        )
+
+    async def register_host(self, host_id: str, *, address: str = "", role: str = "worker") -> HostRecord:
+        await self._enter()
+        now = self._now()
+        h = self.hosts.get(host_id)
+        if h is None:
+            h = self.hosts[host_id] = _Host(host_id, registered_at=now, address=address, role=role)
+        else:
+            h.address = address or h.address
+            h.role = role
+        return self._record(h, now)
+
+    async def list_hosts(self) -> list[HostRecord]:
+        await self._enter()
+        now = self._now()
+        return [self._record(self.hosts[h], now) for h in sorted(self.hosts)]
+
+    async def get_host(self, host_id: str) -> HostRecord | None:
+        await self._enter()
+        h = self.hosts.get(host_id)
+        return self._record(h, self._now()) if h is not None else None
+
+    async def drain(self, host_id: str) -> HostRecord:
+        await self._enter()
+        h = self.hosts.get(host_id)
+        if h is None:
+            raise NotFound(f"host {host_id!r}")
+        h.state = HostState.DRAINING
+        return self._record(h, self._now())
+
+    async def upsert_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+        await self._enter()
+        if not hb.host_id:
+            raise InvalidRecord("host_id: must not be empty")
+        now = self._now()
+        h = self.hosts.get(hb.host_id)
+        applied = h is None or h.seq < hb.seq
+        if h is None:
+            h = self.hosts[hb.host_id] = _Host(hb.host_id, registered_at=now)
+        confirmed = 0
+        fenced: frozenset[str] = frozenset()
+        if applied:
+            h.address = hb.address or h.address
+            h.heartbeat_at, h.seq = now, hb.seq
+            h.cpu_total, h.cpu_used = hb.cpu_total, hb.cpu_used
+            h.memory_mb_total, h.memory_mb_used = hb.memory_mb_total, hb.memory_mb_used
+            h.memory_mb_admittable = hb.memory_mb_admittable
+            h.memory_admission = AdmissionMode(hb.memory_admission)
+            h.templates, h.runtime, h.gpu, h.role = hb.templates, hb.runtime, hb.gpu, hb.role
+            h.stream_restore, h.warm = bool(hb.stream_restore), dict(hb.warm)
+            h.sandbox_ids = frozenset(hb.sandbox_ids)
+            if hb.sandbox_ids:
+                done = [
+                    r.id
+                    for r in self.reservations.values()
+                    if r.host_id == hb.host_id and r.sandbox_id is not None and r.sandbox_id in hb.sandbox_ids
+                ]
+                confirmed = self._end(done)
+            fenced = self._fences(hb)
+        return HeartbeatResult(self._record(h, now), applied, confirmed, fenced)
+
+    def _fences(self, hb: Heartbeat) -> frozenset[str]:
+        got = {sid: e for (host, sid), e in self.fences.items() if host == hb.host_id}
+        fenced = frozenset(
+            sid for sid, epoch in got.items() if sid in hb.sandbox_ids and hb.epochs.get(sid, 0) < epoch
+        )
+        for sid in got:
+            if sid not in fenced:
+                del self.fences[(hb.host_id, sid)]
+        return fenced
+
+    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
+        await self._enter()
+        now = self._now()
+        h = self.hosts.get(host_id)
+        if h is None:
+            return FailedHost(0, 0, 0)
+        silent = h.heartbeat_at < dead_before
+        if not silent and not (evacuate and h.state is HostState.DRAINING):
+            return FailedHost(0, 0, 0)
+        recreating = orphaned = released = 0
+        for sb in list(self.sandboxes.values()):
+            if sb.host_id == host_id and sb.state is SandboxState.RUNNING and sb.failover == "recreate":
+                self._put(sb, state=SandboxState.RECREATING, updated_at=now)
+                recreating += 1
+        if silent:
+            for sb in list(self.sandboxes.values()):
+                if sb.host_id == host_id and sb.state is SandboxState.RUNNING:
+                    self._put(sb, state=SandboxState.ORPHANED, updated_at=now)
+                    orphaned += 1
+            released = self._end([r.id for r in self.reservations.values() if r.host_id == host_id])
+        return FailedHost(orphaned, recreating, released)
+
+    async def reassign_sandbox(
+        self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
+    ) -> SandboxRecord:
+        await self._enter()
+        now = self._now()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise NotFound(f"sandbox {sandbox_id!r}")
+        if sb.version != expect_version or sb.state is not SandboxState.RECREATING:
+            raise StateConflict(sandbox_id, sb.state, sb.version)
+        before = sb.host_id
+        rec = self._put(
+            sb,
+            host_id=host_id,
+            epoch=sb.epoch + 1,
+            recreated_at=now,
+            updated_at=now,
+            reservation_id=reservation_id,
+        )
+        self.placements[sandbox_id] = placement
+        hosts = {host for (host, sid) in self.fences if sid == sandbox_id}
+        if before:
+            hosts.add(before)
+        hosts.discard(host_id)
+        for key in [k for k in self.fences if k[1] == sandbox_id]:
+            del self.fences[key]
+        for host in sorted(hosts):
+            self.fences[(host, sandbox_id)] = rec.epoch
+        return rec
+
+    # -- reservations --------------------------------------------------------------------------------
+
+    def _end(self, ids: Collection[str]) -> int:
+        """End each reservation (delete the row, take it off its host's counters); how many ended."""
+        n = 0
+        for rid in ids:
+            r = self.reservations.pop(rid, None)
+            if r is None:
+                continue
+            h = self.hosts.get(r.host_id)
+            if h is not None:
+                h.reserved_mb -= r.memory_mb
+                h.reserved_cpu_m -= rows.to_millicores(r.cpu)
+            n += 1
+        return n
+
+    def _fold_expired(self, host_ids: Collection[str], now: float) -> int:
+        hosts = set(host_ids)
+        return self._end(
+            [r.id for r in self.reservations.values() if r.host_id in hosts and r.expires_at <= now]
+        )
+
+    def _room(self, h: _Host, memory_mb: int, expired_mb: int = 0) -> bool:
+        """Whether ``memory_mb`` fits, with ``expired_mb`` of expired reservations set aside."""
+        return h.state is HostState.READY and covers(
+            h.memory_mb_admittable, h.reserved_mb - expired_mb, memory_mb
+        )
+
+    def _take(self, r: ReservationRecord) -> None:
+        h = self.hosts[r.host_id]
+        h.reserved_mb += r.memory_mb
+        h.reserved_cpu_m += rows.to_millicores(r.cpu)
+        self.reservations[r.id] = r
+
+    def _new_reservation(
+        self, host_id: str, memory_mb: int, cpu: float, owner: str, ttl_s: float, sandbox_id: str | None
+    ) -> ReservationRecord:
+        now = self._now()
+        return ReservationRecord(
+            id=self._id(),
+            host_id=host_id,
+            memory_mb=memory_mb,
+            cpu=rows.from_millicores(rows.to_millicores(cpu)),
+            owner=owner,
+            sandbox_id=sandbox_id,
+            created_at=now,
+            expires_at=now + ttl_s,
+        )
+
+    async def reserve(
+        self,
+        host_id: str,
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None:
+        _check_reservation(memory_mb, cpu, ttl_s)
+        await self._enter()
+        r = self._new_reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
+        h = self.hosts.get(host_id)
+        if h is None:
+            return None
+        if not self._room(h, memory_mb):
+            # Expired reservations are folded only when nothing fits without them.
+            self._fold_expired([host_id], r.created_at)
+            if not self._room(h, memory_mb):
+                return None
+        self._take(r)
+        return r
+
+    def _room_score(self, h: _Host) -> float:
+        """How reserve_best ranks the candidates that fit, as the SQL stores' ``room_order`` does."""
+        w = self.weights
+        mem = float(h.memory_mb_admittable - h.reserved_mb) / (
+            h.memory_mb_total if h.memory_mb_total > 0 else 1
+        )
+        cpu = (h.cpu_total - h.cpu_used - h.reserved_cpu_m / 1000.0) / (h.cpu_total if h.cpu_total > 0 else 1)
+        return w.memory * mem + w.cpu * cpu
+
+    async def reserve_best(
+        self,
+        candidates: Sequence[str],
+        *,
+        memory_mb: int,
+        cpu: float = 0.0,
+        owner: str,
+        ttl_s: float,
+        sandbox_id: str | None = None,
+    ) -> ReservationRecord | None:
+        _check_reservation(memory_mb, cpu, ttl_s)
+        if not candidates:
+            return None
+        await self._enter()
+        template = self._new_reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
+        ids = sorted(set(candidates))
+
+        def best() -> _Host | None:
+            fit = [self.hosts[i] for i in ids if i in self.hosts and self._room(self.hosts[i], memory_mb)]
+            fit.sort(key=lambda h: (-self._room_score(h), h.id))
+            return fit[0] if fit else None
+
+        h = best()
+        if h is None and self._fold_expired(ids, template.created_at):
+            h = best()
+        if h is None:
+            return None
+        r = replace(template, host_id=h.id)
+        self._take(r)
+        return r
+
+    async def reserve_batch(
+        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
+    ) -> list[ReservationRecord] | None:
+        if not items:
+            return []
+        for it in items:
+            _check_reservation(it.memory_mb, it.cpu, ttl_s)
+        await self._enter()
+        records = [
+            self._new_reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id) for i in items
+        ]
+        need: dict[str, int] = {}
+        for r in records:
+            need[r.host_id] = need.get(r.host_id, 0) + r.memory_mb
+        now = records[0].created_at
+        for host_id, mb in sorted(need.items()):
+            h = self.hosts.get(host_id)
+            # As if the host's expired reservations were folded first: a batch refused rolls back
+            # everything, the fold included.
+            if h is None or not self._room(h, mb, self._expired_on(host_id, now)[0]):
+                return None
+        self._fold_expired(need, now)
+        for r in records:
+            self._take(r)
+        return records
+
+    async def cancel(self, reservation_id: str) -> bool:
+        await self._enter()
+        return self._end([reservation_id]) > 0
+
+    async def confirm(self, reservation_id: str) -> bool:
+        await self._enter()
+        return self._end([reservation_id]) > 0
+
+    async def get_reservation(self, reservation_id: str) -> ReservationRecord | None:
+        await self._enter()
+        return self.reservations.get(reservation_id)
+
+    async def sweep_expired(self) -> int:
+        await self._enter()
+        now = self._now()
+        return self._end([r.id for r in self.reservations.values() if r.expires_at <= now])
+
+    async def drop_owner(self, owner: str) -> int:
+        await self._enter()
+        return self._end([r.id for r in self.reservations.values() if r.owner == owner])
+
+    async def next_expiry(self) -> float | None:
+        await self._enter()
+        now = self._now()
+        return min((r.expires_at for r in self.reservations.values() if r.expires_at > now), default=None)
+
+    # -- leases --------------------------------------------------------------------------------------
+
+    async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
+        if not ttl_s > 0:
+            raise InvalidRecord("ttl_s: must be positive")
+        await self._enter()
+        self.replicas[replica_id] = expires_at = self._now() + ttl_s
+        return expires_at
+
+    async def expire_replicas(self) -> list[str]:
+        await self._enter()
+        now = self._now()
+        lapsed = sorted(r for r, exp in self.replicas.items() if exp <= now)
+        for replica_id in lapsed:
+            self._end([r.id for r in self.reservations.values() if r.owner == replica_id])
+            del self.replicas[replica_id]
+            self.leases_ended[replica_id] = now
+        return lapsed
+
+    async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
+        if not ttl_s > 0:
+            raise InvalidRecord("ttl_s: must be positive")
+        await self._enter()
+        now = self._now()
+        held = self.leases.get(name)
+        if held is not None and held[0] != holder and held[1] > now:
+            return False
+        self.leases[name] = (holder, now + ttl_s)
+        return True
+
+    # -- sandboxes -----------------------------------------------------------------------------------
+
+    def _put(self, sb: SandboxRecord, **changes: object) -> SandboxRecord:
+        """Write a record (version plus one), moving its tenant's usage when it crosses live/not."""
+        new = replace(sb, version=sb.version + 1, **changes)  # type: ignore[arg-type]
+        delta = int(new.state in LIVE_STATES) - int(sb.state in LIVE_STATES)
+        self._count(new.tenant_id, delta, delta * new.memory_mb)
+        self.sandboxes[sb.id] = new
+        return new
+
+    def _count(self, tenant_id: str, n: int, mb: int) -> None:
+        t = self.tenants.get(tenant_id)
+        if t is not None:
+            t.live_sandboxes += n
+            t.live_memory_mb += mb
+
+    def _name_taken(self, tenant_id: str, name: str | None, other_than: str) -> str | None:
+        if name is None:
+            return None
+        for sb in self.sandboxes.values():
+            if (
+                sb.tenant_id == tenant_id
+                and sb.name == name
+                and sb.state is not SandboxState.DELETED
+                and sb.id != other_than
+            ):
+                return sb.id
+        return None
+
+    async def create_sandbox(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome:
+        _check_sandbox(record)
+        await self._enter()
+        now = self._now()
+        t = self.tenants.get(record.tenant_id)
+        if t is None:
+            raise NotFound(f"tenant {record.tenant_id!r}")
+        if idempotency_key is not None:
+            seen = self.idempotency.get((record.tenant_id, idempotency_key))
+            if seen is not None:
+                if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
+                    raise IdempotencyMismatch(
+                        f"idempotency key {idempotency_key!r} was first used with a different request"
+                    )
+                return CreateOutcome(self.sandboxes.get(seen[1]) or seen[2], replayed=True)
+        taken = self._name_taken(record.tenant_id, record.name, "")
+        if taken is not None:
+            raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
+        state = SandboxState(record.state)
+        if state in LIVE_STATES:
+            q = t.record
+            if t.live_sandboxes + 1 > q.max_sandboxes:
+                raise OverQuota("max_sandboxes", q.max_sandboxes, t.live_sandboxes, 1)
+            if t.live_memory_mb + record.memory_mb > q.max_memory_mb:
+                raise OverQuota("max_memory_mb", q.max_memory_mb, t.live_memory_mb, record.memory_mb)
+        if record.id in self.sandboxes:
+            raise NameConflict(f"sandbox {record.id!r} (or its name) already exists")
+        rec = replace(
+            record,
+            state=state,
+            metadata=metadata_dict(record.metadata),
+            created_at=now,
+            updated_at=now,
+            version=1,
+            oom_kills=0,
+            recreated_at=None,
+            wait_until=None,
+        )
+        self.sandboxes[rec.id] = rec
+        self.placements[rec.id] = None
+        if state in LIVE_STATES:
+            self._count(rec.tenant_id, 1, rec.memory_mb)
+        if idempotency_key is not None:
+            self.idempotency[(rec.tenant_id, idempotency_key)] = (request_hash, rec.id, rec, now)
+        return CreateOutcome(rec, replayed=False)
+
+    async def purge_idempotency_keys(self, older_than: float) -> int:
+        await self._enter()
+        old = [k for k, v in self.idempotency.items() if v[3] < older_than]
+        for k in old:
+            del self.idempotency[k]
+        return len(old)
+
+    async def set_sandbox_state(
+        self,
+        sandbox_id: str,
+        state: SandboxState,
+        *,
+        expect: SandboxState | Collection[SandboxState] | None = None,
+        expect_version: int | None = None,
+        host_id: str | _Unset | None = UNSET,
+        reservation_id: str | _Unset | None = UNSET,
+        placement: str | _Unset | None = UNSET,
+    ) -> SandboxRecord:
+        try:
+            new_state = SandboxState(state)
+            expected = as_states(expect)
+        except ValueError as exc:
+            raise InvalidRecord(f"state: {exc}") from exc
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise NotFound(f"sandbox {sandbox_id!r}")
+        if (expected is not None and sb.state not in expected) or (
+            expect_version is not None and sb.version != expect_version
+        ):
+            raise StateConflict(sandbox_id, sb.state, sb.version)
+        if (
+            sb.state is SandboxState.DELETED
+            and new_state is not SandboxState.DELETED
+            and self._name_taken(sb.tenant_id, sb.name, sb.id) is not None
+        ):
+            raise NameConflict(f"sandbox {sandbox_id!r}: its name is taken by a live sandbox")
+        changes: dict[str, object] = {"state": new_state, "updated_at": self._now()}
+        if not isinstance(host_id, _Unset):
+            changes["host_id"] = host_id
+        if not isinstance(reservation_id, _Unset):
+            changes["reservation_id"] = reservation_id
+        if not isinstance(placement, _Unset):
+            self.placements[sandbox_id] = placement
+        return self._put(sb, **changes)
+
+    async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None or (tenant_id is not None and sb.tenant_id != tenant_id):
+            return None
+        return sb
+
+    async def list_sandboxes(
+        self,
+        *,
+        tenant_id: str | None = None,
+        host_id: str | None = None,
+        state: SandboxState | Collection[SandboxState] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page:
+        if not 1 <= limit <= MAX_PAGE:
+            raise InvalidRecord(f"limit: must be 1..{MAX_PAGE}")
+        try:
+            states = as_states(state)
+        except ValueError as exc:
+            raise InvalidRecord(f"state: {exc}") from exc
+        after = rows.decode_cursor(cursor) if cursor is not None else None
+        await self._enter()
+        got = sorted(
+            (
+                sb
+                for sb in self.sandboxes.values()
+                if (tenant_id is None or sb.tenant_id == tenant_id)
+                and (host_id is None or sb.host_id == host_id)
+                and (states is None or sb.state in states)
+                and (after is None or (sb.created_at, sb.id) > after)
+            ),
+            key=lambda sb: (sb.created_at, sb.id),
+        )
+        if len(got) <= limit:
+            return Page(got, None)
+        last = got[limit - 1]
+        return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
+
+    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool:
+        await self._enter()
+        if forget_idempotency:
+            for k in [k for k, v in self.idempotency.items() if v[1] == sandbox_id]:
+                del self.idempotency[k]
+        sb = self.sandboxes.pop(sandbox_id, None)
+        self.placements.pop(sandbox_id, None)
+        if sb is None:
+            return False
+        if sb.state in LIVE_STATES:
+            self._count(sb.tenant_id, -1, -sb.memory_mb)
+        return True
+
+    async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:
+        await self._enter()
+        at = self._now() if now is None else now
+        got = [
+            sb
+            for sb in self.sandboxes.values()
+            if sb.expires_at is not None and sb.expires_at <= at and sb.state in LIVE_STATES
+        ]
+        got.sort(key=lambda sb: (sb.expires_at or 0.0, sb.id))
+        return got[:limit]
+
+    async def sealed_spec(self, sandbox_id: str) -> str | None:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        return sb.sealed_spec if sb is not None else None
+
+    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None or (tenant_id is not None and sb.tenant_id != tenant_id):
+            raise NotFound(f"sandbox {sandbox_id!r}")
+        return self.placements.get(sandbox_id)
+
+    # -- tenants, templates --------------------------------------------------------------------------
+
+    async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
+        if not name:
+            raise InvalidRecord("name: must not be empty")
+        if max_sandboxes < 0 or max_memory_mb < 0:
+            raise InvalidRecord("max_sandboxes/max_memory_mb: must not be negative")
+        await self._enter()
+        if any(t.record.name == name for t in self.tenants.values()):
+            raise NameConflict(f"tenant {name!r} exists")
+        rec = TenantRecord("tn_" + self._id(64), name, max_sandboxes, max_memory_mb, self._now())
+        self.tenants[rec.id] = _Tenant(rec)
+        return rec
+
+    async def usage(self, tenant_id: str) -> Usage:
+        await self._enter()
+        t = self.tenants.get(tenant_id)
+        return Usage(t.live_sandboxes, t.live_memory_mb) if t is not None else Usage(0, 0)
+
+    async def get_template(self, name: str) -> TemplateRecord | None:
+        await self._enter()
+        return self.templates.get(name)
+
+    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
+        await self._enter()
+        if template.name in self.templates:
+            raise NameConflict(f"template {template.name!r} exists")
+        self.templates[template.name] = rec = replace(template, created_at=self._now())
+        return rec
+
+    # -- what a checker reads (no transaction, no fault) ---------------------------------------------
+
+    def counted_usage(self, tenant_id: str) -> Usage:
+        t = self.tenants[tenant_id]
+        return Usage(t.live_sandboxes, t.live_memory_mb)
+
+    def recorded_usage(self, tenant_id: str) -> Usage:
+        live = [sb for sb in self.sandboxes.values() if sb.tenant_id == tenant_id and sb.state in LIVE_STATES]
+        return Usage(len(live), sum(sb.memory_mb for sb in live))
+
+    def dump(self) -> str:
+        """The whole state, canonically, for a run's digest."""
+        return json.dumps(
+            {
+                "hosts": {
+                    h: [x.seq, x.reserved_mb, x.memory_mb_admittable, x.state] for h, x in self.hosts.items()
+                },
+                "res": sorted(
+                    [r.id, r.host_id, r.memory_mb, r.owner, r.expires_at] for r in self.reservations.values()
+                ),
+                "sb": sorted(
+                    [sb.id, sb.state.value, sb.host_id, sb.version, sb.epoch]
+                    for sb in self.sandboxes.values()
+                ),
+            },
+            sort_keys=True,
+            default=str,
+        )

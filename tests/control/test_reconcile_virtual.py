@@ -1,0 +1,96 @@
+"""The reconciler on virtual time over the in-memory store model, for two bugs the deterministic
+simulation with faults found: a leader round longer than the lease let the live replica's lease lapse
+(the next leader then ended its in-flight reservations under it), and a copy left on a host by a start
+whose reply was lost was never stopped once its record was placed on another host."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from corral.agent.agent import Agent
+from corral.agent.client import LocalAgentClient
+from corral.agent.protocol import StartSandbox
+from corral.control.agents import LocalAgents
+from corral.control.config import ControlConfig
+from corral.control.create import CreateFlow
+from corral.control.failover import Failover
+from corral.control.heartbeats import to_store
+from corral.control.metrics import Metrics
+from corral.control.reconcile import Reconciler
+from corral.control.retry import RetryAfter
+from corral.control.routes import RouteCache
+from corral.control.view import ViewCache
+from corral.runtime.sim import SimRuntime
+from corral.sim.models.store import ModelStore
+from corral.sim.vtime import VirtualClock, run_virtual
+from corral.store import SandboxRecord, SandboxState
+
+
+def _reconciler(store: ModelStore, clock: VirtualClock, agents: LocalAgents) -> Reconciler:
+    config = ControlConfig(replica_id="r1", replica_lease_s=3.0, reconcile_interval_s=1.0)
+    t = config.timeouts
+    view = ViewCache(store, clock, t.view_ttl_s, t.heartbeat_interval_s)
+    metrics, routes = Metrics(), RouteCache()
+    retry = RetryAfter(clock, t, config.retry_after_min_s, config.retry_after_max_s)
+    flow = CreateFlow(store, view, agents, config, clock, random.Random(0), metrics, retry)
+    failover = Failover(store, view, flow, clock, t)
+    return Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
+
+
+async def _lapses_during_a_long_round(round_s: float) -> list[float]:
+    loop = asyncio.get_running_loop()
+    clock = VirtualClock(loop)
+    store = ModelStore(clock, random.Random(0))
+    rec = _reconciler(store, clock, LocalAgents())
+
+    async def long_round() -> None:
+        await asyncio.sleep(round_s)
+
+    rec.leader_work.append(long_round)
+    task = loop.create_task(rec.run())
+    lapsed = []
+    try:
+        for _ in range(int(3 * round_s / 0.25)):
+            await asyncio.sleep(0.25)
+            if rec.is_leader and store.replicas.get("r1", 0.0) <= clock.now():
+                lapsed.append(clock.now())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return lapsed
+
+
+def test_a_leader_round_longer_than_the_lease_does_not_lapse_it() -> None:
+    assert run_virtual(_lapses_during_a_long_round(10.0), 1_000_000.0) == []
+
+
+async def _copies_after_a_lost_reply() -> tuple[list[str], list[str], SandboxState]:
+    loop = asyncio.get_running_loop()
+    clock = VirtualClock(loop)
+    store = ModelStore(clock, random.Random(0))
+    agents = LocalAgents()
+    hosts = {h: Agent(h, SimRuntime(clock, random.Random(h)), 8192, 8.0, clock=clock) for h in ("h1", "h2")}
+    for h, agent in hosts.items():
+        agents.add(h, LocalAgentClient(agent))
+    tenant = await store.create_tenant("t", max_sandboxes=10, max_memory_mb=1 << 20)
+    rec = SandboxRecord(id="sb-1", tenant_id=tenant.id, template="default", memory_mb=256, cpus=0.5)
+    await store.create_sandbox(rec)
+    # The first host started it but its reply was lost; the create then placed it on the second.
+    for agent in hosts.values():
+        await agent.start(StartSandbox(id="sb-1", memory_mb=256, cpus=0.5))
+    await store.set_sandbox_state("sb-1", SandboxState.RUNNING, expect=SandboxState.RESERVED, host_id="h2")
+    reconciler = _reconciler(store, clock, agents)
+    for _ in range(15):
+        for agent in hosts.values():
+            await store.upsert_heartbeat(to_store(agent.heartbeat()))
+        await reconciler.tick()
+        await asyncio.sleep(1.0)
+    final = await store.get_sandbox("sb-1")
+    assert final is not None
+    return hosts["h1"].sandbox_ids(), hosts["h2"].sandbox_ids(), final.state
+
+
+def test_a_copy_on_a_host_its_record_does_not_name_is_stopped() -> None:
+    on_h1, on_h2, state = run_virtual(_copies_after_a_lost_reply(), 1_000_000.0)
+    assert (on_h1, on_h2, state) == ([], ["sb-1"], SandboxState.RUNNING)

@@ -1,0 +1,145 @@
+"""Deterministic simulation with faults: the CI budget of seeds holds every invariant, a seed replays
+exactly, and the checker has teeth (a bug patched in is caught within the budget, by name)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from corral.sim import chaos
+from corral.sim.models import store as model_store
+from corral.sim.vtime import Deadlock, VirtualLoop, run_virtual
+
+CI_SEEDS = 200
+FAULTS = {
+    "host_crash",
+    "replica_crash",
+    "replica_crash_mid_request",
+    "store_unavailable",
+    "heartbeat_lost",
+    "heartbeat_delayed",
+    "bind_slow",
+    "bind_failed",
+    "bind_reply_lost",
+    "clock_skew",
+}
+
+
+def test_the_ci_budget_of_seeds_holds_every_invariant() -> None:
+    results = list(chaos.run_many(range(CI_SEEDS), jobs=2))
+    out = chaos.summary(results, 1.0)
+    assert out["failed"] == [], out["failed"]
+    assert out["seeds"] == CI_SEEDS
+    # Every kind of fault was injected, and the load got through them.
+    assert set(out["faults"]) == FAULTS and min(out["faults"].values()) >= CI_SEEDS // 20
+    assert out["outcomes"]["create_acked"] >= CI_SEEDS and out["outcomes"]["batch_acked"] >= CI_SEEDS // 4
+
+
+def test_a_seed_is_a_pure_function_of_its_inputs() -> None:
+    first, again, other = chaos.run_seed(11), chaos.run_seed(11), chaos.run_seed(12)
+    assert first.trace == again.trace and first.digest == again.digest
+    assert first.faults == again.faults and first.outcomes == again.outcomes
+    assert other.digest != first.digest
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    return subprocess.run(
+        [sys.executable, "-m", "corral", "sim", "chaos", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_the_replay_command_replays_the_run_exactly() -> None:
+    listed = _cli("--seeds", "3", "--start", "5")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    totals = json.loads(listed.stdout.splitlines()[-1])
+    assert totals["seeds"] == 3 and totals["failed"] == [] and totals["seeds_per_s"] > 0
+    one, replayed = _cli("--seed", "6"), _cli("--seed", "6", "--replay")
+    assert one.returncode == replayed.returncode == 0
+    first, second = json.loads(one.stdout.splitlines()[-1]), json.loads(replayed.stdout.splitlines()[-1])
+    assert first["digest"] == second["digest"]
+    trace = replayed.stdout.splitlines()[:-1]
+    assert any(" fault " in line for line in trace) and any(" ack " in line for line in trace)
+
+
+def test_bad_arguments_are_refused_with_a_stable_code() -> None:
+    done = _cli("--seeds", "2", "--seed", "1")
+    assert done.returncode == 2 and "invalid_scenario" in done.stderr
+
+
+def _first_failure(limit: int = CI_SEEDS) -> chaos.ChaosResult:
+    for seed in range(limit):
+        result = chaos.run_seed(seed)
+        if not result.ok:
+            return result
+    raise AssertionError(f"no seed among {limit} failed")
+
+
+def test_a_reservation_granted_past_the_fit_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_store, "covers", lambda admittable, pending, charge: True)
+    failed = _first_failure()
+    assert failed.violations[0].invariant == "reservation_over_admittable"
+    assert (
+        chaos.summary([failed], 1.0)["failed"][0]["replay"]
+        == f"corral sim chaos --seed {failed.seed} --replay"
+    )
+
+
+def test_a_leader_that_ignores_lapsed_leases_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def expire_nothing(self: model_store.ModelStore) -> list[str]:
+        await self._enter()
+        return []
+
+    monkeypatch.setattr(model_store.ModelStore, "expire_replicas", expire_nothing)
+    assert _first_failure().violations[0].invariant == "reservation_outlived_lease"
+
+
+def test_quota_counters_that_drift_from_the_records_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = model_store.ModelStore.delete_sandbox
+
+    async def delete_without_uncounting(self: model_store.ModelStore, sandbox_id: str, **kw: bool) -> bool:
+        tenants = {t: (v.live_sandboxes, v.live_memory_mb) for t, v in self.tenants.items()}
+        gone = await real(self, sandbox_id, **kw)
+        for t, (n, mb) in tenants.items():
+            self.tenants[t].live_sandboxes, self.tenants[t].live_memory_mb = n, mb
+        return gone
+
+    monkeypatch.setattr(model_store.ModelStore, "delete_sandbox", delete_without_uncounting)
+    assert _first_failure().violations[0].invariant == "tenant_usage"
+
+
+def test_virtual_time_jumps_to_the_next_timer() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.sleep(3600)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.sleep(10), 2)
+        return loop.time() - began
+
+    assert run_virtual(main(), 5.0) == 3602.0
+
+
+def test_a_loop_where_everything_waits_forever_says_so() -> None:
+    loop = VirtualLoop()
+    try:
+        with pytest.raises(Deadlock):
+            loop.run_until_complete(loop.create_future())
+    finally:
+        loop.close()
+
+
+def test_faults_are_counted_by_kind() -> None:
+    result = chaos.run_seed(3)
+    logged = Counter(line.split()[2] for line in result.trace if line.split()[1] == "fault")
+    assert logged == result.faults and sum(logged.values()) > 0

@@ -1,0 +1,258 @@
+"""The in-memory store model is held to the SQL stores: random sequences of heartbeats, reservations
+(reserve, reserve_best, batches), their ends (cancel, confirm, TTL, a lapsed owner), and sandbox
+records (create with names, quotas and idempotency keys, state changes, deletes) give the same
+observable results on the model and on SQLite (and PostgreSQL), step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from corral.core import ManualClock
+from corral.sim.models.store import ModelStore
+from corral.store import (
+    UNSET,
+    Heartbeat,
+    ReservationRecord,
+    ReserveItem,
+    SandboxRecord,
+    SandboxState,
+    open_store,
+)
+from corral.store.contract import Store
+from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
+
+HOSTS = ["h0", "h1", "h2"]
+OWNERS = ["ra", "rb"]
+MB = st.sampled_from([0, 128, 512, 1024, 1536])
+HOST = st.sampled_from(HOSTS)
+STATES = st.sampled_from(
+    [
+        SandboxState.RESERVED,
+        SandboxState.RUNNING,
+        SandboxState.STOPPED,
+        SandboxState.DELETED,
+        SandboxState.ORPHANED,
+    ]
+)
+
+OPS = st.one_of(
+    st.tuples(
+        st.just("beat"),
+        HOST,
+        st.integers(0, 12).map(lambda n: n * 256),
+        st.booleans(),
+        st.sets(st.integers(0, 7)),
+    ),
+    st.tuples(
+        st.just("reserve"),
+        st.sampled_from([*HOSTS, "hx"]),
+        MB,
+        st.sampled_from(OWNERS),
+        st.sampled_from([1.0, 5.0, 30.0]),
+        st.none() | st.integers(0, 7),
+    ),
+    st.tuples(
+        st.just("reserve_best"),
+        st.lists(st.sampled_from([*HOSTS, *HOSTS, "hx"]), min_size=0, max_size=4),
+        MB,
+        st.sampled_from(OWNERS),
+        st.sampled_from([1.0, 5.0, 30.0]),
+    ),
+    st.tuples(
+        st.just("batch"), st.lists(st.tuples(HOST, MB), min_size=0, max_size=4), st.sampled_from(OWNERS)
+    ),
+    st.tuples(st.sampled_from(["cancel", "confirm"]), st.integers(0, 12)),
+    st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 10.0])),
+    st.tuples(st.sampled_from(["sweep", "expire_replicas", "expire_replicas", "next_expiry"])),
+    st.tuples(st.just("renew"), st.sampled_from(OWNERS), st.sampled_from([1.0, 20.0])),
+    st.tuples(
+        st.just("create"),
+        st.sampled_from([None, "a", "b"]),
+        st.sampled_from([256, 512, 1024]),
+        st.sampled_from([None, "k1", "k2"]),
+        st.sampled_from(["x", "y"]),
+    ),
+    st.tuples(st.just("delete"), st.integers(0, 7), st.booleans()),
+    st.tuples(st.just("set_state"), st.integers(0, 7), STATES, st.none() | STATES, st.booleans()),
+    st.tuples(st.just("drain"), HOST),
+)
+
+
+# Every sequence starts from hosts of different room and owners of different leases, so that the
+# random steps after it meet ranking, folding and lapsed owners early.
+PRELUDE: list[tuple[Any, ...]] = [
+    ("beat", "h0", 2048, False, set()),
+    ("beat", "h1", 3072, False, set()),
+    ("beat", "h2", 1024, False, set()),
+    ("renew", "ra", 1.0),
+    ("renew", "rb", 20.0),
+]
+
+
+class Driver:
+    """One store under the sequence, with what it handed out numbered in order (ids differ)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.tenant = ""
+        self.reservations: list[str] = []
+        self.seq: dict[str, int] = {}
+
+    def res(self, r: ReservationRecord | None) -> object:
+        if r is None:
+            return None
+        self.reservations.append(r.id)
+        return (r.host_id, r.memory_mb, r.cpu, r.owner, r.sandbox_id, r.created_at, r.expires_at)
+
+    async def op(self, op: tuple[Any, ...], n_created: int) -> object:
+        s = self.store
+        kind = op[0]
+        if kind == "beat":
+            _, host, admittable, stale, listed = op
+            seq = self.seq.get(host, 0) + (0 if stale and host in self.seq else 1)
+            self.seq[host] = seq
+            got = await s.upsert_heartbeat(
+                Heartbeat(
+                    host_id=host,
+                    seq=seq,
+                    cpu_total=4.0,
+                    cpu_used=1.0,
+                    memory_mb_total=4096,
+                    memory_mb_used=0,
+                    memory_mb_admittable=admittable,
+                    sandbox_ids=frozenset(f"sb-{i}" for i in listed),
+                )
+            )
+            return (got.accepted, got.confirmed, sorted(got.fenced))
+        if kind == "reserve":
+            _, host, mb, owner, ttl, sb = op
+            sid = None if sb is None else f"sb-{sb}"
+            return self.res(
+                await s.reserve(host, memory_mb=mb, cpu=0.5, owner=owner, ttl_s=ttl, sandbox_id=sid)
+            )
+        if kind == "reserve_best":
+            _, cands, mb, owner, ttl = op
+            return self.res(await s.reserve_best(cands, memory_mb=mb, cpu=0.25, owner=owner, ttl_s=ttl))
+        if kind == "batch":
+            _, items, owner = op
+            got = await s.reserve_batch([ReserveItem(h, mb, 0.5) for h, mb in items], owner=owner, ttl_s=5.0)
+            return None if got is None else [self.res(r) for r in got]
+        if kind in ("cancel", "confirm"):
+            rid = self.reservations[op[1]] if op[1] < len(self.reservations) else "nope"
+            return await getattr(s, kind)(rid)
+        if kind == "sweep":
+            return await s.sweep_expired()
+        if kind == "expire_replicas":
+            return await s.expire_replicas()
+        if kind == "next_expiry":
+            return await s.next_expiry()
+        if kind == "renew":
+            return await s.renew_replica(op[1], op[2])
+        if kind == "create":
+            _, name, mb, key, body = op
+            rec = SandboxRecord(
+                id=f"sb-{n_created}",
+                tenant_id=self.tenant,
+                template="default",
+                memory_mb=mb,
+                cpus=1.0,
+                name=name,
+            )
+            out = await s.create_sandbox(rec, idempotency_key=key, request_hash=body if key else None)
+            return (_fields(out.record), out.replayed)
+        if kind == "delete":
+            return await s.delete_sandbox(f"sb-{op[1]}", forget_idempotency=op[2])
+        if kind == "set_state":
+            _, i, state, expect, host = op
+            got = await s.set_sandbox_state(f"sb-{i}", state, expect=expect, host_id="h0" if host else UNSET)
+            return _fields(got)
+        if kind == "drain":
+            return _host(await s.drain(op[1]))
+        raise AssertionError(kind)
+
+    async def observe(self) -> object:
+        s = self.store
+        hosts = [_host(h) for h in await s.list_hosts()]
+        usage = await s.usage(self.tenant)
+        page = await s.list_sandboxes(limit=1000)
+        return hosts, usage, [_fields(r) for r in page.items]
+
+
+def _fields(r: SandboxRecord) -> dict[str, object]:
+    # Tenant ids are random in each store: the one tenant is the same tenant.
+    return {k: getattr(r, k) for k in SandboxRecord.__slots__ if k not in ("sealed_spec", "tenant_id")}  # type: ignore[attr-defined]
+
+
+def _host(h: Any) -> tuple[object, ...]:
+    return (
+        h.id,
+        h.heartbeat_at,
+        h.memory_mb_admittable,
+        h.reserved_mb,
+        h.reserved_cpu,
+        h.state,
+        h.seq,
+        h.sandbox_ids,
+    )
+
+
+async def _outcome(d: Driver, op: tuple[Any, ...], created: int) -> object:
+    try:
+        return ("ok", await d.op(op, created))
+    except Exception as exc:
+        return ("error", type(exc).__name__)
+
+
+async def _compare(ops: list[tuple[Any, ...]], url: str) -> None:
+    clock = ManualClock(1_000_000.0)
+    sql: Store = open_store(url, clock=clock)
+    await sql.migrate()
+    try:
+        model = ModelStore(clock, random.Random(0))
+        drivers = [Driver(model), Driver(sql)]
+        for d in drivers:
+            d.tenant = (await d.store.create_tenant("t", max_sandboxes=4, max_memory_mb=2048)).id
+        created = 0
+        for step, op in enumerate(PRELUDE + ops):
+            if op[0] == "advance":
+                clock.advance(op[1])  # one clock: both stores see the same time
+                continue
+            got = [await _outcome(d, op, created) for d in drivers]
+            if op[0] == "create":
+                created += 1
+            assert got[0] == got[1], f"step {step} {op} of {ops}: model {got[0]} != sql {got[1]}"
+            seen = [await d.observe() for d in drivers]
+            assert seen[0] == seen[1], f"after step {step} {op}: model {seen[0]} != sql {seen[1]}"
+    finally:
+        await sql.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, min_size=1, max_size=40))
+def test_the_model_answers_as_sqlite_does(ops: list[tuple[Any, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(_compare(ops, f"sqlite:///{Path(tmp) / 'corral.db'}"))
+
+
+@pytest.mark.postgres
+def test_the_model_answers_as_postgres_does() -> None:
+    base = require_pg()
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(OPS, min_size=1, max_size=30))
+    def check(ops: list[tuple[Any, ...]]) -> None:
+        schema = new_schema_name("corral_model")
+        try:
+            asyncio.run(_compare(ops, with_schema(base, schema)))
+        finally:
+            drop_schema(base, schema)
+
+    check()
