@@ -16,6 +16,7 @@ from corral.store import (
     CreateOutcome,
     FailedHost,
     HostRecord,
+    ListingChange,
     Page,
     ReservationRecord,
     ReserveItem,
@@ -88,6 +89,8 @@ class SandboxRecords(Protocol):
 
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None: ...
 
+    async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]: ...
+
     async def set_sandbox_state(
         self,
         sandbox_id: str,
@@ -141,6 +144,21 @@ class Specs(Protocol):
 class Tenants(Protocol):
     async def usage(self, tenant_id: str) -> Usage: ...
 
+    async def committed_mb(self) -> int: ...
+
+
+class Listings(Protocol):
+    """What hosts' heartbeats said they run, as the store holds it: read by what changed since a
+    time, never whole, and forgotten once the reconciler has seen entries go."""
+
+    async def listing_changes(self, since: float) -> list[ListingChange]: ...
+
+    async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]: ...
+
+    async def listed_hosts(self, sandbox_ids: Collection[str]) -> dict[str, str]: ...
+
+    async def prune_listings(self, before: float) -> int: ...
+
 
 class CreateStore(SandboxRecords, Reservations, Specs, Protocol):
     """What the create flow (and batch creates) write through."""
@@ -150,7 +168,7 @@ class FailoverStore(CreateStore, Lifecycle, Protocol):
     """What failover writes through: placement as a create gets it, plus the leader's lifecycle."""
 
 
-class ReconcileStore(FailoverStore, Leases, Protocol):
+class ReconcileStore(FailoverStore, Leases, Listings, Tenants, Protocol):
     """What the reconciler, the leader's loop, writes through."""
 
 

@@ -29,14 +29,13 @@ from corral.agent.agent import Agent
 from corral.agent.client import AgentClient
 from corral.agent.errors import AgentUnavailable
 from corral.agent.protocol import (
+    AgentHeartbeat,
     Capacity,
     ExecRequest,
-    ExecResponse,
     HeartbeatReply,
     SandboxInfo,
     StartSandbox,
 )
-from corral.agent.protocol import Heartbeat as WireHeartbeat
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget, RetryPolicy
 from corral.control.batch import BatchCreate
@@ -53,12 +52,16 @@ from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.seal import Sealer
 from corral.control.view import ViewCache
+from corral.core.admission import DEFAULT_POLICY
+from corral.core.fit import CPU, Term
 from corral.core.timeouts import Timeouts
 from corral.core.types import AdmissionMode
+from corral.exec_result import ExecResult
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock, run_virtual
 from corral.store import FAILOVER_ORPHAN, FAILOVER_RECREATE, ReservationRecord, SandboxState, StoreError
+from corral.store.rows import from_millicores
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
 RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})
@@ -212,10 +215,22 @@ class World:
         granted = got if isinstance(got, list) else [got] if isinstance(got, ReservationRecord) else []
         for r in granted:
             h = self.store.hosts[r.host_id]
-            if h.reserved_mb > h.memory_mb_admittable:
+            f = h.facts
+            if h.reserved_mb > f.memory_mb_admittable:
                 self.violate(
                     "reservation_over_admittable",
-                    f"{r.host_id}: {h.reserved_mb} MiB reserved, {h.memory_mb_admittable} MiB admittable",
+                    f"{r.host_id}: {h.reserved_mb} MiB reserved, {f.memory_mb_admittable} MiB admittable",
+                )
+            values = {
+                Term.CPU_USED: f.cpu_used,
+                Term.PENDING_CPU: from_millicores(h.reserved_cpu_m),
+                Term.REQUEST_CPU: 0.0,
+                Term.CPU_TOTAL: f.cpu_total,
+            }
+            if not CPU.holds(values, DEFAULT_POLICY.cpu_overcommit):
+                self.violate(
+                    "reservation_over_cpu",
+                    f"{r.host_id}: {h.reserved_cpu_m} mcpu reserved, {f.cpu_used} used of {f.cpu_total}",
                 )
 
     def check_leases(self, began: float) -> None:
@@ -335,7 +350,7 @@ class SimAgentClient(AgentClient):
         finally:
             self.host.world.check()
 
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResponse:
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         return await self._agent().exec(sandbox_id, req, epoch)
 
     async def list(self) -> list[SandboxInfo]:
@@ -398,7 +413,7 @@ class SimHost:
         if wipe:
             self.state = SimState()  # it died with its sandboxes
 
-    async def _sink(self, hb: WireHeartbeat) -> HeartbeatReply | None:
+    async def _sink(self, hb: AgentHeartbeat) -> HeartbeatReply | None:
         w = self.world
         f = w.fault_rng
         if not w.calming and f.random() < w.cfg.heartbeat_lost:
@@ -421,7 +436,10 @@ class SimHost:
         result = await w.store.upsert_heartbeat(to_store(hb))
         w.check()
         return HeartbeatReply(
-            accepted=result.accepted, confirmed=result.confirmed, stop=sorted(result.fenced)
+            accepted=result.accepted,
+            confirmed=result.confirmed,
+            listed_seq=result.listed_seq,
+            stop=sorted(result.fenced),
         )
 
 

@@ -1,7 +1,9 @@
 """The state of record in memory, with the SQL stores' semantics for what the control plane's flows
-call (:mod:`corral.control.ports`): reservations against a host's admittable (the core's fit rule),
-ended exactly once, expired by TTL and with their owner's lease; sandbox records with quota counters,
-name uniqueness and idempotency keys; heartbeats, fences and failover.
+call (:mod:`corral.control.ports`): reservations against a host's admittable and CPU (the core's fit
+rule, spread score and tie-break), ended exactly once, expired by TTL and with their owner's lease;
+sandbox records with quota counters, name uniqueness and idempotency keys; heartbeats whose listings
+carry changes on a base with a digest (applied exactly as :mod:`corral.store.listings` applies them),
+fences and failover.
 
 Every method is one "transaction": it may await (a latency, an outage) only before it reads anything,
 then runs to completion without yielding, as a serialisable transaction would. ``outage`` makes every
@@ -17,10 +19,12 @@ import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from corral.core.admission import covers
+from corral.core.admission import host_fits
 from corral.core.clock import Clock
-from corral.core.scoring import ScoreWeights
-from corral.core.types import AdmissionMode, HostState
+from corral.core.fit import TAKES_STATE, tie_rank
+from corral.core.listing import digest_of, fold
+from corral.core.scoring import Scorer, ScoreWeights
+from corral.core.types import HOST_FACTS, CreateRequest, HostFacts, HostState, HostView, Pending
 from corral.store import rows
 from corral.store.contract import (
     FAILOVER_POLICIES,
@@ -28,15 +32,17 @@ from corral.store.contract import (
     UNSET,
     CreateOutcome,
     FailedHost,
-    Heartbeat,
     HeartbeatResult,
     HostRecord,
+    HostReport,
     IdempotencyMismatch,
     InvalidRecord,
+    Listing,
+    ListingChange,
     NameConflict,
-    NotFound,
-    OverQuota,
     Page,
+    QuotaExceeded,
+    RecordNotFound,
     ReservationRecord,
     ReserveItem,
     SandboxRecord,
@@ -58,26 +64,30 @@ DEFAULT_TEMPLATE = TemplateRecord(
 
 
 @dataclass(slots=True)
+class _Entry:
+    epoch: int
+    present: bool
+    changed_at: float
+
+
+@dataclass(slots=True)
 class _Host:
     id: str
     registered_at: float
     heartbeat_at: float = 0.0
     seq: int = 0
-    cpu_total: float = 0.0
-    cpu_used: float = 0.0
-    memory_mb_total: int = 0
-    memory_mb_used: int = 0
-    memory_mb_admittable: int = 0
-    memory_admission: AdmissionMode = AdmissionMode.WORKING_SET
-    templates: frozenset[str] | None = None
-    runtime: str = "sim"
-    gpu: str | None = None
+    facts: HostFacts = field(default_factory=lambda: HostFacts(0.0, 0.0, 0, 0, 0))
     role: str = "worker"
     state: HostState = HostState.READY
-    stream_restore: bool = False
     address: str = ""
     warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    sandbox_ids: frozenset[str] = frozenset()
+    # The listing, as the SQL stores' ``listed_sandboxes`` rows: sandbox id -> an entry; an entry not
+    # present went (or was never listed) and stays until pruned, for the reconciler to see it go.
+    listing: dict[str, _Entry] = field(default_factory=dict)
+    listed_seq: int | None = None
+    listed_digest: int = 0
+    listed_at: float = 0.0
+    listed_count: int = 0
     # Every reservation row of the host, expired-unswept ones included (the SQL stores' counters).
     reserved_mb: int = 0
     reserved_cpu_m: int = 0
@@ -93,8 +103,17 @@ class _Tenant:
 def _check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
     if memory_mb < 0 or cpu < 0:
         raise InvalidRecord("a reservation cannot be negative")
+    if memory_mb == 0:
+        # The core's rule reads a request, which asks for some memory; no flow claims none.
+        raise InvalidRecord("memory_mb: the model takes claims of at least 1 MiB")
     if not ttl_s > 0:
         raise InvalidRecord("ttl_s: must be positive")
+
+
+def _ask(memory_mb: int, cpu_m: int) -> CreateRequest:
+    """A claim as the core's rule reads it: stateful, so its charge is its memory in any admission
+    mode (the store charges a claim what it says), and its CPU in whole millicores as stored."""
+    return CreateRequest(memory_mb=memory_mb, cpu=rows.from_millicores(cpu_m), stateful=True)
 
 
 def _check_sandbox(r: SandboxRecord) -> None:
@@ -168,28 +187,22 @@ class ModelStore:
 
     def _record(self, h: _Host, now: float) -> HostRecord:
         mb, cpu_m = self._expired_on(h.id, now)
+        facts = {f: getattr(h.facts, f) for f in HOST_FACTS}
+        facts["role"] = h.role
         return HostRecord(
+            **facts,
             id=h.id,
             heartbeat_at=h.heartbeat_at,
-            cpu_total=h.cpu_total,
-            cpu_used=h.cpu_used,
-            memory_mb_total=h.memory_mb_total,
-            memory_mb_used=h.memory_mb_used,
-            memory_mb_admittable=h.memory_mb_admittable,
-            memory_admission=h.memory_admission,
-            templates=h.templates,
-            runtime=h.runtime,
-            gpu=h.gpu,
-            role=h.role,
             state=h.state,
-            stream_restore=h.stream_restore,
-            sandbox_ids=h.sandbox_ids,
             seq=h.seq,
             registered_at=h.registered_at,
             address=h.address,
             reserved_mb=h.reserved_mb - mb,
             reserved_cpu=rows.from_millicores(h.reserved_cpu_m - cpu_m),
             warm=dict(h.warm),
+            sandbox_count=h.listed_count,
+            listed_seq=h.listed_seq,
+            listed_at=h.listed_at,
         )
 
     async def register_host(self, host_id: str, *, address: str = "", role: str = "worker") -> HostRecord:
@@ -217,11 +230,11 @@ class ModelStore:
         await self._enter()
         h = self.hosts.get(host_id)
         if h is None:
-            raise NotFound(f"host {host_id!r}")
+            raise RecordNotFound(f"host {host_id!r}")
         h.state = HostState.DRAINING
         return self._record(h, self._now())
 
-    async def upsert_heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
+    async def upsert_heartbeat(self, hb: HostReport) -> HeartbeatResult:
         await self._enter()
         if not hb.host_id:
             raise InvalidRecord("host_id: must not be empty")
@@ -235,32 +248,117 @@ class ModelStore:
         if applied:
             h.address = hb.address or h.address
             h.heartbeat_at, h.seq = now, hb.seq
-            h.cpu_total, h.cpu_used = hb.cpu_total, hb.cpu_used
-            h.memory_mb_total, h.memory_mb_used = hb.memory_mb_total, hb.memory_mb_used
-            h.memory_mb_admittable = hb.memory_mb_admittable
-            h.memory_admission = AdmissionMode(hb.memory_admission)
-            h.templates, h.runtime, h.gpu, h.role = hb.templates, hb.runtime, hb.gpu, hb.role
-            h.stream_restore, h.warm = bool(hb.stream_restore), dict(hb.warm)
-            h.sandbox_ids = frozenset(hb.sandbox_ids)
-            if hb.sandbox_ids:
-                done = [
-                    r.id
-                    for r in self.reservations.values()
-                    if r.host_id == hb.host_id and r.sandbox_id is not None and r.sandbox_id in hb.sandbox_ids
-                ]
-                confirmed = self._end(done)
-            fenced = self._fences(hb)
+            h.facts, h.role, h.warm = hb.facts.facts(), hb.facts.role, dict(hb.warm)
+            listed = self._apply(h, hb, now)
+            confirmed = self._end(self._confirmable(h, hb))
+            if listed:
+                fenced = self._fences(h)
         return HeartbeatResult(self._record(h, now), applied, confirmed, fenced)
 
-    def _fences(self, hb: Heartbeat) -> frozenset[str]:
-        got = {sid: e for (host, sid), e in self.fences.items() if host == hb.host_id}
-        fenced = frozenset(
-            sid for sid, epoch in got.items() if sid in hb.sandbox_ids and hb.epochs.get(sid, 0) < epoch
+    # -- listings: :mod:`corral.store.listings`, statement for statement -----------------------------
+
+    @staticmethod
+    def _held(h: _Host, sandbox_ids: Collection[str]) -> dict[str, int]:
+        return {sid: e.epoch for sid in sandbox_ids if (e := h.listing.get(sid)) is not None and e.present}
+
+    @staticmethod
+    def _write_entries(h: _Host, entries: Sequence[tuple[str, int, bool]], now: float) -> None:
+        for sid, epoch, present in entries:
+            h.listing[sid] = _Entry(epoch, present, now)
+
+    def _apply(self, h: _Host, hb: HostReport, now: float) -> bool:
+        listing = hb.listing
+        if listing.base is None:
+            self._replace(h, listing, now)
+        elif listing.base != h.listed_seq:
+            return False  # built on a listing the store does not hold: the whole set must come
+        else:
+            old = self._held(h, listing.removed | listing.entries.keys())
+            digest = fold(fold(h.listed_digest, old.items()), listing.entries.items())
+            if listing.digest is not None and digest != listing.digest:
+                h.listed_seq = None  # the copies disagree: untrusted until the whole set comes
+                return False
+            gone = sorted(listing.removed - listing.entries.keys())
+            came = sorted((sid, e) for sid, e in listing.entries.items() if old.get(sid) != e)
+            self._write_entries(h, [(sid, old.get(sid, 0), False) for sid in gone], now)
+            self._write_entries(h, [(sid, e, True) for sid, e in came], now)
+            h.listed_count += len(listing.entries.keys() - old.keys()) - sum(1 for sid in gone if sid in old)
+            h.listed_seq, h.listed_digest, h.listed_at = hb.seq, digest, now
+            return True
+        h.listed_seq, h.listed_digest, h.listed_at = hb.seq, digest_of(listing.entries), now
+        h.listed_count = len(listing.entries)
+        return True
+
+    def _replace(self, h: _Host, listing: Listing, now: float) -> None:
+        """A whole set: see :func:`corral.store.listings._replace`."""
+        untrusted = h.listed_seq is None
+        if untrusted or listing.digest is None or listing.digest != h.listed_digest:
+            if untrusted:
+                h.listing.clear()
+            before = {sid: e.epoch for sid, e in h.listing.items() if e.present}
+            came = [(sid, e, True) for sid, e in sorted(listing.entries.items()) if before.get(sid) != e]
+            gone = [(sid, e, False) for sid, e in sorted(before.items()) if sid not in listing.entries]
+            self._write_entries(h, came + gone, now)
+        for sb in self.sandboxes.values():
+            if sb.host_id == h.id and sb.state is SandboxState.RUNNING and sb.id not in h.listing:
+                h.listing[sb.id] = _Entry(sb.epoch, False, now)
+
+    def _confirmable(self, h: _Host, hb: HostReport) -> list[str]:
+        outstanding = [
+            r for r in self.reservations.values() if r.host_id == h.id and r.sandbox_id is not None
+        ]
+        shown = self._held(h, {r.sandbox_id for r in outstanding if r.sandbox_id is not None})
+        return sorted(
+            r.id for r in outstanding if r.sandbox_id in shown or r.sandbox_id in hb.listing.entries
         )
+
+    def _fences(self, h: _Host) -> frozenset[str]:
+        got = {sid: e for (host, sid), e in self.fences.items() if host == h.id}
+        listed = self._held(h, got)
+        fenced = frozenset(sid for sid, epoch in got.items() if sid in listed and listed[sid] < epoch)
         for sid in got:
             if sid not in fenced:
-                del self.fences[(hb.host_id, sid)]
+                del self.fences[(h.id, sid)]
         return fenced
+
+    async def listing_changes(self, since: float) -> list[ListingChange]:
+        await self._enter()
+        got = [
+            ListingChange(h.id, sid, e.present, e.changed_at)
+            for h in self.hosts.values()
+            for sid, e in h.listing.items()
+            if e.changed_at >= since
+        ]
+        return sorted(got, key=lambda c: (c.changed_at, c.host_id, c.sandbox_id))
+
+    async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
+        await self._enter()
+        h = self.hosts.get(host_id)
+        return self._held(h, sandbox_ids) if h is not None else {}
+
+    async def listed_hosts(self, sandbox_ids: Collection[str]) -> dict[str, str]:
+        await self._enter()
+        wanted = set(sandbox_ids)
+        return {
+            sid: h.id
+            for h in sorted(self.hosts.values(), key=lambda h: h.id)
+            for sid, e in h.listing.items()
+            if e.present and sid in wanted
+        }
+
+    async def prune_listings(self, before: float) -> int:
+        await self._enter()
+        n = 0
+        for h in self.hosts.values():
+            old = [sid for sid, e in h.listing.items() if not e.present and e.changed_at < before]
+            for sid in old:
+                del h.listing[sid]
+            n += len(old)
+        return n
+
+    async def committed_mb(self) -> int:
+        await self._enter()
+        return sum(t.live_memory_mb for t in self.tenants.values())
 
     async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
         await self._enter()
@@ -291,7 +389,7 @@ class ModelStore:
         now = self._now()
         sb = self.sandboxes.get(sandbox_id)
         if sb is None:
-            raise NotFound(f"sandbox {sandbox_id!r}")
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
         if sb.version != expect_version or sb.state is not SandboxState.RECREATING:
             raise StateConflict(sandbox_id, sb.state, sb.version)
         before = sb.host_id
@@ -336,11 +434,22 @@ class ModelStore:
             [r.id for r in self.reservations.values() if r.host_id in hosts and r.expires_at <= now]
         )
 
-    def _room(self, h: _Host, memory_mb: int, expired_mb: int = 0) -> bool:
-        """Whether ``memory_mb`` fits, with ``expired_mb`` of expired reservations set aside."""
-        return h.state is HostState.READY and covers(
-            h.memory_mb_admittable, h.reserved_mb - expired_mb, memory_mb
+    def _pending(self, h: _Host, expired: tuple[int, int] = (0, 0)) -> Pending:
+        """What the host's counters hold, with ``expired`` (MiB, millicores) set aside."""
+        return Pending(h.reserved_mb - expired[0], rows.from_millicores(h.reserved_cpu_m - expired[1]))
+
+    @staticmethod
+    def _view(h: _Host) -> HostView:
+        return HostView(
+            **{f: getattr(h.facts, f) for f in HOST_FACTS},
+            id=h.id,
+            heartbeat_at=h.heartbeat_at,
+            state=h.state,
         )
+
+    def _room(self, h: _Host, ask: CreateRequest, expired: tuple[int, int] = (0, 0)) -> bool:
+        """The core's whole fit rule on the host's counters, as the SQL stores render it."""
+        return h.state is TAKES_STATE and host_fits(self._view(h), self._pending(h, expired), ask)
 
     def _take(self, r: ReservationRecord) -> None:
         h = self.hosts[r.host_id]
@@ -379,22 +488,14 @@ class ModelStore:
         h = self.hosts.get(host_id)
         if h is None:
             return None
-        if not self._room(h, memory_mb):
+        ask = _ask(memory_mb, rows.to_millicores(cpu))
+        if not self._room(h, ask):
             # Expired reservations are folded only when nothing fits without them.
             self._fold_expired([host_id], r.created_at)
-            if not self._room(h, memory_mb):
+            if not self._room(h, ask):
                 return None
         self._take(r)
         return r
-
-    def _room_score(self, h: _Host) -> float:
-        """How reserve_best ranks the candidates that fit, as the SQL stores' ``room_order`` does."""
-        w = self.weights
-        mem = float(h.memory_mb_admittable - h.reserved_mb) / (
-            h.memory_mb_total if h.memory_mb_total > 0 else 1
-        )
-        cpu = (h.cpu_total - h.cpu_used - h.reserved_cpu_m / 1000.0) / (h.cpu_total if h.cpu_total > 0 else 1)
-        return w.memory * mem + w.cpu * cpu
 
     async def reserve_best(
         self,
@@ -411,18 +512,22 @@ class ModelStore:
             return None
         await self._enter()
         template = self._new_reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-        ids = sorted(set(candidates))
-
-        def best() -> _Host | None:
-            fit = [self.hosts[i] for i in ids if i in self.hosts and self._room(self.hosts[i], memory_mb)]
-            fit.sort(key=lambda h: (-self._room_score(h), h.id))
-            return fit[0] if fit else None
-
-        h = best()
-        if h is None and self._fold_expired(ids, template.created_at):
-            h = best()
-        if h is None:
+        ask = _ask(memory_mb, rows.to_millicores(cpu))
+        salt = sandbox_id or template.id
+        # Ranked by live totals, as the core ranks: the candidates' expired claims end first.
+        self._fold_expired(candidates, template.created_at)
+        fit = [
+            self.hosts[i]
+            for i in sorted(set(candidates))
+            if i in self.hosts and self._room(self.hosts[i], ask)
+        ]
+        if not fit:
             return None
+        scorer = Scorer(weights=self.weights)
+        h = min(
+            fit,
+            key=lambda h: (-scorer.score(self._view(h), self._pending(h), ask), tie_rank(salt, h.id), h.id),
+        )
         r = replace(template, host_id=h.id)
         self._take(r)
         return r
@@ -438,15 +543,16 @@ class ModelStore:
         records = [
             self._new_reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id) for i in items
         ]
-        need: dict[str, int] = {}
+        need: dict[str, tuple[int, int]] = {}
         for r in records:
-            need[r.host_id] = need.get(r.host_id, 0) + r.memory_mb
+            mb, cpu_m = need.get(r.host_id, (0, 0))
+            need[r.host_id] = (mb + r.memory_mb, cpu_m + rows.to_millicores(r.cpu))
         now = records[0].created_at
-        for host_id, mb in sorted(need.items()):
+        for host_id, (mb, cpu_m) in sorted(need.items()):
             h = self.hosts.get(host_id)
             # As if the host's expired reservations were folded first: a batch refused rolls back
             # everything, the fold included.
-            if h is None or not self._room(h, mb, self._expired_on(host_id, now)[0]):
+            if h is None or not self._room(h, _ask(mb, cpu_m), self._expired_on(host_id, now)):
                 return None
         self._fold_expired(need, now)
         for r in records:
@@ -550,7 +656,7 @@ class ModelStore:
         now = self._now()
         t = self.tenants.get(record.tenant_id)
         if t is None:
-            raise NotFound(f"tenant {record.tenant_id!r}")
+            raise RecordNotFound(f"tenant {record.tenant_id!r}")
         if idempotency_key is not None:
             seen = self.idempotency.get((record.tenant_id, idempotency_key))
             if seen is not None:
@@ -566,9 +672,9 @@ class ModelStore:
         if state in LIVE_STATES:
             q = t.record
             if t.live_sandboxes + 1 > q.max_sandboxes:
-                raise OverQuota("max_sandboxes", q.max_sandboxes, t.live_sandboxes, 1)
+                raise QuotaExceeded("max_sandboxes", q.max_sandboxes, t.live_sandboxes, 1)
             if t.live_memory_mb + record.memory_mb > q.max_memory_mb:
-                raise OverQuota("max_memory_mb", q.max_memory_mb, t.live_memory_mb, record.memory_mb)
+                raise QuotaExceeded("max_memory_mb", q.max_memory_mb, t.live_memory_mb, record.memory_mb)
         if record.id in self.sandboxes:
             raise NameConflict(f"sandbox {record.id!r} (or its name) already exists")
         rec = replace(
@@ -616,7 +722,7 @@ class ModelStore:
         await self._enter()
         sb = self.sandboxes.get(sandbox_id)
         if sb is None:
-            raise NotFound(f"sandbox {sandbox_id!r}")
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
         if (expected is not None and sb.state not in expected) or (
             expect_version is not None and sb.version != expect_version
         ):
@@ -642,6 +748,10 @@ class ModelStore:
         if sb is None or (tenant_id is not None and sb.tenant_id != tenant_id):
             return None
         return sb
+
+    async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]:
+        await self._enter()
+        return {sid: self.sandboxes[sid] for sid in sandbox_ids if sid in self.sandboxes}
 
     async def list_sandboxes(
         self,
@@ -709,7 +819,7 @@ class ModelStore:
         await self._enter()
         sb = self.sandboxes.get(sandbox_id)
         if sb is None or (tenant_id is not None and sb.tenant_id != tenant_id):
-            raise NotFound(f"sandbox {sandbox_id!r}")
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
         return self.placements.get(sandbox_id)
 
     # -- tenants, templates --------------------------------------------------------------------------
@@ -757,7 +867,7 @@ class ModelStore:
         return json.dumps(
             {
                 "hosts": {
-                    h: [x.seq, x.reserved_mb, x.memory_mb_admittable, x.state] for h, x in self.hosts.items()
+                    h: [x.seq, x.reserved_mb, x.facts.memory_mb_admittable, x.state] for h, x in self.hosts.items()
                 },
                 "res": sorted(
                     [r.id, r.host_id, r.memory_mb, r.owner, r.expires_at] for r in self.reservations.values()
