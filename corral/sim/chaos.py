@@ -54,13 +54,21 @@ from corral.control.seal import Sealer
 from corral.control.view import ViewCache
 from corral.core.admission import DEFAULT_POLICY
 from corral.core.fit import CPU, Term
+from corral.core.listing import digest_of
 from corral.core.timeouts import Timeouts
 from corral.core.types import AdmissionMode
 from corral.exec_result import ExecResult
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock, run_virtual
-from corral.store import FAILOVER_ORPHAN, FAILOVER_RECREATE, ReservationRecord, SandboxState, StoreError
+from corral.store import (
+    FAILOVER_ORPHAN,
+    FAILOVER_RECREATE,
+    HeartbeatResult,
+    ReservationRecord,
+    SandboxState,
+    StoreError,
+)
 from corral.store.rows import from_millicores
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
@@ -86,6 +94,7 @@ class ChaosConfig:
     # per-call fault probabilities
     heartbeat_lost: float = 0.08
     heartbeat_delayed: float = 0.08
+    heartbeat_reply_lost: float = 0.05
     bind_failed: float = 0.04
     bind_slow: float = 0.05
     bind_reply_lost: float = 0.03
@@ -208,6 +217,16 @@ class World:
                         f"{sid} runs on {host.id} at epoch {copy.handle.spec.epoch}; "
                         f"its record names {rec.host_id} at epoch {rec.epoch}",
                     )
+
+    def check_listing(self, host_id: str, hb: AgentHeartbeat) -> None:
+        """A heartbeat whose listing the store says it now holds: the store's copy is the set the agent
+        described (its digest), entry for entry."""
+        held = {sid: e.epoch for sid, e in self.store.hosts[host_id].listing.items() if e.present}
+        if hb.digest is not None and digest_of(held) != hb.digest:
+            self.violate(
+                "listing_diverged",
+                f"{host_id} heartbeat {hb.seq} (base {hb.base}): the store holds {sorted(held.items())}",
+            )
 
     def check_grant(self, got: object) -> None:
         """A reservation is granted only where it fits: right after the grant, the host's reserved total
@@ -414,6 +433,9 @@ class SimHost:
             self.state = SimState()  # it died with its sandboxes
 
     async def _sink(self, hb: AgentHeartbeat) -> HeartbeatReply | None:
+        """The wire from the agent to the store: a heartbeat may be lost on the way, delayed (it lands
+        after newer ones, or never counts), or land and lose its reply (the agent, unacknowledged, must
+        send its whole set next)."""
         w = self.world
         f = w.fault_rng
         if not w.calming and f.random() < w.cfg.heartbeat_lost:
@@ -424,23 +446,39 @@ class SimHost:
             delay = f.uniform(0.5, 4.0)
 
             async def late() -> None:
-                await asyncio.sleep(delay)
                 with contextlib.suppress(StoreError):
-                    await w.store.upsert_heartbeat(to_store(hb))
-                w.check()
+                    await self._deliver(hb, delay)
 
             task = asyncio.get_running_loop().create_task(late())
             self._late.add(task)
             task.add_done_callback(self._late.discard)
             return None
-        result = await w.store.upsert_heartbeat(to_store(hb))
-        w.check()
+        result = await self._deliver(hb)
+        if not w.calming and f.random() < w.cfg.heartbeat_reply_lost:
+            w.fault("heartbeat_reply_lost", self.id)
+            raise ConnectionError("heartbeat reply lost")
         return HeartbeatReply(
             accepted=result.accepted,
             confirmed=result.confirmed,
             listed_seq=result.listed_seq,
             stop=sorted(result.fenced),
         )
+
+    async def _deliver(self, hb: AgentHeartbeat, delay: float = 0.0) -> HeartbeatResult:
+        w = self.world
+        if delay:
+            await asyncio.sleep(delay)
+        result = await w.store.upsert_heartbeat(to_store(hb))
+        kind = "whole" if hb.base is None else "changes"
+        if not result.accepted:
+            w.outcomes["heartbeat_dropped"] += 1
+        elif result.listed_seq == hb.seq:
+            w.outcomes[f"listing_{kind}_applied"] += 1
+            w.check_listing(self.id, hb)
+        else:
+            w.outcomes[f"listing_{kind}_refused"] += 1
+        w.check()
+        return result
 
 
 class Replica:

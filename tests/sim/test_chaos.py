@@ -24,6 +24,7 @@ FAULTS = {
     "store_unavailable",
     "heartbeat_lost",
     "heartbeat_delayed",
+    "heartbeat_reply_lost",
     "bind_slow",
     "bind_failed",
     "bind_reply_lost",
@@ -39,6 +40,8 @@ def test_the_ci_budget_of_seeds_holds_every_invariant() -> None:
     # Every kind of fault was injected, and the load got through them.
     assert set(out["faults"]) == FAULTS and min(out["faults"].values()) >= CI_SEEDS // 20
     assert out["outcomes"]["create_acked"] >= CI_SEEDS and out["outcomes"]["batch_acked"] >= CI_SEEDS // 4
+    # The listing protocol ran both ways: changes applied on their base, and whole sets after a doubt.
+    assert out["outcomes"]["listing_changes_applied"] > out["outcomes"]["listing_whole_applied"] > 0
 
 
 def test_a_seed_is_a_pure_function_of_its_inputs() -> None:
@@ -86,13 +89,23 @@ def _first_failure(limit: int = CI_SEEDS) -> chaos.ChaosResult:
 
 
 def test_a_reservation_granted_past_the_fit_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_store, "covers", lambda admittable, pending, charge: True)
+    monkeypatch.setattr(model_store, "host_fits", lambda host, pending, request: True)
     failed = _first_failure()
     assert failed.violations[0].invariant == "reservation_over_admittable"
     assert (
         chaos.summary([failed], 1.0)["failed"][0]["replay"]
         == f"corral sim chaos --seed {failed.seed} --replay"
     )
+
+
+def test_a_listing_change_that_loses_its_removals_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = model_store.ModelStore._write_entries
+
+    def keep_what_went(h: object, entries: list[tuple[str, int, bool]], now: float) -> None:
+        real(h, [e for e in entries if e[2]], now)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model_store.ModelStore, "_write_entries", staticmethod(keep_what_went))
+    assert _first_failure().violations[0].invariant == "listing_diverged"
 
 
 def test_a_leader_that_ignores_lapsed_leases_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -867,7 +867,8 @@ class ModelStore:
         return json.dumps(
             {
                 "hosts": {
-                    h: [x.seq, x.reserved_mb, x.facts.memory_mb_admittable, x.state] for h, x in self.hosts.items()
+                    h: [x.seq, x.reserved_mb, x.facts.memory_mb_admittable, x.state]
+                    for h, x in self.hosts.items()
                 },
                 "res": sorted(
                     [r.id, r.host_id, r.memory_mb, r.owner, r.expires_at] for r in self.reservations.values()
