@@ -77,7 +77,6 @@ class _Host:
     heartbeat_at: float = 0.0
     seq: int = 0
     facts: HostFacts = field(default_factory=lambda: HostFacts(0.0, 0.0, 0, 0, 0))
-    role: str = "worker"
     state: HostState = HostState.READY
     address: str = ""
     warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
@@ -187,10 +186,8 @@ class ModelStore:
 
     def _record(self, h: _Host, now: float) -> HostRecord:
         mb, cpu_m = self._expired_on(h.id, now)
-        facts = {f: getattr(h.facts, f) for f in HOST_FACTS}
-        facts["role"] = h.role
         return HostRecord(
-            **facts,
+            **{f: getattr(h.facts, f) for f in HOST_FACTS},
             id=h.id,
             heartbeat_at=h.heartbeat_at,
             state=h.state,
@@ -210,10 +207,10 @@ class ModelStore:
         now = self._now()
         h = self.hosts.get(host_id)
         if h is None:
-            h = self.hosts[host_id] = _Host(host_id, registered_at=now, address=address, role=role)
+            h = self.hosts[host_id] = _Host(host_id, registered_at=now, address=address)
         else:
             h.address = address or h.address
-            h.role = role
+        h.facts = replace(h.facts, role=role)
         return self._record(h, now)
 
     async def list_hosts(self) -> list[HostRecord]:
@@ -248,7 +245,7 @@ class ModelStore:
         if applied:
             h.address = hb.address or h.address
             h.heartbeat_at, h.seq = now, hb.seq
-            h.facts, h.role, h.warm = hb.facts.facts(), hb.facts.role, dict(hb.warm)
+            h.facts, h.warm = hb.facts.facts(), dict(hb.warm)
             listed = self._apply(h, hb, now)
             confirmed = self._end(self._confirmable(h, hb))
             if listed:
