@@ -38,6 +38,7 @@ from corral.agent.protocol import (
 )
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget, RetryPolicy
+from corral.codes import ErrorCode
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow, CreateSpec
@@ -573,7 +574,7 @@ class Client:
         if isinstance(exc, ControlError):
             raise CorralError(exc.message, code=exc.code, status=exc.status, retry_after_s=exc.retry_after_s)
         if isinstance(exc, StoreError):
-            status = 503 if exc.code == "store_unavailable" else 500
+            status = 503 if exc.code == ErrorCode.STORE_UNAVAILABLE else 500
             raise CorralError(str(exc), code=exc.code, status=status, retry_after_s=1.0)
         if exc is not None:
             raise exc
@@ -700,7 +701,7 @@ async def _faults(world: World, until: float) -> None:
         elif x < 0.45:
             span = f.uniform(0.2, 4.0)
             world.outage_until = max(world.outage_until, loop.time() + span)
-            world.fault("store_unavailable", f"{span:.3f}s")
+            world.fault("store_outage", f"{span:.3f}s")
         elif x < 0.55:
             replica = f.choice(alive)
             replica.clock.skew_s = f.uniform(-1.5, 1.5)

@@ -21,7 +21,7 @@ FAULTS = {
     "host_crash",
     "replica_crash",
     "replica_crash_mid_request",
-    "store_unavailable",
+    "store_outage",
     "heartbeat_lost",
     "heartbeat_delayed",
     "heartbeat_reply_lost",
