@@ -1,7 +1,8 @@
 """Deterministic simulation with faults: corral's real create flow, batch creates, reconciler and
 failover, on virtual time, over the in-memory store model and real agents on the ``sim`` runtime,
-while hosts crash and return, heartbeats are lost or late, replicas die mid-create, the store goes
-away for a while, binds are slow or fail, and replicas' clocks disagree.
+while hosts crash and return, heartbeats are lost, late or lose their reply (the agent's listing
+falls back from changes to its whole set), replicas die mid-create, the store goes away for a while,
+binds are slow or fail, and replicas' clocks disagree.
 
 Several replicas each run a :class:`CreateFlow` (and :class:`BatchCreate`, deletes) and the real
 :class:`Reconciler` loop; the store lease makes one of them the leader. Clients create and delete with
