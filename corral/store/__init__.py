@@ -8,7 +8,20 @@ default: one machine, nothing to install) and PostgreSQL (a fleet that outgrows 
 from __future__ import annotations
 
 from corral.core.clock import Clock
-from corral.store.contract import (
+from corral.store.contract import Store
+from corral.store.errors import (
+    HostHasSandboxes,
+    IdempotencyMismatch,
+    InvalidRecord,
+    NameConflict,
+    QuotaExceeded,
+    RecordNotFound,
+    StateConflict,
+    StoreError,
+    StoreUnavailable,
+    TokenRevoked,
+)
+from corral.store.records import (
     FAILOVER_ORPHAN,
     FAILOVER_POLICIES,
     FAILOVER_RECREATE,
@@ -18,32 +31,21 @@ from corral.store.contract import (
     FailedHost,
     HeartbeatResult,
     HostEnrolment,
-    HostHasSandboxes,
     HostRecord,
     HostReport,
-    IdempotencyMismatch,
-    InvalidRecord,
     Listing,
     ListingChange,
-    NameConflict,
     Page,
     PoolRecord,
     Principal,
-    QuotaExceeded,
-    RecordNotFound,
     ReservationRecord,
     ReserveItem,
     Role,
     SandboxRecord,
     SandboxState,
-    StateConflict,
-    Store,
-    StoreError,
-    StoreUnavailable,
     TemplateRecord,
     TenantRecord,
     TokenRecord,
-    TokenRevoked,
     Usage,
 )
 

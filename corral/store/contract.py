@@ -1,8 +1,10 @@
-"""The store contract: records, errors and the abstract ``Store`` every backend implements.
+"""The store contract: the abstract ``Store`` every backend implements, one abstract class per aggregate
+(hosts, reservations, leases, sandboxes, failover, access, templates) and their union.
+Records live in ``records``, errors in ``errors``.
 
-The store is corral's consistency boundary: name uniqueness,
-idempotency keys, capacity reservations and ownership changes each go through one transaction here, so
-any number of API replicas can decide at once without double-booking a host. Everything else
+The store is corral's consistency boundary: name uniqueness, idempotency keys, capacity reservations
+and ownership changes each go through one transaction here, so any number of API replicas can decide
+at once without double-booking a host. Everything else
 (heartbeat freshness, sampling, metrics) is decided by the caller from what the store returns.
 
 Times are epoch seconds (float) from the store's injected clock, never the database server's: tests
@@ -17,418 +19,37 @@ evaluated where two deciders cannot both pass it.
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
 
-from corral.codes import ErrorCode
-from corral.core.types import DEFAULT_SANDBOX_PIDS, HostFacts, HostView, Pending
-
-# -- errors ----------------------------------------------------------------------------------------
-
-
-class StoreError(Exception):
-    """Base of every error the store raises. ``code`` is stable: the API maps it to a response."""
-
-    code: str = ErrorCode.STORE_ERROR
-
-
-class StoreUnavailable(StoreError):
-    """The state of record cannot be reached (refused, timed out, server gone). Retryable: the
-    backend reconnects by itself when the server is back."""
-
-    code = ErrorCode.STORE_UNAVAILABLE
-
-
-class RecordNotFound(StoreError):
-    code = ErrorCode.NOT_FOUND
-
-
-class NameConflict(StoreError):
-    """A name already taken in its scope (a live sandbox name in its tenant; a tenant or template)."""
-
-    code = ErrorCode.NAME_CONFLICT
-
-
-class IdempotencyMismatch(StoreError):
-    """The same idempotency key was sent again with a different request body."""
-
-    code = ErrorCode.IDEMPOTENCY_KEY_REUSED
-
-
-class QuotaExceeded(StoreError):
-    """The tenant's own limit. ``limit`` names which: ``max_sandboxes`` or ``max_memory_mb``."""
-
-    code = ErrorCode.TENANT_OVER_QUOTA
-
-    def __init__(self, limit: str, allowed: int, used: int, requested: int) -> None:
-        self.limit = limit
-        self.allowed = allowed
-        self.used = used
-        self.requested = requested
-        super().__init__(f"{limit}: {used} used + {requested} requested > {allowed} allowed")
-
-
-class StateConflict(StoreError):
-    """A compare-and-set lost: the sandbox is no longer in the expected state (or version)."""
-
-    code = ErrorCode.STATE_CONFLICT
-
-    def __init__(self, sandbox_id: str, current: SandboxState, version: int) -> None:
-        self.sandbox_id = sandbox_id
-        self.current = current
-        self.version = version
-        super().__init__(f"sandbox {sandbox_id} is {current.value} (version {version})")
-
-
-class HostHasSandboxes(StoreError):
-    """A host cannot be forgotten while sandboxes are live on it."""
-
-    code = ErrorCode.HOST_HAS_SANDBOXES
-
-
-class TokenRevoked(StoreError):
-    """A configured token that was revoked: it is never adopted again."""
-
-    code = ErrorCode.TOKEN_REVOKED
-
-
-class InvalidRecord(StoreError, ValueError):
-    """Input the store refuses before touching anything (negative memory, unknown state, ...)."""
-
-    code = ErrorCode.INVALID_REQUEST
-
-
-# -- enums -----------------------------------------------------------------------------------------
-
-
-class SandboxState(enum.StrEnum):
-    """``reserved -> starting -> running -> stopped | deleted``; ``waiting_capacity`` for work parked
-    after a transient refusal (never ``failed`` for a 503); ``orphaned`` when its host died (410 until
-    the host returns and reclaims it, or an operator deletes it); ``failed`` for permanent errors."""
-
-    RESERVED = "reserved"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPED = "stopped"
-    DELETED = "deleted"
-    WAITING_CAPACITY = "waiting_capacity"
-    ORPHANED = "orphaned"
-    FAILED = "failed"
-    # Its host died (or is drained with evacuation) and it is being started elsewhere from its spec.
-    RECREATING = "recreating"
-
-
-# What happens to a sandbox when its host dies: started again elsewhere under its id, or orphaned.
-FAILOVER_RECREATE = "recreate"
-FAILOVER_ORPHAN = "orphan"
-FAILOVER_POLICIES = (FAILOVER_RECREATE, FAILOVER_ORPHAN)
-
-
-# States that hold a tenant's quota (and would hold host memory if placed).
-LIVE_STATES: frozenset[SandboxState] = frozenset(
-    {
-        SandboxState.RESERVED,
-        SandboxState.STARTING,
-        SandboxState.RUNNING,
-        SandboxState.WAITING_CAPACITY,
-        SandboxState.ORPHANED,
-        SandboxState.RECREATING,
-    }
+from corral.core.types import Pending
+from corral.store.records import (
+    UNSET,
+    CreateOutcome,
+    FailedHost,
+    HeartbeatResult,
+    HostEnrolment,
+    HostRecord,
+    HostReport,
+    ListingChange,
+    Page,
+    PoolRecord,
+    Principal,
+    ReservationRecord,
+    ReserveItem,
+    Role,
+    SandboxRecord,
+    SandboxState,
+    TemplateRecord,
+    TenantRecord,
+    TokenRecord,
+    Usage,
+    _Unset,
 )
 
 
-class Role(enum.StrEnum):
-    ADMIN = "admin"
-    TENANT = "tenant"
-    AGENT = "agent"
-
-
-class _Unset(enum.Enum):
-    UNSET = enum.auto()
-
-
-# "Leave this field as it is" (None is a value: it clears the field).
-UNSET = _Unset.UNSET
-
-
-# -- records ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """The sandboxes a heartbeat says its host runs for records (warm ones are no record's), each with
-    the epoch of its copy: either the whole set, or what changed since the heartbeat whose set the
-    store holds (``base``), so a heartbeat costs what changed, not what runs."""
-
-    # None: ``entries`` is the whole set. Otherwise the seq of the heartbeat this one builds on: its
-    # changes apply only if that is the set the store holds.
-    base: int | None = None
-    # Sandbox id -> epoch: the whole set, or the entries added (or whose epoch changed) since ``base``.
-    entries: Mapping[str, int] = field(default_factory=dict)
-    # Entries gone since ``base``. A change may name a sandbox the store never had: one that started
-    # and ended between two heartbeats, whose record may still say it runs.
-    removed: frozenset[str] = frozenset()
-    # :func:`corral.core.listing.digest_of` the whole set after this heartbeat; None: not checked (an
-    # agent older than digests, which sends whole sets only).
-    digest: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HostReport:
-    """What an agent reports. ``seq`` must increase strictly across the agent's whole life, restarts
-    included (seed it from wall-clock milliseconds at start): a report whose seq is not newer than
-    the stored one is a delayed packet and is ignored."""
-
-    host_id: str
-    seq: int
-    facts: HostFacts
-    listing: Listing = Listing()
-    # The agent's base URL; empty for in-process agents.
-    address: str = ""
-    # Warm sandboxes per template: (ready, starting). They are not in the listing: no record
-    # claims them and none ever will until one is claimed.
-    warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HostRecord(HostView):
-    """A host as the store holds it: its last accepted heartbeat plus what only the store knows
-    (drain state, outstanding live reservations, how much of its listing it holds)."""
-
-    seq: int
-    registered_at: float
-    address: str
-    # Live (unexpired) reservations on this host: capacity promised that no heartbeat shows yet.
-    reserved_mb: int
-    reserved_cpu: float
-    # Warm sandboxes per template as the last heartbeat said: (ready, starting).
-    warm: Mapping[str, tuple[int, int]] = field(default_factory=dict)
-    # How many sandboxes its listing holds.
-    sandbox_count: int = 0
-    # The seq of the heartbeat whose listing the store holds, and when that listing was last brought
-    # up to date; None: the store holds none it can trust (the host must send its whole set).
-    listed_seq: int | None = None
-    listed_at: float = 0.0
-
-    def warm_ready(self, template: str) -> int:
-        return self.warm.get(template, (0, 0))[0]
-
-    def view(self) -> HostView:
-        return self
-
-    def pending(self) -> Pending:
-        return Pending(self.reserved_mb, self.reserved_cpu)
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatResult:
-    host: HostRecord
-    # False: the heartbeat's seq was not newer than the stored one; nothing changed.
-    accepted: bool
-    # Reservations this heartbeat confirmed (ended) because it shows their sandboxes.
-    confirmed: int
-    # Sandboxes this host runs at an epoch that is no longer theirs: it must stop them now.
-    fenced: frozenset[str] = frozenset()
-
-    @property
-    def listed_seq(self) -> int | None:
-        """The seq of the heartbeat whose listing the store now holds for this host: the agent's
-        acknowledgement. A heartbeat whose seq this is not must be followed by the whole set."""
-        return self.host.listed_seq
-
-
-@dataclass(frozen=True, slots=True)
-class ListingChange:
-    """One entry of a host's listing as it changed: present or gone since ``changed_at``."""
-
-    host_id: str
-    sandbox_id: str
-    present: bool
-    changed_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class FailedHost:
-    """What :meth:`Store.fail_host` did, in one transaction."""
-
-    orphaned: int
-    recreating: int
-    released: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveItem:
-    """One entry of a batch reservation."""
-
-    host_id: str
-    memory_mb: int
-    cpu: float = 0.0
-    sandbox_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ReservationRecord:
-    id: str
-    host_id: str
-    memory_mb: int
-    cpu: float
-    owner: str
-    sandbox_id: str | None
-    created_at: float
-    expires_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class SandboxRecord:
-    id: str
-    tenant_id: str
-    template: str
-    memory_mb: int
-    cpus: float
-    state: SandboxState = SandboxState.RESERVED
-    name: str | None = None
-    host_id: str | None = None
-    stateful: bool = False
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    created_at: float = 0.0  # set by the store on create
-    updated_at: float = 0.0  # set by the store on every write
-    expires_at: float | None = None  # the sandbox's own TTL (the reaper's), not a reservation's
-    reservation_id: str | None = None
-    # Bumped on every write: a fencing token (an old owner's compare-and-set cannot pass).
-    version: int = 0
-    oom_kills: int = 0  # processes the kernel's OOM killer killed in it, as its host last reported
-    # Claimed from a warm pool rather than started for this create.
-    warm: bool = False
-    failover: str = FAILOVER_ORPHAN
-    # Bumped each time the sandbox is given a new host: only the copy of the current epoch may run.
-    epoch: int = 0
-    recreated_at: float | None = None
-    # A create parked in ``waiting_capacity``: placed by the leader until then, refused after.
-    wait_until: float | None = None
-    # Its spec (env, secrets) sealed; written with the record, read only to start it. Never listed.
-    sealed_spec: str | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class CreateOutcome:
-    record: SandboxRecord
-    # True: the idempotency key had been seen; this is the first call's sandbox, nothing was created.
-    replayed: bool
-
-
-class Page(NamedTuple):
-    items: list[SandboxRecord]
-    # Opaque; pass it back as ``cursor`` for the next page. None: this was the last page.
-    next_cursor: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class TenantRecord:
-    id: str
-    name: str
-    max_sandboxes: int
-    max_memory_mb: int
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What a tenant's live sandboxes (``LIVE_STATES``) hold against its quota."""
-
-    sandboxes: int
-    memory_mb: int
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who a token speaks for. ``tenant_id`` is None for agent tokens; ``host_id`` names the one host
-    an agent token speaks for (None: a fleet-wide development token)."""
-
-    token_id: str
-    tenant_id: str | None
-    role: Role
-    host_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TokenRecord:
-    """A stored token, without its secret (only a hash of it is kept)."""
-
-    id: str
-    role: Role
-    tenant_id: str | None
-    host_id: str | None
-    source: str | None
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class HostEnrolment:
-    """What enrolling a host hands out, once: the token its agent presents to the control plane and
-    the key the control plane presents to its agent."""
-
-    host_id: str
-    agent_token: str
-    host_key: str
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateRecord:
-    name: str
-    cpus: float
-    memory_mb: int
-    stateful: bool = False
-    runtime: str | None = None
-    description: str = ""
-    created_at: float = 0.0
-    pids: int = DEFAULT_SANDBOX_PIDS  # the most processes (threads included) a sandbox may run
-    failover: str = FAILOVER_ORPHAN  # the default of its sandboxes' failover policy
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRecord:
-    """A warm pool: the intent to keep ``size`` sandboxes of ``template`` booted and unowned, spread as
-    per-host ``targets`` (written by the leader), at most ``max_per_host`` on one host."""
-
-    template: str
-    size: int
-    max_per_host: int | None = None
-    targets: Mapping[str, int] = field(default_factory=dict)
-    created_at: float = 0.0
-    updated_at: float = 0.0
-
-
-# -- the contract ----------------------------------------------------------------------------------
-
-
-class Store(ABC):
-    """The state of record. Every method is one transaction (or one statement) of the backend; every
-    "cannot reach the database" failure surfaces as :class:`StoreUnavailable`."""
-
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    @abstractmethod
-    async def migrate(self) -> int:
-        """Apply the versioned schema; idempotent and safe when several replicas start at once.
-        Returns the schema version now in place."""
-
-    @abstractmethod
-    async def ping(self) -> None:
-        """Readiness: returns if the store answers, raises :class:`StoreUnavailable` otherwise."""
-
-    @abstractmethod
-    async def close(self) -> None: ...
-
-    async def __aenter__(self) -> Store:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    # -- hosts ---------------------------------------------------------------------------------
+class HostStore(ABC):
+    """Hosts: registration, heartbeats, drain, removal."""
 
     @abstractmethod
     async def register_host(self, host_id: str, *, address: str = "", role: str = "worker") -> HostRecord:
@@ -495,7 +116,9 @@ class Store(ABC):
     async def list_hosts(self) -> list[HostRecord]:
         """Every host, ordered by id, with live reservation totals (for the view cache)."""
 
-    # -- reservations --------------------------------------------------------------------------
+
+class ReservationStore(ABC):
+    """Reservations: capacity promised on a host, taken and ended atomically."""
 
     @abstractmethod
     async def reserve(
@@ -572,7 +195,9 @@ class Store(ABC):
         """Check the books: per host, the stored reserved totals equal the sum of its reservation
         rows and are not negative. Returns one line per discrepancy; [] when consistent."""
 
-    # -- leases --------------------------------------------------------------------------------
+
+class LeaseStore(ABC):
+    """Leases: replicas' liveness and the leader lease."""
 
     @abstractmethod
     async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
@@ -597,7 +222,9 @@ class Store(ABC):
     async def resign(self, name: str, holder: str) -> bool:
         """Give the lease up if ``holder`` has it. True if it did."""
 
-    # -- sandboxes -----------------------------------------------------------------------------
+
+class SandboxStore(ABC):
+    """Sandbox records: create, state changes, expiry, listing, deletion."""
 
     @abstractmethod
     async def create_sandbox(
@@ -649,38 +276,6 @@ class Store(ABC):
         lost race, :class:`RecordNotFound`."""
 
     @abstractmethod
-    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
-        """In one transaction, if the host is still silent (its last heartbeat before ``dead_before``):
-        its running recreate-policy sandboxes become ``recreating``, its other running ones
-        ``orphaned``, and its reservations are released. With ``evacuate`` and the host draining, only
-        the first step, whether it is silent or not."""
-
-    @abstractmethod
-    async def reassign_sandbox(
-        self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
-    ) -> SandboxRecord:
-        """One conditional write: a ``recreating`` sandbox at ``expect_version`` gets ``host_id`` and its
-        epoch plus one, and every other host that may hold an older copy is fenced. Raises
-        :class:`StateConflict` when another decider moved it first."""
-
-    @abstractmethod
-    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
-        """A ``reserved`` record no host took becomes ``waiting_capacity`` until ``wait_until``
-        (:class:`StateConflict` if it is no longer ``reserved``)."""
-
-    @abstractmethod
-    async def sealed_spec(self, sandbox_id: str) -> str | None:
-        """The sandbox's sealed spec (None: it has none)."""
-
-    @abstractmethod
-    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
-        """(id, sealed spec) of sandboxes with one, by id after ``after_id``."""
-
-    @abstractmethod
-    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool:
-        """Compare-and-set of a sealed spec (re-sealing under a new key)."""
-
-    @abstractmethod
     async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
         """Per host: (sandboxes placed there created at or after ``since``, configured MiB of its live
         sandboxes). What an operator's view shows beside each host's heartbeat."""
@@ -725,7 +320,45 @@ class Store(ABC):
         """Live sandboxes whose ``expires_at`` has passed (``now`` defaults to the store's clock),
         earliest first, for the TTL reaper."""
 
-    # -- tenants, tokens, quotas ---------------------------------------------------------------
+
+class FailoverStore(ABC):
+    """Failover: a dead host's sandboxes orphaned or moved, parked creates, sealed specs."""
+
+    @abstractmethod
+    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
+        """In one transaction, if the host is still silent (its last heartbeat before ``dead_before``):
+        its running recreate-policy sandboxes become ``recreating``, its other running ones
+        ``orphaned``, and its reservations are released. With ``evacuate`` and the host draining, only
+        the first step, whether it is silent or not."""
+
+    @abstractmethod
+    async def reassign_sandbox(
+        self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
+    ) -> SandboxRecord:
+        """One conditional write: a ``recreating`` sandbox at ``expect_version`` gets ``host_id`` and its
+        epoch plus one, and every other host that may hold an older copy is fenced. Raises
+        :class:`StateConflict` when another decider moved it first."""
+
+    @abstractmethod
+    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
+        """A ``reserved`` record no host took becomes ``waiting_capacity`` until ``wait_until``
+        (:class:`StateConflict` if it is no longer ``reserved``)."""
+
+    @abstractmethod
+    async def sealed_spec(self, sandbox_id: str) -> str | None:
+        """The sandbox's sealed spec (None: it has none)."""
+
+    @abstractmethod
+    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
+        """(id, sealed spec) of sandboxes with one, by id after ``after_id``."""
+
+    @abstractmethod
+    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool:
+        """Compare-and-set of a sealed spec (re-sealing under a new key)."""
+
+
+class AccessStore(ABC):
+    """Tenants and quotas, API tokens, host enrolment and fleet secrets."""
 
     @abstractmethod
     async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
@@ -783,8 +416,6 @@ class Store(ABC):
         """The random secret ``name`` that every replica shares: made by the first caller, the same
         for every later one (on any replica, after any restart)."""
 
-    # -- host identity -------------------------------------------------------------------------
-
     @abstractmethod
     async def enrol_host(self, host_id: str) -> HostEnrolment:
         """Create the host's record if new, and give it fresh credentials: its previous agent
@@ -799,7 +430,9 @@ class Store(ABC):
         """Delete the host, its reservations and its credentials. Raises :class:`HostHasSandboxes` while a
         live sandbox is on it. True if there was anything to forget."""
 
-    # -- templates -----------------------------------------------------------------------------
+
+class TemplateStore(ABC):
+    """Templates and their warm pools."""
 
     @abstractmethod
     async def create_template(self, template: TemplateRecord) -> TemplateRecord:
@@ -814,8 +447,6 @@ class Store(ABC):
 
     @abstractmethod
     async def delete_template(self, name: str) -> bool: ...
-
-    # -- warm pools ----------------------------------------------------------------------------
 
     @abstractmethod
     async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
@@ -841,14 +472,24 @@ class Store(ABC):
         """Replace the pool's per-host targets (hosts with 0 are dropped). False if the pool is gone."""
 
 
-def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozenset[SandboxState] | None:
-    """Normalise an ``expect``/``state`` filter argument."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return frozenset({SandboxState(value)})
-    return frozenset(SandboxState(v) for v in value)
+class Store(HostStore, ReservationStore, LeaseStore, SandboxStore, FailoverStore, AccessStore, TemplateStore):
+    """The state of record. Every method is one transaction (or one statement) of the backend; every
+    "cannot reach the database" failure surfaces as :class:`StoreUnavailable`."""
 
+    @abstractmethod
+    async def migrate(self) -> int:
+        """Apply the versioned schema; idempotent and safe when several replicas start at once.
+        Returns the schema version now in place."""
 
-def metadata_dict(value: Mapping[str, Any] | None) -> dict[str, str]:
-    return {str(k): str(v) for k, v in (value or {}).items()}
+    @abstractmethod
+    async def ping(self) -> None:
+        """Readiness: returns if the store answers, raises :class:`StoreUnavailable` otherwise."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

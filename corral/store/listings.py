@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 from corral.core.listing import digest_of, fold
-from corral.store.contract import HostReport, Listing, ListingChange
+from corral.store.records import HostReport, Listing, ListingChange
 from corral.store.rows import in_list
 
 if TYPE_CHECKING:

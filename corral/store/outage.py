@@ -17,7 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from corral.core.clock import Clock
-from corral.store.contract import StoreUnavailable
+from corral.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

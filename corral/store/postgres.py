@@ -32,11 +32,13 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from corral.core.clock import Clock
 from corral.store import rows
-from corral.store.contract import InvalidRecord, ReservationRecord, ReserveItem, StoreError, StoreUnavailable
+from corral.store.errors import InvalidRecord, StoreError, StoreUnavailable
 from corral.store.fit import by_tie_rank, fit_condition, room_order
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 from corral.store.outage import Breaker
-from corral.store.sql import Params, SqlStore, Tx, _check_reservation
+from corral.store.records import ReservationRecord, ReserveItem
+from corral.store.sql import Params, SqlStore, Tx
+from corral.store.sql.base import _check_reservation
 
 T = TypeVar("T")
 

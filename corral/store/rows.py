@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from corral.core.types import AdmissionMode, HostState
-from corral.store.contract import (
+from corral.store.errors import InvalidRecord
+from corral.store.records import (
     HostRecord,
-    InvalidRecord,
     PoolRecord,
     ReservationRecord,
     SandboxRecord,

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from corral.core.clock import Clock
 from corral.store import rows
-from corral.store.contract import InvalidRecord, StoreError, StoreUnavailable
+from corral.store.errors import InvalidRecord, StoreError, StoreUnavailable
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 from corral.store.sql import Params, SqlStore, Tx
 

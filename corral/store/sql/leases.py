@@ -1,0 +1,82 @@
+"""Leases: replicas' liveness (their reservations end with them) and the leader lease."""
+
+from __future__ import annotations
+
+from corral.store.errors import (
+    InvalidRecord,
+)
+from corral.store.sql.base import (
+    SqlBase,
+    Tx,
+)
+
+
+class LeasesSql(SqlBase):
+    async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
+        if not ttl_s > 0:
+            raise InvalidRecord("ttl_s: must be positive")
+        expires_at = self._now() + ttl_s
+
+        async def run(tx: Tx) -> float:
+            await tx.execute(
+                "INSERT INTO replicas (id, expires_at) VALUES (:id, :exp) "
+                "ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at",
+                {"id": replica_id, "exp": expires_at},
+            )
+            return expires_at
+
+        return await self._write(run)
+
+    async def release_replica(self, replica_id: str) -> int:
+        async def run(tx: Tx) -> int:
+            ended = await self._end_where(tx, "owner = :o", {"o": replica_id})
+            await tx.execute("DELETE FROM replicas WHERE id = :id", {"id": replica_id})
+            return ended
+
+        return await self._write(run)
+
+    async def expire_replicas(self) -> list[str]:
+        now = self._now()
+
+        async def run(tx: Tx) -> list[str]:
+            lapsed = [
+                r[0]
+                for r in await tx.fetchall(
+                    f"SELECT id FROM replicas WHERE expires_at <= :now ORDER BY id{self.for_update}",
+                    {"now": now},
+                )
+            ]
+            for replica_id in lapsed:
+                await self._end_where(tx, "owner = :o", {"o": replica_id})
+                await tx.execute("DELETE FROM replicas WHERE id = :id", {"id": replica_id})
+            return lapsed
+
+        return await self._write(run)
+
+    async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
+        if not ttl_s > 0:
+            raise InvalidRecord("ttl_s: must be positive")
+        now = self._now()
+
+        async def run(tx: Tx) -> bool:
+            row = await tx.fetchone(
+                """INSERT INTO leases (name, holder, expires_at) VALUES (:n, :h, :exp)
+                   ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+                   WHERE leases.holder = excluded.holder OR leases.expires_at <= :now
+                   RETURNING holder""",
+                {"n": name, "h": holder, "exp": now + ttl_s, "now": now},
+            )
+            return row is not None
+
+        return await self._write(run)
+
+    async def resign(self, name: str, holder: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return (
+                await tx.execute(
+                    "DELETE FROM leases WHERE name = :n AND holder = :h", {"n": name, "h": holder}
+                )
+                > 0
+            )
+
+        return await self._write(run)

@@ -1,0 +1,174 @@
+"""Templates and their warm pools (intent per pool and per host)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
+from corral.store import rows
+from corral.store.errors import (
+    InvalidRecord,
+    NameConflict,
+    RecordNotFound,
+)
+from corral.store.records import (
+    FAILOVER_POLICIES,
+    UNSET,
+    PoolRecord,
+    TemplateRecord,
+    _Unset,
+)
+from corral.store.sql.base import (
+    _POOLS_WITH_TARGETS,
+    SqlBase,
+    Tx,
+    _check_pool,
+)
+
+
+class TemplatesSql(SqlBase):
+    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
+        if not template.name:
+            raise InvalidRecord("name: must not be empty")
+        if template.memory_mb <= 0 or template.cpus <= 0:
+            raise InvalidRecord("memory_mb/cpus: must be positive")
+        if not MIN_SANDBOX_PIDS <= template.pids <= MAX_SANDBOX_PIDS:
+            raise InvalidRecord(f"pids: must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}")
+        rec = TemplateRecord(
+            template.name,
+            template.cpus,
+            template.memory_mb,
+            template.stateful,
+            template.runtime,
+            template.description,
+            self._now(),
+            template.pids,
+            template.failover,
+        )
+        if rec.failover not in FAILOVER_POLICIES:
+            raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
+
+        async def run(tx: Tx) -> TemplateRecord:
+            await tx.execute(
+                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f)",
+                {
+                    "n": rec.name,
+                    "c": rec.cpus,
+                    "m": rec.memory_mb,
+                    "s": bool(rec.stateful),
+                    "r": rec.runtime,
+                    "d": rec.description,
+                    "now": rec.created_at,
+                    "p": rec.pids,
+                    "f": rec.failover,
+                },
+            )
+            return rec
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"template {template.name!r} exists") from exc
+            raise
+
+    async def get_template(self, name: str) -> TemplateRecord | None:
+        async def run(tx: Tx) -> TemplateRecord | None:
+            row = await tx.fetchone(
+                f"SELECT {rows.TEMPLATE_COLS} FROM templates WHERE name = :n", {"n": name}
+            )
+            return rows.template_from_row(row) if row is not None else None
+
+        return await self._read(run)
+
+    async def list_templates(self) -> list[TemplateRecord]:
+        async def run(tx: Tx) -> list[TemplateRecord]:
+            got = await tx.fetchall(f"SELECT {rows.TEMPLATE_COLS} FROM templates ORDER BY name")
+            return [rows.template_from_row(r) for r in got]
+
+        return await self._read(run)
+
+    async def _pools(self, tx: Tx, template: str | None) -> list[PoolRecord]:
+        where, params = ("WHERE template = :t", {"t": template}) if template is not None else ("", {})
+        found = await tx.fetchall(_POOLS_WITH_TARGETS.format(where=where), params)
+        targets: dict[str, dict[str, int]] = {}
+        for t, host, n in await tx.fetchall(
+            f"SELECT template, host_id, target FROM pool_targets {where} ORDER BY template, host_id", params
+        ):
+            targets.setdefault(t, {})[host] = int(n)
+        return [rows.pool_from_row(r, targets.get(r[0], {})) for r in found]
+
+    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
+        _check_pool(size, max_per_host)
+        now = self._now()
+
+        async def run(tx: Tx) -> PoolRecord:
+            if await tx.fetchone("SELECT 1 FROM templates WHERE name = :t", {"t": template}) is None:
+                raise RecordNotFound(f"template {template!r}")
+            if await tx.fetchone("SELECT 1 FROM pools WHERE template = :t", {"t": template}) is not None:
+                raise NameConflict(f"template {template!r} already has a pool")
+            await tx.execute(
+                "INSERT INTO pools (template, size, max_per_host, created_at, updated_at) "
+                "VALUES (:t, :size, :mph, :now, :now)",
+                {"t": template, "size": size, "mph": max_per_host, "now": now},
+            )
+            return (await self._pools(tx, template))[0]
+
+        try:
+            return await self._write(run)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(f"template {template!r} already has a pool") from exc
+            raise
+
+    async def update_pool(
+        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    ) -> PoolRecord:
+        _check_pool(size, max_per_host)
+        sets, params = ["updated_at = :now"], {"t": template, "now": self._now()}
+        if size is not None:
+            sets.append("size = :size")
+            params["size"] = size
+        if not isinstance(max_per_host, _Unset):
+            sets.append("max_per_host = :mph")
+            params["mph"] = max_per_host
+
+        async def run(tx: Tx) -> PoolRecord:
+            if await tx.execute(f"UPDATE pools SET {', '.join(sets)} WHERE template = :t", params) == 0:
+                raise RecordNotFound(f"no pool for template {template!r}")
+            return (await self._pools(tx, template))[0]
+
+        return await self._write(run)
+
+    async def delete_pool(self, template: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            await tx.execute("DELETE FROM pool_targets WHERE template = :t", {"t": template})
+            return await tx.execute("DELETE FROM pools WHERE template = :t", {"t": template}) > 0
+
+        return await self._write(run)
+
+    async def list_pools(self) -> list[PoolRecord]:
+        return await self._read(lambda tx: self._pools(tx, None))
+
+    async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool:
+        if any(n < 0 for n in targets.values()):
+            raise InvalidRecord("targets: must not be negative")
+        keep = [{"t": template, "h": h, "n": n} for h, n in sorted(targets.items()) if n > 0]
+
+        async def run(tx: Tx) -> bool:
+            if await tx.fetchone("SELECT 1 FROM pools WHERE template = :t", {"t": template}) is None:
+                return False
+            await tx.execute("DELETE FROM pool_targets WHERE template = :t", {"t": template})
+            if keep:
+                await tx.executemany(
+                    "INSERT INTO pool_targets (template, host_id, target) VALUES (:t, :h, :n)", keep
+                )
+            return True
+
+        return await self._write(run)
+
+    async def delete_template(self, name: str) -> bool:
+        async def run(tx: Tx) -> bool:
+            return await tx.execute("DELETE FROM templates WHERE name = :n", {"n": name}) > 0
+
+        return await self._write(run)
