@@ -25,7 +25,7 @@ from corral.store import (
     TemplateRecord,
     Usage,
 )
-from corral.store.contract import _Unset
+from corral.store.records import _Unset
 
 
 class HostReader(Protocol):

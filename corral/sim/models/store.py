@@ -26,7 +26,16 @@ from corral.core.listing import digest_of, fold
 from corral.core.scoring import Scorer, ScoreWeights
 from corral.core.types import HOST_FACTS, CreateRequest, HostFacts, HostState, HostView, Pending
 from corral.store import rows
-from corral.store.contract import (
+from corral.store.errors import (
+    IdempotencyMismatch,
+    InvalidRecord,
+    NameConflict,
+    QuotaExceeded,
+    RecordNotFound,
+    StateConflict,
+    StoreUnavailable,
+)
+from corral.store.records import (
     FAILOVER_POLICIES,
     LIVE_STATES,
     UNSET,
@@ -35,20 +44,13 @@ from corral.store.contract import (
     HeartbeatResult,
     HostRecord,
     HostReport,
-    IdempotencyMismatch,
-    InvalidRecord,
     Listing,
     ListingChange,
-    NameConflict,
     Page,
-    QuotaExceeded,
-    RecordNotFound,
     ReservationRecord,
     ReserveItem,
     SandboxRecord,
     SandboxState,
-    StateConflict,
-    StoreUnavailable,
     TemplateRecord,
     TenantRecord,
     Usage,
