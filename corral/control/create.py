@@ -26,7 +26,7 @@ from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound, Te
 from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
 from corral.control.pools import WarmClaims
-from corral.control.ports import AgentLookup, CreateStore
+from corral.control.ports import AgentLookup, CreatePort
 from corral.control.retry import RetryAfter
 from corral.control.seal import Sealer, Spec
 
@@ -103,7 +103,7 @@ def new_sandbox_id() -> str:
 class CreateFlow:
     def __init__(
         self,
-        store: CreateStore,
+        store: CreatePort,
         view: ViewCache,
         agents: AgentLookup,
         config: ControlConfig,

@@ -27,7 +27,7 @@ from corral.codes import ErrorCode
 from corral.control.create import CreateFlow
 from corral.control.errors import Unavailable
 from corral.control.explain import Explanation
-from corral.control.ports import FailoverStore
+from corral.control.ports import FailoverPort
 from corral.control.seal import SealError
 from corral.control.view import ViewCache
 from corral.core import Clock
@@ -42,7 +42,7 @@ RECREATE_BATCH = 200
 
 class Failover:
     def __init__(
-        self, store: FailoverStore, view: ViewCache, creates: CreateFlow, clock: Clock, timeouts: Timeouts
+        self, store: FailoverPort, view: ViewCache, creates: CreateFlow, clock: Clock, timeouts: Timeouts
     ) -> None:
         self.store = store
         self.view = view

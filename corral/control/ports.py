@@ -160,15 +160,15 @@ class Listings(Protocol):
     async def prune_listings(self, before: float) -> int: ...
 
 
-class CreateStore(SandboxRecords, Reservations, Specs, Protocol):
+class CreatePort(SandboxRecords, Reservations, Specs, Protocol):
     """What the create flow (and batch creates) write through."""
 
 
-class FailoverStore(CreateStore, Lifecycle, Protocol):
+class FailoverPort(CreatePort, Lifecycle, Protocol):
     """What failover writes through: placement as a create gets it, plus the leader's lifecycle."""
 
 
-class ReconcileStore(FailoverStore, Leases, Listings, Tenants, Protocol):
+class ReconcilePort(FailoverPort, Leases, Listings, Tenants, Protocol):
     """What the reconciler, the leader's loop, writes through."""
 
 

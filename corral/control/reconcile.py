@@ -14,7 +14,7 @@ from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.control.config import ControlConfig
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
-from corral.control.ports import AgentLookup, ReconcileStore
+from corral.control.ports import AgentLookup, ReconcilePort
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
@@ -36,7 +36,7 @@ IDEMPOTENCY_KEY_TTL_S = 24 * 3600.0
 class Reconciler:
     def __init__(
         self,
-        store: ReconcileStore,
+        store: ReconcilePort,
         view: ViewCache,
         agents: AgentLookup,
         config: ControlConfig,

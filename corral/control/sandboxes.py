@@ -7,7 +7,7 @@ from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, 
 from corral.agent.protocol import ExecRequest
 from corral.codes import ErrorCode
 from corral.control.errors import BadGateway, Gone, InvalidRequest, NotRunning, ResourceNotFound, Unavailable
-from corral.control.ports import AgentLookup, CreateStore
+from corral.control.ports import AgentLookup, CreatePort
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
 from corral.exec_result import ExecResult
@@ -17,7 +17,7 @@ GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
 
 class Sandboxes:
-    def __init__(self, store: CreateStore, view: ViewCache, agents: AgentLookup, routes: RouteCache) -> None:
+    def __init__(self, store: CreatePort, view: ViewCache, agents: AgentLookup, routes: RouteCache) -> None:
         self.store = store
         self.view = view
         self.agents = agents

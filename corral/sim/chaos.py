@@ -47,7 +47,7 @@ from corral.control.errors import ControlError
 from corral.control.failover import Failover
 from corral.control.heartbeats import to_store
 from corral.control.metrics import Metrics
-from corral.control.ports import AgentLookup, HostReader, ReconcileStore
+from corral.control.ports import AgentLookup, HostReader, ReconcilePort
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
@@ -502,7 +502,7 @@ class Replica:
             retry_after_max_s=5.0,
         )
         guarded = _Guarded(world, self)
-        store = cast(ReconcileStore, guarded)
+        store = cast(ReconcilePort, guarded)
         agents: AgentLookup = SimAgents(world, self)
         metrics = Metrics()
         view = ViewCache(cast(HostReader, guarded), self.clock, t.view_ttl_s, t.heartbeat_interval_s)

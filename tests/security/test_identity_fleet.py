@@ -152,12 +152,23 @@ def test_an_agent_refuses_calls_without_its_host_key(fleet: Fleet) -> None:
     assert httpx.get(f"{url}/v1/sandboxes", headers=as_(a.host_key), timeout=10).status_code == 200
     # The control plane holds each key: creates through either replica land and run.
     with httpx.Client(base_url=fleet.url(1), headers=as_(ADMIN), timeout=30) as c:
-        # Until both hosts have been called (spread sends the next create to the emptier one; a host
-        # whose sandboxes were just measured small can win twice in a row, so allow a few).
-        made: list[httpx.Response] = []
-        while {r.json()["host_id"] for r in made} != set(HOSTS) and len(made) < 8:
-            made.append(c.post("/v1/sandboxes", json={"memory_mb": 64}))
-            assert made[-1].status_code == 201, made[-1].text
+        # One create on each host: the first lands where spread sends it, then that host is drained
+        # so the next must go to the other (spread alone can favour one host for a while when the
+        # hosts' CPU readings differ on a loaded machine).
+        made = [c.post("/v1/sandboxes", json={"memory_mb": 64})]
+        assert made[0].status_code == 201, made[0].text
+        first = made[0].json()["host_id"]
+        assert c.post(f"/v1/hosts/{first}/drain").status_code == 200
+        r = c.post("/v1/sandboxes", json={"memory_mb": 64}, headers={"Idempotency-Key": "second"})
+        for _ in range(20):  # a refusal while the replica's view still offers the drained host
+            if r.status_code == 201:
+                break
+            assert r.status_code == 503, r.text
+            time.sleep(float(r.headers.get("Retry-After", "0.5")))
+            r = c.post("/v1/sandboxes", json={"memory_mb": 64}, headers={"Idempotency-Key": "second"})
+        assert r.status_code == 201, r.text
+        made.append(r)
+        assert c.post(f"/v1/hosts/{first}/undrain").status_code == 200
         assert {r.json()["host_id"] for r in made} == set(HOSTS)
         for r in made:
             ex = c.post(f"/v1/sandboxes/{r.json()['id']}/exec", json={"command": ["echo", "hi"]})

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from corral.control.ports import HostReader, ReconcileStore, Tenants
+    from corral.control.ports import HostReader, ReconcilePort, Tenants
     from corral.sim.models.store import ModelStore
     from corral.store.postgres import PostgresStore
     from corral.store.sqlite import SqliteStore
 
     def _conforms(model: ModelStore, sqlite: SqliteStore, postgres: PostgresStore) -> None:
-        flows: list[ReconcileStore] = [model, sqlite, postgres]
+        flows: list[ReconcilePort] = [model, sqlite, postgres]
         hosts: list[HostReader] = [model, sqlite, postgres]
         tenants: list[Tenants] = [model, sqlite, postgres]
         del flows, hosts, tenants
