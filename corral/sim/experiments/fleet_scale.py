@@ -98,7 +98,8 @@ def listing_of(out: Outgoing) -> Listing:
 @dataclass(frozen=True, slots=True)
 class DesignFigures:
     design: str  # "changes" (this one) or "full_list" (every heartbeat carries every id)
-    rows: dict[str, int]  # rows each table holds at the end
+    # Rows each table holds at the end (reservations: still unconfirmed when the window closed).
+    rows: dict[str, int]
     writes_per_s: dict[str, float]  # rows written per second of simulated time, by kind
     listing_ids_written_per_s: float
     wire_bytes_per_heartbeat: float  # mean over the sampled heartbeats
@@ -128,6 +129,7 @@ class FleetResult:
             "creates": self.creates,
             "deletes": self.deletes,
             "short_lived": self.short_lived,
+            "listing_rows_after": self.listing_rows_after,
             "designs": [asdict(d) for d in self.designs],
         }
 
