@@ -1,8 +1,10 @@
 """The package's layering, read from the source with ``ast`` (nothing is imported), so a violation names
 its file and line.
 
-Layers, lowest first: ``core`` < ``store``, ``runtime``, ``sim`` (and the edge utilities ``clock``,
-``ids``, ``logs``, ``jsontext``, ``aio``) < ``agent``, ``control`` < ``api`` < ``cli``. A module imports only from its
+Layers, lowest first: ``core`` < ``store``, ``runtime`` (and the edge utilities ``clock``,
+``ids``, ``logs``, ``jsontext``, ``aio``) < ``agent``, ``control``, ``sim`` < ``api`` < ``cli``. ``sim`` sits
+beside the agent and the control plane because it drives their own code (what a heartbeat carries,
+how the control plane decodes it), not a copy of it. A module imports only from its
 own layer or below. ``core`` is pure policy: the standard library's computational modules, the error
 codes and itself, no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without
 the server's dependencies: it imports nothing of corral but itself and the wire's shared vocabulary
@@ -26,7 +28,6 @@ LAYER = {
     "core": 0,
     "store": 1,
     "runtime": 1,
-    "sim": 1,
     "clock": 1,
     "ids": 1,
     "logs": 1,
@@ -34,6 +35,7 @@ LAYER = {
     "aio": 1,
     "agent": 2,
     "control": 2,
+    "sim": 2,
     "testing": 2,
     "api": 3,
     "cli": 4,
