@@ -20,6 +20,7 @@ from corral.sim import plots, render
 from corral.sim.experiments import (
     BurstScenario,
     DensityScenario,
+    FleetScenario,
     LeakScenario,
     ScaleScenario,
     StalenessScenario,
@@ -27,6 +28,7 @@ from corral.sim.experiments import (
 )
 from corral.sim.experiments import burst as burst_exp
 from corral.sim.experiments import density as density_exp
+from corral.sim.experiments import fleet_scale as fleet_exp
 from corral.sim.experiments import leak as leak_exp
 from corral.sim.experiments import scale as scale_exp
 from corral.sim.experiments import staleness as staleness_exp
@@ -212,11 +214,39 @@ def scale(
     ns: str = typer.Option("16,64,256,1024,4096,16384,65536", help="Fleet sizes n (n creates each)."),
     trials: int = typer.Option(3, help="Runs per point, averaged."),
     full_scan_max_n: int = typer.Option(1024, help="Largest n for the O(n) full scan."),
+    hosts: int | None = typer.Option(
+        None, help="Instead: run this many hosts and report store rows and writes per second."
+    ),
+    sandboxes: int = typer.Option(1_000_000, help="With --hosts: sandboxes across the fleet."),
+    churn_per_s: float = typer.Option(300.0, help="With --hosts: creates (and deletes) per second."),
+    duration_s: float = typer.Option(60.0, help="With --hosts: seconds of simulated time."),
+    heartbeat_s: float = typer.Option(
+        fleet_exp.DEFAULT_HEARTBEAT_S, help="With --hosts: heartbeat interval."
+    ),
     seed: int = SEED,
     as_json: bool = JSON,
     plot: Path | None = PLOT,
 ) -> None:
-    """Fullest host vs n for random, power-of-2 and a full scan (balls and bins)."""
+    """Fullest host vs n for random, power-of-2 and a full scan (balls and bins); with --hosts, the
+    store's rows and writes per second at fleet size, changes-only heartbeats beside full lists."""
+    if hosts is not None:
+        try:
+            fleet = FleetScenario(
+                hosts=hosts,
+                sandboxes=sandboxes,
+                churn_per_s=churn_per_s,
+                duration_s=duration_s,
+                heartbeat_s=heartbeat_s,
+            )
+        except ValueError as exc:
+            _fail(str(exc), as_json)
+            return
+        result = fleet_exp.run(fleet, seed)
+        if as_json:
+            sys.stdout.write("".join(json.dumps(line) + "\n" for line in result.json_lines()))
+        else:
+            render.fleet_scale(result, Console())
+        return
     _run(
         lambda: ScaleScenario(ns=_ints(ns), trials=trials, full_scan_max_n=full_scan_max_n),
         scale_exp.run,

@@ -9,6 +9,7 @@ from rich.table import Table
 from corral.sim.experiments import (
     BurstResult,
     DensityResult,
+    FleetResult,
     LeakResult,
     ScaleResult,
     StalenessResult,
@@ -101,6 +102,47 @@ def scale(r: ScaleResult, console: Console) -> None:
                 row.append(f"{p.theory:.2f}" if p and p.theory is not None else "-")
         table.add_row(*row)
     console.print(table)
+
+
+def fleet_scale(r: FleetResult, console: Console) -> None:
+    s = r.scenario
+    console.print(
+        f"[bold]scale[/bold]: {s.hosts:,} hosts, {s.sandboxes:,} sandboxes, churn {s.churn_per_s:g}/s, "
+        f"heartbeat {s.heartbeat_s:g} s, {s.duration_s:g} s simulated, seed {r.seed}: "
+        f"{r.heartbeats:,} heartbeats, {r.creates:,} creates, {r.deletes:,} deletes"
+    )
+    changes, full = r.designs
+    table = Table(show_header=True, header_style="bold", box=None)
+    table.add_column("per second of simulated time")
+    table.add_column("changes + digest", justify="right")
+    table.add_column("full id list", justify="right")
+    for kind in changes.writes_per_s:
+        table.add_row(
+            f"{kind} written", f"{changes.writes_per_s[kind]:,.1f}", f"{full.writes_per_s[kind]:,.1f}"
+        )
+    table.add_row(
+        "listing ids written",
+        f"{changes.listing_ids_written_per_s:,.0f}",
+        f"{full.listing_ids_written_per_s:,.0f}",
+    )
+    table.add_row("wire bytes", f"{changes.wire_bytes_per_s:,.0f}", f"{full.wire_bytes_per_s:,.0f}")
+    table.add_row(
+        "wire bytes per heartbeat",
+        f"{changes.wire_bytes_per_heartbeat:,.0f}",
+        f"{full.wire_bytes_per_heartbeat:,.0f}",
+    )
+    console.print(table)
+    rows = Table(show_header=True, header_style="bold", box=None)
+    rows.add_column("rows held")
+    rows.add_column("changes + digest", justify="right")
+    rows.add_column("full id list", justify="right")
+    for table_name in dict.fromkeys([*changes.rows, *full.rows]):
+        rows.add_row(
+            table_name,
+            f"{changes.rows[table_name]:,}" if table_name in changes.rows else "-",
+            f"{full.rows[table_name]:,}" if table_name in full.rows else "-",
+        )
+    console.print(rows)
 
 
 def leak(r: LeakResult, console: Console) -> None:

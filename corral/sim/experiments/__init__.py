@@ -3,6 +3,7 @@ result with ``as_json()``. Every parameter lives on the scenario and is echoed i
 
 from corral.sim.experiments.burst import BurstResult, BurstScenario
 from corral.sim.experiments.density import DensityResult, DensityScenario
+from corral.sim.experiments.fleet_scale import FleetResult, FleetScenario
 from corral.sim.experiments.leak import LeakResult, LeakScenario
 from corral.sim.experiments.scale import ScaleResult, ScaleScenario
 from corral.sim.experiments.staleness import StalenessResult, StalenessScenario
@@ -13,6 +14,8 @@ __all__ = [
     "BurstScenario",
     "DensityResult",
     "DensityScenario",
+    "FleetResult",
+    "FleetScenario",
     "LeakResult",
     "LeakScenario",
     "ScaleResult",
