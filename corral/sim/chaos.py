@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import logging
 import multiprocessing
 import random
 from collections import Counter
@@ -25,7 +24,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from corral import ids
 from corral.agent.agent import Agent
 from corral.agent.client import AgentClient
 from corral.agent.errors import AgentUnavailable
@@ -40,29 +38,22 @@ from corral.agent.protocol import (
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget, RetryPolicy
 from corral.codes import ErrorCode
-from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
-from corral.control.create import CreateFlow, CreateSpec
+from corral.control.create import CreateSpec
 from corral.control.errors import ControlError
-from corral.control.failover import Failover
 from corral.control.heartbeats import to_store
-from corral.control.metrics import Metrics
-from corral.control.ports import AgentLookup, HostReader, ReconcilePort
-from corral.control.reconcile import Reconciler
-from corral.control.retry import RetryAfter
-from corral.control.routes import RouteCache
-from corral.control.sandboxes import Sandboxes
+from corral.control.ports import ReconcilePort
 from corral.control.seal import Sealer
-from corral.control.view import ViewCache
 from corral.core.admission import DEFAULT_POLICY
 from corral.core.fit import CPU, Term
 from corral.core.listing import digest_of
 from corral.core.timeouts import Timeouts
 from corral.core.types import AdmissionMode
 from corral.exec_result import ExecResult
-from corral.runtime.sim import SimRuntime, SimState
+from corral.runtime.sim import SimState
+from corral.sim.harness import START, control_plane, run_seeded, sim_agent
 from corral.sim.models.store import ModelStore
-from corral.sim.vtime import VirtualClock, run_virtual
+from corral.sim.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
     FAILOVER_RECREATE,
@@ -73,7 +64,6 @@ from corral.store import (
 )
 from corral.store.rows import from_millicores
 
-START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
 RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})
 # Calls that change nothing: the state after them is the state checked after the previous step.
 READS = frozenset(
@@ -407,19 +397,18 @@ class SimHost:
     async def boot(self) -> None:
         w = self.world
         self.gen += 1
-        runtime = SimRuntime(
-            w.clock, w.rng(f"runtime/{self.id}/{self.gen}"), state=self.state, start_latency_s=0.05
-        )
-        agent = Agent(
+        agent = sim_agent(
             self.id,
-            runtime,
-            w.cfg.host_mb,
-            w.cfg.host_cpus,
-            admission=AdmissionMode.COMMITTED,
-            clock=w.clock,
+            w.clock,
+            w.rng(f"runtime/{self.id}/{self.gen}"),
+            self.state,
+            memory_mb=w.cfg.host_mb,
+            cpus=w.cfg.host_cpus,
             heartbeat_interval_s=w.cfg.timeouts.heartbeat_interval_s,
             sink=self._sink,
-            max_concurrent_starts=4,
+            starts_limit=4,
+            start_latency_s=0.05,
+            admission=AdmissionMode.COMMITTED,
         )
         await agent.adopt()
         self.agent, self.up = agent, True
@@ -502,22 +491,18 @@ class Replica:
             retry_after_max_s=5.0,
         )
         guarded = _Guarded(world, self)
-        store = cast(ReconcilePort, guarded)
-        agents: AgentLookup = SimAgents(world, self)
-        metrics = Metrics()
-        view = ViewCache(cast(HostReader, guarded), self.clock, t.view_ttl_s, t.heartbeat_interval_s)
-        retry = RetryAfter(self.clock, t, config.retry_after_min_s, config.retry_after_max_s)
-        routes = RouteCache()
-        self.flow = CreateFlow(
-            store, view, agents, config, self.clock, world.rng(f"replica/{self.id}"), metrics, retry
+        plane = control_plane(
+            cast(ReconcilePort, guarded),
+            SimAgents(world, self),
+            config,
+            self.clock,
+            world.rng(f"replica/{self.id}"),
+            world.sealer,
         )
-        self.flow.sealer = world.sealer
-        self.batch = BatchCreate(self.flow)
-        self.sandboxes = Sandboxes(store, view, agents, routes)
-        failover = Failover(store, view, self.flow, self.clock, t)
-        self.reconciler = Reconciler(
-            store, view, agents, config, self.clock, metrics, retry, routes, failover
-        )
+        self.flow = plane.flow
+        self.batch = plane.batch
+        self.sandboxes = plane.sandboxes
+        self.reconciler = plane.reconciler
         self.config = config
         self.tasks: set[asyncio.Task[Any]] = set()
 
@@ -755,9 +740,6 @@ async def _run(world: World) -> None:
 def run_seed(seed: int, cfg: ChaosConfig | None = None) -> ChaosResult:
     """One run: a pure function of (config, seed)."""
     cfg = cfg or ChaosConfig()
-    ids.reseed(f"chaos/{seed}")
-    quiet = logging.getLogger("corral")
-    level, quiet.level = quiet.level, logging.CRITICAL
     holder: list[World] = []
 
     async def main() -> None:
@@ -765,11 +747,7 @@ def run_seed(seed: int, cfg: ChaosConfig | None = None) -> ChaosResult:
         holder.append(world)
         await _run(world)
 
-    try:
-        run_virtual(main(), START)
-    finally:
-        quiet.level = level
-        ids.reseed(None)
+    run_seeded(main(), f"chaos/{seed}")
     world = holder[0]
     digest = hashlib.sha256("\n".join([*world.trace, world.store.dump()]).encode()).hexdigest()
     return ChaosResult(seed, world.violations, world.faults, world.outcomes, world.trace, digest)
