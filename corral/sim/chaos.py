@@ -29,18 +29,14 @@ from corral.agent.client import AgentClient
 from corral.agent.errors import AgentUnavailable
 from corral.agent.protocol import (
     AgentHeartbeat,
-    Capacity,
-    ExecRequest,
     HeartbeatReply,
     SandboxInfo,
     StartSandbox,
 )
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget, RetryPolicy
-from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
-from corral.control.errors import ControlError
 from corral.control.heartbeats import to_store
 from corral.control.ports import ReconcilePort
 from corral.control.seal import Sealer
@@ -49,9 +45,18 @@ from corral.core.fit import CPU, Term
 from corral.core.listing import digest_of
 from corral.core.timeouts import Timeouts
 from corral.core.types import AdmissionMode
-from corral.exec_result import ExecResult
 from corral.runtime.sim import SimState
-from corral.sim.harness import START, control_plane, run_seeded, sim_agent
+from corral.sim.harness import (
+    START,
+    Guarded,
+    InMemoryAgentClient,
+    Process,
+    control_plane,
+    reply_of,
+    request,
+    run_seeded,
+    sim_agent,
+)
 from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock
 from corral.store import (
@@ -298,28 +303,7 @@ class World:
         self.check()
 
 
-class _Guarded:
-    """The store as one replica's process reaches it: once the process is gone, nothing more of it
-    reaches the store (a dead process's clean-up never runs), and every call is followed by the checks."""
-
-    def __init__(self, world: World, replica: Replica) -> None:
-        self._world = world
-        self._replica = replica
-
-    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
-        fn = getattr(self._world.store, name)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if not self._replica.alive:
-                raise StoreError("this process is gone")
-            result = await fn(*args, **kwargs)
-            self._world.after(name, result)
-            return result
-
-        return call
-
-
-class SimAgentClient(AgentClient):
+class SimAgentClient(InMemoryAgentClient):
     """One replica's connection to one simulated host: the real agent, called in memory, behind a
     network that can be slow, fail, or lose the reply after the agent acted."""
 
@@ -360,15 +344,6 @@ class SimAgentClient(AgentClient):
             await self._agent().stop(sandbox_id, epoch)
         finally:
             self.host.world.check()
-
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
-        return await self._agent().exec(sandbox_id, req, epoch)
-
-    async def list(self) -> list[SandboxInfo]:
-        return self._agent().list()
-
-    async def capacity(self) -> Capacity:
-        return self._agent().capacity()
 
 
 class SimAgents:
@@ -448,12 +423,7 @@ class SimHost:
         if not w.calming and f.random() < w.cfg.heartbeat_reply_lost:
             w.fault("heartbeat_reply_lost", self.id)
             raise ConnectionError("heartbeat reply lost")
-        return HeartbeatReply(
-            accepted=result.accepted,
-            confirmed=result.confirmed,
-            listed_seq=result.listed_seq,
-            stop=sorted(result.fenced),
-        )
+        return reply_of(result)
 
     async def _deliver(self, hb: AgentHeartbeat, delay: float = 0.0) -> HeartbeatResult:
         w = self.world
@@ -472,13 +442,13 @@ class SimHost:
         return result
 
 
-class Replica:
+class Replica(Process):
     def __init__(self, world: World, slot: int, gen: int) -> None:
+        super().__init__()
         self.world = world
         self.id = f"r{slot}.{gen}"
         self.slot = slot
         self.gen = gen
-        self.alive = True
         self.ready = False
         cfg = world.cfg
         t = cfg.timeouts
@@ -490,7 +460,7 @@ class Replica:
             reconcile_interval_s=cfg.reconcile_interval_s,
             retry_after_max_s=5.0,
         )
-        guarded = _Guarded(world, self)
+        guarded = Guarded(world.store, self, world.after)
         plane = control_plane(
             cast(ReconcilePort, guarded),
             SimAgents(world, self),
@@ -504,13 +474,6 @@ class Replica:
         self.sandboxes = plane.sandboxes
         self.reconciler = plane.reconciler
         self.config = config
-        self.tasks: set[asyncio.Task[Any]] = set()
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
 
     def start(self) -> None:
         """The replica's real reconciler loop, each round followed by the lease checks when it led."""
@@ -527,13 +490,6 @@ class Replica:
         rec.tick = checked_tick  # type: ignore[method-assign]
         self.spawn(rec.run())
 
-    def crash(self) -> None:
-        """The process dies: whatever it was doing stops at its current await, and nothing it would
-        have done to clean up reaches the store or the agents."""
-        self.alive = False
-        for task in list(self.tasks):
-            task.cancel()
-
 
 class Client:
     def __init__(self, world: World, n: int) -> None:
@@ -549,22 +505,7 @@ class Client:
 
     async def _call(self, make: Callable[[Replica], Coroutine[Any, Any, Any]]) -> Any:
         """One request through a load balancer: a replica that dies mid-request is a lost connection."""
-        replica = self._replica()
-        if replica is None:
-            raise Unreachable("no replica answers")
-        task = replica.spawn(make(replica))
-        await asyncio.wait([task])
-        if task.cancelled():
-            raise Unreachable("the replica went away mid-request")
-        exc = task.exception()
-        if isinstance(exc, ControlError):
-            raise CorralError(exc.message, code=exc.code, status=exc.status, retry_after_s=exc.retry_after_s)
-        if isinstance(exc, StoreError):
-            status = 503 if exc.code == ErrorCode.STORE_UNAVAILABLE else 500
-            raise CorralError(str(exc), code=exc.code, status=status, retry_after_s=1.0)
-        if exc is not None:
-            raise exc
-        return task.result()
+        return await request(self._replica(), make)
 
     async def _with_retries(self, what: str, make: Callable[[Replica], Coroutine[Any, Any, Any]]) -> Any:
         w = self.world

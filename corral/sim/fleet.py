@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
 
 from corral.core import (
     CreateRequest,
@@ -32,6 +33,8 @@ from corral.core import (
 from corral.sim.events import EventLoop
 from corral.sim.host import HostSpec, SimHost
 from corral.sim.policies import LedgerScope, Policy
+
+T = TypeVar("T")
 
 
 class Outcome:
@@ -72,8 +75,7 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.replicas < 1:
             raise ValueError("a fleet needs at least one host and one replica")
-        if self.split not in ("round_robin", "random"):
-            raise ValueError("split must be 'round_robin' or 'random'")
+        check_split(self.split)
         if self.view_ttl_s < 0:
             raise ValueError("view_ttl_s must not be negative")
 
@@ -82,6 +84,28 @@ class FleetConfig:
         if self.stale_after_s is not None:
             return self.stale_after_s
         return self.view_ttl_s + 3 * self.host.heartbeat_s * (1 + self.host.heartbeat_jitter)
+
+
+def check_split(split: str) -> None:
+    if split not in ("round_robin", "random"):
+        raise ValueError("split must be 'round_robin' or 'random'")
+
+
+class Router(Generic[T]):
+    """The load balancer in front of the replicas: round-robin over the live ones, or uniform."""
+
+    def __init__(self, split: str, rng: random.Random) -> None:
+        self.split = split
+        self.rng = rng
+        self._rr = 0
+
+    def pick(self, alive: Sequence[T]) -> T | None:
+        if not alive:
+            return None
+        if self.split == "random":
+            return alive[int(self.rng.random() * len(alive))]
+        self._rr += 1
+        return alive[(self._rr - 1) % len(alive)]
 
 
 class HostTable:
@@ -183,7 +207,7 @@ class Fleet:
             self.replicas.append(SimReplica(rid, sched, self.store, cfg.view_ttl_s))
         self.metrics = Metrics()
         self._ids = 0
-        self._rr = 0
+        self.router: Router[SimReplica] = Router(cfg.split, self.rng)
         self._unconfirmed: dict[str, list[tuple[float, Reservation, SimReplica]]] = {
             h.id: [] for h in self.hosts
         }
@@ -299,13 +323,7 @@ class Fleet:
     # -- the create flow -----------------------------------------------------------------------
 
     def _route(self) -> SimReplica | None:
-        alive = [r for r in self.replicas if r.alive]
-        if not alive:
-            return None
-        if self.cfg.split == "random":
-            return alive[int(self.rng.random() * len(alive))]
-        self._rr += 1
-        return alive[(self._rr - 1) % len(alive)]
+        return self.router.pick([r for r in self.replicas if r.alive])
 
     def _arrive(self, c: Create) -> None:
         replica = self._route()

@@ -6,17 +6,23 @@ and the fleet experiments both build on these, so both drive the same code the s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from corral import ids
 from corral.agent.agent import Agent, HeartbeatSink
+from corral.agent.client import AgentClient
+from corral.agent.protocol import Capacity, ExecRequest, HeartbeatReply, SandboxInfo, StartSandbox
+from corral.client.errors import CorralError, Unreachable
+from corral.codes import ErrorCode
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
+from corral.control.errors import ControlError
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
 from corral.control.ports import AgentLookup, HostReader, ReconcilePort
@@ -29,8 +35,10 @@ from corral.control.view import ViewCache
 from corral.core.clock import Clock
 from corral.core.touch import TouchModel
 from corral.core.types import AdmissionMode
+from corral.exec_result import ExecResult
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.vtime import run_virtual
+from corral.store import HeartbeatResult, StoreError
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
 
@@ -113,3 +121,110 @@ def run_seeded(main: Coroutine[Any, Any, Any], tag: str) -> Any:
     finally:
         quiet.level = level
         ids.reseed(None)
+
+
+def reply_of(result: HeartbeatResult) -> HeartbeatReply:
+    """What the agent hears back from the store's answer to its heartbeat."""
+    return HeartbeatReply(
+        accepted=result.accepted,
+        confirmed=result.confirmed,
+        listed_seq=result.listed_seq,
+        stop=sorted(result.fenced),
+    )
+
+
+def client_error(exc: BaseException) -> BaseException:
+    """An error a replica raised, as the SDK sees it through the API (the server's mapping)."""
+    if isinstance(exc, ControlError):
+        return CorralError(exc.message, code=exc.code, status=exc.status, retry_after_s=exc.retry_after_s)
+    if isinstance(exc, StoreError):
+        status = 503 if exc.code == ErrorCode.STORE_UNAVAILABLE else 500
+        return CorralError(str(exc), code=exc.code, status=status, retry_after_s=1.0)
+    return exc
+
+
+class Process:
+    """A replica's process: the tasks it runs, and whether it still lives."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def crash(self) -> None:
+        """The process dies: whatever it was doing stops at its current await, and nothing it would
+        have done to clean up reaches the store or the agents."""
+        self.alive = False
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class Guarded:
+    """The store as one process reaches it: once the process is gone, nothing more of it reaches the
+    store (a dead process's clean-up never runs); ``after`` sees every call's name and result."""
+
+    def __init__(
+        self, store: object, process: Process, after: Callable[[str, object], None] | None = None
+    ) -> None:
+        self._store = store
+        self._process = process
+        self._after = after
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        fn = getattr(self._store, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if not self._process.alive:
+                raise StoreError("this process is gone")
+            result = await fn(*args, **kwargs)
+            if self._after is not None:
+                self._after(name, result)
+            return result
+
+        return call
+
+
+class InMemoryAgentClient(AgentClient):
+    """A connection to a real agent in this process: ``_agent`` says which, or raises when it cannot
+    be reached; the calls that cannot fail on the way go straight through."""
+
+    def _agent(self) -> Agent:
+        raise NotImplementedError
+
+    async def start(self, req: StartSandbox) -> SandboxInfo:
+        return await self._agent().start(req)
+
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        await self._agent().stop(sandbox_id, epoch)
+
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
+        return await self._agent().exec(sandbox_id, req, epoch)
+
+    async def list(self) -> list[SandboxInfo]:
+        return self._agent().list()
+
+    async def capacity(self) -> Capacity:
+        return self._agent().capacity()
+
+
+P = TypeVar("P", bound=Process)
+
+
+async def request(process: P | None, make: Callable[[P], Coroutine[Any, Any, Any]]) -> Any:
+    """One request through a load balancer to ``process``: a process that dies mid-request is a lost
+    connection; what the replica raises reaches the caller as the SDK would see it."""
+    if process is None:
+        raise Unreachable("no replica answers")
+    task = process.spawn(make(process))
+    await asyncio.wait([task])
+    if task.cancelled():
+        raise Unreachable("the replica went away mid-request")
+    exc = task.exception()
+    if exc is not None:
+        raise client_error(exc)
+    return task.result()

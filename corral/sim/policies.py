@@ -1,5 +1,9 @@
 """Placement policies by name: which core selector a replica runs, whose ledger it reserves in, and
-what the agent enforces on its own side. Each is a composition of core parts, never a copy of one."""
+what the agent enforces on its own side. Each is a composition of core parts, never a copy of one.
+
+A policy that is a configuration corral itself runs (``flow_k`` set) is run through corral's real
+create flow, store model and agents (:mod:`corral.sim.real_fleet`); the others are models of other
+schedulers (no ledger, per-replica ledgers, an agent without a gate), run by :mod:`corral.sim.fleet`."""
 
 from __future__ import annotations
 
@@ -31,6 +35,18 @@ class Policy:
     agent_gate: bool
     starts_limit: int | None
     summary: str
+    # Candidates per decision when corral's own create flow runs this policy (its ``k``; 0: every
+    # host). None: a model of another scheduler, not a configuration of corral's.
+    flow_k: int | None = None
+
+    @property
+    def is_model(self) -> bool:
+        return self.flow_k is None
+
+    @property
+    def engine(self) -> str:
+        """What runs it: corral's own create flow, or the fleet model of another scheduler."""
+        return "model" if self.is_model else "create_flow"
 
 
 POLICIES: dict[str, Policy] = {
@@ -83,6 +99,7 @@ POLICIES: dict[str, Policy] = {
             True,
             CORRAL_STARTS_LIMIT,
             "power-of-2 sampling + a shared ledger + the agent's own gate and starts limiter",
+            flow_k=2,
         ),
         Policy(
             "random",

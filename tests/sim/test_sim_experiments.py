@@ -59,3 +59,6 @@ def test_reserved_memory_returns_to_zero_after_a_replica_crash() -> None:
     assert r.lease.zero_at_s is not None and r.ttl_only.zero_at_s is not None
     assert r.lease.zero_at_s < r.ttl_only.zero_at_s
     assert r.ttl_only.zero_at_s >= LeakScenario().ledger_ttl_s
+    # Through the real reconciler: the leader ends the dead owner's claims once its lease lapses.
+    assert r.as_json()["engine"] == "create_flow"
+    assert LeakScenario().lease_s <= r.lease.zero_at_s < LeakScenario().ledger_ttl_s

@@ -8,14 +8,19 @@ heartbeat interval and one view TTL.
 
 from __future__ import annotations
 
+import asyncio
+import random
 import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from corral.control.create import CreateSpec
 from corral.core import CreateRequest
 from corral.sim.fleet import Fleet, FleetConfig, counts_for
+from corral.sim.harness import run_seeded
 from corral.sim.host import HostSpec
 from corral.sim.policies import policy as policy_named
+from corral.sim.real_fleet import RealFleet, RealFleetConfig
 
 PRELOAD_SANDBOXES = 4  # the fleet's existing load on each host, already measured
 
@@ -86,6 +91,7 @@ class BurstResult:
             "experiment": "burst",
             "seed": self.seed,
             "policy": self.scenario.policy,
+            "engine": policy_named(self.scenario.policy).engine,
             "scenario": asdict(self.scenario),
             "per_host": self.per_host,
             "max": self.max,
@@ -101,16 +107,36 @@ class BurstResult:
         }
 
 
-def build(scn: BurstScenario, seed: int) -> Fleet:
+def preload_plan(scn: BurstScenario, rng: random.Random) -> list[int | None]:
+    """Each host's existing resident memory (None: the fresh host, which joins empty)."""
+    ranks = list(range(scn.hosts))
+    rng.shuffle(ranks)
+    fresh = rng.randrange(scn.hosts) if scn.fresh_host else None
+    jitter = scn.gap_mb // 4
+    return [
+        None if i == fresh else scn.base_used_mb + rank * scn.gap_mb + rng.randint(-jitter, jitter)
+        for i, rank in enumerate(ranks)
+    ]
+
+
+def host_spec(scn: BurstScenario) -> HostSpec:
     pol = policy_named(scn.policy)
-    if scn.starts_limit is not None:
-        pol = replace(pol, starts_limit=scn.starts_limit)
-    spec = HostSpec(
+    return HostSpec(
         memory_mb=scn.host_memory_mb,
         cpus=scn.host_cpus,
         heartbeat_s=scn.heartbeat_s,
         heartbeat_jitter=scn.heartbeat_jitter,
+        gate=pol.agent_gate,
+        starts_limit=scn.starts_limit if scn.starts_limit is not None else pol.starts_limit,
     )
+
+
+def build(scn: BurstScenario, seed: int) -> Fleet:
+    """The fleet model, for the policies that model other schedulers."""
+    pol = policy_named(scn.policy)
+    if scn.starts_limit is not None:
+        pol = replace(pol, starts_limit=scn.starts_limit)
+    spec = host_spec(scn)
     fleet = Fleet(
         FleetConfig(
             hosts=scn.hosts,
@@ -125,21 +151,91 @@ def build(scn: BurstScenario, seed: int) -> Fleet:
         ),
         seed,
     )
-    rng = fleet.stream("preload")
-    ranks = list(range(scn.hosts))
-    rng.shuffle(ranks)
-    fresh = rng.randrange(scn.hosts) if scn.fresh_host else None
-    jitter = scn.gap_mb // 4
-    for i, (host, rank) in enumerate(zip(fleet.hosts, ranks, strict=True)):
-        if i == fresh:
+    for i, used in enumerate(preload_plan(scn, fleet.stream("preload"))):
+        if used is None:
             continue
-        used = scn.base_used_mb + rank * scn.gap_mb + rng.randint(-jitter, jitter)
         for _ in range(PRELOAD_SANDBOXES):
-            host.preload(fleet.new_id(), scn.sandbox_mb, used // PRELOAD_SANDBOXES, 1.0, 0.0)
+            fleet.hosts[i].preload(fleet.new_id(), scn.sandbox_mb, used // PRELOAD_SANDBOXES, 1.0, 0.0)
     return fleet
 
 
+def real_config(scn: BurstScenario, **changes: Any) -> RealFleetConfig:
+    spec = host_spec(scn)
+    model = FleetConfig(
+        hosts=scn.hosts,
+        policy=policy_named(scn.policy),
+        host=spec,
+        view_ttl_s=scn.view_ttl_s,
+        stale_after_s=scn.stale_after_s,
+    )
+    return RealFleetConfig(
+        hosts=scn.hosts,
+        host=spec,
+        replicas=scn.replicas,
+        view_ttl_s=scn.view_ttl_s,
+        stale_after_s=model.stale_after,
+        k=policy_named(scn.policy).flow_k,
+        split=scn.split,
+        reservation_ttl_s=scn.ledger_ttl_s,
+        replica_lease_s=scn.lease_s if scn.lease_s is not None else 10 * scn.ledger_ttl_s,
+        **changes,
+    )
+
+
+def build_real(fleet: RealFleet, scn: BurstScenario) -> None:
+    """Preload the real fleet's hosts as the model's (before ``setup``)."""
+    for host_id, used in zip(fleet.host_ids, preload_plan(scn, fleet.stream("preload")), strict=True):
+        if used is None:
+            continue
+        for _ in range(PRELOAD_SANDBOXES):
+            fleet.preload(host_id, scn.sandbox_mb, used // PRELOAD_SANDBOXES, 1.0)
+
+
+def burst_times(scn: BurstScenario, fleet: RealFleet, start: float) -> list[float]:
+    return sorted(start + fleet.rng.uniform(0.0, scn.window_s) for _ in range(scn.creates))
+
+
+def run_real(scn: BurstScenario, seed: int) -> BurstResult:
+    """The burst through corral's own create flow (a policy that is a configuration of corral's)."""
+
+    async def main() -> BurstResult:
+        fleet = RealFleet(real_config(scn), seed)
+        build_real(fleet, scn)
+        await fleet.setup()
+        hb_max = scn.heartbeat_s * (1 + scn.heartbeat_jitter)
+        t0 = fleet.loop.time()
+        start = t0 + hb_max + scn.view_ttl_s  # every host has heartbeated and every view cache is warm
+        fleet.warm_views(t0 + hb_max, start)
+        await asyncio.sleep(start - t0)
+        free_before = fleet.admittable()
+        spec = CreateSpec(memory_mb=scn.sandbox_mb, cpus=scn.sandbox_cpu)
+        await asyncio.gather(
+            *(fleet.create(spec, f"c{i}", at) for i, at in enumerate(burst_times(scn, fleet, start)))
+        )
+        await asyncio.sleep(2 * hb_max)  # heartbeats confirm what was placed
+        t = fleet.tally
+        refusals = t.refusals + fleet.agent_refusals()
+        age, decisions = fleet.view_age()
+        return BurstResult(
+            scenario=scn,
+            seed=seed,
+            per_host={h: t.placements.get(h, 0) for h in fleet.host_ids},
+            refusals=dict(sorted(refusals.items())),
+            placed=t.placed,
+            mean_view_age_s=age / decisions if decisions else 0.0,
+            free_mb_before=free_before,
+            outstanding_mb_after=fleet.outstanding_mb(),
+            refused_then_placed=len(t.waits_s),
+            max_wait_s=max(t.waits_s, default=0.0),
+        )
+
+    result: BurstResult = run_seeded(main(), f"burst/{seed}")
+    return result
+
+
 def run(scn: BurstScenario, seed: int = 1) -> BurstResult:
+    if not policy_named(scn.policy).is_model:
+        return run_real(scn, seed)
     fleet = build(scn, seed)
     free_before = {h.id: h.admittable for h in fleet.hosts}
     hb_max = scn.heartbeat_s * (1 + scn.heartbeat_jitter)

@@ -8,11 +8,16 @@ the dead one never will, which is the leak the lease and the TTL exist for.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from corral.control.create import CreateSpec
 from corral.core import CreateRequest
-from corral.sim.experiments.burst import BurstScenario, build
+from corral.sim.experiments.burst import BurstScenario, build, build_real, burst_times, real_config
+from corral.sim.harness import run_seeded
+from corral.sim.policies import policy as policy_named
+from corral.sim.real_fleet import RealFleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,7 @@ class LeakResult:
             "experiment": "leak",
             "seed": self.seed,
             "scenario": asdict(self.scenario),
+            "engine": policy_named(self.scenario.burst.policy).engine,
             "held_by_dead_mb": {k: r.held_by_dead_mb for k, r in runs.items()},
             "peak_mb": {k: r.peak_mb for k, r in runs.items()},
             "final_mb": {k: r.final_mb for k, r in runs.items()},
@@ -65,7 +71,68 @@ class LeakResult:
         }
 
 
+def _zero_at(series: list[tuple[float, int]]) -> float | None:
+    """From when on outstanding stayed at zero."""
+    zero_at: float | None = None
+    for t, mb in reversed(series):
+        if mb != 0:
+            break
+        zero_at = t
+    return zero_at
+
+
+def run_real(scn: LeakScenario, lease: bool, seed: int) -> LeakRun:
+    """Through corral's own create flow: every replica runs its reconciler, whose leader ends a dead
+    owner's reservations once its store lease lapses (``lease``) or each one at its TTL (a lease longer
+    than the TTL stands for none)."""
+    burst = replace(scn.burst, lease_s=scn.lease_s if lease else None, ledger_ttl_s=scn.ledger_ttl_s)
+
+    async def main() -> LeakRun:
+        fleet = RealFleet(real_config(burst, reconcile=True), seed)
+        build_real(fleet, burst)
+        await fleet.setup()
+        hb_max = burst.heartbeat_s * (1 + burst.heartbeat_jitter)
+        t0 = fleet.loop.time()
+        start = t0 + hb_max + burst.view_ttl_s
+        fleet.warm_views(t0 + hb_max, start)
+        series: list[tuple[float, int]] = []
+
+        async def sample() -> None:
+            t = start - 1.0
+            while t <= start + scn.observe_s + 1e-9:
+                await asyncio.sleep(t - fleet.loop.time())
+                series.append((round(t - start, 3), fleet.outstanding_mb()))
+                t += scn.sample_s
+
+        sampler = fleet.loop.create_task(sample())
+        await asyncio.sleep(start - fleet.loop.time())
+        spec = CreateSpec(memory_mb=burst.sandbox_mb, cpus=burst.sandbox_cpu)
+        creates = asyncio.gather(
+            *(fleet.create(spec, f"c{i}", at) for i, at in enumerate(burst_times(burst, fleet, start)))
+        )
+        await asyncio.sleep(scn.crash_after_s)
+        dead = fleet.replicas[scn.crash_replica]
+        dead.crash()
+        held = fleet.held_by(dead.id)
+        await creates
+        await sampler
+        return LeakRun(
+            variant="lease" if lease else "ttl_only",
+            series=series,
+            held_by_dead_mb=held,
+            peak_mb=max(mb for _, mb in series),
+            final_mb=series[-1][1],
+            zero_at_s=_zero_at(series),
+            placed=fleet.tally.placed,
+        )
+
+    result: LeakRun = run_seeded(main(), f"leak/{seed}/{lease}")
+    return result
+
+
 def run_variant(scn: LeakScenario, lease: bool, seed: int) -> LeakRun:
+    if not policy_named(scn.burst.policy).is_model:
+        return run_real(scn, lease, seed)
     burst = replace(scn.burst, lease_s=scn.lease_s if lease else None, ledger_ttl_s=scn.ledger_ttl_s)
     fleet = build(burst, seed)
     hb_max = burst.heartbeat_s * (1 + burst.heartbeat_jitter)
@@ -89,18 +156,13 @@ def run_variant(scn: LeakScenario, lease: bool, seed: int) -> LeakRun:
         start + scn.observe_s,
     )
     fleet.run(start + scn.observe_s)
-    zero_at: float | None = None
-    for t, mb in reversed(series):
-        if mb != 0:
-            break
-        zero_at = t
     return LeakRun(
         variant="lease" if lease else "ttl_only",
         series=series,
         held_by_dead_mb=held[0] if held else 0,
         peak_mb=max(mb for _, mb in series),
         final_mb=series[-1][1],
-        zero_at_s=zero_at,
+        zero_at_s=_zero_at(series),
         placed=fleet.metrics.placed,
     )
 
