@@ -50,7 +50,7 @@ class HostSpec:
     # A sandbox is measured (charged its resident memory) only once it is this old: before that its
     # pages are still faulting in and a measurement would undercount it.
     settle_s: float = 30.0
-    # Start latency: lognormal around the seed's snapshot restore (179 ms p50, ~203 ms p99).
+    # Start latency: lognormal around a snapshot restore's (179 ms p50, ~203 ms p99).
     start_p50_s: float = 0.179
     start_sigma: float = 0.054
     # How often physical memory (and the pressure gate) is checked; None: at every heartbeat.

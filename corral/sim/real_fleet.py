@@ -11,6 +11,7 @@ component's name: a run is a pure function of (configuration, seed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import Coroutine
@@ -75,6 +76,23 @@ class RealFleetConfig:
             raise ValueError("a fleet needs at least one host and one replica")
         check_split(self.split)
 
+    def timeouts(self) -> Timeouts:
+        """The control plane's timeouts (a host is declared dead only far beyond a stale view)."""
+        hb = self.host.heartbeat_s
+        return Timeouts(
+            heartbeat_interval_s=hb,
+            stale_after_s=self.stale_after_s,
+            dead_after_s=max(self.stale_after_s, hb) * 10,
+            bind_timeout_s=self.bind_timeout_s,
+            reservation_ttl_s=self.reservation_ttl_s,
+            view_ttl_s=self.view_ttl_s,
+        )
+
+    def control(self, replica_id: str) -> ControlConfig:
+        return ControlConfig(
+            replica_id=replica_id, timeouts=self.timeouts(), k=self.k, replica_lease_s=self.replica_lease_s
+        )
+
 
 @dataclass(slots=True)
 class Tally:
@@ -111,12 +129,7 @@ class Replica(Process):
         super().__init__()
         cfg = fleet.cfg
         self.id = f"r{index}"
-        config = ControlConfig(
-            replica_id=self.id,
-            timeouts=fleet.timeouts,
-            k=cfg.k,
-            replica_lease_s=cfg.replica_lease_s,
-        )
+        config = cfg.control(self.id)
         self.plane: ControlPlane = control_plane(
             cast(ReconcilePort, Guarded(fleet.store, self)),
             _Agents(fleet, self),
@@ -135,16 +148,7 @@ class RealFleet:
         self.loop = asyncio.get_running_loop()
         self.clock = VirtualClock(self.loop)
         self.rng = self.stream("fleet")
-        spec = cfg.host
-        hb = spec.heartbeat_s
-        self.timeouts = Timeouts(
-            heartbeat_interval_s=hb,
-            stale_after_s=cfg.stale_after_s,
-            dead_after_s=max(cfg.stale_after_s, hb) * 10,
-            bind_timeout_s=cfg.bind_timeout_s,
-            reservation_ttl_s=cfg.reservation_ttl_s,
-            view_ttl_s=cfg.view_ttl_s,
-        )
+        self.timeouts = cfg.timeouts()
         self.store = ModelStore(self.clock, self.stream("store/ids"))
         width = max(2, len(str(cfg.hosts - 1)))
         self.host_ids = [f"h{i:0{width}d}" for i in range(cfg.hosts)]
@@ -229,9 +233,9 @@ class RealFleet:
     def _route(self) -> Replica | None:
         return self.router.pick([r for r in self.replicas if r.alive])
 
-    async def create(self, spec: CreateSpec, key: str, at: float) -> None:
+    async def create(self, spec: CreateSpec, key: str, at: float, lifetime_s: float | None = None) -> None:
         """One client's create at loop time ``at``, retried through the load balancer with the SDK's
-        policy until placed or past its deadline."""
+        policy until placed or past its deadline; deleted ``lifetime_s`` after it was placed."""
         await asyncio.sleep(max(0.0, at - self.loop.time()))
         t = self.tally
         b = self.cfg.retry
@@ -257,7 +261,14 @@ class RealFleet:
             t.placements[rec.host_id or ""] += 1
             if budget.first_refusal_at is not None:
                 t.waits_s.append(self.loop.time() - budget.first_refusal_at)
+            if lifetime_s is not None:
+                await asyncio.sleep(lifetime_s)
+                await self._delete(rec.id)
             return
+
+    async def _delete(self, sandbox_id: str) -> None:
+        with contextlib.suppress(CorralError):
+            await request(self._route(), lambda r: r.plane.sandboxes.delete(sandbox_id, self.tenant))
 
     async def _call(self, spec: CreateSpec, key: str) -> Any:
         got = await request(
@@ -273,6 +284,10 @@ class RealFleet:
 
     def held_by(self, owner: str) -> int:
         return sum(r.memory_mb for r in self.store.reservations.values() if r.owner == owner)
+
+    def live_counts(self) -> list[int]:
+        """Sandboxes each host runs now (what it runs, not what records say)."""
+        return [len(self.states[h].sandboxes) for h in self.host_ids]
 
     def admittable(self) -> dict[str, int]:
         return {h: a.admittable_mb() for h, a in self.agents.items()}

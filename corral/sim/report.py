@@ -4,8 +4,9 @@ this run; the sentences around the numbers are chosen by comparing them, never t
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,10 @@ from corral.sim.experiments import (
     BurstResult,
     BurstScenario,
     DensityScenario,
+    LeakResult,
     LeakScenario,
     ScaleScenario,
+    StalenessResult,
     StalenessScenario,
     WarmScenario,
 )
@@ -27,6 +30,9 @@ from corral.sim.experiments import leak as leak_exp
 from corral.sim.experiments import scale as scale_exp
 from corral.sim.experiments import staleness as staleness_exp
 from corral.sim.experiments import warm as warm_exp
+from corral.sim.experiments.burst import real_config
+from corral.sim.experiments.leak import LeakRun
+from corral.sim.fleet import ClientBackoff
 from corral.sim.policies import BURST_POLICIES, POLICIES
 
 
@@ -44,6 +50,16 @@ class ReportConfig:
     leak: LeakScenario = field(default_factory=LeakScenario)
     warm: WarmScenario = field(default_factory=WarmScenario)
     warm_replicas: int = 4
+
+
+@functools.cache
+def _staleness(scn: StalenessScenario, seed: int) -> StalenessResult:
+    return staleness_exp.run(scn, seed)
+
+
+@functools.cache
+def _leak(scn: LeakScenario, seed: int) -> LeakResult:
+    return leak_exp.run(scn, seed)
 
 
 def _params(obj: Any, skip: Iterable[str] = ()) -> str:
@@ -80,7 +96,7 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
     ]
     cutoff = {
         label: [burst_exp.run(replace(base, policy="corral", replicas=1, stale_after_s=st), s) for s in seeds]
-        for label, st in (("default", None), ("seed", 30.0))
+        for label, st in (("default", None), ("30s", 30.0))
     }
     cutoff4 = [
         burst_exp.run(replace(base, policy="corral", replicas=4, stale_after_s=30.0), s) for s in seeds
@@ -116,13 +132,13 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         "",
         "![burst](sim/burst.png)",
         "",
-        "| policy | what it is | max (1 replica) | max/median | max (4 replicas) | max/median |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| policy | engine | what it is | max (1 replica) | max/median | max (4 replicas) | max/median |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for name in BURST_POLICIES:
         a, b = by[(name, 1)], by[(name, 4)]
         lines.append(
-            f"| `{name}` | {POLICIES[name].summary} | {a.max} | {_ratio(a.max_to_median)} | {b.max} | "
+            f"| `{name}` | {POLICIES[name].engine} | {POLICIES[name].summary} | {a.max} | {_ratio(a.max_to_median)} | {b.max} | "
             f"{_ratio(b.max_to_median)} |"
         )
     lines += [
@@ -130,7 +146,7 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"- **The pile-up is real.** The deterministic scorer over a {naive.mean_view_age_s:.0f}-second-old "
         f"view (mean age of the oldest heartbeat used) sent {naive.max} of {n} creates to one host with one "
         f"replica, and {by[('naive', 4)].max} with four: every decision read the same frozen numbers.",
-        f"- **Jitter is weak, as the seed says, but not zero here.** ±2% noise on scores of about 0.5 is larger "
+        f"- **Jitter is weak, but not zero here.** ±2% noise on scores of about 0.5 is larger "
         f"than the {base.gap_mb} MB gap between hosts (about 0.6% of a score), so it split the burst over a few "
         f"near-top hosts: max {jit.max}. With hosts {widest[0]} MB apart it put {widest[3]} of {n} on one "
         "host (table below).",
@@ -141,14 +157,12 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"- **Per-replica reservations: the claim and the measurement.** With one replica the in-flight ledger "
         f"walks the fleet in score order (max {res1.max}). With four, each replica walks the same order with its "
         f"own ~{share:.0f} creates, so the top hosts get one replica's share of them four times over: max "
-        f"{res4.max} (max/median {_ratio(res4.max_to_median)}). The seed's '1/N amplitude' is not what this "
-        f"measures: the pile-up is N times what one replica's share puts on the top host, which depends on how "
+        f"{res4.max} (max/median {_ratio(res4.max_to_median)}). The pile-up is not 1/N of the burst per "
+        f"replica: it is N times what one replica's share puts on the top host, which depends on how "
         f"far apart hosts are compared with the reservation ({reserve} MB here).",
         f"- **A shared ledger fixes it at any replica count** (max {shared4.max} with four), and the `corral` "
         f"policy, power-of-2 + shared ledger + the agents' starts limiter, gave max {corral.max}, max/median "
-        f"{_ratio(corral.max_to_median)}, refusals {corral.refusals or 'none'}: the limiter's "
-        f"`host_starts_saturated` refusals are retried on another host at once and never mistaken for a dead "
-        "host.",
+        f"{_ratio(corral.max_to_median)}, refusals {corral.refusals or 'none'}: {_limiter(corral)}",
         "",
         "### Under which conditions the per-replica claim holds",
         "",
@@ -162,8 +176,8 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"lead; with N replicas those hosts take N times that. So the pile-up grows with the fleet's spread: "
         f"with four replicas, max {gaps[0][2]} at a {gaps[0][0]} MB gap and {widest[2]} at {widest[0]} MB. The "
         f"sharpest case is a freshly added, empty host: per-replica reservations put {fresh1.max} of {n} on "
-        f"one host with one replica and {fresh4.max} with four ({fresh4.max / n:.0%} of the burst; the seed's "
-        f"1/N reading would be {1 / 4:.0%}), "
+        f"one host with one replica and {fresh4.max} with four ({fresh4.max / n:.0%} of the burst, where one "
+        f"replica's 1/N share would be {1 / 4:.0%}), "
         f"while `corral` with four replicas put at most {fresh_corral.max} on any host.",
         "",
         "### How often the default policy meets the bar",
@@ -171,21 +185,45 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"`corral`, four replicas, seeds 1-{cfg.burst_seeds}: max per host {_dist([r.max for r in corral4])}; "
         f"max/median <= 1.25 in {sum(1 for r in corral4 if (r.max_to_median or 99) <= 1.25)} of "
         f"{len(corral4)} seeds. Without the starts limiter (power-of-2 + shared ledger only): "
-        f"{_dist([r.max for r in p2_shared4])}. Sampling two hosts trades a little balance for O(1) decisions; "
-        "the agents' limiter is what trims the occasional sixth create off the luckiest host.",
+        f"{_dist([r.max for r in p2_shared4])}. {_limiter_effect(corral4, p2_shared4)}",
         "",
         "### A 30 s stale cutoff over a 30 s cache",
         "",
-        f"Seed 000 skips hosts whose heartbeat is older than 30 s and caches the view for 30 s, so a host can "
+        f"A common production setting skips hosts whose heartbeat is older than 30 s and caches the view for "
+        f"30 s, so a host can "
         f"look stale only because the cache is old. `corral`, one replica, seeds 1-{cfg.burst_seeds}: with "
         f"the simulator's default cutoff (view TTL + 3 heartbeats) "
         f"{_skipped(cutoff['default'])}, max per host {_dist([r.max for r in cutoff['default']])}; with a "
-        f"30 s cutoff {_skipped(cutoff['seed'])}, max per host {_dist([r.max for r in cutoff['seed']])}. "
+        f"30 s cutoff {_skipped(cutoff['30s'])}, max per host {_dist([r.max for r in cutoff['30s']])}. "
         f"With four replicas and the 30 s cutoff, {_skipped(cutoff4)}: each replica's cache has its own age, "
         "so a host stale in one view is usually fresh in another.",
         "",
     ]
     return lines
+
+
+def _limiter(r: BurstResult) -> str:
+    if r.refusals.get("host_starts_saturated"):
+        return (
+            "the limiter's `host_starts_saturated` refusals are retried on another host at once and never "
+            "mistaken for a dead host."
+        )
+    return (
+        "no agent refused a start: the agent's starts limiter queues a start for up to its `start_wait_s` "
+        "before refusing it, and no start of this burst waited that long."
+    )
+
+
+def _limiter_effect(limited: Sequence[BurstResult], unlimited: Sequence[BurstResult]) -> str:
+    if [r.per_host for r in limited] == [r.per_host for r in unlimited]:
+        return (
+            "The starts limiter changed no placement: it queues starts rather than refusing them at this "
+            "rate, so the spread is power-of-2 sampling's own, which trades a little balance for O(1) decisions."
+        )
+    return (
+        "Sampling two hosts trades a little balance for O(1) decisions; the agents' limiter moves some "
+        "creates off the luckiest host."
+    )
 
 
 def _skipped(results: Sequence[BurstResult]) -> str:
@@ -243,14 +281,16 @@ def _density_section(cfg: ReportConfig, out: Path) -> list[str]:
 
 
 def _staleness_section(cfg: ReportConfig, out: Path) -> list[str]:
-    r = staleness_exp.run(cfg.staleness, cfg.seed)
+    r = _staleness(cfg.staleness, cfg.seed)
     plots.staleness(r, out / "sim" / "staleness.png")
     s = cfg.staleness
     pts = {(p.policy, p.view_ttl_s): p for p in r.points}
     fresh, old = s.view_ttls_s[0], s.view_ttls_s[-1]
-    header = "| policy | " + " | ".join(f"TTL {t:g} s" for t in s.view_ttls_s) + " |"
+    header = "| policy | engine | " + " | ".join(f"TTL {t:g} s" for t in s.view_ttls_s) + " |"
     rows = [
-        f"| `{p}` | " + " | ".join(f"{pts[(p, t)].max_to_median:.2f}" for t in s.view_ttls_s) + " |"
+        f"| `{p}` | {POLICIES[p].engine} | "
+        + " | ".join(f"{pts[(p, t)].max_to_median:.2f}" for t in s.view_ttls_s)
+        + " |"
         for p in s.policies
     ]
     lines = [
@@ -263,7 +303,7 @@ def _staleness_section(cfg: ReportConfig, out: Path) -> list[str]:
         "![staleness](sim/staleness.png)",
         "",
         header,
-        "| --- |" + " ---: |" * len(s.view_ttls_s),
+        "| --- | --- |" + " ---: |" * len(s.view_ttls_s),
         *rows,
         "",
     ]
@@ -280,8 +320,11 @@ def _staleness_section(cfg: ReportConfig, out: Path) -> list[str]:
     if "corral" in s.policies:
         co = pts[("corral", old)]
         lines += [
-            f"`corral` adds the shared ledger: every replica sees every in-flight placement until a heartbeat "
-            f"shows it, so its max-to-median at TTL {old:g} s was {co.max_to_median:.2f}.",
+            f"`corral` runs through its own create flow: each replica samples two candidates from its cached "
+            f"view, and the store's `reserve_best` takes the better of them by its live totals (heartbeat facts "
+            f"plus every replica's outstanding reservations), so the choice between the two never rests on the "
+            f"old view. Its max-to-median was {pts[('corral', fresh)].max_to_median:.2f} at TTL {fresh:g} s and "
+            f"{co.max_to_median:.2f} at {old:g} s (views {co.mean_view_age_s:.1f} s old on average).",
         ]
     lines.append("")
     return lines
@@ -326,7 +369,7 @@ def _scale_section(cfg: ReportConfig, out: Path) -> list[str]:
         lines.append(
             f"At n = {big}, one random choice left a host with {rnd.max_load:g} creates and the better of two "
             f"left at most {two.max_load:g}: random grows with n, two choices barely move, the exponential gap "
-            f"the seed cites. A full scan with fresh information is perfect (1) but costs O(n) per decision; it "
+            f"of the balls-into-bins result. A full scan with fresh information is perfect (1) but costs O(n) per decision; it "
             f"is run only up to n = {s.full_scan_max_n}."
         )
     lines.append("")
@@ -334,14 +377,10 @@ def _scale_section(cfg: ReportConfig, out: Path) -> list[str]:
 
 
 def _leak_section(cfg: ReportConfig, out: Path) -> list[str]:
-    r = leak_exp.run(cfg.leak, cfg.seed)
+    r = _leak(cfg.leak, cfg.seed)
     plots.leak(r, out / "sim" / "leak.png")
     s = cfg.leak
     la, tt = r.lease, r.ttl_only
-
-    def zero(x: float | None) -> str:
-        return f"{x:g} s" if x is not None else "never (within the run)"
-
     return [
         "## leak: a replica dies holding reservations",
         "",
@@ -351,12 +390,123 @@ def _leak_section(cfg: ReportConfig, out: Path) -> list[str]:
         "",
         "![leak](sim/leak.png)",
         "",
-        f"The dead replica held {la.held_by_dead_mb} MB of reservations. Live replicas release theirs once a "
-        f"heartbeat accounting for the sandbox has had `view_ttl_s` to reach every view, so outstanding memory "
-        f"peaks at {la.peak_mb} MB and drains within about a heartbeat plus a view TTL. With the replica's lease "
-        f"({s.lease_s:g} s) the dead replica's claims are dropped together and outstanding memory is zero from "
-        f"{zero(la.zero_at_s)}; with only the TTL ({s.ledger_ttl_s:g} s) it is zero from {zero(tt.zero_at_s)}. "
-        f"Final outstanding: {la.final_mb} MB and {tt.final_mb} MB.",
+        _leak_text(s, la, tt),
+        "",
+    ]
+
+
+def _leak_text(s: LeakScenario, la: LeakRun, tt: LeakRun) -> str:
+    def zero(x: float | None) -> str:
+        return f"{x:g} s" if x is not None else "never (within the run)"
+
+    if POLICIES[s.burst.policy].is_model:
+        drains = (
+            "Live replicas release theirs once a heartbeat accounting for the sandbox has had `view_ttl_s` to "
+            "reach every view"
+        )
+        ends = "the dead replica's claims are dropped together"
+    else:
+        drains = "A live replica's reservation ends when a heartbeat lists its sandbox"
+        ends = "the leader's reconciler ends the dead replica's claims once its store lease lapses"
+    text = (
+        f"Engine: `{POLICIES[s.burst.policy].engine}`. The dead replica held {la.held_by_dead_mb} MB of "
+        f"reservations. {drains}, so outstanding memory peaks at {la.peak_mb} MB. With the replica's lease "
+        f"({s.lease_s:g} s) {ends} and outstanding memory is zero from {zero(la.zero_at_s)}; with only the "
+        f"TTL ({s.ledger_ttl_s:g} s) it is zero from {zero(tt.zero_at_s)}. Final outstanding: {la.final_mb} MB "
+        f"and {tt.final_mb} MB."
+    )
+    lost = s.burst.creates - la.placed
+    if lost and not POLICIES[s.burst.policy].is_model:
+        config = real_config(s.burst).control("r0")
+        text += (
+            f" {la.placed} of {s.burst.creates} creates were placed: the {lost} whose replica died mid-request "
+            f"were retried with their Idempotency-Key and answered `create_in_progress` until their client's "
+            f"{ClientBackoff().deadline_s:g} s deadline, because the leader settles a record left `reserved` only "
+            f"once the longest create could have ended ({config.create_deadline_s:g} s: every attempt binding "
+            f"to the limit)."
+        )
+    return text
+
+
+def _engines_section(cfg: ReportConfig, out: Path) -> list[str]:
+    """The `corral` policy on both engines, side by side: what moved when the simulator started
+    driving corral's own create flow, and the mechanism behind each difference."""
+    base = cfg.burst
+    seed = cfg.seed
+    seeds = range(1, cfg.burst_seeds + 1)
+    rows: list[tuple[str, str, str]] = []
+    for reps in (1, 4):
+        scn = replace(base, policy="corral", replicas=reps)
+        m, f = burst_exp.run(scn, seed, on_model=True), burst_exp.run(scn, seed)
+        rows.append(
+            (
+                f"burst, {reps} replica(s): max per host (max/median)",
+                f"{m.max} ({_ratio(m.max_to_median)})",
+                f"{f.max} ({_ratio(f.max_to_median)})",
+            )
+        )
+        if reps == 4:
+            rows.append(("burst, 4 replicas: refusals", str(m.refusals or "none"), str(f.refusals or "none")))
+    scn4 = replace(base, policy="corral", replicas=4)
+    rows.append(
+        (
+            f"burst, 4 replicas, seeds 1-{cfg.burst_seeds}: max per host",
+            _dist([burst_exp.run(scn4, x, on_model=True).max for x in seeds]),
+            _dist([burst_exp.run(scn4, x).max for x in seeds]),
+        )
+    )
+    lm, lf = leak_exp.run(cfg.leak, seed, on_model=True), _leak(cfg.leak, seed)
+    leak_rows: list[tuple[str, Callable[[LeakResult], object]]] = [
+        ("leak: held by the dead replica (MB)", lambda r: r.lease.held_by_dead_mb),
+        ("leak: peak outstanding (MB)", lambda r: r.lease.peak_mb),
+        ("leak: outstanding zero from, with the lease (s)", lambda r: r.lease.zero_at_s),
+        ("leak: outstanding zero from, TTL only (s)", lambda r: r.ttl_only.zero_at_s),
+        (f"leak: creates placed (of {cfg.leak.burst.creates})", lambda r: r.lease.placed),
+    ]
+    for label, get in leak_rows:
+        rows.append((label, f"{get(lm)}", f"{get(lf)}"))
+    st = cfg.staleness
+    if "corral" in st.policies:
+        flow = {p.view_ttl_s: p for p in _staleness(st, seed).points if p.policy == "corral"}
+        for ttl in (st.view_ttls_s[0], st.view_ttls_s[-1]):
+            m_pt = staleness_exp.run_point(st, "corral", ttl, seed, on_model=True)
+            rows.append(
+                (
+                    f"staleness, TTL {ttl:g} s: max-to-median",
+                    f"{m_pt.max_to_median:.2f}",
+                    f"{flow[ttl].max_to_median:.2f}",
+                )
+            )
+    ctl = real_config(base).control("r0")
+    return [
+        "## corral on the fleet model and on its own create flow",
+        "",
+        f"The `corral` policy run both ways, seed {seed}: on the discrete-event fleet model that earlier "
+        "versions of this page used for every policy, and through corral's own create flow, which every "
+        "`corral` number above now comes from.",
+        "",
+        "| measure | fleet model | create flow |",
+        "| --- | --- | --- |",
+        *[f"| {a} | {b} | {c} |" for a, b, c in rows],
+        "",
+        "Where they differ, the create flow does what the server does and the model did not:",
+        "",
+        "- **Which of the sampled hosts.** Each replica samples candidates from its own cached view, and the "
+        "store's `reserve_best` takes the best of them by its live totals (the latest heartbeat's facts plus "
+        "every replica's outstanding reservations), ties broken by a hash of the sandbox id, in one "
+        "statement (`FOR UPDATE SKIP LOCKED` on PostgreSQL). The model's scheduler chose between the two on "
+        "its view minus a shared ledger. The view's age therefore matters less: the staleness row barely "
+        "moves with the TTL.",
+        "- **The starts limiter queues.** The agent waits up to `start_wait_s` for a start slot before it "
+        "refuses with `host_starts_saturated`; the model refused at once, and those refusals moved creates to "
+        "other hosts.",
+        "- **Reservations end when a heartbeat lists the sandbox**, not a view TTL after it, so outstanding "
+        "memory drains within a heartbeat; a dead replica's claims end when the leader's reconciler sees its "
+        "store lease lapsed (or at their TTL), counted from its last renewal.",
+        f"- **Clients retry as the SDK does**, honouring Retry-After, with their Idempotency-Key: a create "
+        f"whose replica died mid-request is answered `create_in_progress` until the leader settles the record "
+        f"it left `reserved`, which it does only once no create could still be binding "
+        f"({ctl.create_deadline_s:g} s here), so a client with a shorter deadline gives up.",
         "",
     ]
 
@@ -415,16 +565,24 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
         _scale_section,
         _leak_section,
         _warm_section,
+        _engines_section,
     ):
         body += section(cfg, docs)
     head = [
-        "# Simulation: the seeds' claims, measured",
+        "# Simulation: placement claims, measured",
         "",
-        "`corral.sim` is a deterministic discrete-event simulator of a corral fleet: hosts with the agent's "
-        "admission arithmetic, touch model, starts limiter and pressure gate; scheduler replicas with their own "
-        "view caches and a per-replica or shared ledger; bursts, Poisson streams, host outages and replica "
-        "crashes, on a virtual clock. It drives corral's own core (filters, scoring, selection, admission, "
-        "ledger); nothing is re-implemented. A run is a pure function of its scenario and seed.",
+        "`corral.sim` runs a corral fleet on virtual time. The `corral` policy (burst, leak, staleness) runs "
+        "through "
+        "corral's own create flow: scheduler replicas each with its own `ViewCache` over an in-memory model "
+        "of the store (held to SQLite and PostgreSQL by the store-model tests: `reserve_best` ranks the "
+        "sampled candidates by live totals with the same tie-break), real agents with their own gates and "
+        "starts limiters on the `sim` runtime, heartbeats into the store, the real reconciler, and clients "
+        "that retry with the SDK's policy and honour Retry-After. The other policies are models of other "
+        "schedulers (no ledger, per-replica ledgers, agents without a gate), run by a discrete-event fleet "
+        "model over corral's core (filters, scoring, selection, admission, ledger); each result says which "
+        "engine ran it (`engine`: `create_flow` or `model`), and so does each table below. The density, "
+        "scale and warm experiments still run on the fleet model for every policy. A run is a pure "
+        "function of its scenario and seed.",
         "",
         "Regenerate this page and its charts with `make sim-report` (`python -m corral.sim.report docs`). "
         f"Every number below comes from that run (seed {cfg.seed}), so regenerating gives the same page. "
@@ -432,11 +590,11 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
         "[--plot FILE.png]`.",
         "",
         "Common to every experiment unless stated: 32 GiB hosts with 2 GiB headroom; 4 GiB sandboxes charged "
-        "their 1 GiB reserve (working-set admission) until measured after settling; a reservation is released "
-        "when a heartbeat accounting for it has had a view TTL to reach every replica, and otherwise expires "
-        "with its owner's lease or its TTL; a host is treated as stale after `view_ttl + 3 heartbeats`, so a "
+        "their 1 GiB reserve (working-set admission) until measured after settling; in the model a reservation is "
+        "released when a heartbeat accounting for it has had a view TTL to reach every replica (in the create "
+        "flow, when a heartbeat lists its sandbox), and otherwise ends with its owner's lease or its TTL; a host is treated as stale after `view_ttl + 3 heartbeats`, so a "
         "cached view does not make healthy hosts look dead (a 30 s cutoff beside a 30 s cache turns a "
-        "remembered absence into a death; its effect is measured under burst). Only `corral` turns on the "
+        "remembered absence into a death; its effect is measured under burst). Only `corral` has the "
         "agents' own gate and starts limiter; the other policies change the scheduler alone, one fix each.",
         "",
     ]

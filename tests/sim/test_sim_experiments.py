@@ -62,3 +62,20 @@ def test_reserved_memory_returns_to_zero_after_a_replica_crash() -> None:
     # Through the real reconciler: the leader ends the dead owner's claims once its lease lapses.
     assert r.as_json()["engine"] == "create_flow"
     assert LeakScenario().lease_s <= r.lease.zero_at_s < LeakScenario().ledger_ttl_s
+
+
+def test_corral_through_its_create_flow_stays_spread_as_views_age() -> None:
+    scn = StalenessScenario(
+        hosts=10,
+        replicas=2,
+        policies=("naive", "corral"),
+        view_ttls_s=(0.0, 20.0),
+        warmup_s=30.0,
+        measure_s=30.0,
+    )
+    pts = {(p.policy, p.view_ttl_s): p for p in run_staleness(scn, 1).points}
+    old = pts[("corral", 20.0)]
+    # The store ranks the sampled candidates by its live totals: an old view does not pile creates up.
+    assert old.mean_view_age_s > pts[("corral", 0.0)].mean_view_age_s
+    assert old.max_to_median < pts[("naive", 20.0)].max_to_median
+    assert old.max_to_median < 2.0

@@ -23,3 +23,7 @@ def test_the_report_is_written_from_the_run(tmp_path: Path) -> None:
     assert f"| committed | {d.committed.per_host:g} | {d.committed.oom_events} |" in text
     assert f"| working-set | {d.working_set.per_host:g} | {d.working_set.oom_events} |" in text
     assert "`duration_s=120.0`" in text  # every scenario's parameters are stated
+    # The corral policy's numbers come from its own create flow, set beside the fleet model's.
+    assert "| `corral` | create_flow |" in text and "| `naive` | model |" in text
+    assert "## corral on the fleet model and on its own create flow" in text
+    assert "seed's" not in text and "Seed 000" not in text

@@ -220,7 +220,7 @@ def run_real(scn: BurstScenario, seed: int) -> BurstResult:
             scenario=scn,
             seed=seed,
             per_host={h: t.placements.get(h, 0) for h in fleet.host_ids},
-            refusals=dict(sorted(refusals.items())),
+            refusals={str(k): v for k, v in sorted(refusals.items())},
             placed=t.placed,
             mean_view_age_s=age / decisions if decisions else 0.0,
             free_mb_before=free_before,
@@ -233,8 +233,9 @@ def run_real(scn: BurstScenario, seed: int) -> BurstResult:
     return result
 
 
-def run(scn: BurstScenario, seed: int = 1) -> BurstResult:
-    if not policy_named(scn.policy).is_model:
+def run(scn: BurstScenario, seed: int = 1, *, on_model: bool = False) -> BurstResult:
+    """``on_model``: run even a configuration of corral's on the fleet model (to compare the two)."""
+    if not (on_model or policy_named(scn.policy).is_model):
         return run_real(scn, seed)
     fleet = build(scn, seed)
     free_before = {h.id: h.admittable for h in fleet.hosts}
@@ -249,7 +250,7 @@ def run(scn: BurstScenario, seed: int = 1) -> BurstResult:
         scenario=scn,
         seed=seed,
         per_host=counts_for(fleet.hosts, m.placements),
-        refusals=dict(sorted(m.refusals.items())),
+        refusals={str(k): v for k, v in sorted(m.refusals.items())},
         placed=m.placed,
         mean_view_age_s=m.mean_view_age_s,
         free_mb_before=free_before,

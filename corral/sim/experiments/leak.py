@@ -130,8 +130,8 @@ def run_real(scn: LeakScenario, lease: bool, seed: int) -> LeakRun:
     return result
 
 
-def run_variant(scn: LeakScenario, lease: bool, seed: int) -> LeakRun:
-    if not policy_named(scn.burst.policy).is_model:
+def run_variant(scn: LeakScenario, lease: bool, seed: int, *, on_model: bool = False) -> LeakRun:
+    if not (on_model or policy_named(scn.burst.policy).is_model):
         return run_real(scn, lease, seed)
     burst = replace(scn.burst, lease_s=scn.lease_s if lease else None, ledger_ttl_s=scn.ledger_ttl_s)
     fleet = build(burst, seed)
@@ -167,5 +167,11 @@ def run_variant(scn: LeakScenario, lease: bool, seed: int) -> LeakRun:
     )
 
 
-def run(scn: LeakScenario, seed: int = 1) -> LeakResult:
-    return LeakResult(scn, seed, run_variant(scn, True, seed), run_variant(scn, False, seed))
+def run(scn: LeakScenario, seed: int = 1, *, on_model: bool = False) -> LeakResult:
+    """``on_model``: run even a configuration of corral's on the fleet model (to compare the two)."""
+    return LeakResult(
+        scn,
+        seed,
+        run_variant(scn, True, seed, on_model=on_model),
+        run_variant(scn, False, seed, on_model=on_model),
+    )

@@ -10,14 +10,18 @@ mean age of the oldest heartbeat each decision leaned on.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from corral.control.create import CreateSpec
 from corral.core import CreateRequest
 from corral.sim.fleet import Fleet, FleetConfig
+from corral.sim.harness import run_seeded
 from corral.sim.host import HostSpec
 from corral.sim.policies import policy as policy_named
+from corral.sim.real_fleet import RealFleet, RealFleetConfig
 
 STALENESS_POLICIES = ("naive", "random", "power_of_2", "reservations", "corral")
 
@@ -72,42 +76,100 @@ class StalenessResult:
         }
 
 
-def run_point(scn: StalenessScenario, policy: str, view_ttl_s: float, seed: int) -> StalenessPoint:
+def _model_config(scn: StalenessScenario, policy: str, view_ttl_s: float) -> FleetConfig:
     spec = HostSpec(memory_mb=scn.host_memory_mb, cpus=scn.host_cpus, heartbeat_s=scn.heartbeat_s)
-    fleet = Fleet(
-        FleetConfig(
-            hosts=scn.hosts,
-            policy=policy_named(policy),
-            host=spec,
-            replicas=scn.replicas,
-            view_ttl_s=view_ttl_s,
-        ),
-        seed,
+    return FleetConfig(
+        hosts=scn.hosts,
+        policy=policy_named(policy),
+        host=spec,
+        replicas=scn.replicas,
+        view_ttl_s=view_ttl_s,
     )
+
+
+class _Sampler:
+    """Max-to-median live load, one sample a second."""
+
+    def __init__(self) -> None:
+        self.ratios: list[float] = []
+        self.maxes: list[int] = []
+
+    def sample(self, loads: list[int]) -> None:
+        top = max(loads)
+        med = statistics.median(loads)
+        self.maxes.append(top)
+        # A median host with nothing on it: count the max against one, so the ratio stays finite.
+        self.ratios.append(top / max(med, 1.0))
+
+    def point(self, policy: str, view_ttl_s: float, view_age_s: float) -> StalenessPoint:
+        return StalenessPoint(
+            policy=policy,
+            view_ttl_s=view_ttl_s,
+            mean_view_age_s=round(view_age_s, 3),
+            max_to_median=round(statistics.fmean(self.ratios), 3),
+            mean_max=round(statistics.fmean(self.maxes), 2),
+        )
+
+
+def run_real_point(scn: StalenessScenario, policy: str, view_ttl_s: float, seed: int) -> StalenessPoint:
+    """Through corral's own create flow and deletes (a policy that is a configuration of corral's)."""
+    model = _model_config(scn, policy, view_ttl_s)
+    pol = policy_named(policy)
+    host = replace(model.host, gate=pol.agent_gate, starts_limit=pol.starts_limit)
+    cfg = RealFleetConfig(
+        hosts=scn.hosts,
+        host=host,
+        replicas=scn.replicas,
+        view_ttl_s=view_ttl_s,
+        stale_after_s=model.stale_after,
+        k=pol.flow_k,
+    )
+
+    async def main() -> StalenessPoint:
+        fleet = RealFleet(cfg, seed)
+        await fleet.setup()
+        t0 = fleet.loop.time()
+        start = t0 + 2 * scn.heartbeat_s
+        end = start + scn.warmup_s + scn.measure_s
+        spec = CreateSpec(memory_mb=scn.sandbox_mb, cpus=1.0)
+        t, n = start, 0
+        while True:
+            t += fleet.rng.expovariate(scn.rate_per_s)
+            if t >= end:
+                break
+            life = fleet.rng.expovariate(1.0 / scn.lifetime_mean_s)
+            fleet.background(fleet.create(spec, f"c{n}", t, life))
+            n += 1
+        sampler = _Sampler()
+        at = start + scn.warmup_s
+        while at <= end + 1e-9:
+            await asyncio.sleep(at - fleet.loop.time())
+            sampler.sample(fleet.live_counts())
+            at += 1.0
+        age, decisions = fleet.view_age()
+        return sampler.point(policy, view_ttl_s, age / decisions if decisions else 0.0)
+
+    point: StalenessPoint = run_seeded(main(), f"staleness/{seed}/{policy}/{view_ttl_s}")
+    return point
+
+
+def run_point(
+    scn: StalenessScenario, policy: str, view_ttl_s: float, seed: int, *, on_model: bool = False
+) -> StalenessPoint:
+    """``on_model``: run even a configuration of corral's on the fleet model (to compare the two)."""
+    if not (on_model or policy_named(policy).is_model):
+        return run_real_point(scn, policy, view_ttl_s, seed)
+    fleet = Fleet(_model_config(scn, policy, view_ttl_s), seed)
     req = CreateRequest(memory_mb=scn.sandbox_mb)
     start = 2 * scn.heartbeat_s
     end = start + scn.warmup_s + scn.measure_s
     fleet.poisson(req, scn.rate_per_s, start, end, scn.lifetime_mean_s)
-    ratios: list[float] = []
-    maxes: list[int] = []
-
-    def sample(now: float) -> None:
-        loads = [len(h.sandboxes) for h in fleet.hosts]
-        top = max(loads)
-        med = statistics.median(loads)
-        maxes.append(top)
-        # A median host with nothing on it: count the max against one, so the ratio stays finite.
-        ratios.append(top / max(med, 1.0))
-
-    fleet.every(1.0, sample, start + scn.warmup_s, end)
-    fleet.run(end)
-    return StalenessPoint(
-        policy=policy,
-        view_ttl_s=view_ttl_s,
-        mean_view_age_s=round(fleet.metrics.mean_view_age_s, 3),
-        max_to_median=round(statistics.fmean(ratios), 3),
-        mean_max=round(statistics.fmean(maxes), 2),
+    sampler = _Sampler()
+    fleet.every(
+        1.0, lambda now: sampler.sample([len(h.sandboxes) for h in fleet.hosts]), start + scn.warmup_s, end
     )
+    fleet.run(end)
+    return sampler.point(policy, view_ttl_s, fleet.metrics.mean_view_age_s)
 
 
 def run(scn: StalenessScenario, seed: int = 1) -> StalenessResult:
