@@ -90,13 +90,12 @@ def fits(
     policy: AdmissionPolicy = DEFAULT_POLICY,
 ) -> bool:
     """The gate: does ``request`` fit into ``admittable`` once ``pending_mb`` is set aside?"""
-    return covers(admittable, pending_mb, request_charge_mb(request, mode, policy))
-
-
-def covers(admittable: int, pending_mb: int, charge: int) -> bool:
-    """The memory bound of the fit rule on a charge already computed."""
-    values = {Term.ADMITTABLE_MB: admittable, Term.PENDING_MB: pending_mb, Term.CHARGE_MB: charge}
-    return MEMORY.holds(values, DEFAULT_POLICY.cpu_overcommit)
+    values = {
+        Term.ADMITTABLE_MB: admittable,
+        Term.PENDING_MB: pending_mb,
+        Term.CHARGE_MB: request_charge_mb(request, mode, policy),
+    }
+    return MEMORY.holds(values, policy.cpu_overcommit)
 
 
 def fit_terms(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -193,8 +194,9 @@ class InMemoryAgentClient(AgentClient):
     """A connection to a real agent in this process: ``_agent`` says which, or raises when it cannot
     be reached; the calls that cannot fail on the way go straight through."""
 
+    @abstractmethod
     def _agent(self) -> Agent:
-        raise NotImplementedError
+        """The agent this connection reaches; raises as the wire would when it cannot."""
 
     async def start(self, req: StartSandbox) -> SandboxInfo:
         return await self._agent().start(req)
