@@ -19,12 +19,13 @@ from corral.agent import credentials
 from corral.agent.agent import Agent
 from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.http import create_app
-from corral.agent.pressure import PressureSignal, host_signal
+from corral.agent.pressure import PressureSignal, host_signal, sim_signal
 from corral.aio import loop_factory
 from corral.clock import SystemClock
 from corral.core.admission import AdmissionPolicy
 from corral.core.types import AdmissionMode
 from corral.runtime.base import Runtime
+from corral.runtime.sim import SimRuntime
 
 log = logging.getLogger("corral.agent")
 
@@ -39,11 +40,12 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def build_runtime(name: str, sandbox_uids: str | None = None, state_dir: Path | None = None) -> Runtime:
+def build_runtime(
+    name: str, sandbox_uids: str | None = None, state_dir: Path | None = None, memory_mb: int | None = None
+) -> Runtime:
+    """``memory_mb``: a sim host's physical memory, which its OOM killer guards."""
     if name == "sim":
-        from corral.runtime.sim import SimRuntime
-
-        return SimRuntime(SystemClock(), random.Random())
+        return SimRuntime(SystemClock(), random.Random(), memory_mb=memory_mb)
     if name == "process":
         # Imported only when asked for: it needs the host's namespaces and cgroups.
         try:
@@ -154,18 +156,19 @@ def agent_command(
     """Run a host agent: its HTTP API and its heartbeats to the control plane."""
     id, agent_token, host_key = _identity(id, token_file, dev_shared_token, token)
     host, port = parse_listen(listen)
-    rt = build_runtime(runtime, sandbox_uids, state_dir)
     total_mb = memory_mb or host_memory_mb() or 4096
+    rt = build_runtime(runtime, sandbox_uids, state_dir, total_mb)
     total_cpus = cpus or float(os.cpu_count() or 1)
     if headroom_mb >= total_mb:
         raise typer.BadParameter(
             f"headroom ({headroom_mb} MiB) leaves nothing of {total_mb} MiB to admit",
             param_hint="--headroom-mb",
         )
-    # A sim host has no real memory to feel pressure in: judge by its sandboxes' resident memory.
     signal: PressureSignal | None = None
     if runtime == "process":
         signal = host_signal()
+    elif isinstance(rt, SimRuntime):
+        signal = sim_signal(rt.memory_used_ratio)
     address = advertise or _url(host, port)
     urls = [u.strip() for item in control_plane for u in item.split(",") if u.strip()]
     if not urls:

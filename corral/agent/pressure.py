@@ -80,6 +80,11 @@ def usage_ratio_signal(
     return PressureSignal(name, read, close_at, open_at)
 
 
+def sim_signal(read: PressureSource, close_at: float = 0.95, open_at: float = 0.90) -> PressureSignal:
+    """A ``sim`` host's memory in use, from its runtime's model of physical memory."""
+    return usage_ratio_signal(read, "sim_memory_used_ratio", close_at, open_at)
+
+
 def host_signal(psi_path: Path = PSI_MEMORY, meminfo_path: Path = MEMINFO) -> PressureSignal:
     """PSI where the kernel has it, the host's used-memory ratio where it does not."""
     if read_psi_some_avg10(psi_path) is not None:

@@ -6,7 +6,11 @@ emulate and says plainly that it is a simulation for anything else: a sim sandbo
 real one.
 
 The sandboxes live in a :class:`SimState`, which may outlive the runtime (and the agent) that created it,
-so a test can restart an agent over the same "host" and watch it re-adopt what still runs.
+so a test can restart an agent over the same "host" and watch it re-adopt what still runs. A state given
+the host's physical memory has a kernel: whenever its sandboxes together hold more than that, the OOM
+killer kills the largest one's workload (counted in that sandbox's ``oom_kills``, as a cgroup's
+``memory.events`` counts kills by any OOM killer), and the host's memory in use is readable as a real
+host's is, for the agent's pressure gate.
 """
 
 from __future__ import annotations
@@ -40,23 +44,70 @@ TIMED_OUT = 124  # what coreutils' timeout(1) answers
 class SimSandbox:
     handle: SandboxHandle
     profile: TouchProfile
+    oom_kills: int = 0
+    # When the OOM killer last killed its workload: what that held is freed and does not come back by
+    # itself; the sandbox lives on at its base (its init and agent-side helpers).
+    killed_at: float | None = None
 
     @property
     def hostname(self) -> str:
         return self.handle.spec.hostname or self.handle.id
 
+    def resident_mb(self, now: float) -> int:
+        if self.killed_at is not None:
+            return min(self.profile.limit_mb, self.profile.base_mb)
+        return self.profile.resident_mb(now - self.handle.started_at)
+
 
 @dataclass(slots=True)
 class SimState:
-    """The simulated host's memory of what runs on it; survives a restart of the agent."""
+    """The simulated host's memory of what runs on it; survives a restart of the agent.
+
+    ``memory_mb``: the host's physical memory (None: unbounded, and no OOM killer)."""
 
     sandboxes: dict[str, SimSandbox] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
     started_total: int = 0
     stopped_total: int = 0
+    memory_mb: int | None = None
+    oom_kills_total: int = 0
+    _reclaimed_at: float | None = field(default=None, repr=False)
 
     def resident_mb_total(self, now: float) -> int:
-        return sum(s.profile.resident_mb(now - s.handle.started_at) for s in self.sandboxes.values())
+        return sum(s.resident_mb(now) for s in self.sandboxes.values())
+
+    def reclaim(self, now: float) -> list[str]:
+        """The kernel at ``now``: while the sandboxes hold more than the host has, kill the workload of
+        the one holding the most (ties: the greatest id). Returns the ids whose workload was killed."""
+        if self.memory_mb is None or now == self._reclaimed_at:
+            return []
+        self._reclaimed_at = now
+        resident = {sid: s.resident_mb(now) for sid, s in self.sandboxes.items()}
+        used = sum(resident.values())
+        killed: list[str] = []
+        while used > self.memory_mb and resident:
+            victim = max(resident, key=lambda sid: (resident[sid], sid))
+            s = self.sandboxes[victim]
+            s.killed_at = now
+            s.oom_kills += 1
+            self.oom_kills_total += 1
+            used += s.resident_mb(now) - resident.pop(victim)
+            killed.append(victim)
+        return killed
+
+    def used_ratio(self, now: float) -> float | None:
+        """Physical memory in use as a fraction of the host's (None: the host has no bound)."""
+        if self.memory_mb is None:
+            return None
+        self.reclaim(now)
+        return self.resident_mb_total(now) / self.memory_mb
+
+    async def run_kernel(self, clock: Clock, tick_s: float, sleep: Sleep = asyncio.sleep) -> None:
+        """Look at physical memory every ``tick_s`` until cancelled, as the kernel does continually:
+        memory that grows between two readings is reclaimed when it grows, not when next read."""
+        while True:
+            self.reclaim(clock.now())
+            await sleep(tick_s)
 
 
 class SimRuntime:
@@ -83,13 +134,18 @@ class SimRuntime:
         *,
         sleep: Sleep | None = None,
         start_latency_s: float = 0.0,
+        memory_mb: int | None = None,
     ) -> None:
         if start_latency_s < 0:
             raise ValueError("start_latency_s must not be negative")
+        if memory_mb is not None and memory_mb <= 0:
+            raise ValueError("memory_mb must be positive")
         self.clock: Clock = clock or SystemClock()
         self.rng = rng or random.Random()
         self.model = model or TouchModel()
         self.state = state if state is not None else SimState()
+        if memory_mb is not None:
+            self.state.memory_mb = memory_mb
         self._sleep: Sleep = sleep or asyncio.sleep
         self.start_latency_s = start_latency_s
 
@@ -104,7 +160,9 @@ class SimRuntime:
             await self._sleep(self.start_latency_s)
             if spec.id in self.state.sandboxes:  # raced with a start of the same id
                 raise RuntimeFailure(f"sandbox {spec.id!r} already exists")
-        handle = SandboxHandle(id=spec.id, spec=spec, started_at=self.clock.now(), ref=f"sim:{spec.id}")
+        now = self.clock.now()
+        self.state.reclaim(now)  # what ran before this start is judged without it
+        handle = SandboxHandle(id=spec.id, spec=spec, started_at=now, ref=f"sim:{spec.id}")
         self.state.sandboxes[spec.id] = SimSandbox(handle, self.model.profile(spec.memory_mb, self.rng))
         self.state.started_total += 1
         return handle
@@ -119,12 +177,18 @@ class SimRuntime:
         return [s.handle for s in self.state.sandboxes.values()]
 
     async def resident_mb(self, sandbox_id: str) -> int | None:
-        s = self._get(sandbox_id)
-        return s.profile.resident_mb(self.clock.now() - s.handle.started_at)
+        now = self.clock.now()
+        self.state.reclaim(now)
+        return self._get(sandbox_id).resident_mb(now)
 
     async def oom_kills(self, sandbox_id: str) -> int:
-        self._get(sandbox_id)  # the model never overruns a limit: no kernel to kill anything
-        return 0
+        """Kills by the host's OOM killer (its own limit is never overrun: the model stops at it)."""
+        self.state.reclaim(self.clock.now())
+        return self._get(sandbox_id).oom_kills
+
+    def memory_used_ratio(self) -> float | None:
+        """The host's memory in use, as ``/proc/meminfo`` would give it (None: unbounded host)."""
+        return self.state.used_ratio(self.clock.now())
 
     # -- exec -----------------------------------------------------------------------------------
 

@@ -10,22 +10,33 @@ import asyncio
 import logging
 import random
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from corral import ids
 from corral.agent.agent import Agent, HeartbeatSink
 from corral.agent.client import AgentClient
-from corral.agent.protocol import Capacity, ExecRequest, HeartbeatReply, SandboxInfo, StartSandbox
+from corral.agent.pressure import sim_signal
+from corral.agent.protocol import (
+    Capacity,
+    ClaimWarm,
+    ExecRequest,
+    HeartbeatReply,
+    SandboxInfo,
+    StartSandbox,
+    WarmTarget,
+)
 from corral.client.errors import CorralError, Unreachable
 from corral.codes import ErrorCode
+from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
 from corral.control.errors import ControlError
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
+from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
 from corral.control.ports import AgentLookup, HostReader, ReconcilePort
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
@@ -39,7 +50,7 @@ from corral.core.types import AdmissionMode
 from corral.exec_result import ExecResult
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.vtime import run_virtual
-from corral.store import HeartbeatResult, StoreError
+from corral.store import HeartbeatResult, Store, StoreError
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
 
@@ -55,6 +66,8 @@ class ControlPlane:
     batch: BatchCreate
     sandboxes: Sandboxes
     reconciler: Reconciler
+    # Warm pools (their book, the claim a create tries first, the leader's spreading), when wired.
+    pools: Pools | None = None
 
 
 def control_plane(
@@ -64,7 +77,11 @@ def control_plane(
     clock: Clock,
     rng: random.Random,
     sealer: Sealer | None = None,
+    *,
+    warm: bool = False,
 ) -> ControlPlane:
+    """``warm``: wire warm pools as the server does (the pool calls go to ``store`` as to a whole
+    :class:`Store`: it must also have the store's template and pool methods)."""
     t = config.timeouts
     metrics = Metrics()
     view = ViewCache(cast(HostReader, store), clock, t.view_ttl_s, t.heartbeat_interval_s)
@@ -76,7 +93,24 @@ def control_plane(
     sandboxes = Sandboxes(store, view, agents, routes)
     failover = Failover(store, view, flow, clock, t)
     reconciler = Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
-    return ControlPlane(config, view, metrics, flow, batch, sandboxes, reconciler)
+    pools = None
+    if warm:
+        whole = cast(Store, store)
+        book = PoolBook(whole, clock)
+        claims = WarmClaims(
+            whole,
+            view,
+            cast(AgentDirectory, agents),
+            book,
+            clock,
+            rng,
+            t.stale_after_s,
+            WarmMetrics(metrics.registry),
+        )
+        flow.warm = claims
+        pools = Pools(whole, view, book, claims, clock, rng, t.stale_after_s, config.policy)
+        reconciler.leader_work.append(pools.rebalance)
+    return ControlPlane(config, view, metrics, flow, batch, sandboxes, reconciler, pools)
 
 
 def sim_agent(
@@ -94,9 +128,15 @@ def sim_agent(
     admission: AdmissionMode,
     touch: TouchModel | None = None,
     settle_s: float | None = None,
+    pressure: tuple[float, float] | None = None,
 ) -> Agent:
-    """The real agent over a simulated host's sandboxes (``state`` outlives the agent across a crash)."""
+    """The real agent over a simulated host's sandboxes (``state`` outlives the agent across a crash).
+    A ``state`` with the host's physical memory feeds the agent's pressure gate from it, judged by
+    ``pressure`` (close_at, open_at; None: the agent's usual band)."""
     runtime = SimRuntime(clock, rng, touch, state=state, start_latency_s=start_latency_s)
+    signal = None
+    if state.memory_mb is not None:
+        signal = sim_signal(runtime.memory_used_ratio, *(pressure or ()))
     return Agent(
         host_id,
         runtime,
@@ -108,6 +148,7 @@ def sim_agent(
         sink=sink,
         max_concurrent_starts=starts_limit,
         settle_s=settle_s,
+        pressure=signal,
     )
 
 
@@ -124,13 +165,14 @@ def run_seeded(main: Coroutine[Any, Any, Any], tag: str) -> Any:
         ids.reseed(None)
 
 
-def reply_of(result: HeartbeatResult) -> HeartbeatReply:
+def reply_of(result: HeartbeatResult, warm_targets: Sequence[WarmTarget] = ()) -> HeartbeatReply:
     """What the agent hears back from the store's answer to its heartbeat."""
     return HeartbeatReply(
         accepted=result.accepted,
         confirmed=result.confirmed,
         listed_seq=result.listed_seq,
         stop=sorted(result.fenced),
+        warm_targets=list(warm_targets),
     )
 
 
@@ -212,6 +254,9 @@ class InMemoryAgentClient(AgentClient):
 
     async def capacity(self) -> Capacity:
         return self._agent().capacity()
+
+    async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        return self._agent().claim(template, req)
 
 
 P = TypeVar("P", bound=Process)

@@ -26,7 +26,7 @@ from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget, RetryPolicy
 from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
-from corral.control.heartbeats import to_store
+from corral.control.heartbeats import HeartbeatIntake
 from corral.control.ports import ReconcilePort
 from corral.core.timeouts import Timeouts
 from corral.core.touch import TouchModel
@@ -47,7 +47,7 @@ from corral.sim.harness import (
 from corral.sim.host import HostSpec, fixed_profile
 from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock
-from corral.store import SandboxRecord, SandboxState
+from corral.store import SandboxRecord, SandboxState, Store
 
 SETTLED_AGO_S = 3600.0  # preloaded sandboxes started this long before the run: measured, settled
 
@@ -68,6 +68,8 @@ class RealFleetConfig:
     # reservations). Off for a burst that only places: fewer events, the same placements.
     reconcile: bool = False
     bind_timeout_s: float = 30.0
+    # Wire warm pools into every replica, as the server does (heartbeat replies carry the targets).
+    warm: bool = False
     touch: TouchModel = field(default_factory=TouchModel)
     retry: ClientBackoff = field(default_factory=ClientBackoff)
 
@@ -97,6 +99,7 @@ class RealFleetConfig:
 @dataclass(slots=True)
 class Tally:
     placements: Counter[str] = field(default_factory=Counter)
+    warm: Counter[str] = field(default_factory=Counter)  # of the placements, those claimed warm
     refusals: Counter[str] = field(default_factory=Counter)  # final refusals and agents' refusals
     placed: int = 0
     waits_s: list[float] = field(default_factory=list)  # first refusal -> success, per create
@@ -130,13 +133,24 @@ class Replica(Process):
         cfg = fleet.cfg
         self.id = f"r{index}"
         config = cfg.control(self.id)
+        store = Guarded(fleet.store, self)
         self.plane: ControlPlane = control_plane(
-            cast(ReconcilePort, Guarded(fleet.store, self)),
+            cast(ReconcilePort, store),
             _Agents(fleet, self),
             config,
             fleet.clock,
             fleet.stream(f"replica/{self.id}"),
+            warm=cfg.warm,
         )
+        self.intake = HeartbeatIntake(cast(Store, store), self.plane.metrics)
+
+    async def heartbeat(self, hb: AgentHeartbeat) -> HeartbeatReply:
+        """A heartbeat as the API takes it: into the store, OOM counts onto records, and the reply
+        with the host's warm targets."""
+        result = await self.intake.accept(hb)
+        pools = self.plane.pools
+        targets = await pools.book.targets_for(hb.agent_id) if pools is not None else []
+        return reply_of(result, targets)
 
 
 class RealFleet:
@@ -152,7 +166,7 @@ class RealFleet:
         self.store = ModelStore(self.clock, self.stream("store/ids"))
         width = max(2, len(str(cfg.hosts - 1)))
         self.host_ids = [f"h{i:0{width}d}" for i in range(cfg.hosts)]
-        self.states = {h: SimState() for h in self.host_ids}
+        self.states = {h: SimState(memory_mb=cfg.host.memory_mb) for h in self.host_ids}
         self.agents: dict[str, Agent] = {}
         self.replicas = [Replica(self, i) for i in range(cfg.replicas)]
         self.tally = Tally()
@@ -163,10 +177,11 @@ class RealFleet:
     def stream(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}/{name}")
 
-    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = self.loop.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     # -- set-up -------------------------------------------------------------------------------------
 
@@ -204,10 +219,15 @@ class RealFleet:
                 admission=spec.mode,
                 touch=cfg.touch,
                 settle_s=spec.settle_s,
+                pressure=spec.pressure,
             )
             await agent.adopt()
             self.agents[host_id] = agent
             self.background(self._heartbeats(agent, self.rng.uniform(0.0, spec.heartbeat_s)))
+            if spec.memory_tick_s is not None:
+                self.background(
+                    self._kernel(host_id, spec.memory_tick_s, self.rng.uniform(0.0, spec.memory_tick_s))
+                )
         if cfg.reconcile:
             for r in self.replicas:
                 r.spawn(r.plane.reconciler.run())
@@ -216,8 +236,16 @@ class RealFleet:
         await asyncio.sleep(phase_s)
         await agent.run_heartbeats()
 
+    async def _kernel(self, host_id: str, tick_s: float, phase_s: float) -> None:
+        await asyncio.sleep(phase_s)
+        await self.states[host_id].run_kernel(self.clock, tick_s)
+
     async def _sink(self, hb: AgentHeartbeat) -> HeartbeatReply:
-        return reply_of(await self.store.upsert_heartbeat(to_store(hb)))
+        """An agent heartbeats to the first replica that answers."""
+        for r in self.replicas:
+            if r.alive:
+                return await r.heartbeat(hb)
+        raise AgentUnavailable(message="no replica answers")
 
     def warm_views(self, start: float, end: float) -> None:
         """Have each replica read its view once at a random moment in [start, end) (loop times)."""
@@ -259,6 +287,8 @@ class RealFleet:
                 continue
             t.placed += 1
             t.placements[rec.host_id or ""] += 1
+            if rec.warm:
+                t.warm[rec.host_id or ""] += 1
             if budget.first_refusal_at is not None:
                 t.waits_s.append(self.loop.time() - budget.first_refusal_at)
             if lifetime_s is not None:

@@ -6,7 +6,11 @@ import random
 
 import pytest
 
-from corral.core import ManualClock, TouchModel
+from corral.agent.agent import Agent
+from corral.agent.errors import AgentRefusal
+from corral.agent.pressure import sim_signal
+from corral.agent.protocol import StartSandbox
+from corral.core import AdmissionPolicy, ManualClock, TouchModel
 from corral.runtime.base import Runtime, RuntimeFailure, SandboxNotFound, SandboxPaused, SandboxSpec
 from corral.runtime.sim import SimRuntime, SimState
 
@@ -168,3 +172,53 @@ async def test_spawn_pause_and_resume(sim: SimRuntime) -> None:
     await sim.stop("a")  # a paused sandbox stops like any other
     with pytest.raises(SandboxNotFound):
         sim.paused("a")
+
+
+FLAT = TouchModel(working_set_mb=600, working_set_jitter=0.0, base_mb=24, ramp_s=1.0)
+
+
+async def test_the_kernel_kills_the_largest_workload_when_the_host_runs_out(clock: ManualClock) -> None:
+    sim = SimRuntime(clock, random.Random(1), FLAT, memory_mb=1000)
+    for i in ("a", "b"):
+        await sim.start(SandboxSpec(id=i, memory_mb=2048))
+    assert sim.memory_used_ratio() == 48 / 1000
+    clock.advance(60.0)
+    # Two working sets of 600 MB on a 1000 MB host: one workload is killed (the tie: the greater id),
+    # its memory is freed and stays freed; the sandbox itself lives on.
+    assert [await sim.oom_kills(i) for i in ("a", "b")] == [0, 1]
+    assert [await sim.resident_mb(i) for i in ("a", "b")] == [600, 24]
+    assert sim.memory_used_ratio() == 624 / 1000
+    assert sim.state.oom_kills_total == 1 and len(await sim.list()) == 2
+    clock.advance(30.0)
+    assert await sim.oom_kills("b") == 1  # nothing grew back: no second kill
+
+
+async def test_an_unbounded_host_has_no_oom_killer(clock: ManualClock) -> None:
+    sim = SimRuntime(clock, random.Random(1), FLAT)
+    for i in ("a", "b"):
+        await sim.start(SandboxSpec(id=i, memory_mb=2048))
+    clock.advance(30.0)
+    assert [await sim.oom_kills(i) for i in ("a", "b")] == [0, 0]
+    assert sim.memory_used_ratio() is None
+    with pytest.raises(ValueError):
+        SimRuntime(clock, memory_mb=0)
+
+
+async def test_the_agent_reports_the_kernels_kills_and_closes_intake_under_pressure(
+    clock: ManualClock,
+) -> None:
+    sim = SimRuntime(clock, random.Random(1), FLAT, memory_mb=1000)
+    policy = AdmissionPolicy(headroom_mb=0, reserve_floor_mb=0)
+    signal = sim_signal(sim.memory_used_ratio, 0.6, 0.5)
+    agent = Agent("h", sim, 1000, 4.0, clock=clock, policy=policy, pressure=signal)
+    for i in ("sb-a", "sb-b"):
+        await agent.start(StartSandbox(id=i, memory_mb=1024))
+    clock.advance(60.0)
+    await agent.measure()
+    hb = agent.heartbeat()
+    assert hb.oom_kills == {"sb-b": 1} and agent.oom_kills_total == 1
+    assert hb.memory_mb_used == 624  # the working sets as read after the kill
+    # 62% of the host in use is above the gate's 60%: intake closes.
+    with pytest.raises(AgentRefusal) as refused:
+        await agent.start(StartSandbox(id="sb-c", memory_mb=1024))
+    assert refused.value.code == "host_memory_pressure"

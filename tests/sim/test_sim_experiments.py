@@ -10,9 +10,13 @@ from corral.sim.experiments.staleness import run as run_staleness
 
 def test_working_set_density_exceeds_committed_tenfold_without_oom() -> None:
     r = run_density(DensityScenario(), 1).as_json()
+    # Through corral's create flow, real agents and the sim runtime's memory and kernel.
+    assert r["engine"] == "create_flow"
     assert r["committed_per_host"] == 7
     assert r["working_set_per_host"] >= 10 * r["committed_per_host"]
     assert r["working_set_oom_events"] == 0 and r["committed_oom_events"] == 0
+    # Every create the fleet could not hold was refused by the store's fit, not started and killed.
+    assert r["working_set_refusals"]["no_capacity"] > 0
 
 
 def test_memory_that_grows_after_measurement_is_counted_as_oom_events() -> None:
@@ -26,6 +30,20 @@ def test_memory_that_grows_after_measurement_is_counted_as_oom_events() -> None:
     r = run_density(scn, 1)
     assert r.working_set.oom_events > 0
     assert r.committed.oom_events == 0
+    # The kernel's kills reach the control plane: each agent reads them and its heartbeat puts them
+    # on the sandboxes' records (the run ends well after the last spike began).
+    assert r.working_set.oom_reported == r.working_set.oom_events
+    # Physical memory never stays above the fleet's: the kernel reclaims what spikes take.
+    assert max(p[2] for p in r.working_set.series) <= 1.0
+
+
+def test_density_through_the_create_flow_replays_by_seed_and_differs_from_the_model() -> None:
+    scn = DensityScenario(duration_s=120.0)
+    a, b = run_density(scn, 3), run_density(scn, 3)
+    assert a == b
+    model = run_density(scn, 3, on_model=True)
+    assert model.committed.oom_reported is None and a.committed.oom_reported == 0
+    assert a.as_json()["engine"] == "create_flow"
 
 
 def test_old_information_hurts_the_argmax_and_not_power_of_two() -> None:

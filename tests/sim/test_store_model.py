@@ -1,8 +1,9 @@
 """The in-memory store model is held to the SQL stores: random sequences of heartbeats (whole sets and
 changes on a base, with right and wrong digests and bases), reservations (reserve, reserve_best,
 batches: the fit rule's memory and CPU bounds, the spread score and the tie-break), their ends
-(cancel, confirm, TTL, a lapsed owner), and sandbox records (create with names, quotas and
-idempotency keys, state changes, deletes) give the same observable results on the model and on
+(cancel, confirm, TTL, a lapsed owner), sandbox records (create and its read-only check with names,
+quotas and idempotency keys, state changes, deletes, OOM counts) and warm pools (create, update, delete,
+per-host targets) give the same observable results on the model and on
 SQLite (and PostgreSQL), step by step, listings included."""
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ LISTING = st.sampled_from(
     ["whole", "whole", "whole_undigested", "changes", "changes", "changes", "bad_digest", "bad_base"]
 )
 HOST = st.sampled_from(HOSTS)
+# Pools: of the built-in template, or of one no store has.
+POOL = st.sampled_from(["default", "default", "nope"])
 STATES = st.sampled_from(
     [
         SandboxState.RESERVED,
@@ -106,6 +109,23 @@ OPS = st.one_of(
     st.tuples(st.just("delete"), st.integers(0, 7), st.booleans()),
     st.tuples(st.just("set_state"), st.integers(0, 7), STATES, st.none() | STATES, st.booleans()),
     st.tuples(st.just("drain"), HOST),
+    st.tuples(
+        st.just("check_create"),
+        st.sampled_from([None, "a", "b"]),
+        st.sampled_from([256, 512, 1024]),
+        st.sampled_from([None, "k1", "k2"]),
+        st.sampled_from(["x", "y"]),
+    ),
+    st.tuples(st.just("oom"), HOST, st.dictionaries(SANDBOX, st.integers(0, 3), max_size=3)),
+    st.tuples(st.just("create_pool"), POOL, st.sampled_from([-1, 0, 3]), st.sampled_from([None, 0, 2])),
+    st.tuples(
+        st.just("update_pool"),
+        POOL,
+        st.sampled_from([None, -1, 5]),
+        st.sampled_from([UNSET, None, 0, 2]),
+    ),
+    st.tuples(st.just("delete_pool"), POOL),
+    st.tuples(st.just("pool_targets"), POOL, st.dictionaries(HOST, st.integers(-1, 3), max_size=3)),
 )
 
 
@@ -197,7 +217,7 @@ class Driver:
             return await s.next_expiry()
         if kind == "renew":
             return await s.renew_replica(op[1], op[2])
-        if kind == "create":
+        if kind in ("create", "check_create"):
             _, name, mb, key, body = op
             rec = SandboxRecord(
                 id=f"sb-{n_created}",
@@ -207,8 +227,21 @@ class Driver:
                 cpus=1.0,
                 name=name,
             )
+            if kind == "check_create":
+                seen = await s.check_create(rec, idempotency_key=key, request_hash=body if key else None)
+                return None if seen is None else (_fields(seen.record), seen.replayed)
             out = await s.create_sandbox(rec, idempotency_key=key, request_hash=body if key else None)
             return (_fields(out.record), out.replayed)
+        if kind == "oom":
+            return await s.record_oom_kills(op[1], {f"sb-{i}": n for i, n in op[2].items()})
+        if kind == "create_pool":
+            return await s.create_pool(op[1], size=op[2], max_per_host=op[3])
+        if kind == "update_pool":
+            return await s.update_pool(op[1], size=op[2], max_per_host=op[3])
+        if kind == "delete_pool":
+            return await s.delete_pool(op[1])
+        if kind == "pool_targets":
+            return await s.set_pool_targets(op[1], op[2])
         if kind == "delete":
             return await s.delete_sandbox(f"sb-{op[1]}", forget_idempotency=op[2])
         if kind == "set_state":
@@ -232,7 +265,8 @@ class Driver:
             await s.committed_mb(),
             sorted(await s.get_sandboxes([*ids, "nope"])),
         )
-        return hosts, usage, [_fields(r) for r in page.items], listings
+        pools = (await s.list_pools(), [t.name for t in await s.list_templates()])
+        return hosts, usage, [_fields(r) for r in page.items], listings, pools
 
 
 def _fields(r: SandboxRecord) -> dict[str, object]:
@@ -295,9 +329,29 @@ TIES: list[tuple[Any, ...]] = [
 ]
 
 
+# A pool's life and OOM counts reported by the sandbox's own host and by another.
+POOL_LIFE: list[tuple[Any, ...]] = [
+    ("create_pool", "default", 3, None),
+    ("create_pool", "default", 2, None),
+    ("pool_targets", "default", {"h0": 0, "h1": 2, "h2": 1}),
+    ("advance", 2.0),
+    ("update_pool", "default", 5, 2),
+    ("create", "a", 256, "k1", "x"),
+    ("check_create", "a", 256, None, "x"),
+    ("check_create", "b", 256, "k1", "x"),
+    ("set_state", 0, SandboxState.RUNNING, None, True),
+    ("oom", "h0", {0: 2}),
+    ("oom", "h1", {0: 3}),
+    ("oom", "h0", {0: 1}),
+    ("delete_pool", "default"),
+    ("pool_targets", "default", {"h0": 1}),
+]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, min_size=1, max_size=40))
 @example(TIES)
+@example(POOL_LIFE)
 def test_the_model_answers_as_sqlite_does(ops: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_compare(ops, f"sqlite:///{Path(tmp) / 'corral.db'}"))

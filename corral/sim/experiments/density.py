@@ -4,17 +4,27 @@ have touched a fraction of their memory).
 
 The same offered load (a Poisson stream of long-lived creates, more than the fleet can hold) runs once
 per admission mode; sandboxes touch about 300 MB of their 4 GiB, growing toward it over a few seconds.
+
+The ``corral`` policy runs through corral's own create flow and real agents on the ``sim`` runtime,
+whose kernel kills the largest sandbox's workload when a host's physical memory is exhausted (counted
+in that sandbox's OOM kills, reported by its agent's heartbeat onto its record) and whose memory in
+use feeds the agents' pressure gates. Models of other schedulers run on the fleet model, where an OOM
+kill ends the sandbox.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import asyncio
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from corral.control.create import CreateSpec
 from corral.core import AdmissionMode, CreateRequest, TouchModel
 from corral.sim.fleet import ClientBackoff, Fleet, FleetConfig
+from corral.sim.harness import run_seeded
 from corral.sim.host import HostSpec
 from corral.sim.policies import policy as policy_named
+from corral.sim.real_fleet import RealFleet, RealFleetConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,8 @@ class ModeResult:
     resident_to_committed: float
     # (time, sandboxes per host, physical memory used as a fraction of the fleet's)
     series: list[tuple[float, float, float]] = field(default_factory=list)
+    # Through the create flow: the OOM kills the control plane learned of from heartbeats, by the end.
+    oom_reported: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +84,7 @@ class DensityResult:
         return {
             "experiment": "density",
             "seed": self.seed,
+            "engine": policy_named(self.scenario.policy).engine,
             "scenario": asdict(self.scenario),
             "committed_per_host": self.committed.per_host,
             "working_set_per_host": self.working_set.per_host,
@@ -84,11 +97,13 @@ class DensityResult:
             "working_set_refusals": self.working_set.refusals,
             "committed_resident_to_committed": self.committed.resident_to_committed,
             "working_set_resident_to_committed": self.working_set.resident_to_committed,
+            "committed_oom_reported": self.committed.oom_reported,
+            "working_set_oom_reported": self.working_set.oom_reported,
         }
 
 
-def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult:
-    spec = HostSpec(
+def host_spec(scn: DensityScenario, mode: AdmissionMode) -> HostSpec:
+    return HostSpec(
         memory_mb=scn.host_memory_mb,
         cpus=scn.host_cpus,
         heartbeat_s=scn.heartbeat_s,
@@ -97,7 +112,10 @@ def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult
         memory_tick_s=scn.memory_tick_s,
         pressure=(scn.pressure_close_at, scn.pressure_open_at),
     )
-    touch = TouchModel(
+
+
+def touch_model(scn: DensityScenario) -> TouchModel:
+    return TouchModel(
         working_set_mb=scn.working_set_mb,
         working_set_jitter=scn.working_set_jitter,
         spike_probability=scn.spike_probability,
@@ -105,6 +123,71 @@ def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult
         spike_window_s=scn.spike_window_s,
         spike_for_s=scn.spike_for_s,
     )
+
+
+def run_real_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult:
+    """Through corral's own create flow, agents and ``sim`` runtime (a policy that is corral's)."""
+    pol = policy_named(scn.policy)
+    spec = replace(host_spec(scn, mode), gate=pol.agent_gate, starts_limit=pol.starts_limit)
+    model = FleetConfig(hosts=scn.hosts, policy=pol, host=spec, view_ttl_s=scn.view_ttl_s)
+    cfg = RealFleetConfig(
+        hosts=scn.hosts,
+        host=spec,
+        view_ttl_s=scn.view_ttl_s,
+        stale_after_s=model.stale_after,
+        k=pol.flow_k,
+        touch=touch_model(scn),
+        retry=ClientBackoff(deadline_s=scn.retry_deadline_s),
+    )
+    total_mb = scn.hosts * scn.host_memory_mb
+
+    async def main() -> ModeResult:
+        fleet = RealFleet(cfg, seed)
+        await fleet.setup()
+        t0 = fleet.loop.time()
+        start = t0 + scn.heartbeat_s * 1.2
+        end = start + scn.duration_s
+        req = CreateSpec(memory_mb=scn.sandbox_mb, cpus=scn.sandbox_cpu)
+        t, n = start, 0
+        while True:
+            t += fleet.rng.expovariate(scn.rate_per_s)
+            if t >= end:
+                break
+            fleet.background(fleet.create(req, f"c{n}", t))
+            n += 1
+        series: list[tuple[float, float, float]] = []
+        at = t0
+        while at <= end + 1e-9:
+            await asyncio.sleep(at - fleet.loop.time())
+            now = fleet.loop.time()
+            used = sum(st.resident_mb_total(now) for st in fleet.states.values())
+            series.append((round(now - t0, 3), sum(fleet.live_counts()) / scn.hosts, used / total_mb))
+            at += scn.sample_s
+        now = fleet.loop.time()
+        live = [s for st in fleet.states.values() for s in st.sandboxes.values()]
+        committed = sum(s.handle.spec.memory_mb for s in live)
+        resident = sum(s.resident_mb(now) for s in live)
+        refusals = fleet.tally.refusals + fleet.agent_refusals()
+        return ModeResult(
+            mode=str(mode),
+            per_host=len(live) / scn.hosts,
+            oom_events=sum(st.oom_kills_total for st in fleet.states.values()),
+            refusals={str(k): v for k, v in sorted(refusals.items())},
+            resident_to_committed=round(resident / committed, 4) if committed else 0.0,
+            series=series,
+            oom_reported=sum(sb.oom_kills for sb in fleet.store.sandboxes.values()),
+        )
+
+    result: ModeResult = run_seeded(main(), f"density/{seed}/{mode}")
+    return result
+
+
+def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int, *, on_model: bool = False) -> ModeResult:
+    """``on_model``: run even a configuration of corral's on the fleet model (to compare the two)."""
+    if not (on_model or policy_named(scn.policy).is_model):
+        return run_real_mode(scn, mode, seed)
+    spec = host_spec(scn, mode)
+    touch = touch_model(scn)
     fleet = Fleet(
         FleetConfig(
             hosts=scn.hosts,
@@ -144,10 +227,10 @@ def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult
     )
 
 
-def run(scn: DensityScenario, seed: int = 1) -> DensityResult:
+def run(scn: DensityScenario, seed: int = 1, *, on_model: bool = False) -> DensityResult:
     return DensityResult(
         scenario=scn,
         seed=seed,
-        committed=run_mode(scn, AdmissionMode.COMMITTED, seed),
-        working_set=run_mode(scn, AdmissionMode.WORKING_SET, seed),
+        committed=run_mode(scn, AdmissionMode.COMMITTED, seed, on_model=on_model),
+        working_set=run_mode(scn, AdmissionMode.WORKING_SET, seed, on_model=on_model),
     )

@@ -47,6 +47,7 @@ from corral.store.records import (
     Listing,
     ListingChange,
     Page,
+    PoolRecord,
     ReservationRecord,
     ReserveItem,
     SandboxRecord,
@@ -58,6 +59,7 @@ from corral.store.records import (
     as_states,
     metadata_dict,
 )
+from corral.store.sql.base import _check_pool
 
 MAX_PAGE = 1000
 DEFAULT_TEMPLATE = TemplateRecord(
@@ -154,6 +156,7 @@ class ModelStore:
         self.placements: dict[str, str | None] = {}
         self.tenants: dict[str, _Tenant] = {}
         self.templates: dict[str, TemplateRecord] = {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}
+        self.pools: dict[str, PoolRecord] = {}
         # (tenant, key) -> (request hash, sandbox id, the record as first created, when)
         self.idempotency: dict[tuple[str, str], tuple[str | None, str, SandboxRecord, float]] = {}
         self.fences: dict[tuple[str, str], int] = {}  # (host, sandbox) -> the epoch it must reach
@@ -653,27 +656,10 @@ class ModelStore:
         _check_sandbox(record)
         await self._enter()
         now = self._now()
-        t = self.tenants.get(record.tenant_id)
-        if t is None:
-            raise RecordNotFound(f"tenant {record.tenant_id!r}")
-        if idempotency_key is not None:
-            seen = self.idempotency.get((record.tenant_id, idempotency_key))
-            if seen is not None:
-                if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
-                    raise IdempotencyMismatch(
-                        f"idempotency key {idempotency_key!r} was first used with a different request"
-                    )
-                return CreateOutcome(self.sandboxes.get(seen[1]) or seen[2], replayed=True)
-        taken = self._name_taken(record.tenant_id, record.name, "")
-        if taken is not None:
-            raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
+        replay = self._create_checks(record, idempotency_key, request_hash)
+        if replay is not None:
+            return replay
         state = SandboxState(record.state)
-        if state in LIVE_STATES:
-            q = t.record
-            if t.live_sandboxes + 1 > q.max_sandboxes:
-                raise QuotaExceeded("max_sandboxes", q.max_sandboxes, t.live_sandboxes, 1)
-            if t.live_memory_mb + record.memory_mb > q.max_memory_mb:
-                raise QuotaExceeded("max_memory_mb", q.max_memory_mb, t.live_memory_mb, record.memory_mb)
         if record.id in self.sandboxes:
             raise NameConflict(f"sandbox {record.id!r} (or its name) already exists")
         rec = replace(
@@ -694,6 +680,52 @@ class ModelStore:
         if idempotency_key is not None:
             self.idempotency[(rec.tenant_id, idempotency_key)] = (request_hash, rec.id, rec, now)
         return CreateOutcome(rec, replayed=False)
+
+    def _create_checks(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
+    ) -> CreateOutcome | None:
+        """Idempotency, name and quota, in the SQL stores' order: a replay's outcome, or None when the
+        record may be inserted."""
+        t = self.tenants.get(record.tenant_id)
+        if t is None:
+            raise RecordNotFound(f"tenant {record.tenant_id!r}")
+        if idempotency_key is not None:
+            seen = self.idempotency.get((record.tenant_id, idempotency_key))
+            if seen is not None:
+                if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
+                    raise IdempotencyMismatch(
+                        f"idempotency key {idempotency_key!r} was first used with a different request"
+                    )
+                return CreateOutcome(self.sandboxes.get(seen[1]) or seen[2], replayed=True)
+        taken = self._name_taken(record.tenant_id, record.name, "")
+        if taken is not None:
+            raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
+        if SandboxState(record.state) in LIVE_STATES:
+            q = t.record
+            QuotaExceeded.check(
+                q.max_sandboxes, q.max_memory_mb, t.live_sandboxes, t.live_memory_mb, record.memory_mb
+            )
+        return None
+
+    async def check_create(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome | None:
+        _check_sandbox(record)
+        await self._enter()
+        return self._create_checks(record, idempotency_key, request_hash)
+
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
+        if not counts:
+            return
+        await self._enter()
+        for sandbox_id, count in sorted(counts.items()):
+            sb = self.sandboxes.get(sandbox_id)
+            if sb is not None and sb.host_id == host_id and sb.oom_kills < count:
+                self.sandboxes[sandbox_id] = replace(sb, oom_kills=count)
 
     async def purge_idempotency_keys(self, older_than: float) -> int:
         await self._enter()
@@ -850,6 +882,58 @@ class ModelStore:
             raise NameConflict(f"template {template.name!r} exists")
         self.templates[template.name] = rec = replace(template, created_at=self._now())
         return rec
+
+    async def list_templates(self) -> list[TemplateRecord]:
+        await self._enter()
+        return [self.templates[n] for n in sorted(self.templates)]
+
+    # -- warm pools: the intent per template and the leader's per-host targets -----------------------
+
+    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
+        _check_pool(size, max_per_host)
+        await self._enter()
+        if template not in self.templates:
+            raise RecordNotFound(f"template {template!r}")
+        if template in self.pools:
+            raise NameConflict(f"template {template!r} already has a pool")
+        now = self._now()
+        self.pools[template] = rec = PoolRecord(template, size, max_per_host, {}, now, now)
+        return rec
+
+    async def update_pool(
+        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    ) -> PoolRecord:
+        _check_pool(size, max_per_host)
+        await self._enter()
+        pool = self.pools.get(template)
+        if pool is None:
+            raise RecordNotFound(f"no pool for template {template!r}")
+        changes: dict[str, object] = {"updated_at": self._now()}
+        if size is not None:
+            changes["size"] = size
+        if not isinstance(max_per_host, _Unset):
+            changes["max_per_host"] = max_per_host
+        self.pools[template] = rec = replace(pool, **changes)  # type: ignore[arg-type]
+        return rec
+
+    async def delete_pool(self, template: str) -> bool:
+        await self._enter()
+        return self.pools.pop(template, None) is not None
+
+    async def list_pools(self) -> list[PoolRecord]:
+        await self._enter()
+        return [self.pools[t] for t in sorted(self.pools)]
+
+    async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool:
+        if any(n < 0 for n in targets.values()):
+            raise InvalidRecord("targets: must not be negative")
+        await self._enter()
+        pool = self.pools.get(template)
+        if pool is None:
+            return False
+        # Targets are a row per host: they change without touching the pool's own row.
+        self.pools[template] = replace(pool, targets={h: n for h, n in sorted(targets.items()) if n > 0})
+        return True
 
     # -- what a checker reads (no transaction, no fault) ---------------------------------------------
 
