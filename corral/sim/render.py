@@ -47,7 +47,8 @@ def density(r: DensityResult, console: Console) -> None:
     s = r.scenario
     console.print(
         f"[bold]density[/bold]: {s.hosts} hosts of {s.host_memory_mb} MB, {s.sandbox_mb} MB sandboxes touching "
-        f"~{s.working_set_mb} MB, {s.rate_per_s:g} creates/s for {s.duration_s:g} s, seed {r.seed}"
+        f"~{s.working_set_mb} MB, {s.rate_per_s:g} creates/s for {s.duration_s:g} s, seed {r.seed}, "
+        f"engine {r.as_json()['engine']}"
     )
     table = Table(show_header=True, header_style="bold", box=None)
     for col in ("admission", "per host", "OOM events", "resident/committed", "refused creates"):
@@ -170,6 +171,7 @@ def warm(r: WarmResult, console: Console) -> None:
     table = Table(show_header=True, header_style="bold", box=None)
     for column in (
         "policy",
+        "engine",
         "hits",
         "misses",
         "max/mean",
@@ -182,6 +184,7 @@ def warm(r: WarmResult, console: Console) -> None:
     for o in r.outcomes:
         table.add_row(
             o.policy,
+            o.engine,
             str(o.hits),
             str(o.misses),
             f"{o.max_over_mean:.2f}",

@@ -16,12 +16,14 @@ from corral.sim import plots
 from corral.sim.experiments import (
     BurstResult,
     BurstScenario,
+    DensityResult,
     DensityScenario,
     LeakResult,
     LeakScenario,
     ScaleScenario,
     StalenessResult,
     StalenessScenario,
+    WarmResult,
     WarmScenario,
 )
 from corral.sim.experiments import burst as burst_exp
@@ -234,22 +236,47 @@ def _skipped(results: Sequence[BurstResult]) -> str:
     return f"{seeds} seed(s) left hosts with nothing (up to {max(hit)} of {len(results[0].per_host)})"
 
 
+def _late_spikes(s: DensityScenario) -> DensityScenario:
+    """The density run with memory that grows long after it was measured."""
+    return replace(s, spike_probability=0.3, spike_mb=2048, spike_for_s=60.0, spike_window_s=(120.0, 600.0))
+
+
+@functools.cache
+def _density(scn: DensityScenario, seed: int, on_model: bool = False) -> DensityResult:
+    return density_exp.run(scn, seed, on_model=on_model)
+
+
 def _density_section(cfg: ReportConfig, out: Path) -> list[str]:
-    r = density_exp.run(cfg.density, cfg.seed)
+    r = _density(cfg.density, cfg.seed)
     plots.density(r, out / "sim" / "density.png")
     c, w = r.committed, r.working_set
-    late = replace(
-        cfg.density, spike_probability=0.3, spike_mb=2048, spike_for_s=60.0, spike_window_s=(120.0, 600.0)
-    )
-    lr = density_exp.run(late, cfg.seed)
+    late = _late_spikes(cfg.density)
+    lr = _density(late, cfg.seed)
     lw = lr.working_set
     ratio = w.per_host / c.per_host if c.per_host else float("nan")
     s = cfg.density
+    engine = POLICIES[s.policy].engine
+    if engine == "create_flow":
+        how = (
+            "Engine: `create_flow`: corral's create flow over the store model and real agents on the `sim` "
+            "runtime, whose kernel kills the workload of the sandbox holding the most memory whenever a host's "
+            "sandboxes together hold more than its physical memory; the agents read those kills as the "
+            "sandboxes' OOM counts and their heartbeats put them on the records, and their pressure gates read "
+            "the host's memory in use."
+        )
+        killed = (
+            f"The kernel killed {lw.oom_events} workloads and the control plane had heard of "
+            f"{lw.oom_reported} of them by the end of the run (a kill is reported by the next heartbeat); "
+            "a killed workload frees its memory and its sandbox lives on, so the count per host barely moves."
+        )
+    else:
+        how = "Engine: `model`: the fleet model, whose OOM killer ends the sandbox it picks."
+        killed = f"Each of the {lw.oom_events} OOM events ended a sandbox."
     return [
         "## density: committed vs working-set admission",
         "",
         f"Scenario: {_params(s)}; seed {cfg.seed}. The same Poisson stream of long-lived creates, more than "
-        "the fleet can hold, runs once per admission mode; refused creates are counted, not retried.",
+        "the fleet can hold, runs once per admission mode; refused creates are counted, not retried. " + how,
         "",
         "![density](sim/density.png)",
         "",
@@ -269,12 +296,13 @@ def _density_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"{late.spike_mb} MB for {late.spike_for_s:g} s at a random moment {late.spike_window_s[0]:g}-"
         f"{late.spike_window_s[1]:g} s after they started, long after they were measured. Working-set admission "
         f"then held {lw.per_host:g} per host and counted {lw.oom_events} OOM events (committed: "
-        f"{lr.committed.per_host:g} per host, {lr.committed.oom_events}). "
+        f"{lr.committed.per_host:g} per host, {lr.committed.oom_events}), and the pressure gates refused "
+        f"{lw.refusals.get('host_memory_pressure', 0)} starts. "
         + (
             "The headroom band absorbed these spikes."
             if lw.oom_events == 0
-            else "That is the bet lost: overcommit is only safe for workloads whose idleness is real, which is "
-            "why stateful sandboxes are always charged in full."
+            else killed + " That is the bet lost: overcommit is only safe for workloads whose idleness is "
+            "real, which is why stateful sandboxes are always charged in full."
         ),
         "",
     ]
@@ -430,7 +458,8 @@ def _leak_text(s: LeakScenario, la: LeakRun, tt: LeakRun) -> str:
 
 def _engines_section(cfg: ReportConfig, out: Path) -> list[str]:
     """The `corral` policy on both engines, side by side: what moved when the simulator started
-    driving corral's own create flow, and the mechanism behind each difference."""
+    driving corral's own create flow (burst, leak, staleness, density, warm), and the mechanism behind
+    each difference."""
     base = cfg.burst
     seed = cfg.seed
     seeds = range(1, cfg.burst_seeds + 1)
@@ -477,6 +506,41 @@ def _engines_section(cfg: ReportConfig, out: Path) -> list[str]:
                     f"{flow[ttl].max_to_median:.2f}",
                 )
             )
+    d = {om: _density(cfg.density, seed, om) for om in (True, False)}
+    late = {om: _density(_late_spikes(cfg.density), seed, om) for om in (True, False)}
+    rows += [
+        (
+            "density: committed, per host",
+            f"{d[True].committed.per_host:g}",
+            f"{d[False].committed.per_host:g}",
+        ),
+        (
+            "density: working-set, per host",
+            f"{d[True].working_set.per_host:g}",
+            f"{d[False].working_set.per_host:g}",
+        ),
+        (
+            "density, late spikes: working-set per host / OOM events",
+            f"{late[True].working_set.per_host:g} / {late[True].working_set.oom_events}",
+            f"{late[False].working_set.per_host:g} / {late[False].working_set.oom_events}",
+        ),
+        (
+            "density, late spikes: starts refused under memory pressure",
+            str(late[True].working_set.refusals.get("host_memory_pressure", 0)),
+            str(late[False].working_set.refusals.get("host_memory_pressure", 0)),
+        ),
+    ]
+    if "corral" in cfg.warm.policies:
+        for reps in (cfg.warm.replicas, cfg.warm_replicas):
+            one = replace(cfg.warm, replicas=reps, policies=("corral",))
+            wm, wf = _warm(one, seed, True).outcomes[0], _warm(one, seed).outcomes[0]
+            rows.append(
+                (
+                    f"warm, {reps} replica(s): warm of {cfg.warm.claims} (agent answers)",
+                    f"{wm.hits} ({wm.asked})",
+                    f"{wf.hits} ({wf.asked})",
+                )
+            )
     ctl = real_config(base).control("r0")
     return [
         "## corral on the fleet model and on its own create flow",
@@ -507,14 +571,32 @@ def _engines_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"whose replica died mid-request is answered `create_in_progress` until the leader settles the record "
         f"it left `reserved`, which it does only once no create could still be binding "
         f"({ctl.create_deadline_s:g} s here), so a client with a shorter deadline gives up.",
+        "- **An OOM kill ends a workload, not the sandbox.** The `sim` runtime's kernel kills the workload "
+        "of the sandbox holding the most memory (as the kernel's OOM killer picks the largest process), "
+        "which frees what it held; the sandbox lives on and its kill is counted in its `oom_kills`, read by "
+        "its agent and carried by the next heartbeat onto its record. The model ended the sandbox, so its "
+        "density with late spikes fell with every kill.",
+        "- **The pressure gate reads at every start.** The agent reads the host's memory in use whenever it "
+        "measures and before every start, so a spike closes intake between two of the model's memory ticks "
+        "too; and a settled sandbox is charged its reading only once two readings agree, so working-set "
+        "admission fills a little slower than in the model, where one reading after settling counted.",
+        "- **A claim sees what heartbeats advertised.** A replica claims on the ready counts in its cached "
+        "view minus its own claims since each host's heartbeat; a sandbox an agent refilled, or one another "
+        "replica claimed, is invisible to it until the next heartbeat and view refresh. The agent's "
+        "hand-over answers an empty host at once, and the replica asks the next one.",
         "",
     ]
 
 
+@functools.cache
+def _warm(scn: WarmScenario, seed: int, on_model: bool = False) -> WarmResult:
+    return warm_exp.run(scn, seed, on_model=on_model)
+
+
 def _warm_section(cfg: ReportConfig, out: Path) -> list[str]:
     s = cfg.warm
-    r = warm_exp.run(s, cfg.seed)
-    many = warm_exp.run(replace(s, replicas=cfg.warm_replicas), cfg.seed)
+    r = _warm(s, cfg.seed)
+    many = _warm(replace(s, replicas=cfg.warm_replicas), cfg.seed)
     plots.warm(r, out / "sim" / "warm.png")
     by = {o.policy: o for o in r.outcomes}
     lines = [
@@ -525,28 +607,40 @@ def _warm_section(cfg: ReportConfig, out: Path) -> list[str]:
         "",
         "![warm](sim/warm.png)",
         "",
-        "| policy | replicas | warm | cold | max/mean claims per host | hosts with a cold start | most cold on one host | agent answers |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| policy | engine | replicas | warm | cold | max/mean claims per host | hosts with a cold start | most cold on one host | agent answers |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for reps, res in ((s.replicas, r), (cfg.warm_replicas, many)):
         for o in res.outcomes:
             lines.append(
-                f"| {o.policy} | {reps} | {o.hits} | {o.misses} | {o.max_over_mean:.2f} | {o.hosts_with_cold} | "
-                f"{max(o.cold_per_host.values(), default=0)} | {o.asked} |"
+                f"| {o.policy} | {o.engine} | {reps} | {o.hits} | {o.misses} | {o.max_over_mean:.2f} | "
+                f"{o.hosts_with_cold} | {max(o.cold_per_host.values(), default=0)} | {o.asked} |"
             )
     lines.append("")
     a, p, c = by.get("argmax"), by.get("power_of_2"), by.get("corral")
     if a and p and c:
         worst = max(a.cold_per_host.items(), key=lambda kv: kv[1], default=("-", 0))
+        flow = (
+            "It runs through corral's own code: a pool whose per-host targets are in the store model, agents "
+            "that filled them from their heartbeats' replies and advertise their ready counts in heartbeats, "
+            "each replica's view (`refresh_s` is its TTL) and create flow, and the agent's in-memory hand-over. "
+            + (
+                "Agents stop refilling before the burst, so every policy draws on the same inventory. "
+                if not s.refill
+                else "Agents refill while the burst draws on them. "
+            )
+            if c.engine == "create_flow"
+            else ""
+        )
         lines.append(
             f"argmax sends every claim of the window to the host that looked warmest: {a.hits} of {s.claims} "
             f"are warm, and {worst[1]} cold starts pile onto {worst[0]} while its peers keep their warm "
             f"sandboxes (the drained-node signature). Power-of-2 over the same stale inventory spreads the "
             f"burst ({p.hits} warm, max/mean {p.max_over_mean:.2f}) but a pick that lands on a drained host is "
-            f"a cold start there. corral's claim path subtracts its own claims since the inventory and asks "
-            f"the next host when one answers empty: {c.hits} warm with max/mean {c.max_over_mean:.2f}; with "
+            f"a cold start there. corral's claim path subtracts its own claims since each host's heartbeat and "
+            f"asks the next host when one answers empty: {c.hits} warm with max/mean {c.max_over_mean:.2f}; with "
             f"{cfg.warm_replicas} replicas, each knowing only its own claims, "
-            f"{next(o.hits for o in many.outcomes if o.policy == 'corral')} warm."
+            f"{next(o.hits for o in many.outcomes if o.policy == 'corral')} warm. {flow}"
         )
         lines.append("")
     return lines
@@ -580,9 +674,11 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
         "that retry with the SDK's policy and honour Retry-After. The other policies are models of other "
         "schedulers (no ledger, per-replica ledgers, agents without a gate), run by a discrete-event fleet "
         "model over corral's core (filters, scoring, selection, admission, ledger); each result says which "
-        "engine ran it (`engine`: `create_flow` or `model`), and so does each table below. The density, "
-        "scale and warm experiments still run on the fleet model for every policy. A run is a pure "
-        "function of its scenario and seed.",
+        "engine ran it (`engine`: `create_flow` or `model`), and so does each table below. So do density "
+        "(the `sim` runtime models each host's physical memory, its OOM killer and its memory in use for "
+        "the agents' pressure gates) and warm (real pools, agents filling them, the real claim path); only "
+        "scale, balls into bins, runs on the fleet model alone. A run is a pure function of its scenario "
+        "and seed.",
         "",
         "Regenerate this page and its charts with `make sim-report` (`python -m corral.sim.report docs`). "
         f"Every number below comes from that run (seed {cfg.seed}), so regenerating gives the same page. "

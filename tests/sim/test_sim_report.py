@@ -26,4 +26,11 @@ def test_the_report_is_written_from_the_run(tmp_path: Path) -> None:
     # The corral policy's numbers come from its own create flow, set beside the fleet model's.
     assert "| `corral` | create_flow |" in text and "| `naive` | model |" in text
     assert "## corral on the fleet model and on its own create flow" in text
+    # Density and warm name their engine too, and are set beside the model in the comparison.
+    assert "Engine: `create_flow`" in text and "| corral | create_flow | 1 |" in text
+    assert "| argmax | model | 1 |" in text
+    assert (
+        f"| density: working-set, per host | {run_density(density, 1, on_model=True).working_set.per_host:g} | "
+        in text
+    )
     assert "seed's" not in text and "Seed 000" not in text

@@ -15,7 +15,7 @@ kill ends the sandbox.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from corral.control.create import CreateSpec
@@ -127,15 +127,11 @@ def touch_model(scn: DensityScenario) -> TouchModel:
 
 def run_real_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult:
     """Through corral's own create flow, agents and ``sim`` runtime (a policy that is corral's)."""
-    pol = policy_named(scn.policy)
-    spec = replace(host_spec(scn, mode), gate=pol.agent_gate, starts_limit=pol.starts_limit)
-    model = FleetConfig(hosts=scn.hosts, policy=pol, host=spec, view_ttl_s=scn.view_ttl_s)
-    cfg = RealFleetConfig(
-        hosts=scn.hosts,
-        host=spec,
-        view_ttl_s=scn.view_ttl_s,
-        stale_after_s=model.stale_after,
-        k=pol.flow_k,
+    cfg = RealFleetConfig.of_policy(
+        policy_named(scn.policy),
+        scn.hosts,
+        host_spec(scn, mode),
+        scn.view_ttl_s,
         touch=touch_model(scn),
         retry=ClientBackoff(deadline_s=scn.retry_deadline_s),
     )

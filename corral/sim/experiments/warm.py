@@ -6,20 +6,34 @@ they hold; the inventory is refreshed every ``refresh_s``, and the burst arrives
   while its peers stay full (the drained-node signature).
 - ``power_of_2``: the warmer of two sampled hosts, over the same stale snapshot. Spread, but a claim
   that lands on a drained host is a cold start there.
-- ``corral``: corral's claim path (:func:`corral.core.warm.pick_warm`): power-of-2 over the snapshot
-  minus the claims this replica made since it, an empty host answers at once and the next one is
-  asked (up to ``CLAIM_TRIES``), then a cold start placed on the least-loaded host. With several
-  replicas, each knows only its own claims.
+- ``corral``: corral's claim path, run as the server runs it: a pool (its intent and per-host targets)
+  in the store model, real agents on the ``sim`` runtime filling their targets from their heartbeats'
+  replies and advertising their ready counts in heartbeats, and each replica's create flow claiming
+  by :func:`corral.core.warm.pick_warm` (power-of-2 over hosts advertising ready sandboxes in its
+  cached view, minus the claims it made since their heartbeats); an empty host answers at once and the
+  next one is asked (up to ``CLAIM_TRIES``), then the create goes cold through the placement flow. With
+  several replicas, each knows only its own claims. The inventory is the replica's view: ``refresh_s``
+  is its TTL. Agents stop refilling before the burst unless ``refill``, so every policy draws from the
+  same inventory.
+
+The first two are models of other schedulers, run over the inventory alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from corral.control.create import CreateSpec
 from corral.core.warm import CLAIM_TRIES, pick_warm
+from corral.sim.harness import run_seeded
+from corral.sim.host import HostSpec
+from corral.sim.policies import policy as policy_named
+from corral.sim.real_fleet import RealFleet, RealFleetConfig
+from corral.store import TemplateRecord
 
 WARM_POLICIES = ("argmax", "power_of_2", "corral")
 
@@ -35,6 +49,12 @@ class WarmScenario:
     refresh_s: float = 10.0
     replicas: int = 1
     policies: tuple[str, ...] = WARM_POLICIES
+    # The create flow's fleet: hosts, heartbeats, the pool's template, and whether agents refill
+    # their pools while the burst draws on them.
+    heartbeat_s: float = 10.0
+    host_memory_mb: int = 32768
+    sandbox_mb: int = 1024
+    refill: bool = False
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.claims < 0 or self.replicas < 1:
@@ -60,6 +80,7 @@ class WarmOutcome:
     hosts_with_cold: int
     drained: int
     asked: int  # agent answers spent (a stale pick costs one)
+    engine: str = "model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,21 +144,100 @@ def _one(s: WarmScenario, policy: str, start: dict[str, int], seed: int) -> Warm
             host = min(sorted(start), key=lambda x: (landed[x], x))
             cold[host] += 1
         landed[host] += 1
-    mean = s.claims / s.hosts
+    return _outcome(s, policy, landed, cold, hits, sum(1 for n in ready.values() if n == 0), asked, "model")
+
+
+TEMPLATE = "pooled"
+
+
+def _outcome(
+    s: WarmScenario,
+    policy: str,
+    landed: Counter[str],
+    cold: Counter[str],
+    hits: int,
+    drained: int,
+    asked: int,
+    engine: str,
+) -> WarmOutcome:
     return WarmOutcome(
         policy=policy,
         hits=hits,
         misses=s.claims - hits,
         per_host=dict(sorted(landed.items())),
         cold_per_host=dict(sorted(cold.items())),
-        max_over_mean=round(max(landed.values()) / mean, 3) if landed else 0.0,
+        max_over_mean=round(max(landed.values()) / (s.claims / s.hosts), 3) if landed else 0.0,
         hosts_with_cold=len(cold),
-        drained=sum(1 for n in ready.values() if n == 0),
+        drained=drained,
         asked=asked,
+        engine=engine,
     )
 
 
-def run(s: WarmScenario, seed: int = 1) -> WarmResult:
+def run_real(s: WarmScenario, start: dict[str, int], seed: int) -> WarmOutcome:
+    """corral's claim path through its own create flow, pools, agents and store model."""
+    spec = HostSpec(memory_mb=s.host_memory_mb, heartbeat_s=s.heartbeat_s)
+    cfg = RealFleetConfig.of_policy(
+        policy_named("corral"), s.hosts, spec, s.refresh_s, replicas=s.replicas, warm=True
+    )
+
+    async def main() -> WarmOutcome:
+        fleet = RealFleet(cfg, seed)
+        assert sorted(fleet.host_ids) == sorted(start)
+        await fleet.setup()
+        store = fleet.store
+        await store.create_template(TemplateRecord(name=TEMPLATE, cpus=1.0, memory_mb=s.sandbox_mb))
+        await store.create_pool(TEMPLATE, size=sum(start.values()))
+        # The targets as they stand when the burst comes (the leader's spreading is not run: it
+        # would level them).
+        await store.set_pool_targets(TEMPLATE, start)
+        keepers = [fleet.background(a.run_warm()) for a in fleet.agents.values()]
+        t0 = fleet.loop.time()
+        # Every host's first heartbeat brings its target and its second advertises the pool filled.
+        filled = t0 + 2 * s.heartbeat_s
+        begin = filled + s.refresh_s
+        fleet.warm_views(filled, begin)
+        await asyncio.sleep(filled - t0)
+        if not s.refill:
+            for k in keepers:
+                k.cancel()
+        await asyncio.sleep(begin - fleet.loop.time())
+        create = CreateSpec(template=TEMPLATE)
+        await asyncio.gather(
+            *(
+                fleet.create(create, f"c{i}", begin + i * s.window_s / max(1, s.claims))
+                for i in range(s.claims)
+            )
+        )
+        agents = fleet.agents.values()
+        t = fleet.tally
+        return _outcome(
+            s,
+            "corral",
+            t.placements,
+            t.placements - t.warm,
+            sum(t.warm.values()),
+            sum(1 for a in agents if a.warm.ready_count(TEMPLATE) == 0),
+            sum(a.warm.stats.claims + a.warm.stats.empty for a in agents),
+            "create_flow",
+        )
+
+    outcome: WarmOutcome = run_seeded(main(), f"warm/{seed}/{s.replicas}")
+    return outcome
+
+
+def host_ids(n: int) -> list[str]:
+    """The fleet's host ids, as :class:`RealFleet` names them."""
+    width = max(2, len(str(n - 1)))
+    return [f"h{i:0{width}d}" for i in range(n)]
+
+
+def run(s: WarmScenario, seed: int = 1, *, on_model: bool = False) -> WarmResult:
+    """``on_model``: run corral's claim rule on the inventory model too (to compare the two)."""
     rng = random.Random(seed)
-    start = {f"h{i:02d}": rng.randint(s.warm_min, s.warm_max) for i in range(s.hosts)}
-    return WarmResult(s, seed, start, [_one(s, p, start, seed) for p in s.policies])
+    start = {h: rng.randint(s.warm_min, s.warm_max) for h in host_ids(s.hosts)}
+    outcomes = [
+        run_real(s, start, seed) if p == "corral" and not on_model else _one(s, p, start, seed)
+        for p in s.policies
+    ]
+    return WarmResult(s, seed, start, outcomes)
