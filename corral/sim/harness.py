@@ -191,13 +191,18 @@ class Process:
 
     def __init__(self) -> None:
         self.alive = True
-        self.tasks: set[asyncio.Task[Any]] = set()
+        # In the order they were spawned: a crash cancels them in that order whatever their ids, so
+        # a run does not depend on where in memory its tasks happened to live.
+        self.tasks: dict[asyncio.Task[Any], None] = {}
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(self._done)
         return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.pop(task, None)
 
     def crash(self) -> None:
         """The process dies: whatever it was doing stops at its current await, and nothing it would
