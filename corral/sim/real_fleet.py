@@ -1,7 +1,9 @@
 """A fleet run through corral's own control plane: replicas each running the real :class:`CreateFlow`
 behind their own :class:`ViewCache` over the in-memory store model (its ``reserve_best`` ranks and
 tie-breaks as the SQL stores do), real agents with their gates and starts limiters on the ``sim``
-runtime, heartbeats into the store, clients that retry with the SDK's policy and honour Retry-After,
+runtime (each host's physical memory bounded, its kernel's OOM killer watching it every
+``memory_tick_s``), heartbeats into the store through the first live replica's intake (OOM counts onto
+records, warm targets in the reply), clients that retry with the SDK's policy and honour Retry-After,
 all on virtual time. No fault is injected but the ones an experiment schedules (a replica's death).
 
 Every random draw comes from a ``random.Random`` seeded from the run's seed and the drawing

@@ -576,10 +576,11 @@ def _engines_section(cfg: ReportConfig, out: Path) -> list[str]:
         "which frees what it held; the sandbox lives on and its kill is counted in its `oom_kills`, read by "
         "its agent and carried by the next heartbeat onto its record. The model ended the sandbox, so its "
         "density with late spikes fell with every kill.",
-        "- **The pressure gate reads at every start.** The agent reads the host's memory in use whenever it "
-        "measures and before every start, so a spike closes intake between two of the model's memory ticks "
-        "too; and a settled sandbox is charged its reading only once two readings agree, so working-set "
-        "admission fills a little slower than in the model, where one reading after settling counted.",
+        "- **The pressure gate reads the host.** The agent's gate reads the `sim` host's memory in use "
+        "whenever the agent measures and before every start, where the model's gate read it at each memory "
+        "tick; and since a kill frees memory without ending a sandbox, a different set of starts meets a "
+        "closed gate. Working-set density itself differs by a few sandboxes per fleet: each host's runtime "
+        "draws its sandboxes' working sets from its own random stream, not the model's.",
         "- **A claim sees what heartbeats advertised.** A replica claims on the ready counts in its cached "
         "view minus its own claims since each host's heartbeat; a sandbox an agent refilled, or one another "
         "replica claimed, is invisible to it until the next heartbeat and view refresh. The agent's "
