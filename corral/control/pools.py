@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from corral.agent.errors import AgentError
 from corral.agent.protocol import ClaimWarm, WarmTarget
-from corral.control.agents import AgentDirectory
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.metrics import LATENCY_BUCKETS
+from corral.control.ports import AgentLookup, ClaimRecords, PoolReader, PoolStore
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import AdmissionPolicy, Clock, CreateRequest, HostState
 from corral.core.admission import request_charge_mb
@@ -36,7 +36,6 @@ from corral.store import (
     RecordNotFound,
     SandboxRecord,
     SandboxState,
-    Store,
     TemplateRecord,
 )
 
@@ -130,7 +129,7 @@ class WarmMetrics:
 class PoolBook:
     """The pools and their templates as this replica last read them (at most ``POOLS_CACHE_S`` old)."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: PoolReader, clock: Clock) -> None:
         self.store = store
         self.clock = clock
         self.pools: dict[str, PoolRecord] = {}
@@ -216,9 +215,9 @@ class WarmClaims:
 
     def __init__(
         self,
-        store: Store,
+        store: ClaimRecords,
         view: ViewCache,
-        agents: AgentDirectory,
+        agents: AgentLookup,
         book: PoolBook,
         clock: Clock,
         rng: random.Random,
@@ -350,7 +349,7 @@ class PoolStatus:
 class Pools:
     def __init__(
         self,
-        store: Store,
+        store: PoolStore,
         view: ViewCache,
         book: PoolBook,
         claims: WarmClaims,

@@ -1,13 +1,23 @@
 """Proof, for the type checker, that the SQL stores and the in-memory model both give the control
-plane's flows what their narrow protocols ask (:mod:`corral.control.ports`): an assignment below fails
-``mypy`` the moment a signature drifts on either side. Nothing here runs."""
+plane what its narrow protocols ask (:mod:`corral.control.ports`): an assignment below fails ``mypy``
+the moment a signature drifts on either side. Nothing here runs."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from corral.control.ports import HostReader, ReconcilePort, Tenants
+    from corral.control.ports import (
+        ClaimRecords,
+        HeartbeatSink,
+        HostReader,
+        Placements,
+        PoolStore,
+        ReconcilePort,
+        SealedSpecs,
+        Tenants,
+        WaitingQueue,
+    )
     from corral.sim.models.store import ModelStore
     from corral.store.postgres import PostgresStore
     from corral.store.sqlite import SqliteStore
@@ -16,4 +26,10 @@ if TYPE_CHECKING:
         flows: list[ReconcilePort] = [model, sqlite, postgres]
         hosts: list[HostReader] = [model, sqlite, postgres]
         tenants: list[Tenants] = [model, sqlite, postgres]
-        del flows, hosts, tenants
+        pools: list[PoolStore] = [model, sqlite, postgres]
+        claims: list[ClaimRecords] = [model, sqlite, postgres]
+        waiting: list[WaitingQueue] = [model, sqlite, postgres]
+        heartbeats: list[HeartbeatSink] = [model, sqlite, postgres]
+        sealed: list[SealedSpecs] = [model, sqlite, postgres]
+        placements: list[Placements] = [model, sqlite, postgres]
+        del flows, hosts, tenants, pools, claims, waiting, heartbeats, sealed, placements

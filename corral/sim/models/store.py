@@ -3,7 +3,7 @@ call (:mod:`corral.control.ports`): reservations against a host's admittable and
 rule, spread score and tie-break), ended exactly once, expired by TTL and with their owner's lease;
 sandbox records with quota counters, name uniqueness and idempotency keys; heartbeats whose listings
 carry changes on a base with a digest (applied exactly as :mod:`corral.store.listings` applies them),
-fences and failover.
+fences and failover; parked creates, OOM kills, sealed specs and warm pools' intent.
 
 Every method is one "transaction": it may await (a latency, an outage) only before it reads anything,
 then runs to completion without yielding, as a serialisable transaction would. ``outage`` makes every
@@ -30,7 +30,6 @@ from corral.store.errors import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    QuotaExceeded,
     RecordNotFound,
     StateConflict,
     StoreUnavailable,
@@ -47,6 +46,7 @@ from corral.store.records import (
     Listing,
     ListingChange,
     Page,
+    PoolRecord,
     ReservationRecord,
     ReserveItem,
     SandboxRecord,
@@ -56,6 +56,8 @@ from corral.store.records import (
     Usage,
     _Unset,
     as_states,
+    check_pool,
+    check_quota,
     metadata_dict,
 )
 
@@ -154,6 +156,7 @@ class ModelStore:
         self.placements: dict[str, str | None] = {}
         self.tenants: dict[str, _Tenant] = {}
         self.templates: dict[str, TemplateRecord] = {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}
+        self.pools: dict[str, PoolRecord] = {}  # by template
         # (tenant, key) -> (request hash, sandbox id, the record as first created, when)
         self.idempotency: dict[tuple[str, str], tuple[str | None, str, SandboxRecord, float]] = {}
         self.fences: dict[tuple[str, str], int] = {}  # (host, sandbox) -> the epoch it must reach
@@ -643,16 +646,11 @@ class ModelStore:
                 return sb.id
         return None
 
-    async def create_sandbox(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
-    ) -> CreateOutcome:
-        _check_sandbox(record)
-        await self._enter()
-        now = self._now()
+    def _create_checks(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
+    ) -> CreateOutcome | None:
+        """Idempotency, name and quota, in the SQL stores' order: a replay's outcome, or None when
+        the record may be inserted."""
         t = self.tenants.get(record.tenant_id)
         if t is None:
             raise RecordNotFound(f"tenant {record.tenant_id!r}")
@@ -667,13 +665,27 @@ class ModelStore:
         taken = self._name_taken(record.tenant_id, record.name, "")
         if taken is not None:
             raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
-        state = SandboxState(record.state)
-        if state in LIVE_STATES:
+        if SandboxState(record.state) in LIVE_STATES:
             q = t.record
-            if t.live_sandboxes + 1 > q.max_sandboxes:
-                raise QuotaExceeded("max_sandboxes", q.max_sandboxes, t.live_sandboxes, 1)
-            if t.live_memory_mb + record.memory_mb > q.max_memory_mb:
-                raise QuotaExceeded("max_memory_mb", q.max_memory_mb, t.live_memory_mb, record.memory_mb)
+            check_quota(
+                q.max_sandboxes, q.max_memory_mb, Usage(t.live_sandboxes, t.live_memory_mb), record.memory_mb
+            )
+        return None
+
+    async def create_sandbox(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome:
+        _check_sandbox(record)
+        await self._enter()
+        now = self._now()
+        replay = self._create_checks(record, idempotency_key, request_hash)
+        if replay is not None:
+            return replay
+        state = SandboxState(record.state)
         if record.id in self.sandboxes:
             raise NameConflict(f"sandbox {record.id!r} (or its name) already exists")
         rec = replace(
@@ -821,6 +833,59 @@ class ModelStore:
             raise RecordNotFound(f"sandbox {sandbox_id!r}")
         return self.placements.get(sandbox_id)
 
+    async def check_create(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome | None:
+        _check_sandbox(record)
+        await self._enter()
+        return self._create_checks(record, idempotency_key, request_hash)
+
+    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        if sb.state is not SandboxState.RESERVED:
+            raise StateConflict(sandbox_id, sb.state, sb.version)
+        return self._put(
+            sb,
+            state=SandboxState.WAITING_CAPACITY,
+            wait_until=wait_until,
+            host_id=None,
+            reservation_id=None,
+            updated_at=self._now(),
+        )
+
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
+        if not counts:
+            return
+        await self._enter()
+        for sandbox_id, n in sorted(counts.items()):
+            sb = self.sandboxes.get(sandbox_id)
+            if sb is not None and sb.host_id == host_id and sb.oom_kills < n:
+                self.sandboxes[sandbox_id] = replace(sb, oom_kills=n)  # not a state change: no version
+
+    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
+        await self._enter()
+        got = sorted(
+            (sid, sb.sealed_spec)
+            for sid, sb in self.sandboxes.items()
+            if sid > after_id and sb.sealed_spec is not None
+        )
+        return got[:limit]
+
+    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None or sb.sealed_spec != old:
+            return False
+        self.sandboxes[sandbox_id] = replace(sb, sealed_spec=new)  # not a state change: no version
+        return True
+
     # -- tenants, templates --------------------------------------------------------------------------
 
     async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
@@ -850,6 +915,58 @@ class ModelStore:
             raise NameConflict(f"template {template.name!r} exists")
         self.templates[template.name] = rec = replace(template, created_at=self._now())
         return rec
+
+    async def list_templates(self) -> list[TemplateRecord]:
+        await self._enter()
+        return [self.templates[n] for n in sorted(self.templates)]
+
+    # -- warm pools' intent (what the control plane's pool classes write through) --------------------
+
+    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
+        check_pool(size, max_per_host)
+        await self._enter()
+        if template not in self.templates:
+            raise RecordNotFound(f"template {template!r}")
+        if template in self.pools:
+            raise NameConflict(f"template {template!r} already has a pool")
+        now = self._now()
+        self.pools[template] = rec = PoolRecord(template, size, max_per_host, {}, now, now)
+        return rec
+
+    async def update_pool(
+        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    ) -> PoolRecord:
+        check_pool(size, max_per_host)
+        await self._enter()
+        pool = self.pools.get(template)
+        if pool is None:
+            raise RecordNotFound(f"no pool for template {template!r}")
+        pool = replace(pool, updated_at=self._now())
+        if size is not None:
+            pool = replace(pool, size=size)
+        if not isinstance(max_per_host, _Unset):
+            pool = replace(pool, max_per_host=max_per_host)
+        self.pools[template] = pool
+        return pool
+
+    async def delete_pool(self, template: str) -> bool:
+        await self._enter()
+        return self.pools.pop(template, None) is not None
+
+    async def list_pools(self) -> list[PoolRecord]:
+        await self._enter()
+        return [self.pools[t] for t in sorted(self.pools)]
+
+    async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool:
+        if any(n < 0 for n in targets.values()):
+            raise InvalidRecord("targets: must not be negative")
+        await self._enter()
+        pool = self.pools.get(template)
+        if pool is None:
+            return False
+        kept = {h: n for h, n in sorted(targets.items()) if n > 0}
+        self.pools[template] = replace(pool, targets=kept)
+        return True
 
     # -- what a checker reads (no transaction, no fault) ---------------------------------------------
 

@@ -10,7 +10,6 @@ from corral.store.errors import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    QuotaExceeded,
     RecordNotFound,
     StateConflict,
 )
@@ -24,6 +23,7 @@ from corral.store.records import (
     Usage,
     _Unset,
     as_states,
+    check_quota,
     metadata_dict,
 )
 from corral.store.rows import in_list
@@ -93,11 +93,7 @@ class SandboxesSql(SqlBase):
                 return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
         await self._check_name(tx, rec)
         if rec.state in LIVE_STATES:
-            used = Usage(int(tenant[2]), int(tenant[3]))
-            if used.sandboxes + 1 > int(tenant[0]):
-                raise QuotaExceeded("max_sandboxes", int(tenant[0]), used.sandboxes, 1)
-            if used.memory_mb + rec.memory_mb > int(tenant[1]):
-                raise QuotaExceeded("max_memory_mb", int(tenant[1]), used.memory_mb, rec.memory_mb)
+            check_quota(int(tenant[0]), int(tenant[1]), Usage(int(tenant[2]), int(tenant[3])), rec.memory_mb)
         return None
 
     async def create_sandbox(
