@@ -28,6 +28,7 @@ from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import AdmissionPolicy, Clock, CreateRequest, HostState
 from corral.core.admission import request_charge_mb
 from corral.core.warm import CLAIM_TRIES, Slot, pick_warm, spread
+from corral.shapes.pools import PoolHost
 from corral.store import (
     UNSET,
     HostRecord,
@@ -330,18 +331,11 @@ class WarmClaims:
 
 
 @dataclass(frozen=True, slots=True)
-class PerHost:
-    target: int
-    ready: int
-    starting: int
-
-
-@dataclass(frozen=True, slots=True)
 class PoolStatus:
     pool: PoolRecord
     ready: int
     starting: int
-    per_host: dict[str, PerHost]
+    per_host: dict[str, PoolHost]
     hits: int
     misses: int
 
@@ -434,12 +428,12 @@ class Pools:
         raise ResourceNotFound(f"no pool for template {template!r}")
 
     def status(self, pool: PoolRecord, snap: FleetSnapshot) -> PoolStatus:
-        per_host: dict[str, PerHost] = {}
+        per_host: dict[str, PoolHost] = {}
         for h in snap.records.values():
             ready, starting = h.warm.get(pool.template, (0, 0))
             target = pool.targets.get(h.id, 0)
             if ready or starting or target:
-                per_host[h.id] = PerHost(target, ready, starting)
+                per_host[h.id] = PoolHost(target=target, ready=ready, starting=starting)
         return PoolStatus(
             pool=pool,
             ready=sum(p.ready for p in per_host.values()),

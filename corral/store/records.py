@@ -273,16 +273,6 @@ class TokenRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class HostEnrolment:
-    """What enrolling a host hands out, once: the token its agent presents to the control plane and
-    the key the control plane presents to its agent."""
-
-    host_id: str
-    agent_token: str
-    host_key: str
-
-
-@dataclass(frozen=True, slots=True)
 class TemplateRecord:
     name: str
     cpus: float
