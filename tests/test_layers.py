@@ -8,7 +8,8 @@ retry policy), so it may import ``client`` as the command line does. A module im
 own layer or below. ``core`` is pure policy: the standard library's computational modules, the error
 codes and itself, no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without
 the server's dependencies: it imports nothing of corral but itself and the wire's shared vocabulary
-(``codes``, ``exec_result``). ``testing`` helps tests and may use anything below ``api``.
+(``codes``, ``exec_result``, ``shapes``), which import nothing of corral but one another.
+``testing`` helps tests and may use anything below ``api``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ LAYER = {
     "": 0,  # corral/__init__.py: the version
     "codes": 0,  # the error codes: the wire's vocabulary, shared with the client
     "exec_result": 0,  # a command's outcome: one shape from the runtime to the client
+    "shapes": 0,  # the API's answers: built by the server, parsed by the client
     "core": 0,
     "store": 1,
     "runtime": 1,
@@ -43,7 +45,7 @@ LAYER = {
 }
 
 # What both the server and the SDK import: the wire's shared vocabulary.
-SHARED_WITH_CLIENT = ("codes", "exec_result")
+SHARED_WITH_CLIENT = ("codes", "exec_result", "shapes")
 
 # Standard-library modules that do I/O, read the time, run an event loop or threads, or reach the
 # process's environment: a pure core takes all of these as injected arguments instead.
@@ -209,6 +211,17 @@ def test_client_imports_no_server_code() -> None:
         if _part(_module_name(imp.file)) == "client"
         and imp.module.startswith("corral.")
         and _part(imp.module) not in ("client", *SHARED_WITH_CLIENT)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_what_the_client_shares_imports_nothing_else_of_corral() -> None:
+    bad = [
+        imp.where()
+        for imp in _all_imports()
+        if _part(_module_name(imp.file)) in SHARED_WITH_CLIENT
+        and imp.module.startswith("corral.")
+        and _part(imp.module) not in SHARED_WITH_CLIENT
     ]
     assert not bad, "\n".join(bad)
 

@@ -1,9 +1,6 @@
-"""A host's credentials, as enrolment hands them out (``POST /v1/hosts/{id}/token``, ``corral hosts
-token ID --out FILE``) and as ``corral agent --token-file FILE`` reads them back.
-
-``agent_token`` is what the agent presents to the control plane (heartbeats; it speaks for this host
-only). ``host_key`` is what the control plane presents to the agent; the agent refuses every call
-without it. The file holds both secrets, so it must be readable by its owner only.
+"""Reading a host's credentials file (``corral agent --token-file FILE``): the shape enrolment hands
+out (:class:`corral.shapes.hosts.HostCredentials`), in a file only its owner may read, since it holds
+both secrets.
 """
 
 from __future__ import annotations
@@ -12,17 +9,9 @@ import os
 import stat
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from corral.agent.protocol import ID_PATTERN
-
-
-class HostCredentials(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    host_id: str = Field(pattern=ID_PATTERN)
-    agent_token: str = Field(min_length=16, max_length=512)
-    host_key: str = Field(min_length=16, max_length=512)
+from corral.shapes.hosts import HostCredentials
 
 
 class BadCredentials(ValueError):

@@ -35,9 +35,9 @@ from corral.core.types import (
     HostState,
     HostView,
 )
+from corral.shapes import ID_PATTERN
 
-# Sandbox ids and hostnames travel in URLs and become hostnames: keep them to a safe alphabet.
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+# Hostnames are sent as they are used: keep them to a safe alphabet too.
 HOSTNAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB: anything larger is a typo, not a sandbox
 MAX_CPUS = 1024.0

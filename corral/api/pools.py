@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from corral.api.auth import Admin, Plane
 from corral.api.schemas import TEMPLATE_PATTERN, _Body
 from corral.control.pools import PoolStatus
+from corral.shapes.pools import Pool, PoolList
 from corral.store import UNSET
 
 router = APIRouter()
@@ -26,63 +27,39 @@ class PoolPatch(_Body):
     max_per_host: int | None = Field(default=None, gt=0, le=MAX_POOL_SIZE, strict=True)
 
 
-class PerHostOut(BaseModel):
-    target: int
-    ready: int
-    starting: int
+def pool_out(s: PoolStatus) -> Pool:
+    return Pool(
+        template=s.pool.template,
+        size=s.pool.size,
+        max_per_host=s.pool.max_per_host,
+        ready=s.ready,
+        starting=s.starting,
+        per_host=dict(s.per_host),
+        hits=s.hits,
+        misses=s.misses,
+    )
 
 
-class PoolOut(BaseModel):
-    template: str
-    size: int
-    max_per_host: int | None
-    ready: int
-    starting: int
-    per_host: dict[str, PerHostOut]
-    hits: int
-    misses: int
-
-    @classmethod
-    def of(cls, s: PoolStatus) -> PoolOut:
-        return cls(
-            template=s.pool.template,
-            size=s.pool.size,
-            max_per_host=s.pool.max_per_host,
-            ready=s.ready,
-            starting=s.starting,
-            per_host={
-                h: PerHostOut(target=p.target, ready=p.ready, starting=p.starting)
-                for h, p in s.per_host.items()
-            },
-            hits=s.hits,
-            misses=s.misses,
-        )
-
-
-class PoolList(BaseModel):
-    pools: list[PoolOut]
-
-
-@router.post("/v1/pools", status_code=201, response_model=PoolOut)
-async def create_pool(body: PoolBody, _: Admin, plane: Plane) -> PoolOut:
-    return PoolOut.of(await plane.pools.create(body.template, body.size, body.max_per_host))
+@router.post("/v1/pools", status_code=201, response_model=Pool)
+async def create_pool(body: PoolBody, _: Admin, plane: Plane) -> Pool:
+    return pool_out(await plane.pools.create(body.template, body.size, body.max_per_host))
 
 
 @router.get("/v1/pools", response_model=PoolList)
 async def list_pools(_: Admin, plane: Plane) -> PoolList:
-    return PoolList(pools=[PoolOut.of(s) for s in await plane.pools.list()])
+    return PoolList(pools=[pool_out(s) for s in await plane.pools.list()])
 
 
-@router.get("/v1/pools/{template}", response_model=PoolOut)
-async def get_pool(template: str, _: Admin, plane: Plane) -> PoolOut:
-    return PoolOut.of(await plane.pools.get(template))
+@router.get("/v1/pools/{template}", response_model=Pool)
+async def get_pool(template: str, _: Admin, plane: Plane) -> Pool:
+    return pool_out(await plane.pools.get(template))
 
 
-@router.patch("/v1/pools/{template}", response_model=PoolOut)
-async def update_pool(template: str, body: PoolPatch, _: Admin, plane: Plane) -> PoolOut:
+@router.patch("/v1/pools/{template}", response_model=Pool)
+async def update_pool(template: str, body: PoolPatch, _: Admin, plane: Plane) -> Pool:
     # An explicit null clears the per-host cap; leaving the field out keeps it.
     cap = body.max_per_host if "max_per_host" in body.model_fields_set else UNSET
-    return PoolOut.of(await plane.pools.update(template, body.size, cap))
+    return pool_out(await plane.pools.update(template, body.size, cap))
 
 
 @router.delete("/v1/pools/{template}", status_code=204)

@@ -9,32 +9,31 @@ from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from corral.agent.protocol import ID_PATTERN, AgentHeartbeat, ExecRequest, HeartbeatReply
+from corral.agent.protocol import AgentHeartbeat, ExecRequest, HeartbeatReply
 from corral.api import hot
 from corral.api.auth import Admin, Agent, Plane, User, owner, scope
 from corral.api.schemas import (
     NAME_PATTERN,
     BatchBody,
-    BatchOut,
     ExecBody,
-    HostCredentialsOut,
-    HostList,
-    HostOut,
-    IssuedToken,
-    SandboxList,
-    SandboxOut,
     SandboxSpecBody,
     TemplateBody,
     TemplateOut,
     TenantBody,
     TenantOut,
-    TokenOut,
-    iso,
+    host_out,
     sandbox_json,
+    sandbox_out,
+    token_info,
 )
 from corral.control.errors import InvalidRequest
 from corral.control.explain import explained
 from corral.exec_result import ExecResult
+from corral.shapes import ID_PATTERN
+from corral.shapes.hosts import Host, HostCredentials, HostList
+from corral.shapes.sandboxes import BatchCreated, SandboxPage
+from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
+from corral.shapes.tokens import IssuedToken, TokenList
 from corral.store import SandboxState, TemplateRecord
 
 router = APIRouter()
@@ -54,17 +53,17 @@ async def create_sandbox(
     record, replayed = await hot.create(plane, p, body, idempotency_key)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return SandboxOut.of(record)
+    return sandbox_out(record)
 
 
-@router.post("/v1/sandboxes/batch", status_code=201, response_model=BatchOut)
-async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchOut:
+@router.post("/v1/sandboxes/batch", status_code=201, response_model=BatchCreated)
+async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchCreated:
     if body.count > plane.config.max_batch:
         raise InvalidRequest("count", f"at most {plane.config.max_batch} per batch")
     records = await plane.batches.create(owner(p, plane), hot.spec_of(body.spec), body.count)
     for r in records:
         await plane.sandboxes.remember(r)
-    return BatchOut(sandboxes=[SandboxOut.of(r) for r in records])
+    return BatchCreated(sandboxes=[sandbox_out(r) for r in records])
 
 
 @router.get("/v1/sandboxes/{sandbox_id}", response_model=SandboxOut)
@@ -78,7 +77,7 @@ async def get_placement(sandbox_id: str, p: User, plane: Plane) -> Response:
     return Response(await explained(plane.store, sandbox_id, scope(p)), media_type="application/json")
 
 
-@router.get("/v1/sandboxes", response_model=SandboxList)
+@router.get("/v1/sandboxes", response_model=SandboxPage)
 async def list_sandboxes(
     p: User,
     plane: Plane,
@@ -86,9 +85,9 @@ async def list_sandboxes(
     host_id: Annotated[str | None, Query(max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=1024)] = None,
-) -> SandboxList:
+) -> SandboxPage:
     page = await plane.sandboxes.list(scope(p), state=state, host_id=host_id, limit=limit, cursor=cursor)
-    return SandboxList(sandboxes=[SandboxOut.of(r) for r in page.items], next_cursor=page.next_cursor)
+    return SandboxPage(sandboxes=[sandbox_out(r) for r in page.items], next_cursor=page.next_cursor)
 
 
 @router.delete("/v1/sandboxes/{sandbox_id}", status_code=204)
@@ -105,26 +104,25 @@ async def exec_in_sandbox(sandbox_id: str, body: ExecBody, p: User, plane: Plane
 
 @router.get("/v1/hosts", response_model=HostList)
 async def list_hosts(_: Admin, plane: Plane) -> HostList:
-    return HostList(hosts=[HostOut.of(h.record, h.heartbeat_age_s) for h in await plane.hosts()])
+    return HostList(hosts=[host_out(h.record, h.heartbeat_age_s) for h in await plane.hosts()])
 
 
-@router.post("/v1/hosts/{host_id}/drain", response_model=HostOut)
-async def drain_host(host_id: str, _: Admin, plane: Plane, evacuate: bool = False) -> HostOut:
+@router.post("/v1/hosts/{host_id}/drain", response_model=Host)
+async def drain_host(host_id: str, _: Admin, plane: Plane, evacuate: bool = False) -> Host:
     rec = await plane.drain(host_id, True, evacuate=evacuate)
-    return HostOut.of(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
+    return host_out(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
 
 
-@router.post("/v1/hosts/{host_id}/undrain", response_model=HostOut)
-async def undrain_host(host_id: str, _: Admin, plane: Plane) -> HostOut:
+@router.post("/v1/hosts/{host_id}/undrain", response_model=Host)
+async def undrain_host(host_id: str, _: Admin, plane: Plane) -> Host:
     rec = await plane.drain(host_id, False)
-    return HostOut.of(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
+    return host_out(rec, max(0.0, plane.clock.now() - rec.heartbeat_at))
 
 
-@router.post("/v1/hosts/{host_id}/token", status_code=201, response_model=HostCredentialsOut)
-async def enrol_host(host_id: HostId, _: Admin, plane: Plane) -> HostCredentialsOut:
+@router.post("/v1/hosts/{host_id}/token", status_code=201, response_model=HostCredentials)
+async def enrol_host(host_id: HostId, _: Admin, plane: Plane) -> HostCredentials:
     """Enrol a host (or rotate its credentials): its previous token and key stop working."""
-    creds = await plane.enrol_host(host_id)
-    return HostCredentialsOut(host_id=creds.host_id, agent_token=creds.agent_token, host_key=creds.host_key)
+    return await plane.enrol_host(host_id)
 
 
 @router.delete("/v1/hosts/{host_id}", status_code=204)
@@ -133,21 +131,9 @@ async def forget_host(host_id: HostId, _: Admin, plane: Plane) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/v1/tokens")
-async def list_tokens(_: Admin, plane: Plane) -> dict[str, list[TokenOut]]:
-    return {
-        "tokens": [
-            TokenOut(
-                id=t.id,
-                role=t.role.value,
-                tenant=t.tenant_id,
-                host_id=t.host_id,
-                source=t.source,
-                created_at=iso(t.created_at),
-            )
-            for t in await plane.tokens()
-        ]
-    }
+@router.get("/v1/tokens", response_model=TokenList)
+async def list_tokens(_: Admin, plane: Plane) -> TokenList:
+    return TokenList(tokens=[token_info(t) for t in await plane.tokens()])
 
 
 @router.post("/v1/tokens/admin", status_code=201, response_model=IssuedToken)

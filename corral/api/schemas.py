@@ -1,5 +1,6 @@
 """The public API's bodies (pydantic v2). Bad input is refused here with the field named, before any
-state is touched."""
+state is touched. What the SDK reads back is declared once, in :mod:`corral.shapes`; here it is built
+from the records."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corral.agent.credentials import HostCredentials
 from corral.agent.inputs import AbsPath, Env, check_argv
 from corral.core.types import DEFAULT_SANDBOX_PIDS, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
+from corral.shapes.hosts import Host
+from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
+from corral.shapes.tokens import TokenInfo
 from corral.store import (
     FAILOVER_ORPHAN,
     HostRecord,
     SandboxRecord,
-    SandboxState,
     TemplateRecord,
     TenantRecord,
+    TokenRecord,
 )
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -102,49 +105,8 @@ class TenantBody(_Body):
     max_memory_mb: int = Field(default=1024 * 1024, ge=0, le=1 << 40, strict=True)
 
 
-class HostCredentialsOut(HostCredentials):
-    """Enrolment's answer, shown once: the control plane keeps only a hash of the agent token, and the
-    host key (it must present that one)."""
-
-
-class TokenOut(BaseModel):
-    id: str
-    role: str
-    tenant: str | None
-    host_id: str | None
-    source: str | None
-    created_at: str | None
-
-
-class IssuedToken(BaseModel):
-    id: str
-    role: str
-    tenant: str | None
-    token: str
-
-
-class SandboxOut(BaseModel):
-    id: str
-    name: str | None
-    tenant: str
-    template: str
-    host_id: str | None
-    state: SandboxState
-    memory_mb: int
-    cpus: float
-    stateful: bool
-    metadata: dict[str, str]
-    created_at: str | None
-    expires_at: str | None
-    oom_kills: int = 0  # processes the kernel killed in it for overrunning its memory limit
-    warm: bool = False
-    failover: str = FAILOVER_ORPHAN
-    epoch: int = 0  # how many times it was given a new host
-    recreated_at: str | None = None
-
-    @classmethod
-    def of(cls, r: SandboxRecord) -> SandboxOut:
-        return cls.model_validate(sandbox_json(r))
+def sandbox_out(r: SandboxRecord) -> SandboxOut:
+    return SandboxOut.model_validate(sandbox_json(r))
 
 
 def sandbox_json(r: SandboxRecord) -> dict[str, object]:
@@ -171,54 +133,34 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
     }
 
 
-class SandboxList(BaseModel):
-    sandboxes: list[SandboxOut]
-    next_cursor: str | None
+def host_out(r: HostRecord, age: float) -> Host:
+    return Host(
+        id=r.id,
+        state=r.state.value,
+        heartbeat_age_s=round(age, 3),
+        cpu_total=r.cpu_total,
+        cpu_used=r.cpu_used,
+        memory_mb_total=r.memory_mb_total,
+        memory_mb_used=r.memory_mb_used,
+        memory_mb_admittable=r.memory_mb_admittable,
+        memory_admission=r.memory_admission.value,
+        reserved_mb=r.reserved_mb,
+        sandboxes=r.sandbox_count,
+        runtime=r.runtime,
+        address=r.address,
+        warm={t: {"ready": n[0], "starting": n[1]} for t, n in sorted(r.warm.items())},
+    )
 
 
-class BatchOut(BaseModel):
-    sandboxes: list[SandboxOut]
-
-
-class HostOut(BaseModel):
-    id: str
-    state: str
-    heartbeat_age_s: float
-    cpu_total: float
-    cpu_used: float
-    memory_mb_total: int
-    memory_mb_used: int
-    memory_mb_admittable: int
-    memory_admission: str
-    reserved_mb: int
-    sandboxes: int
-    runtime: str
-    address: str
-    # Warm sandboxes per template: {"ready": n, "starting": n}.
-    warm: dict[str, dict[str, int]] = {}
-
-    @classmethod
-    def of(cls, r: HostRecord, age: float) -> HostOut:
-        return cls(
-            id=r.id,
-            state=r.state.value,
-            heartbeat_age_s=round(age, 3),
-            cpu_total=r.cpu_total,
-            cpu_used=r.cpu_used,
-            memory_mb_total=r.memory_mb_total,
-            memory_mb_used=r.memory_mb_used,
-            memory_mb_admittable=r.memory_mb_admittable,
-            memory_admission=r.memory_admission.value,
-            reserved_mb=r.reserved_mb,
-            sandboxes=r.sandbox_count,
-            runtime=r.runtime,
-            address=r.address,
-            warm={t: {"ready": n[0], "starting": n[1]} for t, n in sorted(r.warm.items())},
-        )
-
-
-class HostList(BaseModel):
-    hosts: list[HostOut]
+def token_info(t: TokenRecord) -> TokenInfo:
+    return TokenInfo(
+        id=t.id,
+        role=t.role.value,
+        tenant=t.tenant_id,
+        host_id=t.host_id,
+        source=t.source,
+        created_at=datetime.fromtimestamp(t.created_at, UTC),
+    )
 
 
 class TemplateOut(BaseModel):

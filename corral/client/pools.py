@@ -1,34 +1,13 @@
-"""What the warm-pool endpoints (``client.pools``, admin token) answer. A pool keeps ``size`` sandboxes
-of a template booted and unowned; a create of that template that asks for nothing else takes one (``"warm": true``)."""
+"""What the warm-pool endpoints (``client.pools``, admin token) answer: the server's own shapes
+(:mod:`corral.shapes.pools`), and where a pool lives."""
 
 from __future__ import annotations
 
 from urllib.parse import quote
 
-from pydantic import Field
+from corral.shapes.pools import Pool, PoolHost, PoolList
 
-from corral.client.models import _Wire
-
-
-class PoolHost(_Wire):
-    target: int = 0
-    ready: int = 0
-    starting: int = 0
-
-
-class Pool(_Wire):
-    template: str
-    size: int
-    max_per_host: int | None = None
-    ready: int = 0
-    starting: int = 0
-    per_host: dict[str, PoolHost] = Field(default_factory=dict)
-    hits: int = 0
-    misses: int = 0
-
-
-class PoolList(_Wire):
-    pools: list[Pool]
+__all__ = ["Pool", "PoolHost", "PoolList", "pool_path"]
 
 
 def pool_path(template: str) -> str:

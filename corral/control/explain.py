@@ -14,9 +14,10 @@ from typing import Any
 
 from corral.codes import ErrorCode
 from corral.control.errors import ResourceNotFound
+from corral.control.ports import Placements
 from corral.core import CreateRequest, Decision, Refusal
 from corral.jsontext import dumps
-from corral.store import RecordNotFound, Store
+from corral.store import RecordNotFound
 
 VERSION = 1
 # What the store's choice among the offered candidates rests on (the store's ``reserve_best``).
@@ -129,7 +130,7 @@ def expand(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-async def explained(store: Store, sandbox_id: str, tenant_id: str | None) -> str:
+async def explained(store: Placements, sandbox_id: str, tenant_id: str | None) -> str:
     """The stored explanation (JSON text) of ``sandbox_id`` as ``tenant_id`` may see it (None: any)."""
     try:
         doc = await store.get_placement(sandbox_id, tenant_id=tenant_id)

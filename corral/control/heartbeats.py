@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from corral.agent.protocol import AgentHeartbeat
 from corral.control.metrics import Metrics
-from corral.store import HeartbeatResult, HostReport, Listing, Store
+from corral.control.ports import HeartbeatSink
+from corral.store import HeartbeatResult, HostReport, Listing
 
 
 def to_store(hb: AgentHeartbeat) -> HostReport:
@@ -26,7 +27,7 @@ def to_store(hb: AgentHeartbeat) -> HostReport:
 
 
 class HeartbeatIntake:
-    def __init__(self, store: Store, metrics: Metrics) -> None:
+    def __init__(self, store: HeartbeatSink, metrics: Metrics) -> None:
         self.store = store
         self.metrics = metrics
         # Host -> the OOM counts it last reported and the store has: a heartbeat repeats them all,

@@ -37,9 +37,9 @@ from corral.control.seal import Sealer
 from corral.control.view import ViewCache
 from corral.control.waiting import WaitingCreates
 from corral.core import Clock
+from corral.shapes.hosts import HostCredentials
 from corral.store import (
     HeartbeatResult,
-    HostEnrolment,
     HostHasSandboxes,
     HostRecord,
     NameConflict,
@@ -273,7 +273,7 @@ class ControlPlane:
             raise ResourceNotFound(f"no token {token_id}")
         self.forget_cached_tokens()
 
-    async def enrol_host(self, host_id: str) -> HostEnrolment:
+    async def enrol_host(self, host_id: str) -> HostCredentials:
         creds = await self.store.enrol_host(host_id)
         self.forget_cached_tokens()
         self.agents.forget_key(host_id)

@@ -21,13 +21,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from corral.agent.errors import AgentError
 from corral.agent.protocol import ClaimWarm, WarmTarget
-from corral.control.agents import AgentDirectory
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.metrics import LATENCY_BUCKETS
+from corral.control.ports import AgentLookup, ClaimRecords, PoolReader, PoolStore
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import AdmissionPolicy, Clock, CreateRequest, HostState
 from corral.core.admission import request_charge_mb
 from corral.core.warm import CLAIM_TRIES, Slot, pick_warm, spread
+from corral.shapes.pools import PoolHost
 from corral.store import (
     UNSET,
     HostRecord,
@@ -36,7 +37,6 @@ from corral.store import (
     RecordNotFound,
     SandboxRecord,
     SandboxState,
-    Store,
     TemplateRecord,
 )
 
@@ -130,7 +130,7 @@ class WarmMetrics:
 class PoolBook:
     """The pools and their templates as this replica last read them (at most ``POOLS_CACHE_S`` old)."""
 
-    def __init__(self, store: Store, clock: Clock) -> None:
+    def __init__(self, store: PoolReader, clock: Clock) -> None:
         self.store = store
         self.clock = clock
         self.pools: dict[str, PoolRecord] = {}
@@ -216,9 +216,9 @@ class WarmClaims:
 
     def __init__(
         self,
-        store: Store,
+        store: ClaimRecords,
         view: ViewCache,
-        agents: AgentDirectory,
+        agents: AgentLookup,
         book: PoolBook,
         clock: Clock,
         rng: random.Random,
@@ -331,18 +331,11 @@ class WarmClaims:
 
 
 @dataclass(frozen=True, slots=True)
-class PerHost:
-    target: int
-    ready: int
-    starting: int
-
-
-@dataclass(frozen=True, slots=True)
 class PoolStatus:
     pool: PoolRecord
     ready: int
     starting: int
-    per_host: dict[str, PerHost]
+    per_host: dict[str, PoolHost]
     hits: int
     misses: int
 
@@ -350,7 +343,7 @@ class PoolStatus:
 class Pools:
     def __init__(
         self,
-        store: Store,
+        store: PoolStore,
         view: ViewCache,
         book: PoolBook,
         claims: WarmClaims,
@@ -435,12 +428,12 @@ class Pools:
         raise ResourceNotFound(f"no pool for template {template!r}")
 
     def status(self, pool: PoolRecord, snap: FleetSnapshot) -> PoolStatus:
-        per_host: dict[str, PerHost] = {}
+        per_host: dict[str, PoolHost] = {}
         for h in snap.records.values():
             ready, starting = h.warm.get(pool.template, (0, 0))
             target = pool.targets.get(h.id, 0)
             if ready or starting or target:
-                per_host[h.id] = PerHost(target, ready, starting)
+                per_host[h.id] = PoolHost(target=target, ready=ready, starting=starting)
         return PoolStatus(
             pool=pool,
             ready=sum(p.ready for p in per_host.values()),

@@ -1,13 +1,14 @@
 """What the control plane's flows need from the state of record and from the fleet, as narrow
-protocols: the create flow, batch creates, failover and the reconciler each depend on the few methods
-they call, never on the whole :class:`corral.store.Store`. The SQL stores satisfy them structurally
+protocols: the create flow, batch creates, failover, the reconciler, warm pools, waiting creates,
+heartbeat intake, re-sealing and explanations each depend on the few methods they call, never on the
+whole :class:`corral.store.Store`. The SQL stores satisfy them structurally
 (:mod:`corral.sim.models.conformance` makes mypy prove it) and so do the simulator's in-memory models, which
 is what lets the real flows run on virtual time under injected faults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from corral.agent.client import AgentClient
@@ -15,9 +16,12 @@ from corral.store import (
     UNSET,
     CreateOutcome,
     FailedHost,
+    HeartbeatResult,
     HostRecord,
+    HostReport,
     ListingChange,
     Page,
+    PoolRecord,
     ReservationRecord,
     ReserveItem,
     SandboxRecord,
@@ -78,7 +82,7 @@ class Leases(Protocol):
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool: ...
 
 
-class SandboxRecords(Protocol):
+class RecordCreate(Protocol):
     async def create_sandbox(
         self,
         record: SandboxRecord,
@@ -87,10 +91,24 @@ class SandboxRecords(Protocol):
         request_hash: str | None = None,
     ) -> CreateOutcome: ...
 
+
+class RecordReads(Protocol):
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None: ...
 
     async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]: ...
 
+    async def list_sandboxes(
+        self,
+        *,
+        tenant_id: str | None = None,
+        host_id: str | None = None,
+        state: SandboxState | Collection[SandboxState] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page: ...
+
+
+class RecordStates(Protocol):
     async def set_sandbox_state(
         self,
         sandbox_id: str,
@@ -105,15 +123,9 @@ class SandboxRecords(Protocol):
 
     async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool: ...
 
-    async def list_sandboxes(
-        self,
-        *,
-        tenant_id: str | None = None,
-        host_id: str | None = None,
-        state: SandboxState | Collection[SandboxState] | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> Page: ...
+
+class SandboxRecords(RecordCreate, RecordReads, RecordStates, Protocol):
+    """Sandbox records: written, read, moved between states, deleted."""
 
 
 class Lifecycle(Protocol):
@@ -158,6 +170,71 @@ class Listings(Protocol):
     async def listed_hosts(self, sandbox_ids: Collection[str]) -> dict[str, str]: ...
 
     async def prune_listings(self, before: float) -> int: ...
+
+
+class ClaimRecords(RecordCreate, Protocol):
+    """What a warm claim writes through: the create's checks first, as a read (a warm sandbox once
+    handed over cannot be given back), then the record."""
+
+    async def check_create(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome | None: ...
+
+
+class PoolReader(Protocol):
+    """The pools' intent and the templates they are of, as a replica reads them."""
+
+    async def list_pools(self) -> list[PoolRecord]: ...
+
+    async def list_templates(self) -> list[TemplateRecord]: ...
+
+
+class PoolStore(PoolReader, Protocol):
+    """The admin's pools and the leader's per-host targets for them."""
+
+    async def create_pool(
+        self, template: str, *, size: int, max_per_host: int | None = None
+    ) -> PoolRecord: ...
+
+    async def update_pool(
+        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    ) -> PoolRecord: ...
+
+    async def delete_pool(self, template: str) -> bool: ...
+
+    async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool: ...
+
+
+class WaitingQueue(RecordReads, RecordStates, Protocol):
+    """Creates parked for capacity: parked, looked at, ended; placing one goes through the create flow."""
+
+    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord: ...
+
+
+class HeartbeatSink(Protocol):
+    """What an agent's heartbeat writes: its host's facts and listing, and the OOM kills it saw."""
+
+    async def upsert_heartbeat(self, hb: HostReport) -> HeartbeatResult: ...
+
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None: ...
+
+
+class SealedSpecs(Protocol):
+    """Every sealed spec, page by page, and its compare-and-set (re-sealing under a new key)."""
+
+    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]: ...
+
+    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool: ...
+
+
+class Placements(Protocol):
+    """The explanation stored with a sandbox's placement."""
+
+    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None: ...
 
 
 class CreatePort(SandboxRecords, Reservations, Specs, Protocol):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.control.ports import SealedSpecs
 from corral.control.seal import Sealer
-from corral.store import Store
 
 PAGE = 500
 
@@ -18,7 +18,7 @@ class ResealReport:
     resealed: int
 
 
-async def reseal_all(store: Store, sealer: Sealer) -> ResealReport:
+async def reseal_all(store: SealedSpecs, sealer: Sealer) -> ResealReport:
     checked = resealed = 0
     after = ""
     while True:

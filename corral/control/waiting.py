@@ -17,8 +17,9 @@ from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
 from corral.control.errors import InvalidRequest, QueueFull, Unavailable
 from corral.control.metrics import Metrics
+from corral.control.ports import WaitingQueue
 from corral.core import Clock
-from corral.store import SandboxRecord, SandboxState, StateConflict, Store, StoreError
+from corral.store import SandboxRecord, SandboxState, StateConflict, StoreError
 
 log = logging.getLogger("corral.waiting")
 
@@ -27,7 +28,7 @@ WAITING_BATCH = 1000
 
 class WaitingCreates:
     def __init__(
-        self, store: Store, creates: CreateFlow, clock: Clock, config: ControlConfig, metrics: Metrics
+        self, store: WaitingQueue, creates: CreateFlow, clock: Clock, config: ControlConfig, metrics: Metrics
     ) -> None:
         self.store = store
         self.creates = creates

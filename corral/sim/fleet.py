@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
+from corral.client.retry import RetryPolicy
 from corral.core import (
     CreateRequest,
     HostView,
@@ -45,13 +46,9 @@ class Outcome:
     NO_REPLICA = "no_replica"
 
 
-@dataclass(frozen=True, slots=True)
-class ClientBackoff:
-    """The client's half of an honest refusal: full-jitter exponential backoff under a deadline."""
-
-    base_s: float = 0.25
-    cap_s: float = 8.0
-    deadline_s: float = 90.0
+# The client's half of an honest refusal is the SDK's own: full-jitter exponential backoff under a
+# deadline.
+ClientBackoff = RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)

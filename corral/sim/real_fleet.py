@@ -25,7 +25,7 @@ from corral.agent.client import AgentClient
 from corral.agent.errors import AgentUnavailable
 from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
-from corral.client.retry import RetryBudget, RetryPolicy
+from corral.client.retry import RetryBudget
 from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
 from corral.control.heartbeats import HeartbeatIntake
@@ -286,10 +286,7 @@ class RealFleet:
         policy until placed or past its deadline; deleted ``lifetime_s`` after it was placed."""
         await asyncio.sleep(max(0.0, at - self.loop.time()))
         t = self.tally
-        b = self.cfg.retry
-        budget = RetryBudget(
-            RetryPolicy(base_s=b.base_s, cap_s=b.cap_s, deadline_s=b.deadline_s), self.loop.time, self.rng
-        )
+        budget = RetryBudget(self.cfg.retry, self.loop.time, self.rng)
         while True:
             budget.attempt()
             try:

@@ -23,12 +23,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping, Sequence
 
 from corral.core.types import Pending
+from corral.shapes.hosts import HostCredentials
 from corral.store.records import (
     UNSET,
     CreateOutcome,
     FailedHost,
     HeartbeatResult,
-    HostEnrolment,
     HostRecord,
     HostReport,
     ListingChange,
@@ -417,7 +417,7 @@ class AccessStore(ABC):
         for every later one (on any replica, after any restart)."""
 
     @abstractmethod
-    async def enrol_host(self, host_id: str) -> HostEnrolment:
+    async def enrol_host(self, host_id: str) -> HostCredentials:
         """Create the host's record if new, and give it fresh credentials: its previous agent
         tokens and key are revoked, and its ``seq`` starts over (in one transaction)."""
 

@@ -51,16 +51,6 @@ class QuotaExceeded(StoreError):
         self.requested = requested
         super().__init__(f"{limit}: {used} used + {requested} requested > {allowed} allowed")
 
-    @classmethod
-    def check(
-        cls, max_sandboxes: int, max_memory_mb: int, live_sandboxes: int, live_memory_mb: int, memory_mb: int
-    ) -> None:
-        """Raise unless one more live sandbox of ``memory_mb`` fits the tenant's quota."""
-        if live_sandboxes + 1 > max_sandboxes:
-            raise cls("max_sandboxes", max_sandboxes, live_sandboxes, 1)
-        if live_memory_mb + memory_mb > max_memory_mb:
-            raise cls("max_memory_mb", max_memory_mb, live_memory_mb, memory_mb)
-
 
 class StateConflict(StoreError):
     """A compare-and-set lost: the sandbox is no longer in the expected state (or version)."""

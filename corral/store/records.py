@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from corral.core.types import DEFAULT_SANDBOX_PIDS, HostFacts, HostView, Pending
+from corral.store.errors import InvalidRecord, QuotaExceeded
 
 
 class SandboxState(enum.StrEnum):
@@ -272,16 +273,6 @@ class TokenRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class HostEnrolment:
-    """What enrolling a host hands out, once: the token its agent presents to the control plane and
-    the key the control plane presents to its agent."""
-
-    host_id: str
-    agent_token: str
-    host_key: str
-
-
-@dataclass(frozen=True, slots=True)
 class TemplateRecord:
     name: str
     cpus: float
@@ -317,6 +308,22 @@ def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozense
     if isinstance(value, str):
         return frozenset({SandboxState(value)})
     return frozenset(SandboxState(v) for v in value)
+
+
+def check_quota(max_sandboxes: int, max_memory_mb: int, used: Usage, memory_mb: int) -> None:
+    """One more live sandbox of ``memory_mb`` within a tenant's limits, on what it uses now."""
+    if used.sandboxes + 1 > max_sandboxes:
+        raise QuotaExceeded("max_sandboxes", max_sandboxes, used.sandboxes, 1)
+    if used.memory_mb + memory_mb > max_memory_mb:
+        raise QuotaExceeded("max_memory_mb", max_memory_mb, used.memory_mb, memory_mb)
+
+
+def check_pool(size: int | None, max_per_host: int | _Unset | None) -> None:
+    """A pool's size and per-host cap as every store takes them (None: unchanged, or no cap)."""
+    if size is not None and size < 0:
+        raise InvalidRecord("size: must not be negative")
+    if isinstance(max_per_host, int) and max_per_host <= 0:
+        raise InvalidRecord("max_per_host: must be positive")
 
 
 def metadata_dict(value: Mapping[str, Any] | None) -> dict[str, str]:

@@ -127,7 +127,9 @@ async def test_the_hot_routes_stay_described_in_openapi(cluster: Cluster) -> Non
     doc = (await cluster.http.get("/openapi.json")).json()
     create = doc["paths"]["/v1/sandboxes"]["post"]
     assert create["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("SandboxSpecBody")
-    assert create["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].endswith("SandboxOut")
+    assert create["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "SandboxRecord"
+    )
     assert any(p["name"] == "Idempotency-Key" for p in create["parameters"])
     one = doc["paths"]["/v1/sandboxes/{sandbox_id}"]
     assert {"get", "delete"} <= set(one)

@@ -1,10 +1,10 @@
 """The in-memory store model is held to the SQL stores: random sequences of heartbeats (whole sets and
 changes on a base, with right and wrong digests and bases), reservations (reserve, reserve_best,
 batches: the fit rule's memory and CPU bounds, the spread score and the tie-break), their ends
-(cancel, confirm, TTL, a lapsed owner), sandbox records (create and its read-only check with names,
-quotas and idempotency keys, state changes, deletes, OOM counts) and warm pools (create, update, delete,
-per-host targets) give the same observable results on the model and on
-SQLite (and PostgreSQL), step by step, listings included."""
+(cancel, confirm, TTL, a lapsed owner), and sandbox records (create with names, quotas and
+idempotency keys, state changes, deletes), the checks a warm claim reads first, parked creates, OOM
+kills, sealed specs and warm pools give the same observable results on the model and on SQLite (and
+PostgreSQL), step by step, listings included."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from corral.store import (
     ReserveItem,
     SandboxRecord,
     SandboxState,
+    TemplateRecord,
     open_store,
 )
 from corral.store.contract import Store
@@ -47,8 +48,8 @@ LISTING = st.sampled_from(
     ["whole", "whole", "whole_undigested", "changes", "changes", "changes", "bad_digest", "bad_base"]
 )
 HOST = st.sampled_from(HOSTS)
-# Pools: of the built-in template, or of one no store has.
-POOL = st.sampled_from(["default", "default", "nope"])
+# The built-in template, one made at the start, and one that does not exist.
+TEMPLATES = st.sampled_from(["default", "big", "nope"])
 STATES = st.sampled_from(
     [
         SandboxState.RESERVED,
@@ -116,16 +117,27 @@ OPS = st.one_of(
         st.sampled_from([None, "k1", "k2"]),
         st.sampled_from(["x", "y"]),
     ),
-    st.tuples(st.just("oom"), HOST, st.dictionaries(SANDBOX, st.integers(0, 3), max_size=3)),
-    st.tuples(st.just("create_pool"), POOL, st.sampled_from([-1, 0, 3]), st.sampled_from([None, 0, 2])),
+    st.tuples(st.just("park"), st.integers(0, 7), st.sampled_from([1.0, 30.0])),
+    st.tuples(st.just("oom"), st.sampled_from(["h0", "h1"]), st.integers(0, 7), st.integers(0, 3)),
+    st.tuples(st.just("reseal"), st.integers(0, 7), st.booleans()),
     st.tuples(
-        st.just("update_pool"),
-        POOL,
-        st.sampled_from([None, -1, 5]),
-        st.sampled_from([UNSET, None, 0, 2]),
+        st.just("pool_create"),
+        TEMPLATES,
+        st.sampled_from([-1, 0, 3]),
+        st.sampled_from([None, 0, 2]),
     ),
-    st.tuples(st.just("delete_pool"), POOL),
-    st.tuples(st.just("pool_targets"), POOL, st.dictionaries(HOST, st.integers(-1, 3), max_size=3)),
+    st.tuples(
+        st.just("pool_update"),
+        TEMPLATES,
+        st.none() | st.sampled_from([-1, 1, 5]),
+        st.sampled_from(["unset", None, 0, 1]),
+    ),
+    st.tuples(st.just("pool_delete"), TEMPLATES),
+    st.tuples(
+        st.just("pool_targets"),
+        TEMPLATES,
+        st.dictionaries(HOST, st.sampled_from([-1, 0, 1, 2]), max_size=3),
+    ),
 )
 
 
@@ -137,6 +149,7 @@ PRELUDE: list[tuple[Any, ...]] = [
     ("beat", "h2", 1024, False, {}, "whole", 1.0, True),
     ("renew", "ra", 1.0),
     ("renew", "rb", 20.0),
+    ("pool_create", "big", 3, None),
 ]
 
 
@@ -150,6 +163,19 @@ class Driver:
         self.seq: dict[str, int] = {}
         # Host -> the listing its previous heartbeat described (what changes are taken against).
         self.sent: dict[str, dict[str, int]] = {}
+
+    def record(self, n: int, name: str | None, mb: int) -> SandboxRecord:
+        # Every other sandbox carries a sealed spec, for re-sealing to find.
+        sealed = f"sealed-{n}" if n % 2 == 0 else None
+        return SandboxRecord(
+            id=f"sb-{n}",
+            tenant_id=self.tenant,
+            template="default",
+            memory_mb=mb,
+            cpus=1.0,
+            name=name,
+            sealed_spec=sealed,
+        )
 
     def res(self, r: ReservationRecord | None) -> object:
         if r is None:
@@ -217,28 +243,33 @@ class Driver:
             return await s.next_expiry()
         if kind == "renew":
             return await s.renew_replica(op[1], op[2])
-        if kind in ("create", "check_create"):
+        if kind == "create":
             _, name, mb, key, body = op
-            rec = SandboxRecord(
-                id=f"sb-{n_created}",
-                tenant_id=self.tenant,
-                template="default",
-                memory_mb=mb,
-                cpus=1.0,
-                name=name,
+            out = await s.create_sandbox(
+                self.record(n_created, name, mb), idempotency_key=key, request_hash=body if key else None
             )
-            if kind == "check_create":
-                seen = await s.check_create(rec, idempotency_key=key, request_hash=body if key else None)
-                return None if seen is None else (_fields(seen.record), seen.replayed)
-            out = await s.create_sandbox(rec, idempotency_key=key, request_hash=body if key else None)
             return (_fields(out.record), out.replayed)
+        if kind == "check_create":
+            _, name, mb, key, body = op
+            seen = await s.check_create(
+                self.record(n_created, name, mb), idempotency_key=key, request_hash=body if key else None
+            )
+            return None if seen is None else (_fields(seen.record), seen.replayed)
+        if kind == "park":
+            return _fields(await s.park_sandbox(f"sb-{op[1]}", s.clock.now() + op[2]))
         if kind == "oom":
-            return await s.record_oom_kills(op[1], {f"sb-{i}": n for i, n in op[2].items()})
-        if kind == "create_pool":
-            return await s.create_pool(op[1], size=op[2], max_per_host=op[3])
-        if kind == "update_pool":
-            return await s.update_pool(op[1], size=op[2], max_per_host=op[3])
-        if kind == "delete_pool":
+            return await s.record_oom_kills(op[1], {f"sb-{op[2]}": op[3]})
+        if kind == "reseal":
+            _, i, right = op
+            old = f"sealed-{i}" if right else "stale"
+            return await s.replace_sealed_spec(f"sb-{i}", old, f"resealed-{i}")
+        if kind == "pool_create":
+            _, tpl, size, mph = op
+            return await s.create_pool(tpl, size=size, max_per_host=mph)
+        if kind == "pool_update":
+            _, tpl, size, mph = op
+            return await s.update_pool(tpl, size=size, max_per_host=UNSET if mph == "unset" else mph)
+        if kind == "pool_delete":
             return await s.delete_pool(op[1])
         if kind == "pool_targets":
             return await s.set_pool_targets(op[1], op[2])
@@ -265,8 +296,13 @@ class Driver:
             await s.committed_mb(),
             sorted(await s.get_sandboxes([*ids, "nope"])),
         )
-        pools = (await s.list_pools(), [t.name for t in await s.list_templates()])
-        return hosts, usage, [_fields(r) for r in page.items], listings, pools
+        intent = (
+            await s.list_pools(),
+            await s.list_templates(),
+            await s.sealed_specs("", 1000),
+            await s.sealed_specs("sb-2", 2),
+        )
+        return hosts, usage, [_fields(r) for r in page.items], listings, intent
 
 
 def _fields(r: SandboxRecord) -> dict[str, object]:
@@ -307,13 +343,14 @@ async def _compare(ops: list[tuple[Any, ...]], url: str) -> None:
         drivers = [Driver(model), Driver(sql)]
         for d in drivers:
             d.tenant = (await d.store.create_tenant("t", max_sandboxes=4, max_memory_mb=2048)).id
+            await d.store.create_template(TemplateRecord("big", cpus=2.0, memory_mb=1024))
         created = 0
         for step, op in enumerate(PRELUDE + ops):
             if op[0] == "advance":
                 clock.advance(op[1])  # one clock: both stores see the same time
                 continue
             got = [await _outcome(d, op, created) for d in drivers]
-            if op[0] == "create":
+            if op[0] == "create":  # a check creates nothing: the next create takes the same id
                 created += 1
             assert got[0] == got[1], f"step {step} {op} of {ops}: model {got[0]} != sql {got[1]}"
             seen = [await d.observe() for d in drivers]
@@ -329,29 +366,41 @@ TIES: list[tuple[Any, ...]] = [
 ]
 
 
-# A pool's life and OOM counts reported by the sandbox's own host and by another.
-POOL_LIFE: list[tuple[Any, ...]] = [
-    ("create_pool", "default", 3, None),
-    ("create_pool", "default", 2, None),
-    ("pool_targets", "default", {"h0": 0, "h1": 2, "h2": 1}),
-    ("advance", 2.0),
-    ("update_pool", "default", 5, 2),
-    ("create", "a", 256, "k1", "x"),
-    ("check_create", "a", 256, None, "x"),
-    ("check_create", "b", 256, "k1", "x"),
+# Each of the calls beside the flows' ports at least once where its answer is not the trivial one: a
+# warm claim's check (fresh, replayed, over quota), parking (a reserved record, then the same again),
+# OOM kills (the host's, another host's, a lower count), re-sealing (right and stale), pools' targets
+# (zeros dropped) and updates.
+SIDE_PORTS: list[tuple[Any, ...]] = [
+    ("create", "a", 512, "k1", "x"),
+    ("check_create", "b", 512, None, "x"),
+    ("check_create", "c", 512, "k1", "x"),
+    ("check_create", "a", 512, None, "x"),
+    ("create", None, 256, None, "y"),
+    ("create", None, 256, None, "y"),
+    ("check_create", "d", 1536, None, "x"),
+    ("park", 1, 30.0),
+    ("park", 1, 30.0),
     ("set_state", 0, SandboxState.RUNNING, None, True),
-    ("oom", "h0", {0: 2}),
-    ("oom", "h1", {0: 3}),
-    ("oom", "h0", {0: 1}),
-    ("delete_pool", "default"),
-    ("pool_targets", "default", {"h0": 1}),
+    ("oom", "h0", 0, 2),
+    ("oom", "h1", 0, 3),
+    ("oom", "h0", 0, 1),
+    ("reseal", 0, False),
+    ("reseal", 2, True),
+    ("reseal", 1, True),
+    ("pool_targets", "big", {"h0": 2, "h1": 0, "h2": 1}),
+    ("pool_update", "big", 5, 2),
+    ("pool_update", "big", None, "unset"),
+    ("pool_create", "default", 1, 1),
+    ("pool_targets", "nope", {"h0": 1}),
+    ("pool_delete", "big"),
+    ("pool_update", "big", 1, None),
 ]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(OPS, min_size=1, max_size=40))
 @example(TIES)
-@example(POOL_LIFE)
+@example(SIDE_PORTS)
 def test_the_model_answers_as_sqlite_does(ops: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(_compare(ops, f"sqlite:///{Path(tmp) / 'corral.db'}"))

@@ -3,7 +3,7 @@ call (:mod:`corral.control.ports`): reservations against a host's admittable and
 rule, spread score and tie-break), ended exactly once, expired by TTL and with their owner's lease;
 sandbox records with quota counters, name uniqueness and idempotency keys; heartbeats whose listings
 carry changes on a base with a digest (applied exactly as :mod:`corral.store.listings` applies them),
-fences and failover.
+fences and failover; parked creates, OOM kills, sealed specs and warm pools' intent.
 
 Every method is one "transaction": it may await (a latency, an outage) only before it reads anything,
 then runs to completion without yielding, as a serialisable transaction would. ``outage`` makes every
@@ -30,7 +30,6 @@ from corral.store.errors import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    QuotaExceeded,
     RecordNotFound,
     StateConflict,
     StoreUnavailable,
@@ -57,9 +56,10 @@ from corral.store.records import (
     Usage,
     _Unset,
     as_states,
+    check_pool,
+    check_quota,
     metadata_dict,
 )
-from corral.store.sql.base import _check_pool
 
 MAX_PAGE = 1000
 DEFAULT_TEMPLATE = TemplateRecord(
@@ -156,7 +156,7 @@ class ModelStore:
         self.placements: dict[str, str | None] = {}
         self.tenants: dict[str, _Tenant] = {}
         self.templates: dict[str, TemplateRecord] = {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}
-        self.pools: dict[str, PoolRecord] = {}
+        self.pools: dict[str, PoolRecord] = {}  # by template
         # (tenant, key) -> (request hash, sandbox id, the record as first created, when)
         self.idempotency: dict[tuple[str, str], tuple[str | None, str, SandboxRecord, float]] = {}
         self.fences: dict[tuple[str, str], int] = {}  # (host, sandbox) -> the epoch it must reach
@@ -646,6 +646,32 @@ class ModelStore:
                 return sb.id
         return None
 
+    def _create_checks(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
+    ) -> CreateOutcome | None:
+        """Idempotency, name and quota, in the SQL stores' order: a replay's outcome, or None when
+        the record may be inserted."""
+        t = self.tenants.get(record.tenant_id)
+        if t is None:
+            raise RecordNotFound(f"tenant {record.tenant_id!r}")
+        if idempotency_key is not None:
+            seen = self.idempotency.get((record.tenant_id, idempotency_key))
+            if seen is not None:
+                if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
+                    raise IdempotencyMismatch(
+                        f"idempotency key {idempotency_key!r} was first used with a different request"
+                    )
+                return CreateOutcome(self.sandboxes.get(seen[1]) or seen[2], replayed=True)
+        taken = self._name_taken(record.tenant_id, record.name, "")
+        if taken is not None:
+            raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
+        if SandboxState(record.state) in LIVE_STATES:
+            q = t.record
+            check_quota(
+                q.max_sandboxes, q.max_memory_mb, Usage(t.live_sandboxes, t.live_memory_mb), record.memory_mb
+            )
+        return None
+
     async def create_sandbox(
         self,
         record: SandboxRecord,
@@ -680,52 +706,6 @@ class ModelStore:
         if idempotency_key is not None:
             self.idempotency[(rec.tenant_id, idempotency_key)] = (request_hash, rec.id, rec, now)
         return CreateOutcome(rec, replayed=False)
-
-    def _create_checks(
-        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
-    ) -> CreateOutcome | None:
-        """Idempotency, name and quota, in the SQL stores' order: a replay's outcome, or None when the
-        record may be inserted."""
-        t = self.tenants.get(record.tenant_id)
-        if t is None:
-            raise RecordNotFound(f"tenant {record.tenant_id!r}")
-        if idempotency_key is not None:
-            seen = self.idempotency.get((record.tenant_id, idempotency_key))
-            if seen is not None:
-                if seen[0] is not None and request_hash is not None and seen[0] != request_hash:
-                    raise IdempotencyMismatch(
-                        f"idempotency key {idempotency_key!r} was first used with a different request"
-                    )
-                return CreateOutcome(self.sandboxes.get(seen[1]) or seen[2], replayed=True)
-        taken = self._name_taken(record.tenant_id, record.name, "")
-        if taken is not None:
-            raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
-        if SandboxState(record.state) in LIVE_STATES:
-            q = t.record
-            QuotaExceeded.check(
-                q.max_sandboxes, q.max_memory_mb, t.live_sandboxes, t.live_memory_mb, record.memory_mb
-            )
-        return None
-
-    async def check_create(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
-    ) -> CreateOutcome | None:
-        _check_sandbox(record)
-        await self._enter()
-        return self._create_checks(record, idempotency_key, request_hash)
-
-    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
-        if not counts:
-            return
-        await self._enter()
-        for sandbox_id, count in sorted(counts.items()):
-            sb = self.sandboxes.get(sandbox_id)
-            if sb is not None and sb.host_id == host_id and sb.oom_kills < count:
-                self.sandboxes[sandbox_id] = replace(sb, oom_kills=count)
 
     async def purge_idempotency_keys(self, older_than: float) -> int:
         await self._enter()
@@ -853,6 +833,59 @@ class ModelStore:
             raise RecordNotFound(f"sandbox {sandbox_id!r}")
         return self.placements.get(sandbox_id)
 
+    async def check_create(
+        self,
+        record: SandboxRecord,
+        *,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
+    ) -> CreateOutcome | None:
+        _check_sandbox(record)
+        await self._enter()
+        return self._create_checks(record, idempotency_key, request_hash)
+
+    async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        if sb.state is not SandboxState.RESERVED:
+            raise StateConflict(sandbox_id, sb.state, sb.version)
+        return self._put(
+            sb,
+            state=SandboxState.WAITING_CAPACITY,
+            wait_until=wait_until,
+            host_id=None,
+            reservation_id=None,
+            updated_at=self._now(),
+        )
+
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
+        if not counts:
+            return
+        await self._enter()
+        for sandbox_id, n in sorted(counts.items()):
+            sb = self.sandboxes.get(sandbox_id)
+            if sb is not None and sb.host_id == host_id and sb.oom_kills < n:
+                self.sandboxes[sandbox_id] = replace(sb, oom_kills=n)  # not a state change: no version
+
+    async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
+        await self._enter()
+        got = sorted(
+            (sid, sb.sealed_spec)
+            for sid, sb in self.sandboxes.items()
+            if sid > after_id and sb.sealed_spec is not None
+        )
+        return got[:limit]
+
+    async def replace_sealed_spec(self, sandbox_id: str, old: str, new: str) -> bool:
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None or sb.sealed_spec != old:
+            return False
+        self.sandboxes[sandbox_id] = replace(sb, sealed_spec=new)  # not a state change: no version
+        return True
+
     # -- tenants, templates --------------------------------------------------------------------------
 
     async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
@@ -887,10 +920,10 @@ class ModelStore:
         await self._enter()
         return [self.templates[n] for n in sorted(self.templates)]
 
-    # -- warm pools: the intent per template and the leader's per-host targets -----------------------
+    # -- warm pools' intent (what the control plane's pool classes write through) --------------------
 
     async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
-        _check_pool(size, max_per_host)
+        check_pool(size, max_per_host)
         await self._enter()
         if template not in self.templates:
             raise RecordNotFound(f"template {template!r}")
@@ -903,18 +936,18 @@ class ModelStore:
     async def update_pool(
         self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
     ) -> PoolRecord:
-        _check_pool(size, max_per_host)
+        check_pool(size, max_per_host)
         await self._enter()
         pool = self.pools.get(template)
         if pool is None:
             raise RecordNotFound(f"no pool for template {template!r}")
-        changes: dict[str, object] = {"updated_at": self._now()}
+        pool = replace(pool, updated_at=self._now())
         if size is not None:
-            changes["size"] = size
+            pool = replace(pool, size=size)
         if not isinstance(max_per_host, _Unset):
-            changes["max_per_host"] = max_per_host
-        self.pools[template] = rec = replace(pool, **changes)  # type: ignore[arg-type]
-        return rec
+            pool = replace(pool, max_per_host=max_per_host)
+        self.pools[template] = pool
+        return pool
 
     async def delete_pool(self, template: str) -> bool:
         await self._enter()
@@ -931,8 +964,8 @@ class ModelStore:
         pool = self.pools.get(template)
         if pool is None:
             return False
-        # Targets are a row per host: they change without touching the pool's own row.
-        self.pools[template] = replace(pool, targets={h: n for h, n in sorted(targets.items()) if n > 0})
+        kept = {h: n for h, n in sorted(targets.items()) if n > 0}
+        self.pools[template] = replace(pool, targets=kept)
         return True
 
     # -- what a checker reads (no transaction, no fault) ---------------------------------------------

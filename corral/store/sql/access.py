@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 
+from corral.shapes import ID_PATTERN
+from corral.shapes.hosts import HostCredentials
 from corral.store import rows
 from corral.store.errors import (
     HostHasSandboxes,
@@ -14,7 +17,6 @@ from corral.store.errors import (
 )
 from corral.store.records import (
     LIVE_STATES,
-    HostEnrolment,
     Principal,
     Role,
     TenantRecord,
@@ -227,13 +229,17 @@ class AccessSql(SqlBase):
 
         return await self._write(run)
 
-    async def enrol_host(self, host_id: str) -> HostEnrolment:
-        if not host_id:
-            raise InvalidRecord("host_id: must not be empty")
-        creds = HostEnrolment(host_id, _TOKEN_PREFIX + secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+    async def enrol_host(self, host_id: str) -> HostCredentials:
+        if not re.match(ID_PATTERN, host_id):
+            raise InvalidRecord("host_id: letters, digits, '_', '.' and '-', up to 128, not empty")
+        creds = HostCredentials(
+            host_id=host_id,
+            agent_token=_TOKEN_PREFIX + secrets.token_urlsafe(32),
+            host_key=secrets.token_urlsafe(32),
+        )
         now = self._now()
 
-        async def run(tx: Tx) -> HostEnrolment:
+        async def run(tx: Tx) -> HostCredentials:
             # A new identity starts its sequence over: whatever the previous credentials sent no
             # longer binds the host.
             await tx.execute(

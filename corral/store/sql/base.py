@@ -23,7 +23,6 @@ from corral.store.records import (
     ReservationRecord,
     SandboxRecord,
     SandboxState,
-    _Unset,
 )
 from corral.store.rows import in_list
 
@@ -155,13 +154,6 @@ class SqlBase(Store):
 
 
 _POOLS_WITH_TARGETS = f"SELECT {rows.POOL_COLS} FROM pools {{where}} ORDER BY template"
-
-
-def _check_pool(size: int | None, max_per_host: int | _Unset | None) -> None:
-    if size is not None and size < 0:
-        raise InvalidRecord("size: must not be negative")
-    if isinstance(max_per_host, int) and max_per_host <= 0:
-        raise InvalidRecord("max_per_host: must be positive")
 
 
 def _with_host(r: ReservationRecord, host_id: str) -> ReservationRecord:

@@ -10,7 +10,6 @@ from corral.store.errors import (
     IdempotencyMismatch,
     InvalidRecord,
     NameConflict,
-    QuotaExceeded,
     RecordNotFound,
     StateConflict,
 )
@@ -21,8 +20,10 @@ from corral.store.records import (
     Page,
     SandboxRecord,
     SandboxState,
+    Usage,
     _Unset,
     as_states,
+    check_quota,
     metadata_dict,
 )
 from corral.store.rows import in_list
@@ -92,7 +93,7 @@ class SandboxesSql(SqlBase):
                 return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
         await self._check_name(tx, rec)
         if rec.state in LIVE_STATES:
-            QuotaExceeded.check(int(tenant[0]), int(tenant[1]), int(tenant[2]), int(tenant[3]), rec.memory_mb)
+            check_quota(int(tenant[0]), int(tenant[1]), Usage(int(tenant[2]), int(tenant[3])), rec.memory_mb)
         return None
 
     async def create_sandbox(

@@ -17,12 +17,12 @@ from corral.store.records import (
     PoolRecord,
     TemplateRecord,
     _Unset,
+    check_pool,
 )
 from corral.store.sql.base import (
     _POOLS_WITH_TARGETS,
     SqlBase,
     Tx,
-    _check_pool,
 )
 
 
@@ -99,7 +99,7 @@ class TemplatesSql(SqlBase):
         return [rows.pool_from_row(r, targets.get(r[0], {})) for r in found]
 
     async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
-        _check_pool(size, max_per_host)
+        check_pool(size, max_per_host)
         now = self._now()
 
         async def run(tx: Tx) -> PoolRecord:
@@ -124,7 +124,7 @@ class TemplatesSql(SqlBase):
     async def update_pool(
         self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
     ) -> PoolRecord:
-        _check_pool(size, max_per_host)
+        check_pool(size, max_per_host)
         sets, params = ["updated_at = :now"], {"t": template, "now": self._now()}
         if size is not None:
             sets.append("size = :size")
