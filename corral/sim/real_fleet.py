@@ -207,14 +207,10 @@ class RealFleet:
             )
             await agent.adopt()
             self.agents[host_id] = agent
-            self.background(self._heartbeats(agent, self.rng.uniform(0.0, spec.heartbeat_s)))
+            self.background(agent.run_heartbeats(self.rng.uniform(0.0, spec.heartbeat_s)))
         if cfg.reconcile:
             for r in self.replicas:
                 r.spawn(r.plane.reconciler.run())
-
-    async def _heartbeats(self, agent: Agent, phase_s: float) -> None:
-        await asyncio.sleep(phase_s)
-        await agent.run_heartbeats()
 
     async def _sink(self, hb: AgentHeartbeat) -> HeartbeatReply:
         return reply_of(await self.store.upsert_heartbeat(to_store(hb)))

@@ -47,6 +47,7 @@ from corral.store.records import (
     TenantRecord,
     TokenRecord,
     Usage,
+    disputed,
 )
 
 
@@ -108,5 +109,6 @@ __all__ = [
     "TokenRecord",
     "TokenRevoked",
     "Usage",
+    "disputed",
     "open_store",
 ]

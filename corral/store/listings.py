@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 from corral.core.listing import digest_of, fold
-from corral.store.records import HostReport, Listing, ListingChange
+from corral.store.records import HostReport, Listing, ListingChange, SandboxState
 from corral.store.rows import in_list
 
 if TYPE_CHECKING:
@@ -176,6 +176,30 @@ async def changes(tx: Tx, since: float) -> list[ListingChange]:
             "SELECT host_id, sandbox_id, present, changed_at FROM listed_sandboxes "
             "WHERE changed_at >= :since ORDER BY changed_at",
             {"since": since},
+        )
+    ]
+
+
+async def disputes(tx: Tx, since: float) -> list[ListingChange]:
+    """The entries changed at or after ``since`` that their sandbox's record disputes (the rule is
+    :func:`corral.store.records.disputed`, written as a query). Entries both sides agree on, nearly all of them, are
+    never read out of the database."""
+    return [
+        ListingChange(str(h), str(s), bool(p), float(at))
+        for h, s, p, at in await tx.fetchall(
+            "SELECT l.host_id, l.sandbox_id, l.present, l.changed_at FROM listed_sandboxes l "
+            "LEFT JOIN sandboxes s ON s.id = l.sandbox_id WHERE l.changed_at >= :since AND ("
+            "(l.present = :yes AND (s.id IS NULL OR (s.host_id IS NOT NULL AND s.host_id <> l.host_id "
+            "AND s.state <> :reserved))) "
+            "OR (l.present = :no AND s.state = :running AND s.host_id = l.host_id)) "
+            "ORDER BY l.changed_at",
+            {
+                "since": since,
+                "yes": True,
+                "no": False,
+                "reserved": SandboxState.RESERVED.value,
+                "running": SandboxState.RUNNING.value,
+            },
         )
     ]
 

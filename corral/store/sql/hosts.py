@@ -123,6 +123,9 @@ class HostsSql(SqlBase):
     async def listing_changes(self, since: float) -> list[ListingChange]:
         return await self._read(lambda tx: listings.changes(tx, since))
 
+    async def listing_disputes(self, since: float) -> list[ListingChange]:
+        return await self._read(lambda tx: listings.disputes(tx, since))
+
     async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
         return await self._read(lambda tx: listings.held(tx, host_id, sandbox_ids))
 
