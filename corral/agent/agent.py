@@ -777,9 +777,10 @@ class Agent:
 
     def _due_readings(self) -> builtins.list[str] | None:
         """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled
-        readings hold (``settled_readings_per_beat``) has its settling sandboxes read every time and
-        at most that many of the rest, taken in turn, so a heartbeat's readings do not grow with
-        the host while each sandbox is still read now and then."""
+        readings hold (``settled_readings_per_beat``) has the sandboxes old enough to settle read
+        every time and at most that many of the rest, taken in turn, so a heartbeat's readings grow
+        neither with the host nor with the rate it starts sandboxes at, while each sandbox is still
+        read now and then."""
         share = int(getattr(self.runtime, "settled_readings_per_beat", 0))
         if share <= 0:
             return None
@@ -787,8 +788,8 @@ class Agent:
             self._reading_turns, self._reading_at = builtins.list(self._live), 0
         turn = self._reading_turns[self._reading_at : self._reading_at + share]
         self._reading_at += share
-        untrusted = self._live.untrusted
-        return builtins.list(untrusted) + [i for i in turn if i not in untrusted]
+        settling = self._settling()
+        return builtins.list(settling) + [i for i in turn if i not in settling]
 
     def _settling(self) -> set[str]:
         # From just before the settle time: that reading is the "previous" the first trusted one needs.
