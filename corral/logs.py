@@ -99,3 +99,9 @@ def configure(fmt: str = "auto", level: int = logging.INFO, stream: TextIO | Non
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(level)
+    # No formatter here prints the caller's source line, thread or process: with these off, a log
+    # record (one per request) skips a stack walk and three lookups it would only throw away.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False

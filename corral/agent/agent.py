@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import heapq
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
@@ -76,6 +77,10 @@ PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
 # How often sandboxes that are settling are read between heartbeats.
 SETTLE_SAMPLE_S = 0.25
+# Settled readings send the next heartbeat before its time only when they grow the room the last one
+# published by this fraction: a host with room to spare gains nothing by telling sooner, and a fleet
+# creating steadily would otherwise have every host beating at the sampling rate.
+EARLY_BEAT_GAIN = 0.25
 
 
 class _Live:
@@ -114,8 +119,12 @@ class _LiveSet(Mapping[str, _Live]):
         self._items: dict[str, _Live] = {}
         self.book = book
         self.observed_mb = 0
-        # Still charged their reserve: what the settle sampling between heartbeats reads.
+        # Still charged their reserve. Those old enough to settle are what the sampling between
+        # heartbeats reads: found through a heap by start time, so a burst of young sandboxes costs
+        # that sampling nothing until they come of age.
         self.untrusted: set[str] = set()
+        self._young: list[tuple[float, str]] = []
+        self._of_age: set[str] = set()
         # Added or removed, and removed, since the last heartbeat was built: what its listing checks.
         self.touched: set[str] = set()
         self.dropped: set[str] = set()
@@ -139,6 +148,7 @@ class _LiveSet(Mapping[str, _Live]):
         self.touched.add(key)
         if not value.trusted:
             self.untrusted.add(key)
+            heapq.heappush(self._young, (value.started_at, key))
 
     def __delitem__(self, key: str) -> None:
         if self.pop(key, None) is None:
@@ -152,6 +162,7 @@ class _LiveSet(Mapping[str, _Live]):
         self.observed_mb -= old.observed_mb or 0
         self.cpus -= old.spec.cpus
         self.untrusted.discard(key)
+        self._of_age.discard(key)
         self.touched.add(key)
         self.dropped.add(key)
         return old
@@ -162,6 +173,17 @@ class _LiveSet(Mapping[str, _Live]):
         self.touched, self.dropped = set(), set()
         return touched, dropped
 
+    def settling(self, started_by: float) -> set[str]:
+        """The untrusted sandboxes started at or before ``started_by`` (the caller must not keep the
+        set: it changes as they settle)."""
+        while self._young and self._young[0][0] <= started_by:
+            started_at, key = heapq.heappop(self._young)
+            live = self._items.get(key)
+            # An entry of a sandbox since trusted, gone or replaced is dropped here.
+            if live is not None and not live.trusted and live.started_at == started_at:
+                self._of_age.add(key)
+        return self._of_age
+
     def measured(self, key: str, observed_mb: int, rule: SettleRule, now: float) -> bool:
         """Record a reading; returns whether this reading is the one that made the sandbox trusted."""
         live = self._items[key]
@@ -171,6 +193,7 @@ class _LiveSet(Mapping[str, _Live]):
         if newly:
             live.trusted = True
             self.untrusted.discard(key)
+            self._of_age.discard(key)
         if live.trusted:
             live.settled_at(observed_mb)
             self.book.put(key, live.usage)
@@ -264,6 +287,7 @@ class Agent:
         self._warm_ids: set[str] = set()
         self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
         self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
+        self._advertised_mb = 0  # the admittable memory the last heartbeat published
         # The order settled sandboxes take turns being read in, and where the next turn starts.
         self._reading_turns: builtins.list[str] = []
         self._reading_at = 0
@@ -696,6 +720,7 @@ class Agent:
             self.acknowledge_listing(None)
         self._seq += 1
         cap = self.capacity()
+        self._advertised_mb = cap.memory_mb_admittable
         roles = self.warm.roles()
         warm_ids = {i for i, r in roles.items() if r == ROLE_WARM}
         touched, dropped = self._live.take_changes()
@@ -752,9 +777,10 @@ class Agent:
 
     def _due_readings(self) -> builtins.list[str] | None:
         """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled
-        readings hold (``settled_readings_per_beat``) has its settling sandboxes read every time and
-        at most that many of the rest, taken in turn, so a heartbeat's readings do not grow with
-        the host while each sandbox is still read now and then."""
+        readings hold (``settled_readings_per_beat``) has the sandboxes old enough to settle read
+        every time and at most that many of the rest, taken in turn, so a heartbeat's readings grow
+        neither with the host nor with the rate it starts sandboxes at, while each sandbox is still
+        read now and then."""
         share = int(getattr(self.runtime, "settled_readings_per_beat", 0))
         if share <= 0:
             return None
@@ -762,8 +788,12 @@ class Agent:
             self._reading_turns, self._reading_at = builtins.list(self._live), 0
         turn = self._reading_turns[self._reading_at : self._reading_at + share]
         self._reading_at += share
-        untrusted = self._live.untrusted
-        return builtins.list(untrusted) + [i for i in turn if i not in untrusted]
+        settling = self._settling()
+        return builtins.list(settling) + [i for i in turn if i not in settling]
+
+    def _settling(self) -> set[str]:
+        # From just before the settle time: that reading is the "previous" the first trusted one needs.
+        return self._live.settling(self.clock.now() - (self.settle_s - SETTLE_SAMPLE_S))
 
     async def beat(self) -> AgentHeartbeat:
         """Measure, build one heartbeat and send it through the sink. Errors of the sink propagate."""
@@ -795,10 +825,14 @@ class Agent:
                 with contextlib.suppress(AgentError):
                     await self.stop(sandbox_id)
 
-    async def run_heartbeats(self) -> None:
-        """Heartbeat every ``heartbeat_interval_s`` until cancelled. A control plane that is down is
-        logged and tried again next interval; starts never wait on this loop."""
+    async def run_heartbeats(self, phase_s: float = 0.0) -> None:
+        """Heartbeat every ``heartbeat_interval_s`` until cancelled, the first after ``phase_s`` (agents
+        that start together are given different phases, so their heartbeats do not arrive at the
+        control plane as one burst). A control plane that is down is logged and tried again next
+        interval; starts never wait on this loop."""
         budget = max(1.0, 2 * self.heartbeat_interval_s)
+        if phase_s > 0:
+            await asyncio.sleep(phase_s)
         while True:
             try:
                 async with asyncio.timeout(budget):
@@ -810,20 +844,20 @@ class Agent:
 
     async def until_next_beat(self) -> None:
         """Wait one heartbeat interval. Meanwhile, sandboxes still charged their reserve and old enough
-        to settle are read every ``SETTLE_SAMPLE_S``; once one is trusted, the host can admit more
-        than its last heartbeat said, so the next heartbeat goes now rather than at the interval."""
+        to settle are read every ``SETTLE_SAMPLE_S``; once those that became trusted let the host admit
+        much more than its last heartbeat said (``EARLY_BEAT_GAIN``), the next heartbeat goes now
+        rather than at the interval."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.heartbeat_interval_s
         while (left := end - loop.time()) > 0:
             await asyncio.sleep(min(left, SETTLE_SAMPLE_S))
-            due = [i for i in self._live.untrusted if self._settle_due(i)]
-            if due and await self.measure(due):
+            due = builtins.list(self._settling())
+            if due and await self.measure(due) and self._roomier():
                 return
 
-    def _settle_due(self, sandbox_id: str) -> bool:
-        # A reading just before the settle time is the "previous" one the first trusted reading needs.
-        s = self._live.get(sandbox_id)
-        return s is not None and self.clock.now() - s.started_at >= self.settle_s - SETTLE_SAMPLE_S
+    def _roomier(self) -> bool:
+        gained = self.capacity().memory_mb_admittable - self._advertised_mb
+        return gained > 0 and gained >= EARLY_BEAT_GAIN * self._advertised_mb
 
 
 def _same(spec: SandboxSpec, req: StartSandbox) -> bool:

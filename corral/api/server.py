@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import secrets
@@ -16,6 +15,7 @@ from pathlib import Path
 import uvicorn
 
 from corral.aio import loop_factory
+from corral.api import collector
 from corral.api.app import create_app
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig, default_replica_id
@@ -90,20 +90,6 @@ def sealer_for(key_file: Path | None, *, create: bool) -> Sealer:
         raise BadSealKey(str(exc)) from exc
 
 
-# A request allocates thousands of short-lived objects; at the default threshold (700) a gen-0 collection
-# runs every few requests and scans everything young, about a tenth of a busy server's time.
-GC_GEN0_THRESHOLD = 50_000
-
-
-def tune_gc() -> None:
-    """For a long-running server, once start-up is done: what start-up built (modules, the app, the
-    fleet) is moved out of the collector's sight, and young collections run far less often."""
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-
-
 MIN_TOKEN_CHARS = 16
 
 
@@ -174,13 +160,13 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
             await prepare(plane, fleet)
         await fleet.start()
         server = _uvicorn(app, opts.host, opts.port)
-        tune_gc()
         url = f"http://{opts.host}:{opts.port}"
         print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
         if generated:
             print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
         print(f"try:  CORRAL_URL={url} CORRAL_TOKEN=... corral burst -n 50", flush=True)
-        await server.serve()
+        async with collector.tuned():
+            await server.serve()
     finally:
         await shut_down()  # when the server never started; after a normal shutdown, a no-op
 
@@ -246,11 +232,11 @@ async def api(opts: ApiOptions) -> None:
         # Before serving, so a refused configuration (a revoked CORRAL_TOKEN) stops the process.
         await plane.start(admin_token=admin, agent_token=opts.agent_token)
         server = _uvicorn(app, opts.host, opts.port)
-        tune_gc()
         print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
         if generated:
             print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)
-        await server.serve()
+        async with collector.tuned():
+            await server.serve()
     finally:
         await shut_down()  # when the server never started; after its shutdown, a no-op
 

@@ -49,10 +49,12 @@ class LocalFleet:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
-        for agent in self.agents:
+        for i, agent in enumerate(self.agents):
             await agent.adopt()
             await agent.beat()
-            self.tasks.append(asyncio.create_task(agent.run_heartbeats(), name=f"heartbeat-{agent.id}"))
+            # Spread over one interval: agents started together would otherwise beat together forever.
+            phase = agent.heartbeat_interval_s * (i + 1) / len(self.agents)
+            self.tasks.append(asyncio.create_task(agent.run_heartbeats(phase), name=f"heartbeat-{agent.id}"))
             self.tasks.append(asyncio.create_task(agent.run_warm(), name=f"warm-{agent.id}"))
 
     async def stop(self, *, stop_sandboxes: bool = False) -> None:

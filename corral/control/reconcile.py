@@ -19,7 +19,7 @@ from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.core import Clock
-from corral.store import SandboxRecord, SandboxState, StoreError
+from corral.store import ListingChange, SandboxRecord, SandboxState, StoreError, disputed
 
 log = logging.getLogger("corral.reconcile")
 
@@ -206,7 +206,9 @@ class Reconciler:
         lists (it died, or the host was restarted without it) is marked ``stopped``."""
         started = self.clock.now()
         since = 0.0 if self._listings_since is None else self._listings_since - LISTING_OVERLAP_S
-        self._watch.update((c.host_id, c.sandbox_id) for c in await self.store.listing_changes(since))
+        # Only entries a record disputes: a fleet creating fast changes thousands of entries between
+        # sweeps, and reading each one's record back here would stall every request meanwhile.
+        self._watch.update((c.host_id, c.sandbox_id) for c in await self.store.listing_disputes(since))
         self._listings_since = started
         if not self._watch:
             self._strays, self._lost = set(), {}
@@ -232,21 +234,13 @@ class Reconciler:
             listed = await self.store.listed(host_id, sids)
             for sid in sids:
                 rec = records.get(sid)
+                if not disputed(ListingChange(host_id, sid, sid in listed, started), rec):
+                    continue
+                watch.add((host_id, sid))
                 if sid in listed:
-                    # No record claims it here: none at all, or one placed on another host (a start
-                    # whose reply was lost, tried again elsewhere). A record still being placed claims
-                    # no host yet.
-                    if rec is None or (
-                        rec.host_id is not None
-                        and rec.host_id != host_id
-                        and rec.state is not SandboxState.RESERVED
-                    ):
-                        strays.add((host_id, sid))
-                        watch.add((host_id, sid))
-                elif rec is not None and rec.state is SandboxState.RUNNING and rec.host_id == host_id:
-                    watch.add((host_id, sid))
-                    if host.listed_at > rec.updated_at:
-                        lost[sid] = host.listed_seq
+                    strays.add((host_id, sid))
+                elif rec is not None and host.listed_at > rec.updated_at:
+                    lost[sid] = host.listed_seq
         for host_id, sid in strays & self._strays:
             log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)
             await self._stop(host_id, sid)

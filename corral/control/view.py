@@ -115,16 +115,26 @@ class ViewCache:
         self._invalid = True
 
     def pending_fn(self, snap: FleetSnapshot) -> PendingFn:
-        """Pending per host: the store's reserved totals at read time plus this replica's claims since."""
+        """Pending per host: the store's reserved totals at read time plus this replica's claims since.
+        For one decision: each host's figure is worked out once however many filters and scores ask
+        (no claim can change between them: a decision never awaits)."""
         records = snap.records
         recent = self.recent
+        known: dict[str, Pending] = {}
 
         def pending(host_id: str) -> Pending:
+            got = known.get(host_id)
+            if got is not None:
+                return got
             rec = records.get(host_id)
             mine = recent.pending(host_id)
-            if rec is None:
-                return mine
-            return Pending(rec.reserved_mb + mine.memory_mb, rec.reserved_cpu + mine.cpu)
+            got = (
+                mine
+                if rec is None
+                else Pending(rec.reserved_mb + mine.memory_mb, rec.reserved_cpu + mine.cpu)
+            )
+            known[host_id] = got
+            return got
 
         return pending
 

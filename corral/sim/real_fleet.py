@@ -243,7 +243,7 @@ class RealFleet:
             )
             await agent.adopt()
             self.agents[host_id] = agent
-            self.background(self._heartbeats(agent, self.rng.uniform(0.0, spec.heartbeat_s)))
+            self.background(agent.run_heartbeats(self.rng.uniform(0.0, spec.heartbeat_s)))
             if spec.memory_tick_s is not None:
                 self.background(
                     self._kernel(host_id, spec.memory_tick_s, self.rng.uniform(0.0, spec.memory_tick_s))
@@ -251,10 +251,6 @@ class RealFleet:
         if cfg.reconcile:
             for r in self.replicas:
                 r.spawn(r.plane.reconciler.run())
-
-    async def _heartbeats(self, agent: Agent, phase_s: float) -> None:
-        await asyncio.sleep(phase_s)
-        await agent.run_heartbeats()
 
     async def _kernel(self, host_id: str, tick_s: float, phase_s: float) -> None:
         await asyncio.sleep(phase_s)

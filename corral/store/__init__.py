@@ -46,6 +46,7 @@ from corral.store.records import (
     TenantRecord,
     TokenRecord,
     Usage,
+    disputed,
 )
 
 
@@ -106,5 +107,6 @@ __all__ = [
     "TokenRecord",
     "TokenRevoked",
     "Usage",
+    "disputed",
     "open_store",
 ]

@@ -75,6 +75,11 @@ class HostStore(ABC):
         after ``since`` by the store's clock: what the reconciler checks against the records."""
 
     @abstractmethod
+    async def listing_disputes(self, since: float) -> list[ListingChange]:
+        """Of :meth:`listing_changes`, those whose sandbox's record disputes them
+        (:func:`corral.store.records.disputed`): what the reconciler must look at again."""
+
+    @abstractmethod
     async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
         """Of ``sandbox_ids``, those ``host_id``'s listing holds, with their epochs."""
 

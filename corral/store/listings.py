@@ -8,10 +8,11 @@ ever listed); it stays until pruned so the reconciler, which reads rows by ``cha
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from corral.core.listing import digest_of, fold
-from corral.store.records import HostReport, Listing, ListingChange
+from corral.store.records import HostReport, Listing, ListingChange, SandboxState
 from corral.store.rows import in_list
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def chunks(ids: Collection[str]) -> Iterator[list[str]]:
         yield ordered[at : at + CHUNK]
 
 
-async def held(tx: Tx, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
+async def held_entries(tx: Tx, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
     """Of ``sandbox_ids``, those the host's listing holds, with their epochs."""
     out: dict[str, int] = {}
     for part in chunks(sandbox_ids):
@@ -47,59 +48,47 @@ async def held(tx: Tx, host_id: str, sandbox_ids: Collection[str]) -> dict[str, 
     return out
 
 
-async def apply(tx: Tx, hb: HostReport, held_seq: int | None, held_digest: int, now: float) -> bool:
-    """Bring the host's listing up to ``hb`` (whose host row is already updated and locked). True if
-    the store now holds this heartbeat's listing; False leaves ``listed_seq`` unequal to ``hb.seq``,
-    which tells the agent to send its whole set next."""
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """A host's listing columns as a heartbeat leaves them: the seq of the listing held (None: none to
+    trust, send the whole set), its digest, when it was last written, and how many entries it holds."""
+
+    seq: int | None
+    digest: int
+    at: float
+    count: int
+
+
+async def apply(tx: Tx, hb: HostReport, held: Stamp, now: float) -> Stamp:
+    """Bring the host's listing rows up to ``hb`` (the host's row is locked, and written once after
+    this with the stamp returned). The stamp's seq is ``hb.seq`` if the store now holds this heartbeat's
+    listing; any other seq tells the agent to send its whole set."""
     listing = hb.listing
     if listing.base is None:
-        await _replace(tx, hb.host_id, listing, now, held_seq is None, held_digest)
-    elif listing.base != held_seq:
+        await _replace(tx, hb.host_id, listing, now, held.seq is None, held.digest)
+        return Stamp(hb.seq, digest_of(listing.entries), now, len(listing.entries))
+    if listing.base != held.seq:
         # Built on a listing the store does not hold (a reply was lost, a heartbeat overtaken, the
         # store's copy marked untrusted): applying it could only diverge. The held one stays.
-        return False
-    else:
-        old = await held(tx, hb.host_id, listing.removed | listing.entries.keys())
-        digest = fold(fold(held_digest, old.items()), listing.entries.items())
-        if listing.digest is not None and digest != listing.digest:
-            # The two copies disagree: this one is not to be trusted until the whole set comes.
-            await tx.execute("UPDATE hosts SET listed_seq = NULL WHERE id = :h", {"h": hb.host_id})
-            return False
-        gone = [
-            {"h": hb.host_id, "s": sid, "e": old.get(sid, 0), "p": False, "now": now}
-            for sid in sorted(listing.removed - listing.entries.keys())
-        ]
-        came = [
-            {"h": hb.host_id, "s": sid, "e": epoch, "p": True, "now": now}
-            for sid, epoch in sorted(listing.entries.items())
-            if old.get(sid) != epoch
-        ]
-        if gone or came:
-            await tx.executemany(_UPSERT, gone + came)
-        await tx.execute(
-            "UPDATE hosts SET listed_seq = :seq, listed_digest = :d, listed_at = :now, "
-            "listed_count = listed_count + :n WHERE id = :h",
-            {
-                "h": hb.host_id,
-                "seq": hb.seq,
-                "d": digest,
-                "now": now,
-                "n": len(listing.entries.keys() - old.keys()) - sum(1 for row in gone if row["s"] in old),
-            },
-        )
-        return True
-    await tx.execute(
-        "UPDATE hosts SET listed_seq = :seq, listed_digest = :d, listed_at = :now, listed_count = :n "
-        "WHERE id = :h",
-        {
-            "h": hb.host_id,
-            "seq": hb.seq,
-            "d": digest_of(listing.entries),
-            "now": now,
-            "n": len(listing.entries),
-        },
-    )
-    return True
+        return held
+    old = await held_entries(tx, hb.host_id, listing.removed | listing.entries.keys())
+    digest = fold(fold(held.digest, old.items()), listing.entries.items())
+    if listing.digest is not None and digest != listing.digest:
+        # The two copies disagree: this one is not to be trusted until the whole set comes.
+        return Stamp(None, held.digest, held.at, held.count)
+    gone = [
+        {"h": hb.host_id, "s": sid, "e": old.get(sid, 0), "p": False, "now": now}
+        for sid in sorted(listing.removed - listing.entries.keys())
+    ]
+    came = [
+        {"h": hb.host_id, "s": sid, "e": epoch, "p": True, "now": now}
+        for sid, epoch in sorted(listing.entries.items())
+        if old.get(sid) != epoch
+    ]
+    if gone or came:
+        await tx.executemany(_UPSERT, gone + came)
+    added = len(listing.entries.keys() - old.keys()) - sum(1 for row in gone if row["s"] in old)
+    return Stamp(hb.seq, digest, now, held.count + added)
 
 
 async def _replace(
@@ -140,17 +129,27 @@ async def _replace(
     )
 
 
-async def confirmable(tx: Tx, hb: HostReport) -> list[str]:
-    """The host's outstanding reservations whose sandbox it lists (now, or in this heartbeat's changes
-    if they did not apply): read from its few outstanding reservations, never from its whole listing."""
+async def confirm(tx: Tx, hb: HostReport) -> tuple[int, int, int]:
+    """End the host's outstanding reservations whose sandbox it lists (now, or in this heartbeat's
+    changes if they did not apply): read from its few outstanding reservations, never from its whole
+    listing. Returns how many ended and the memory and CPU (milli) they held, for the caller to take
+    off the host's counters in its own write of the host's row."""
     outstanding = await tx.fetchall(
         "SELECT id, sandbox_id FROM reservations WHERE host_id = :h AND sandbox_id IS NOT NULL",
         {"h": hb.host_id},
     )
     if not outstanding:
-        return []
-    shown = await held(tx, hb.host_id, {str(sid) for _, sid in outstanding})
-    return sorted(str(rid) for rid, sid in outstanding if sid in shown or sid in hb.listing.entries)
+        return 0, 0, 0
+    shown = await held_entries(tx, hb.host_id, {str(sid) for _, sid in outstanding})
+    done = sorted(str(rid) for rid, sid in outstanding if sid in shown or sid in hb.listing.entries)
+    ended = mb = cpu_m = 0
+    for part in chunks(done):
+        clause, params = in_list("r", part)
+        for got_mb, got_cpu in await tx.fetchall(
+            f"DELETE FROM reservations WHERE id IN {clause} RETURNING memory_mb, cpu_m", params
+        ):
+            ended, mb, cpu_m = ended + 1, mb + int(got_mb), cpu_m + int(got_cpu)
+    return ended, mb, cpu_m
 
 
 async def fences(tx: Tx, host_id: str) -> frozenset[str]:
@@ -159,7 +158,7 @@ async def fences(tx: Tx, host_id: str) -> frozenset[str]:
     got = await tx.fetchall("SELECT sandbox_id, epoch FROM fences WHERE host_id = :h", {"h": host_id})
     if not got:
         return frozenset()
-    listed = await held(tx, host_id, {str(sid) for sid, _ in got})
+    listed = await held_entries(tx, host_id, {str(sid) for sid, _ in got})
     fenced = frozenset(str(sid) for sid, epoch in got if sid in listed and listed[sid] < int(epoch))
     for part in chunks({str(sid) for sid, _ in got} - fenced):
         clause, params = in_list("d", part)
@@ -176,6 +175,30 @@ async def changes(tx: Tx, since: float) -> list[ListingChange]:
             "SELECT host_id, sandbox_id, present, changed_at FROM listed_sandboxes "
             "WHERE changed_at >= :since ORDER BY changed_at",
             {"since": since},
+        )
+    ]
+
+
+async def disputes(tx: Tx, since: float) -> list[ListingChange]:
+    """The entries changed at or after ``since`` that their sandbox's record disputes (the rule is
+    :func:`corral.store.records.disputed`, written as a query). Entries both sides agree on, nearly all of them, are
+    never read out of the database."""
+    return [
+        ListingChange(str(h), str(s), bool(p), float(at))
+        for h, s, p, at in await tx.fetchall(
+            "SELECT l.host_id, l.sandbox_id, l.present, l.changed_at FROM listed_sandboxes l "
+            "LEFT JOIN sandboxes s ON s.id = l.sandbox_id WHERE l.changed_at >= :since AND ("
+            "(l.present = :yes AND (s.id IS NULL OR (s.host_id IS NOT NULL AND s.host_id <> l.host_id "
+            "AND s.state <> :reserved))) "
+            "OR (l.present = :no AND s.state = :running AND s.host_id = l.host_id)) "
+            "ORDER BY l.changed_at",
+            {
+                "since": since,
+                "yes": True,
+                "no": False,
+                "reserved": SandboxState.RESERVED.value,
+                "running": SandboxState.RUNNING.value,
+            },
         )
     ]
 

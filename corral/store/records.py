@@ -157,6 +157,20 @@ class ListingChange:
     changed_at: float
 
 
+def disputed(change: ListingChange, record: SandboxRecord | None) -> bool:
+    """Whether a sandbox's record disputes its host's listing entry. Listed here while no record claims
+    it here: none at all, or one placed on another host (a start whose reply was lost, tried again
+    elsewhere); a record still being placed claims no host yet. Or gone from here while its record
+    says it runs here. The stores find disputed entries with the same rule written as a query."""
+    if change.present:
+        return record is None or (
+            record.host_id is not None
+            and record.host_id != change.host_id
+            and record.state is not SandboxState.RESERVED
+        )
+    return record is not None and record.state is SandboxState.RUNNING and record.host_id == change.host_id
+
+
 @dataclass(frozen=True, slots=True)
 class FailedHost:
     """What :meth:`Store.fail_host` did, in one transaction."""

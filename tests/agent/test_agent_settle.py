@@ -8,10 +8,12 @@ import random
 from collections.abc import Callable
 
 import pytest
+from agent_doubles import POLICY
 
 from corral.agent import Agent
 from corral.agent.protocol import AgentHeartbeat, StartSandbox
 from corral.core import AdmissionMode, ManualClock
+from corral.core.admission import reserve_mb
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.runtime.sim import SimRuntime
 
@@ -93,8 +95,8 @@ async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
         sink=sink,
         heartbeat_interval_s=600.0,
     )
-    for i in range(3):
-        await agent.start(StartSandbox(id=f"p{i}", memory_mb=512))
+    for i in range(12):  # the host is nearly full on their reserves
+        await agent.start(StartSandbox(id=f"p{i}", memory_mb=4096))
     loop = asyncio.create_task(agent.run_heartbeats())
     try:
         await asyncio.wait_for(roomier.wait(), timeout=60)
@@ -102,9 +104,33 @@ async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
         loop.cancel()
         with pytest.raises(asyncio.CancelledError):
             await loop
-    assert beats[0].memory_mb_admittable == 16_384 - 2048 - 3 * 512  # three reserves (headroom 2048)
-    assert beats[-1].memory_mb_admittable == 16_384 - 2048 - 3 * 1  # three exact 1 MiB readings
+    reserves = 12 * reserve_mb(4096, POLICY)
+    assert beats[0].memory_mb_admittable == 16_384 - 2048 - reserves == 2048  # headroom 2048
+    assert beats[-1].memory_mb_admittable == 16_384 - 2048 - 12 * 1  # twelve exact 1 MiB readings
     assert all(i.charged_mb == 1 for i in agent.list())
+
+
+async def test_settling_on_a_roomy_host_waits_for_the_interval(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    # Only a large gain in advertised room is worth a heartbeat before its time: a host with room to
+    # spare beating at every settled sandbox would multiply heartbeats across a busy fleet.
+    agent = make_agent(admission=AdmissionMode.WORKING_SET, runtime=ExactRuntime(clock, random.Random(3)))
+    for i in range(3):
+        await agent.start(StartSandbox(id=f"p{i}", memory_mb=512))
+    agent.heartbeat()
+    for _ in range(3):
+        clock.advance(1)
+        await agent.measure()
+    assert all(i.charged_mb == 1 for i in agent.list())  # trusted: the room grew by 3 x 511 MiB
+    assert not agent._roomier()
+    for i in range(3, 15):
+        await agent.start(StartSandbox(id=f"p{i}", memory_mb=4096))
+    agent.heartbeat()  # now nearly full on their reserves
+    for _ in range(3):
+        clock.advance(1)
+        await agent.measure()
+    assert agent._roomier()
 
 
 class CountingRuntime(SimRuntime):
@@ -134,11 +160,40 @@ async def test_settled_sandboxes_take_turns_being_read(
     assert not agent._live.untrusted
     runtime.read.clear()
     await agent.start(StartSandbox(id="new", memory_mb=256))
-    beats = [set(runtime.read)]
-    for _ in range(3):
+    beats = []
+    for _ in range(6):  # the turn under way, then one that includes it
         runtime.read.clear()
         await agent.beat()
         beats.append(set(runtime.read))
-    # Each heartbeat reads the settling sandbox and at most three settled ones; every one gets a turn.
-    assert all("new" in b and len(b - {"new"}) <= 3 for b in beats[1:])
-    assert set().union(*beats) >= {f"s{i}" for i in range(7)}
+    # Young, "new" takes its turn with the rest: at most three readings a heartbeat, and every
+    # sandbox gets a turn.
+    assert all(len(b) <= 3 for b in beats)
+    assert set().union(*beats) >= {f"s{i}" for i in range(7)} | {"new"}
+    # Once old enough to settle, it is read at every heartbeat until trusted, besides three others.
+    clock.advance(agent.settle_s)
+    for _ in range(2):
+        runtime.read.clear()
+        await agent.beat()
+        assert "new" in runtime.read and len(set(runtime.read) - {"new"}) <= 3
+
+
+async def test_sampling_between_beats_reads_only_sandboxes_old_enough_to_settle(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    runtime = CountingRuntime(clock)
+    agent = make_agent(runtime=runtime)
+    await agent.start(StartSandbox(id="old", memory_mb=256))
+    clock.advance(agent.settle_s)
+    for i in range(20):  # a burst: young, untrusted, and nothing for the sampling to read yet
+        await agent.start(StartSandbox(id=f"young{i}", memory_mb=256))
+    assert len(agent._live.untrusted) == 21
+    assert agent._settling() == {"old"}
+    # Once settled, it is no longer read; the burst comes of age together.
+    while "old" in agent._live.untrusted:
+        clock.advance(1)
+        await agent.measure(["old"])
+    assert agent._settling() == set()
+    clock.advance(agent.settle_s)
+    assert agent._settling() == {f"young{i}" for i in range(20)}
+    await agent.stop("young3")
+    assert "young3" not in agent._settling()

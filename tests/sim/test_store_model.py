@@ -291,6 +291,7 @@ class Driver:
         ids = [f"sb-{i}" for i in range(8)]
         listings = (
             sorted(await s.listing_changes(0.0), key=lambda c: (c.host_id, c.sandbox_id)),
+            sorted(await s.listing_disputes(0.0), key=lambda c: (c.host_id, c.sandbox_id)),
             [await s.listed(h, ids) for h in HOSTS],
             sorted(await s.listed_hosts(ids)),  # which of several hosts is either store's choice
             await s.committed_mb(),

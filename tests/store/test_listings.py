@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from corral.core import ManualClock
 from corral.core.listing import digest_of
-from corral.store import Listing, SandboxState, Store
+from corral.store import Listing, SandboxState, Store, disputed
 
 from .helpers import beat, sandbox
 
@@ -157,3 +157,36 @@ async def test_an_agent_older_than_changes_sends_whole_sets_that_each_replace(st
         result = await store.upsert_heartbeat(beat("h1", seq, sandbox_ids=frozenset(ids)))
         assert result.listed_seq == seq and result.host.sandbox_count == len(ids)
         assert set(await store.listed("h1", ["sb-a", "sb-b", "sb-c"])) == ids
+
+
+async def test_disputes_are_the_changes_a_record_disputes(store: Store, clock: ManualClock) -> None:
+    tenant = await store.create_tenant("t", max_sandboxes=10, max_memory_mb=10_000)
+    running = SandboxState.RUNNING
+    await store.upsert_heartbeat(beat("h1", 1))
+    await store.upsert_heartbeat(beat("h2", 1))
+    await store.create_sandbox(sandbox("sb-here", tenant, host_id="h1", state=running))
+    await store.create_sandbox(sandbox("sb-there", tenant, host_id="h2", state=running))
+    await store.create_sandbox(sandbox("sb-placing", tenant))  # reserved: claims no host yet
+    await store.create_sandbox(sandbox("sb-died", tenant, host_id="h1", state=running))
+    await store.create_sandbox(sandbox("sb-ended", tenant, host_id="h1", state=SandboxState.STOPPED))
+    clock.advance(1)
+    await store.upsert_heartbeat(
+        beat("h1", 2, sandbox_ids=frozenset({"sb-here", "sb-there", "sb-placing", "sb-nobody"}))
+    )
+    left = dict.fromkeys(("sb-there", "sb-placing", "sb-nobody"), 0)
+    await store.upsert_heartbeat(beat("h1", 3, listing=changes(2, left, {}, {"sb-here", "sb-ended"})))
+    every = await store.listing_changes(0.0)
+    disputed_here = {(c.host_id, c.sandbox_id, c.present) for c in await store.listing_disputes(0.0)}
+    # sb-there runs on h2 by its record; sb-nobody has none; sb-here went from where its record puts
+    # it, and so did sb-died, never listed by h1's whole set. Stopped or still placing: no dispute.
+    assert disputed_here == {
+        ("h1", "sb-there", True),
+        ("h1", "sb-nobody", True),
+        ("h1", "sb-here", False),
+        ("h1", "sb-died", False),
+    }
+    records = await store.get_sandboxes({c.sandbox_id for c in every})
+    assert disputed_here == {
+        (c.host_id, c.sandbox_id, c.present) for c in every if disputed(c, records.get(c.sandbox_id))
+    }
+    assert await store.listing_disputes(clock.now() + 1) == []

@@ -58,6 +58,7 @@ from corral.store.records import (
     as_states,
     check_pool,
     check_quota,
+    disputed,
     metadata_dict,
 )
 
@@ -332,6 +333,9 @@ class ModelStore:
             if e.changed_at >= since
         ]
         return sorted(got, key=lambda c: (c.changed_at, c.host_id, c.sandbox_id))
+
+    async def listing_disputes(self, since: float) -> list[ListingChange]:
+        return [c for c in await self.listing_changes(since) if disputed(c, self.sandboxes.get(c.sandbox_id))]
 
     async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
         await self._enter()

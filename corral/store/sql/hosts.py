@@ -16,7 +16,6 @@ from corral.store.records import (
     HostReport,
     ListingChange,
 )
-from corral.store.rows import in_list
 from corral.store.sql.base import (
     SqlBase,
     Tx,
@@ -81,50 +80,72 @@ class HostsSql(SqlBase):
         }
 
         async def run(tx: Tx) -> HeartbeatResult:
-            # The upsert takes the host's row lock first (the lock order); the WHERE drops a delayed
-            # heartbeat. ``state`` is not in the SET list: a heartbeat never undrains a host.
-            applied = await tx.fetchone(
-                """INSERT INTO hosts (id, address, heartbeat_at, seq, cpu_total, cpu_used, memory_mb_total,
-                       memory_mb_used, memory_mb_admittable, memory_admission, templates, runtime, gpu, role,
-                       stream_restore, registered_at, warm)
-                   VALUES (:id, :address, :now, :seq, :cpu_total, :cpu_used, :mt, :mu, :ma, :mode,
-                       :templates, :runtime, :gpu, :role, :sr, :now, :warm)
-                   ON CONFLICT (id) DO UPDATE SET
-                     address = CASE WHEN excluded.address <> '' THEN excluded.address ELSE hosts.address END,
-                     heartbeat_at = excluded.heartbeat_at, seq = excluded.seq,
-                     cpu_total = excluded.cpu_total, cpu_used = excluded.cpu_used,
-                     memory_mb_total = excluded.memory_mb_total, memory_mb_used = excluded.memory_mb_used,
-                     memory_mb_admittable = excluded.memory_mb_admittable,
-                     memory_admission = excluded.memory_admission, templates = excluded.templates,
-                     runtime = excluded.runtime, gpu = excluded.gpu, role = excluded.role,
-                     stream_restore = excluded.stream_restore,
-                     warm = excluded.warm
-                   WHERE hosts.seq < excluded.seq
-                   RETURNING listed_seq, listed_digest""",
-                params,
+            # The host's row lock first (the lock order), then its listing rows and the reservations
+            # the heartbeat confirms, then the row itself in one write: at a fleet's size heartbeats
+            # are the largest stream of writes, and each rewrites its host's row once. A delayed
+            # heartbeat (seq not newer) writes nothing; ``state`` is never written: a heartbeat never
+            # undrains a host.
+            held = await self._listing_stamp(tx, hb)
+            if held is None:
+                host = await self._host(tx, hb.host_id, now)
+                assert host is not None
+                return HeartbeatResult(host, False, 0, frozenset())
+            stamp = await listings.apply(tx, hb, held, now)
+            confirmed, mb, cpu_m = await listings.confirm(tx, hb)
+            await tx.execute(
+                """UPDATE hosts SET
+                     address = CASE WHEN :address <> '' THEN :address ELSE address END,
+                     heartbeat_at = :now, seq = :seq, cpu_total = :cpu_total, cpu_used = :cpu_used,
+                     memory_mb_total = :mt, memory_mb_used = :mu, memory_mb_admittable = :ma,
+                     memory_admission = :mode, templates = :templates, runtime = :runtime, gpu = :gpu,
+                     role = :role, stream_restore = :sr, warm = :warm,
+                     listed_seq = :lseq, listed_digest = :ldigest, listed_at = :lat, listed_count = :lcount,
+                     reserved_mb = reserved_mb - :rmb, reserved_cpu_m = reserved_cpu_m - :rcpu
+                   WHERE id = :id""",
+                {
+                    **params,
+                    "lseq": stamp.seq,
+                    "ldigest": stamp.digest,
+                    "lat": stamp.at,
+                    "lcount": stamp.count,
+                    "rmb": mb,
+                    "rcpu": cpu_m,
+                },
             )
-            confirmed = 0
-            fenced: frozenset[str] = frozenset()
-            if applied is not None:
-                held_seq = None if applied[0] is None else int(applied[0])
-                listed = await listings.apply(tx, hb, held_seq, int(applied[1]), now)
-                done = await listings.confirmable(tx, hb)
-                if done:
-                    clause, ids = in_list("r", done)
-                    confirmed = await self._end_where(tx, f"id IN {clause}", ids)
-                if listed:
-                    fenced = await listings.fences(tx, hb.host_id)
+            fenced = await listings.fences(tx, hb.host_id) if stamp.seq == hb.seq else frozenset()
             host = await self._host(tx, hb.host_id, now)
             assert host is not None
-            return HeartbeatResult(host, applied is not None, confirmed, fenced)
+            return HeartbeatResult(host, True, confirmed, fenced)
 
         return await self._write(run)
+
+    async def _listing_stamp(self, tx: Tx, hb: HostReport) -> listings.Stamp | None:
+        """Lock the host's row (registering a host heard of for the first time) and read its listing
+        columns; None if the row holds a heartbeat as new as ``hb`` already."""
+        sql = f"SELECT seq, listed_seq, listed_digest, listed_at, listed_count FROM hosts WHERE id = :id{self.for_update}"
+        row = await tx.fetchone(sql, {"id": hb.host_id})
+        if row is None:
+            await tx.execute(
+                "INSERT INTO hosts (id, address, role, registered_at) VALUES (:id, :address, :role, :now) "
+                "ON CONFLICT (id) DO NOTHING",
+                {"id": hb.host_id, "address": hb.address, "role": hb.facts.role, "now": self._now()},
+            )
+            row = await tx.fetchone(sql, {"id": hb.host_id})
+            assert row is not None
+        if int(row[0]) >= hb.seq:
+            return None
+        return listings.Stamp(
+            None if row[1] is None else int(row[1]), int(row[2]), float(row[3]), int(row[4])
+        )
 
     async def listing_changes(self, since: float) -> list[ListingChange]:
         return await self._read(lambda tx: listings.changes(tx, since))
 
+    async def listing_disputes(self, since: float) -> list[ListingChange]:
+        return await self._read(lambda tx: listings.disputes(tx, since))
+
     async def listed(self, host_id: str, sandbox_ids: Collection[str]) -> dict[str, int]:
-        return await self._read(lambda tx: listings.held(tx, host_id, sandbox_ids))
+        return await self._read(lambda tx: listings.held_entries(tx, host_id, sandbox_ids))
 
     async def listed_hosts(self, sandbox_ids: Collection[str]) -> dict[str, str]:
         return await self._read(lambda tx: listings.hosts_of(tx, sandbox_ids))
