@@ -287,7 +287,9 @@ class Agent:
         self._warm_ids: set[str] = set()
         self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
         self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
-        self._advertised_mb = 0  # the admittable memory the last heartbeat published
+        # What the last heartbeat published: the admittable memory, and whether intake was open.
+        self._advertised_mb = 0
+        self._advertised_open = True
         # The order settled sandboxes take turns being read in, and where the next turn starts.
         self._reading_turns: builtins.list[str] = []
         self._reading_at = 0
@@ -720,7 +722,7 @@ class Agent:
             self.acknowledge_listing(None)
         self._seq += 1
         cap = self.capacity()
-        self._advertised_mb = cap.memory_mb_admittable
+        self._advertised_mb, self._advertised_open = cap.memory_mb_admittable, cap.intake_open
         roles = self.warm.roles()
         warm_ids = {i for i, r in roles.items() if r == ROLE_WARM}
         touched, dropped = self._live.take_changes()
@@ -844,15 +846,17 @@ class Agent:
 
     async def until_next_beat(self) -> None:
         """Wait one heartbeat interval. Meanwhile, sandboxes still charged their reserve and old enough
-        to settle are read every ``SETTLE_SAMPLE_S``; once those that became trusted let the host admit
-        much more than its last heartbeat said (``EARLY_BEAT_GAIN``), the next heartbeat goes now
-        rather than at the interval."""
+        to settle are read every ``SETTLE_SAMPLE_S``. The next heartbeat goes at once, rather than at
+        the interval, when the pressure gate opened or closed since the last one said (creates sent
+        to a closed host are refused until the control plane hears), or when sandboxes that became
+        trusted let the host admit much more than it said (``EARLY_BEAT_GAIN``)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.heartbeat_interval_s
         while (left := end - loop.time()) > 0:
             await asyncio.sleep(min(left, SETTLE_SAMPLE_S))
             due = builtins.list(self._settling())
-            if due and await self.measure(due) and self._roomier():
+            settled = bool(due) and await self.measure(due) > 0
+            if self.gate.is_open != self._advertised_open or (settled and self._roomier()):
                 return
 
     def _roomier(self) -> bool:

@@ -197,3 +197,31 @@ async def test_sampling_between_beats_reads_only_sandboxes_old_enough_to_settle(
     assert agent._settling() == {f"young{i}" for i in range(20)}
     await agent.stop("young3")
     assert "young3" not in agent._settling()
+
+
+async def test_the_gate_closing_sends_the_next_heartbeat_at_once(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    # Creates sent to a host whose intake closed are refused until the control plane hears of it.
+    beats: list[AgentHeartbeat] = []
+    closed = asyncio.Event()
+
+    async def sink(hb: AgentHeartbeat) -> None:
+        beats.append(hb)
+        if not hb.intake_open:
+            closed.set()
+
+    pressure = [0.0]
+    agent = make_agent(sink=sink, heartbeat_interval_s=600.0, pressure=lambda: pressure[0])
+    loop = asyncio.create_task(agent.run_heartbeats())
+    try:
+        while not beats:
+            await asyncio.sleep(0.01)
+        pressure[0] = 0.99
+        assert not agent.observe_pressure()  # as the next start's check would
+        await asyncio.wait_for(closed.wait(), timeout=60)
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    assert [b.intake_open for b in beats] == [True, False]
