@@ -78,9 +78,11 @@ START_FAILED_RETRY_S = 1.0
 # How often sandboxes that are settling are read between heartbeats.
 SETTLE_SAMPLE_S = 0.25
 # Settled readings send the next heartbeat before its time only when they grow the room the last one
-# published by this fraction: a host with room to spare gains nothing by telling sooner, and a fleet
-# creating steadily would otherwise have every host beating at the sampling rate.
+# published by this fraction, or once that one is this old: a fleet creating steadily would otherwise
+# have every host beating at the sampling rate, while a host with long intervals still tells its gains
+# (and the memory it uses) within seconds.
 EARLY_BEAT_GAIN = 0.25
+EARLY_BEAT_AFTER_S = 5.0
 
 
 class _Live:
@@ -290,6 +292,7 @@ class Agent:
         # What the last heartbeat published: the admittable memory, and whether intake was open.
         self._advertised_mb = 0
         self._advertised_open = True
+        self._advertised_at = 0.0  # by the clock
         # The order settled sandboxes take turns being read in, and where the next turn starts.
         self._reading_turns: builtins.list[str] = []
         self._reading_at = 0
@@ -723,6 +726,7 @@ class Agent:
         self._seq += 1
         cap = self.capacity()
         self._advertised_mb, self._advertised_open = cap.memory_mb_admittable, cap.intake_open
+        self._advertised_at = self.clock.now()
         roles = self.warm.roles()
         warm_ids = {i for i, r in roles.items() if r == ROLE_WARM}
         touched, dropped = self._live.take_changes()
@@ -849,7 +853,8 @@ class Agent:
         to settle are read every ``SETTLE_SAMPLE_S``. The next heartbeat goes at once, rather than at
         the interval, when the pressure gate opened or closed since the last one said (creates sent
         to a closed host are refused until the control plane hears), or when sandboxes that became
-        trusted let the host admit much more than it said (``EARLY_BEAT_GAIN``)."""
+        trusted let the host admit more than it said: much more (``EARLY_BEAT_GAIN``), or any more
+        once the last heartbeat is ``EARLY_BEAT_AFTER_S`` old."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.heartbeat_interval_s
         while (left := end - loop.time()) > 0:
@@ -861,7 +866,10 @@ class Agent:
 
     def _roomier(self) -> bool:
         gained = self.capacity().memory_mb_admittable - self._advertised_mb
-        return gained > 0 and gained >= EARLY_BEAT_GAIN * self._advertised_mb
+        return gained > 0 and (
+            gained >= EARLY_BEAT_GAIN * self._advertised_mb
+            or self.clock.now() - self._advertised_at >= EARLY_BEAT_AFTER_S
+        )
 
 
 def _same(spec: SandboxSpec, req: StartSandbox) -> bool:

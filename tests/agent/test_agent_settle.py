@@ -11,6 +11,7 @@ import pytest
 from agent_doubles import POLICY
 
 from corral.agent import Agent
+from corral.agent.agent import EARLY_BEAT_AFTER_S
 from corral.agent.protocol import AgentHeartbeat, StartSandbox
 from corral.core import AdmissionMode, ManualClock
 from corral.core.admission import reserve_mb
@@ -110,11 +111,11 @@ async def test_a_trusted_reading_sends_the_next_heartbeat_at_once(
     assert all(i.charged_mb == 1 for i in agent.list())
 
 
-async def test_settling_on_a_roomy_host_waits_for_the_interval(
+async def test_a_small_gain_in_room_waits_until_the_last_heartbeat_is_old(
     make_agent: Callable[..., Agent], clock: ManualClock
 ) -> None:
-    # Only a large gain in advertised room is worth a heartbeat before its time: a host with room to
-    # spare beating at every settled sandbox would multiply heartbeats across a busy fleet.
+    # A small gain in advertised room is worth a heartbeat before its time only once the last one is
+    # a few seconds old: hosts beating at every settled sandbox would multiply a busy fleet's heartbeats.
     agent = make_agent(admission=AdmissionMode.WORKING_SET, runtime=ExactRuntime(clock, random.Random(3)))
     for i in range(3):
         await agent.start(StartSandbox(id=f"p{i}", memory_mb=512))
@@ -124,6 +125,8 @@ async def test_settling_on_a_roomy_host_waits_for_the_interval(
         await agent.measure()
     assert all(i.charged_mb == 1 for i in agent.list())  # trusted: the room grew by 3 x 511 MiB
     assert not agent._roomier()
+    clock.advance(EARLY_BEAT_AFTER_S)  # a small gain is told once the last heartbeat is that old
+    assert agent._roomier()
     for i in range(3, 15):
         await agent.start(StartSandbox(id=f"p{i}", memory_mb=4096))
     agent.heartbeat()  # now nearly full on their reserves
