@@ -75,6 +75,8 @@ class Leases(Protocol):
 
     async def expire_replicas(self) -> list[str]: ...
 
+    async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]: ...
+
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool: ...
 
 
@@ -103,7 +105,9 @@ class SandboxRecords(Protocol):
         placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord: ...
 
-    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool: ...
+    async def delete_sandbox(
+        self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
+    ) -> bool: ...
 
     async def list_sandboxes(
         self,

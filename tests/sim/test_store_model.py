@@ -1,8 +1,8 @@
 """The in-memory store model is held to the SQL stores: random sequences of heartbeats (whole sets and
 changes on a base, with right and wrong digests and bases), reservations (reserve, reserve_best,
 batches: the fit rule's memory and CPU bounds, the spread score and the tie-break), their ends
-(cancel, confirm, TTL, a lapsed owner), and sandbox records (create with names, quotas and
-idempotency keys, state changes, deletes) give the same observable results on the model and on
+(cancel, confirm, TTL, a lapsed owner), and sandbox records (create with names, quotas,
+idempotency keys and owners whose leases lapse, state changes, deletes that expect a state) give the same observable results on the model and on
 SQLite (and PostgreSQL), step by step, listings included."""
 
 from __future__ import annotations
@@ -102,8 +102,9 @@ OPS = st.one_of(
         st.sampled_from([256, 512, 1024]),
         st.sampled_from([None, "k1", "k2"]),
         st.sampled_from(["x", "y"]),
+        st.sampled_from([None, *OWNERS, "rz"]),
     ),
-    st.tuples(st.just("delete"), st.integers(0, 7), st.booleans()),
+    st.tuples(st.just("delete"), st.integers(0, 7), st.booleans(), st.none() | STATES),
     st.tuples(st.just("set_state"), st.integers(0, 7), STATES, st.none() | STATES, st.booleans()),
     st.tuples(st.just("drain"), HOST),
 )
@@ -198,7 +199,7 @@ class Driver:
         if kind == "renew":
             return await s.renew_replica(op[1], op[2])
         if kind == "create":
-            _, name, mb, key, body = op
+            _, name, mb, key, body, owner = op
             rec = SandboxRecord(
                 id=f"sb-{n_created}",
                 tenant_id=self.tenant,
@@ -206,11 +207,12 @@ class Driver:
                 memory_mb=mb,
                 cpus=1.0,
                 name=name,
+                owner=owner,
             )
             out = await s.create_sandbox(rec, idempotency_key=key, request_hash=body if key else None)
             return (_fields(out.record), out.replayed)
         if kind == "delete":
-            return await s.delete_sandbox(f"sb-{op[1]}", forget_idempotency=op[2])
+            return await s.delete_sandbox(f"sb-{op[1]}", forget_idempotency=op[2], expect=op[3])
         if kind == "set_state":
             _, i, state, expect, host = op
             got = await s.set_sandbox_state(f"sb-{i}", state, expect=expect, host_id="h0" if host else UNSET)
@@ -231,6 +233,7 @@ class Driver:
             sorted(await s.listed_hosts(ids)),  # which of several hosts is either store's choice
             await s.committed_mb(),
             sorted(await s.get_sandboxes([*ids, "nope"])),
+            sorted(await s.abandoned([*ids, "nope"])),
         )
         return hosts, usage, [_fields(r) for r in page.items], listings
 
