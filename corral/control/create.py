@@ -59,6 +59,7 @@ from corral.store import (
     ReservationRecord,
     SandboxRecord,
     SandboxState,
+    StateConflict,
     TemplateRecord,
 )
 
@@ -207,6 +208,7 @@ class CreateFlow:
             expires_at=now + spec.ttl_seconds if spec.ttl_seconds else None,
             failover=failover,
             sealed_spec=sealed,
+            owner=self.config.replica_id,
         )
 
     async def new_record(
@@ -271,7 +273,9 @@ class CreateFlow:
             placed = await self._place_and_bind(record, dict(spec.env), spec.secrets)
         except BaseException as exc:
             if not (isinstance(exc, Unavailable) and spec.wait_s is not None and self.waiting is not None):
-                await self.forget(record)
+                # Only while unplaced: a leader that settled it as running on a host meanwhile (this
+                # replica's lease having lapsed) leaves the client's retry that sandbox.
+                await self.forget(record, SandboxState.RESERVED)
                 if isinstance(exc, Unavailable) and idempotency_key:
                     if len(self._first_refusal) >= FIRST_REFUSALS_KEPT:  # bounded: forget the oldest
                         del self._first_refusal[next(iter(self._first_refusal))]
@@ -364,12 +368,12 @@ class CreateFlow:
             if first is not None:
                 self.metrics.refusal_to_success.observe(max(0.0, self.clock.now() - first))
 
-    async def forget(self, record: SandboxRecord) -> None:
+    async def forget(self, record: SandboxRecord, expect: SandboxState | None = None) -> None:
         """Remove a record that was never placed, and its idempotency key with it, so that a retry
-        with the same key creates anew. Best effort: the store may be the thing that failed (the
-        reconciler settles a record left behind)."""
+        with the same key creates anew; with ``expect``, only if it is still in that state. Best
+        effort: the store may be the thing that failed (the reconciler settles a record left behind)."""
         with contextlib.suppress(Exception):
-            await self.store.delete_sandbox(record.id, forget_idempotency=True)
+            await self.store.delete_sandbox(record.id, forget_idempotency=True, expect=expect)
 
     def refused(
         self,
@@ -414,16 +418,42 @@ class CreateFlow:
                 record, host_id, address, env, await self.pids_of(record.template), secrets
             )
             explain.placed(host_id, res.id)
-            return await self.store.set_sandbox_state(
-                record.id,
-                SandboxState.RUNNING,
-                expect=expect,
-                host_id=host_id,
-                reservation_id=res.id,
-                placement=explain.to_json(),
-            )
+            try:
+                return await self.store.set_sandbox_state(
+                    record.id,
+                    SandboxState.RUNNING,
+                    expect=expect,
+                    host_id=host_id,
+                    reservation_id=res.id,
+                    placement=explain.to_json(),
+                )
+            except (StateConflict, RecordNotFound):
+                if expect is not SandboxState.RESERVED:
+                    raise
+                return await self._settled_meanwhile(record, host_id)
 
         return commit
+
+    async def _settled_meanwhile(self, record: SandboxRecord, host_id: str) -> SandboxRecord:
+        """The record moved while this replica was starting it: the leader settled it, this replica's
+        lease having lapsed. Running here at this epoch, the copy just started is the one it names;
+        gone, the create never happened and the client's retry (same key) creates anew."""
+        current = await self.store.get_sandbox(record.id)
+        if (
+            current is not None
+            and current.state is SandboxState.RUNNING
+            and current.host_id == host_id
+            and current.epoch == record.epoch
+        ):
+            return current
+        if current is None:
+            raise Unavailable(
+                f"this create was settled while its replica's lease had lapsed ({record.id}); try again",
+                code=ErrorCode.CREATE_IN_PROGRESS,
+                retry_after_s=1,
+                details={"sandbox_id": record.id},
+            )
+        raise StateConflict(record.id, current.state, current.version)
 
     async def place(
         self, record: SandboxRecord, commit: Commit, exclude: Collection[str] = ()
