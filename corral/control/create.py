@@ -15,7 +15,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from corral.agent.errors import AgentError, AgentRefusal
@@ -270,7 +270,8 @@ class CreateFlow:
             self.observe_success(placed, started, tenant_id, idempotency_key)
             return placed, False
         try:
-            placed = await self._place_and_bind(record, dict(spec.env), spec.secrets)
+            key = (idempotency_key, spec.fingerprint()) if idempotency_key else None
+            placed = await self._place_and_bind(record, dict(spec.env), spec.secrets, key)
         except BaseException as exc:
             if not (isinstance(exc, Unavailable) and spec.wait_s is not None and self.waiting is not None):
                 # Only while unplaced: a leader that settled it as running on a host meanwhile (this
@@ -402,14 +403,24 @@ class CreateFlow:
         )
 
     async def _place_and_bind(
-        self, record: SandboxRecord, env: dict[str, str], secrets: Mapping[str, str]
+        self,
+        record: SandboxRecord,
+        env: dict[str, str],
+        secrets: Mapping[str, str],
+        key: tuple[str, str] | None = None,
     ) -> SandboxRecord:
-        return await self.place(record, self.bind(record, SandboxState.RESERVED, env, secrets))
+        return await self.place(record, self.bind(record, SandboxState.RESERVED, env, secrets, key))
 
     def bind(
-        self, record: SandboxRecord, expect: SandboxState, env: Mapping[str, str], secrets: Mapping[str, str]
+        self,
+        record: SandboxRecord,
+        expect: SandboxState,
+        env: Mapping[str, str],
+        secrets: Mapping[str, str],
+        key: tuple[str, str] | None = None,
     ) -> Commit:
-        """Start it on the chosen host, then record it ``running`` there if it is still ``expect``."""
+        """Start it on the chosen host, then record it ``running`` there if it is still ``expect``.
+        ``key``: the create's Idempotency-Key and request fingerprint."""
 
         async def commit(
             host_id: str, address: str, res: ReservationRecord, explain: Explanation
@@ -430,30 +441,38 @@ class CreateFlow:
             except (StateConflict, RecordNotFound):
                 if expect is not SandboxState.RESERVED:
                     raise
-                return await self._settled_meanwhile(record, host_id)
+                placed = replace(record, state=SandboxState.RUNNING, host_id=host_id, reservation_id=res.id)
+                return await self._settled_meanwhile(placed, key)
 
         return commit
 
-    async def _settled_meanwhile(self, record: SandboxRecord, host_id: str) -> SandboxRecord:
-        """The record moved while this replica was starting it: the leader settled it, this replica's
-        lease having lapsed. Running here at this epoch, the copy just started is the one it names;
-        gone, the create never happened and the client's retry (same key) creates anew."""
-        current = await self.store.get_sandbox(record.id)
-        if (
-            current is not None
-            and current.state is SandboxState.RUNNING
-            and current.host_id == host_id
-            and current.epoch == record.epoch
+    async def _settled_meanwhile(self, placed: SandboxRecord, key: tuple[str, str] | None) -> SandboxRecord:
+        """The record moved while this replica was starting it (``placed``: as it would have written
+        it): the leader settled it, this replica's lease having lapsed (a store out of reach, a process
+        too busy to renew). Settled as running here at this epoch, the copy just started is the one it
+        names. Settled as never made (no host listed it yet), it is written again as placed, unless the
+        client's retry took its Idempotency-Key meanwhile. Otherwise the client asks again and gets the
+        sandbox its key names now, or a fresh placement."""
+        current = await self.store.get_sandbox(placed.id)
+        if current is None:
+            out = await self.store.create_sandbox(
+                placed, idempotency_key=key[0] if key else None, request_hash=key[1] if key else None
+            )
+            if not out.replayed:
+                note(outcome="placed_again", sandbox_id=placed.id)
+                return out.record
+        elif (
+            current.state is SandboxState.RUNNING
+            and current.host_id == placed.host_id
+            and current.epoch == placed.epoch
         ):
             return current
-        if current is None:
-            raise Unavailable(
-                f"this create was settled while its replica's lease had lapsed ({record.id}); try again",
-                code=ErrorCode.CREATE_IN_PROGRESS,
-                retry_after_s=1,
-                details={"sandbox_id": record.id},
-            )
-        raise StateConflict(record.id, current.state, current.version)
+        raise Unavailable(
+            f"this create was settled while its replica's lease had lapsed ({placed.id}); ask again",
+            code=ErrorCode.CREATE_IN_PROGRESS,
+            retry_after_s=1,
+            details={"sandbox_id": placed.id},
+        )
 
     async def place(
         self, record: SandboxRecord, commit: Commit, exclude: Collection[str] = ()

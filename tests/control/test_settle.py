@@ -26,7 +26,7 @@ from corral.control.heartbeats import to_store
 from corral.core import ManualClock, Timeouts
 from corral.runtime.sim import SimRuntime
 from corral.sim.harness import ControlPlane, control_plane
-from corral.store import SandboxState, Store, open_store
+from corral.store import SandboxRecord, SandboxState, Store, open_store
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
 T0 = 1_000_000.0
@@ -190,9 +190,12 @@ async def test_a_record_naming_no_replica_waits_for_the_create_deadline(w: World
     assert not replayed and placed.id != sid
 
 
-async def _slow_create(w: World, *, listed_before_settled: bool) -> tuple[ControlPlane, asyncio.Task[object]]:
+async def _slow_create(
+    w: World, *, listed_before_settled: bool, retried_meanwhile: bool = False
+) -> tuple[ControlPlane, asyncio.Task[tuple[SandboxRecord, bool]], SandboxRecord | None]:
     """A live replica whose lease lapses while its start's reply is held; the leader settles its
-    record meanwhile (as running, when a heartbeat listed the sandbox first)."""
+    record meanwhile (as running, when a heartbeat listed the sandbox first), and the client may
+    retry on the leader with the same key before the reply comes."""
     started, release = asyncio.Event(), asyncio.Event()
     held = LocalAgents()
     for h, a in w.agents.items():
@@ -207,27 +210,47 @@ async def _slow_create(w: World, *, listed_before_settled: bool) -> tuple[Contro
     if listed_before_settled:
         await w.beat()
     await leader.reconciler.tick()
+    retry = None
+    if retried_meanwhile:
+        await w.beat()
+        retry, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+        assert not replayed
     release.set()
     await asyncio.wait([create])
-    return leader, create
+    return leader, create, retry
 
 
 async def test_a_slow_create_settled_as_running_keeps_its_copy(w: World) -> None:
-    _, create = await _slow_create(w, listed_before_settled=True)
-    placed, replayed = create.result()  # type: ignore[misc]
+    _, create, _ = await _slow_create(w, listed_before_settled=True)
+    placed, replayed = create.result()
     assert not replayed and placed.state is SandboxState.RUNNING
     assert w.copies(placed.id) == [placed.host_id]
     assert await w.store.outstanding() == {}
 
 
-async def test_a_slow_create_settled_as_never_made_is_undone_and_retried_anew(w: World) -> None:
-    leader, create = await _slow_create(w, listed_before_settled=False)
+async def test_a_slow_create_settled_as_never_made_is_written_again_as_placed(w: World) -> None:
+    leader, create, _ = await _slow_create(w, listed_before_settled=False)
+    placed, replayed = create.result()
+    assert not replayed and placed.state is SandboxState.RUNNING and placed.host_id is not None
+    assert await w.store.get_sandbox(placed.id) == placed
+    assert w.copies(placed.id) == [placed.host_id]
+    assert (await w.store.usage(w.tenant)).sandboxes == 1
+    # Its key names it again: a retry gets it, nothing new is made.
+    await w.beat()
+    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    assert replayed and again.id == placed.id
+
+
+async def test_a_slow_create_whose_key_a_retry_took_is_undone(w: World) -> None:
+    leader, create, retry = await _slow_create(w, listed_before_settled=False, retried_meanwhile=True)
+    assert retry is not None
     err = create.exception()
     assert isinstance(err, Unavailable) and err.code == ErrorCode.CREATE_IN_PROGRESS
     sid = str(err.details["sandbox_id"])
-    # The copy it started is stopped, its reservation ended, its record and key gone.
-    assert w.copies(sid) == [] and await w.store.get_sandbox(sid) is None
-    assert await w.store.outstanding() == {}
+    # The copy it started is stopped and its record stays gone: the retry's sandbox is the one.
+    assert sid != retry.id and w.copies(sid) == [] and await w.store.get_sandbox(sid) is None
+    assert w.copies(retry.id) == [retry.host_id]
     await w.beat()
-    placed, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
-    assert not replayed and placed.id != sid and w.copies(placed.id) == [placed.host_id]
+    assert await w.store.outstanding() == {}
+    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    assert replayed and again.id == retry.id
