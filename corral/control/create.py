@@ -441,18 +441,20 @@ class CreateFlow:
             except (StateConflict, RecordNotFound):
                 if expect is not SandboxState.RESERVED:
                     raise
-                placed = replace(record, state=SandboxState.RUNNING, host_id=host_id, reservation_id=res.id)
-                return await self._settled_meanwhile(placed, key)
+                return await self.settled_meanwhile(record, res, key)
 
         return commit
 
-    async def _settled_meanwhile(self, placed: SandboxRecord, key: tuple[str, str] | None) -> SandboxRecord:
-        """The record moved while this replica was starting it (``placed``: as it would have written
-        it): the leader settled it, this replica's lease having lapsed (a store out of reach, a process
-        too busy to renew). Settled as running here at this epoch, the copy just started is the one it
-        names. Settled as never made (no host listed it yet), it is written again as placed, unless the
-        client's retry took its Idempotency-Key meanwhile. Otherwise the client asks again and gets the
-        sandbox its key names now, or a fresh placement."""
+    async def settled_meanwhile(
+        self, record: SandboxRecord, res: ReservationRecord, key: tuple[str, str] | None
+    ) -> SandboxRecord:
+        """The record moved while this replica was starting it on ``res``'s host: the leader settled
+        it, this replica's lease having lapsed (a store out of reach, a process too busy to renew).
+        Settled as running there at this epoch, the copy just started is the one it names. Settled as
+        never made (no host listed it yet), it is written again as placed, unless the client's retry
+        took its Idempotency-Key meanwhile. Otherwise the client asks again and gets the sandbox its
+        key names now, or a fresh placement."""
+        placed = replace(record, state=SandboxState.RUNNING, host_id=res.host_id, reservation_id=res.id)
         current = await self.store.get_sandbox(placed.id)
         if current is None:
             out = await self.store.create_sandbox(

@@ -254,3 +254,24 @@ async def test_a_slow_create_whose_key_a_retry_took_is_undone(w: World) -> None:
     assert await w.store.outstanding() == {}
     again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and again.id == retry.id
+
+
+async def test_a_slow_batch_settled_as_never_made_is_written_again_as_placed(w: World) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    held = LocalAgents()
+    for h, a in w.agents.items():
+        held.add(h, HeldReply(a, started, release))
+    slow, leader = w.plane("r-slow", held), w.plane("r-live")
+    await w.store.renew_replica("r-slow", LEASE_S)
+    await leader.reconciler.tick()
+    batch = asyncio.get_running_loop().create_task(slow.batch.create(w.tenant, SPEC, 2))
+    await started.wait()
+    w.clock.advance(LEASE_S + 1)
+    await w.store.renew_replica("r-live", LEASE_S)
+    await leader.reconciler.tick()
+    release.set()
+    placed = await batch
+    assert len(placed) == 2 and all(p.state is SandboxState.RUNNING for p in placed)
+    for p in placed:
+        assert await w.store.get_sandbox(p.id) == p and w.copies(p.id) == [p.host_id]
+    assert (await w.store.usage(w.tenant)).sandboxes == 2
