@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -51,13 +52,12 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 class HeldReply(LocalAgentClient):
     """An agent reached by a replica whose start reply is held: the sandbox starts, the answer waits."""
 
-    def __init__(self, agent: Agent, started: asyncio.Event, release: asyncio.Event) -> None:
+    def __init__(self, agent: Agent, release: asyncio.Event) -> None:
         super().__init__(agent)
-        self.started, self.release = started, release
+        self.release = release
 
     async def start(self, req: StartSandbox) -> SandboxInfo:
         info = await super().start(req)
-        self.started.set()
         await self.release.wait()
         return info
 
@@ -190,23 +190,39 @@ async def test_a_record_naming_no_replica_waits_for_the_create_deadline(w: World
     assert not replayed and placed.id != sid
 
 
+async def _held_replies(w: World) -> tuple[ControlPlane, ControlPlane, asyncio.Event]:
+    """A slow replica whose agents' start replies wait for the event returned, and a leader."""
+    release = asyncio.Event()
+    held = LocalAgents()
+    for h, a in w.agents.items():
+        held.add(h, HeldReply(a, release))
+    slow, leader = w.plane("r-slow", held), w.plane("r-live")
+    await w.store.renew_replica("r-slow", LEASE_S)
+    await leader.reconciler.tick()
+    return slow, leader, release
+
+
+T = TypeVar("T")
+
+
+async def _lapsed_while_held(w: World, call: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """``call`` runs until a start's reply is held; then the slow replica's lease lapses."""
+    task = asyncio.get_running_loop().create_task(call)
+    while not any(a.sandbox_ids() for a in w.agents.values()):
+        await asyncio.sleep(0)
+    w.clock.advance(LEASE_S + 1)
+    await w.store.renew_replica("r-live", LEASE_S)
+    return task
+
+
 async def _slow_create(
     w: World, *, listed_before_settled: bool, retried_meanwhile: bool = False
 ) -> tuple[ControlPlane, asyncio.Task[tuple[SandboxRecord, bool]], SandboxRecord | None]:
     """A live replica whose lease lapses while its start's reply is held; the leader settles its
     record meanwhile (as running, when a heartbeat listed the sandbox first), and the client may
     retry on the leader with the same key before the reply comes."""
-    started, release = asyncio.Event(), asyncio.Event()
-    held = LocalAgents()
-    for h, a in w.agents.items():
-        held.add(h, HeldReply(a, started, release))
-    slow, leader = w.plane("r-slow", held), w.plane("r-live")
-    await w.store.renew_replica("r-slow", LEASE_S)
-    await leader.reconciler.tick()
-    create = asyncio.get_running_loop().create_task(slow.flow.create(w.tenant, SPEC, idempotency_key="key-1"))
-    await started.wait()
-    w.clock.advance(LEASE_S + 1)
-    await w.store.renew_replica("r-live", LEASE_S)
+    slow, leader, release = await _held_replies(w)
+    create = await _lapsed_while_held(w, slow.flow.create(w.tenant, SPEC, idempotency_key="key-1"))
     if listed_before_settled:
         await w.beat()
     await leader.reconciler.tick()
@@ -257,17 +273,8 @@ async def test_a_slow_create_whose_key_a_retry_took_is_undone(w: World) -> None:
 
 
 async def test_a_slow_batch_settled_as_never_made_is_written_again_as_placed(w: World) -> None:
-    started, release = asyncio.Event(), asyncio.Event()
-    held = LocalAgents()
-    for h, a in w.agents.items():
-        held.add(h, HeldReply(a, started, release))
-    slow, leader = w.plane("r-slow", held), w.plane("r-live")
-    await w.store.renew_replica("r-slow", LEASE_S)
-    await leader.reconciler.tick()
-    batch = asyncio.get_running_loop().create_task(slow.batch.create(w.tenant, SPEC, 2))
-    await started.wait()
-    w.clock.advance(LEASE_S + 1)
-    await w.store.renew_replica("r-live", LEASE_S)
+    slow, leader, release = await _held_replies(w)
+    batch = await _lapsed_while_held(w, slow.batch.create(w.tenant, SPEC, 2))
     await leader.reconciler.tick()
     release.set()
     placed = await batch
