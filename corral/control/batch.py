@@ -21,7 +21,14 @@ from corral.control.errors import InvalidRequest
 from corral.control.explain import Explanation
 from corral.control.view import FleetSnapshot
 from corral.core import CreateRequest, Ledger, NoCapacity, NoHealthyHosts, Scheduler
-from corral.store import ReservationRecord, ReserveItem, SandboxRecord, SandboxState
+from corral.store import (
+    RecordNotFound,
+    ReservationRecord,
+    ReserveItem,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+)
 
 # Below the agents' default starts limit (8), so one batch does not saturate a host by itself.
 PER_HOST_STARTS = 4
@@ -148,11 +155,15 @@ class BatchCreate:
                         raise
                     await asyncio.sleep(0.05 * (attempt + 1))
         explain.placed(res.host_id, res.id)
-        return await flow.store.set_sandbox_state(
-            record.id,
-            SandboxState.RUNNING,
-            expect=SandboxState.RESERVED,
-            host_id=res.host_id,
-            reservation_id=res.id,
-            placement=explain.to_json(),
-        )
+        try:
+            return await flow.store.set_sandbox_state(
+                record.id,
+                SandboxState.RUNNING,
+                expect=SandboxState.RESERVED,
+                host_id=res.host_id,
+                reservation_id=res.id,
+                placement=explain.to_json(),
+            )
+        except (StateConflict, RecordNotFound):
+            # Settled by the leader while this replica's lease had lapsed: as a single create is.
+            return await flow.settled_meanwhile(record, res, None)

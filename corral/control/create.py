@@ -15,7 +15,7 @@ import json
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from corral.agent.errors import AgentError, AgentRefusal
@@ -59,6 +59,7 @@ from corral.store import (
     ReservationRecord,
     SandboxRecord,
     SandboxState,
+    StateConflict,
     TemplateRecord,
 )
 
@@ -207,6 +208,7 @@ class CreateFlow:
             expires_at=now + spec.ttl_seconds if spec.ttl_seconds else None,
             failover=failover,
             sealed_spec=sealed,
+            owner=self.config.replica_id,
         )
 
     async def new_record(
@@ -268,10 +270,13 @@ class CreateFlow:
             self.observe_success(placed, started, tenant_id, idempotency_key)
             return placed, False
         try:
-            placed = await self._place_and_bind(record, dict(spec.env), spec.secrets)
+            key = (idempotency_key, spec.fingerprint()) if idempotency_key else None
+            placed = await self._place_and_bind(record, dict(spec.env), spec.secrets, key)
         except BaseException as exc:
             if not (isinstance(exc, Unavailable) and spec.wait_s is not None and self.waiting is not None):
-                await self.forget(record)
+                # Only while unplaced: a leader that settled it as running on a host meanwhile (this
+                # replica's lease having lapsed) leaves the client's retry that sandbox.
+                await self.forget(record, SandboxState.RESERVED)
                 if isinstance(exc, Unavailable) and idempotency_key:
                     if len(self._first_refusal) >= FIRST_REFUSALS_KEPT:  # bounded: forget the oldest
                         del self._first_refusal[next(iter(self._first_refusal))]
@@ -364,12 +369,12 @@ class CreateFlow:
             if first is not None:
                 self.metrics.refusal_to_success.observe(max(0.0, self.clock.now() - first))
 
-    async def forget(self, record: SandboxRecord) -> None:
+    async def forget(self, record: SandboxRecord, expect: SandboxState | None = None) -> None:
         """Remove a record that was never placed, and its idempotency key with it, so that a retry
-        with the same key creates anew. Best effort: the store may be the thing that failed (the
-        reconciler settles a record left behind)."""
+        with the same key creates anew; with ``expect``, only if it is still in that state. Best
+        effort: the store may be the thing that failed (the reconciler settles a record left behind)."""
         with contextlib.suppress(Exception):
-            await self.store.delete_sandbox(record.id, forget_idempotency=True)
+            await self.store.delete_sandbox(record.id, forget_idempotency=True, expect=expect)
 
     def refused(
         self,
@@ -398,14 +403,24 @@ class CreateFlow:
         )
 
     async def _place_and_bind(
-        self, record: SandboxRecord, env: dict[str, str], secrets: Mapping[str, str]
+        self,
+        record: SandboxRecord,
+        env: dict[str, str],
+        secrets: Mapping[str, str],
+        key: tuple[str, str] | None = None,
     ) -> SandboxRecord:
-        return await self.place(record, self.bind(record, SandboxState.RESERVED, env, secrets))
+        return await self.place(record, self.bind(record, SandboxState.RESERVED, env, secrets, key))
 
     def bind(
-        self, record: SandboxRecord, expect: SandboxState, env: Mapping[str, str], secrets: Mapping[str, str]
+        self,
+        record: SandboxRecord,
+        expect: SandboxState,
+        env: Mapping[str, str],
+        secrets: Mapping[str, str],
+        key: tuple[str, str] | None = None,
     ) -> Commit:
-        """Start it on the chosen host, then record it ``running`` there if it is still ``expect``."""
+        """Start it on the chosen host, then record it ``running`` there if it is still ``expect``.
+        ``key``: the create's Idempotency-Key and request fingerprint."""
 
         async def commit(
             host_id: str, address: str, res: ReservationRecord, explain: Explanation
@@ -414,16 +429,52 @@ class CreateFlow:
                 record, host_id, address, env, await self.pids_of(record.template), secrets
             )
             explain.placed(host_id, res.id)
-            return await self.store.set_sandbox_state(
-                record.id,
-                SandboxState.RUNNING,
-                expect=expect,
-                host_id=host_id,
-                reservation_id=res.id,
-                placement=explain.to_json(),
-            )
+            try:
+                return await self.store.set_sandbox_state(
+                    record.id,
+                    SandboxState.RUNNING,
+                    expect=expect,
+                    host_id=host_id,
+                    reservation_id=res.id,
+                    placement=explain.to_json(),
+                )
+            except (StateConflict, RecordNotFound):
+                if expect is not SandboxState.RESERVED:
+                    raise
+                return await self.settled_meanwhile(record, res, key)
 
         return commit
+
+    async def settled_meanwhile(
+        self, record: SandboxRecord, res: ReservationRecord, key: tuple[str, str] | None
+    ) -> SandboxRecord:
+        """The record moved while this replica was starting it on ``res``'s host: the leader settled
+        it, this replica's lease having lapsed (a store out of reach, a process too busy to renew).
+        Settled as running there at this epoch, the copy just started is the one it names. Settled as
+        never made (no host listed it yet), it is written again as placed, unless the client's retry
+        took its Idempotency-Key meanwhile. Otherwise the client asks again and gets the sandbox its
+        key names now, or a fresh placement."""
+        placed = replace(record, state=SandboxState.RUNNING, host_id=res.host_id, reservation_id=res.id)
+        current = await self.store.get_sandbox(placed.id)
+        if current is None:
+            out = await self.store.create_sandbox(
+                placed, idempotency_key=key[0] if key else None, request_hash=key[1] if key else None
+            )
+            if not out.replayed:
+                note(outcome="placed_again", sandbox_id=placed.id)
+                return out.record
+        elif (
+            current.state is SandboxState.RUNNING
+            and current.host_id == placed.host_id
+            and current.epoch == placed.epoch
+        ):
+            return current
+        raise Unavailable(
+            f"this create was settled while its replica's lease had lapsed ({placed.id}); ask again",
+            code=ErrorCode.CREATE_IN_PROGRESS,
+            retry_after_s=1,
+            details={"sandbox_id": placed.id},
+        )
 
     async def place(
         self, record: SandboxRecord, commit: Commit, exclude: Collection[str] = ()

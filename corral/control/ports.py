@@ -79,6 +79,8 @@ class Leases(Protocol):
 
     async def expire_replicas(self) -> list[str]: ...
 
+    async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]: ...
+
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool: ...
 
 
@@ -121,7 +123,9 @@ class RecordStates(Protocol):
         placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord: ...
 
-    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool: ...
+    async def delete_sandbox(
+        self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
+    ) -> bool: ...
 
 
 class SandboxRecords(RecordCreate, RecordReads, RecordStates, Protocol):

@@ -56,6 +56,8 @@ class Reconciler:
         self.routes = routes
         self.failover = failover
         self.is_leader = False
+        # Until when (this replica's clock) the leader lease it last took or renewed holds.
+        self._lead_until = 0.0
         self._ticks = 0
         # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
         self._strays: set[tuple[str, str]] = set()
@@ -78,28 +80,56 @@ class Reconciler:
         snap = await self.view.get()
         self.metrics.fleet.hosts = list(snap.records.values())
         self.retry_after.next_reservation_expiry = await self.store.next_expiry()
-        self.is_leader = await self.store.try_lead(LEADER_LEASE, cfg.replica_id, cfg.replica_lease_s)
-        if not self.is_leader:
+        if not await self._lead():
             self._listings_since = None  # whoever leads next starts from every entry
             return
-        await self.store.expire_replicas()
-        await self.store.sweep_expired()
-        await self._reap_expired()
-        await self.failover.fail_dead_hosts()
-        await self.failover.recreate_all()
-        await self._reclaim_orphans()
-        await self._finish_tombstones()
-        await self._settle_unbound()
-        for work in self.leader_work:
-            await work()
-        self._ticks += 1
-        if self._ticks % 5 == 0:
-            await self._stop_strays()
-        if self._ticks % 10 == 1:
-            self.metrics.fleet.committed_mb = await self.store.committed_mb()
-        if self._ticks % 60 == 1:
-            await self.store.purge_idempotency_keys(self.clock.now() - IDEMPOTENCY_KEY_TTL_S)
-            await self.store.prune_listings(self.clock.now() - LISTING_KEEP_S)
+        n = self._ticks + 1
+        steps: list[Callable[[], Awaitable[object]]] = [
+            self.store.expire_replicas,
+            self.store.sweep_expired,
+            # Right after the lapsed replicas are known: their in-flight creates are settled first.
+            self._settle_unbound,
+            self._reap_expired,
+            self.failover.fail_dead_hosts,
+            self.failover.recreate_all,
+            self._reclaim_orphans,
+            self._finish_tombstones,
+            *self.leader_work,
+        ]
+        if n % 5 == 0:
+            steps.append(self._stop_strays)
+        if n % 10 == 1:
+            steps.append(self._count_committed)
+        if n % 60 == 1:
+            steps.append(self._purge)
+        for step in steps:
+            if not self.leads():
+                # The lease may be another replica's by now: no step of this round may overlap its.
+                log.warning("leader lease lost mid-round; the rest of the round is left to the next leader")
+                self._listings_since = None
+                return
+            await step()
+        self._ticks = n
+
+    async def _lead(self) -> bool:
+        """Take or renew the leader lease. A lease counts from before the call that took it: this
+        replica's own clock then never says it leads longer than the store does."""
+        cfg = self.config
+        asked = self.clock.now()
+        self.is_leader = await self.store.try_lead(LEADER_LEASE, cfg.replica_id, cfg.replica_lease_s)
+        self._lead_until = max(self._lead_until, asked + cfg.replica_lease_s) if self.is_leader else 0.0
+        return self.is_leader
+
+    def leads(self) -> bool:
+        """Whether this replica holds the leader lease now, as far as it knows."""
+        return self.is_leader and self.clock.now() < self._lead_until
+
+    async def _count_committed(self) -> None:
+        self.metrics.fleet.committed_mb = await self.store.committed_mb()
+
+    async def _purge(self) -> None:
+        await self.store.purge_idempotency_keys(self.clock.now() - IDEMPOTENCY_KEY_TTL_S)
+        await self.store.prune_listings(self.clock.now() - LISTING_KEEP_S)
 
     async def _stop(self, host_id: str, sandbox_id: str) -> bool:
         snap = await self.view.get()
@@ -175,28 +205,31 @@ class Reconciler:
                 await self.store.delete_sandbox(sb.id)
 
     async def _settle_unbound(self) -> None:
-        """Records left ``reserved`` by a replica that died between reserve and bind. If a host runs
-        the sandbox, it is that host's; otherwise the create never happened and the record goes."""
+        """Records left ``reserved`` by a create that died with its replica: as soon as that replica's
+        lease has lapsed (the record names it), or, for a record naming none, once the longest create a
+        live replica could make is over. If a host runs the sandbox, it is that host's; otherwise the
+        create never happened and the record goes with its Idempotency-Key, so a retry creates anew."""
         page = await self.store.list_sandboxes(state=SandboxState.RESERVED, limit=500)
         if not page.items:
             return
         cutoff = self.clock.now() - self.config.create_deadline_s
-        owners: dict[str, str] | None = None
-        for sb in page.items:
-            if sb.updated_at > cutoff:
-                continue  # its create may still be binding
-            owners = (
-                owners if owners is not None else await self.store.listed_hosts([s.id for s in page.items])
-            )
-            owner = owners.get(sb.id)
+        abandoned = await self.store.abandoned([sb.id for sb in page.items])
+        due = [sb.id for sb in page.items if sb.id in abandoned or sb.updated_at <= cutoff]
+        if not due:
+            return
+        hosts = await self.store.listed_hosts(due)
+        for sid in due:
+            host = hosts.get(sid)
+            # Both only while it is still ``reserved``: a create that bound it meanwhile keeps it.
             with contextlib.suppress(StoreError):
-                if owner is not None:
+                if host is not None:
                     await self.store.set_sandbox_state(
-                        sb.id, SandboxState.RUNNING, expect=SandboxState.RESERVED, host_id=owner
+                        sid, SandboxState.RUNNING, expect=SandboxState.RESERVED, host_id=host
                     )
                 else:
-                    # The create never happened: a retry with its Idempotency-Key must create anew.
-                    await self.store.delete_sandbox(sb.id, forget_idempotency=True)
+                    await self.store.delete_sandbox(
+                        sid, forget_idempotency=True, expect=SandboxState.RESERVED
+                    )
 
     async def _stop_strays(self) -> None:
         """Compare what hosts list with what the records say, for the listing entries that changed
@@ -259,15 +292,22 @@ class Reconciler:
         self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in confirmed}
 
     async def keep_lease(self) -> None:
-        """Renew this replica's lease on its own schedule, not only as a round starts: a leader's round
-        can outlast the lease (failover binding sandbox after sandbox), and a live replica whose lease
-        lapses has its in-flight reservations ended under it, and its next ones covered by no lease."""
+        """Renew this replica's lease, and the leader lease while it leads, on their own schedule, not
+        only as a round starts: a leader's round can outlast either (failover binding sandbox after
+        sandbox). A live replica whose lease lapses has its in-flight reservations ended and its
+        in-flight creates settled under it; a leader whose lease lapses mid-round would share the rest
+        of its round with the next leader."""
         cfg = self.config
         while True:
             try:
                 await self.store.renew_replica(cfg.replica_id, cfg.replica_lease_s)
             except Exception as exc:
                 log.info("lease renewal failed: %r", exc)
+            if self.is_leader:
+                try:
+                    await self._lead()
+                except Exception as exc:
+                    log.info("leader lease renewal failed: %r", exc)
             await asyncio.sleep(cfg.reconcile_interval_s)
 
     async def run(self) -> None:

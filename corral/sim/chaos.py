@@ -159,6 +159,7 @@ class World:
         self.tenant = ""
         self.acked: dict[str, str] = {}  # sandbox id -> the client that was told it exists
         self.delete_requested: set[str] = set()
+        self.died: dict[str, float] = {}  # replica id -> when it crashed
         self.calming = False  # faults have stopped
 
     def rng(self, name: str) -> random.Random:
@@ -202,6 +203,19 @@ class World:
             if rec is None or rec.state in (SandboxState.RESERVED, SandboxState.DELETED):
                 state = "no record" if rec is None else rec.state.value
                 self.violate("acked_create_lost", f"{sid} (acknowledged to {client}): {state}")
+        # A create left ``reserved`` by a replica that died is settled once the replica's lease has
+        # lapsed and a leader has had a few rounds (counted from the end of the latest store outage).
+        cfg = self.cfg
+        settle_s = 2 * cfg.replica_lease_s + 5 * cfg.reconcile_interval_s
+        now = self.loop.time()
+        for sid, rec in store.sandboxes.items():
+            died = self.died.get(rec.owner or "")
+            due = None if died is None else max(died, self.outage_until) + settle_s
+            if rec.state is SandboxState.RESERVED and due is not None and now > due:
+                self.violate(
+                    "abandoned_create_unsettled",
+                    f"{sid} still reserved {now - (died or 0.0):.3f}s after its replica {rec.owner} died",
+                )
         # A new epoch is written to the record before its copy starts, so no copy is ever ahead of
         # it. Copies behind it, or a second copy of its epoch left by a start whose reply was lost,
         # are fenced or stopped as strays later: ``check_final`` holds that none is left.
@@ -618,6 +632,7 @@ async def _faults(world: World, until: float) -> None:
             if in_flight:
                 world.fault("replica_crash_mid_request", replica.id)
             replica.crash()
+            world.died[replica.id] = loop.time()
 
             async def restart(slot: int = replica.slot, gen: int = replica.gen + 1) -> None:
                 fresh = Replica(world, slot, gen)

@@ -443,16 +443,23 @@ def _leak_text(s: LeakScenario, la: LeakRun, tt: LeakRun) -> str:
         f"TTL ({s.ledger_ttl_s:g} s) it is zero from {zero(tt.zero_at_s)}. Final outstanding: {la.final_mb} MB "
         f"and {tt.final_mb} MB."
     )
-    lost = s.burst.creates - la.placed
-    if lost and not POLICIES[s.burst.policy].is_model:
+    if not POLICIES[s.burst.policy].is_model:
         config = real_config(s.burst).control("r0")
+        n = s.burst.creates
         text += (
-            f" {la.placed} of {s.burst.creates} creates were placed: the {lost} whose replica died mid-request "
-            f"were retried with their Idempotency-Key and answered `create_in_progress` until their client's "
-            f"{ClientBackoff().deadline_s:g} s deadline, because the leader settles a record left `reserved` only "
-            f"once the longest create could have ended ({config.create_deadline_s:g} s: every attempt binding "
-            f"to the limit)."
+            f" With the lease, {la.placed} of {n} creates were placed: the records the dead replica left "
+            f"`reserved` name it, so the leader settles them once its lease lapses (running where a host "
+            f"lists the sandbox, otherwise removed with their Idempotency-Key), and the clients' retries, "
+            f"answered `create_in_progress` until then, get the sandbox or are placed anew; their own "
+            f"reservations keep outstanding memory above zero until a heartbeat lists them."
         )
+        if tt.placed < n:
+            text += (
+                f" With only the TTL, {tt.placed} of {n}: a replica whose lease outlives the run is never "
+                f"known dead, so its records are settled only once the longest create could have ended "
+                f"({config.create_deadline_s:g} s: every attempt binding to the limit), after their clients' "
+                f"{ClientBackoff().deadline_s:g} s deadline."
+            )
     return text
 
 
@@ -569,8 +576,8 @@ def _engines_section(cfg: ReportConfig, out: Path) -> list[str]:
         "store lease lapsed (or at their TTL), counted from its last renewal.",
         f"- **Clients retry as the SDK does**, honouring Retry-After, with their Idempotency-Key: a create "
         f"whose replica died mid-request is answered `create_in_progress` until the leader settles the record "
-        f"it left `reserved`, which it does only once no create could still be binding "
-        f"({ctl.create_deadline_s:g} s here), so a client with a shorter deadline gives up.",
+        f"it left `reserved`, which it does once that replica's lease lapses (a record naming no replica "
+        f"only once no create could still be binding, {ctl.create_deadline_s:g} s here).",
         "- **An OOM kill ends a workload, not the sandbox.** The `sim` runtime's kernel kills the workload "
         "of the sandbox holding the most memory (as the kernel's OOM killer picks the largest process), "
         "which frees what it held; the sandbox lives on and its kill is counted in its `oom_kills`, read by "

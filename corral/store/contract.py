@@ -219,6 +219,12 @@ class LeaseStore(ABC):
         their ids."""
 
     @abstractmethod
+    async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]:
+        """Of ``sandbox_ids``, the records still ``reserved`` whose ``owner`` holds no live lease (it
+        lapsed, or was ended or released): the create that was placing each died with its replica.
+        A record with no owner is never among them (only the create deadline settles it)."""
+
+    @abstractmethod
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
         """Take or renew the single-leader lease ``name`` (e.g. "reconciler"). Re-entrant for its
         holder; anyone may take it over once it has expired."""
@@ -316,9 +322,12 @@ class SandboxStore(ABC):
         ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
 
     @abstractmethod
-    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool:
+    async def delete_sandbox(
+        self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
+    ) -> bool:
         """Remove the record (its name becomes free). True if it existed. ``forget_idempotency``: a
-        create that was refused leaves no trace, so its key, retried, creates anew."""
+        create that was refused leaves no trace, so its key, retried, creates anew. ``expect``: only if
+        it is in that state (a record placed meanwhile stays, and so does its key); False otherwise."""
 
     @abstractmethod
     async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:

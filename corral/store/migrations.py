@@ -241,6 +241,10 @@ _V10 = (
     "ALTER TABLE hosts ADD COLUMN listed_count BIGINT NOT NULL DEFAULT 0",
 )
 
+# Which replica's create wrote a sandbox record: one left ``reserved`` by a replica whose lease lapsed
+# is settled as soon as that is known, not only after the longest create a live replica could make.
+_V11 = ("ALTER TABLE sandboxes ADD COLUMN owner TEXT",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -252,6 +256,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(8, "failover policy, epochs, fences, sealed specs", _V8),
     Migration(9, "sandbox indexes by state and by host; hosts' sandbox lists in their own table", _V9),
     Migration(10, "hosts' listings one row per sandbox, with digest and acknowledged seq", _V10),
+    Migration(11, "the replica whose create wrote a sandbox record", _V11),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -231,6 +231,9 @@ class SandboxRecord:
     wait_until: float | None = None
     # Its spec (env, secrets) sealed; written with the record, read only to start it. Never listed.
     sealed_spec: str | None = field(default=None, repr=False)
+    # The replica (a lease holder) whose create wrote it: while it is ``reserved``, that create is in
+    # flight there, and once that replica's lease lapses nothing will place it (the leader settles it).
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

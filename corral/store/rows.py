@@ -126,7 +126,7 @@ def reservation_from_row(r: Row) -> ReservationRecord:
 SANDBOX_COLS = (
     "id, tenant_id, name, template, host_id, state, memory_mb, cpus, stateful, metadata, "
     "created_at, updated_at, expires_at, reservation_id, version, oom_kills, warm, failover, epoch, recreated_at, "
-    "wait_until"
+    "wait_until, owner"
 )
 
 
@@ -153,6 +153,7 @@ def sandbox_from_row(r: Row) -> SandboxRecord:
         epoch=int(r[18]),
         recreated_at=float(r[19]) if r[19] is not None else None,
         wait_until=float(r[20]) if r[20] is not None else None,
+        owner=r[21],
     )
 
 
@@ -180,6 +181,7 @@ def sandbox_to_json(rec: SandboxRecord) -> str:
             "epoch": rec.epoch,
             "recreated_at": rec.recreated_at,
             "wait_until": rec.wait_until,
+            "owner": rec.owner,
         }
     )
 

@@ -1,7 +1,9 @@
 """The reconciler on virtual time over the in-memory store model, for two bugs the deterministic
 simulation with faults found: a leader round longer than the lease let the live replica's lease lapse
 (the next leader then ended its in-flight reservations under it), and a copy left on a host by a start
-whose reply was lost was never stopped once its record was placed on another host."""
+whose reply was lost was never stopped once its record was placed on another host. And the leader
+lease itself: renewed through a long round, so no other replica leads during it, and a round whose
+lease could not be renewed stops before its next step."""
 
 from __future__ import annotations
 
@@ -17,18 +19,20 @@ from corral.control.create import CreateFlow
 from corral.control.failover import Failover
 from corral.control.heartbeats import to_store
 from corral.control.metrics import Metrics
-from corral.control.reconcile import Reconciler
+from corral.control.reconcile import LEADER_LEASE, Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.runtime.sim import SimRuntime
 from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock, run_virtual
-from corral.store import SandboxRecord, SandboxState
+from corral.store import SandboxRecord, SandboxState, StoreUnavailable
 
 
-def _reconciler(store: ModelStore, clock: VirtualClock, agents: LocalAgents) -> Reconciler:
-    config = ControlConfig(replica_id="r1", replica_lease_s=3.0, reconcile_interval_s=1.0)
+def _reconciler(
+    store: ModelStore, clock: VirtualClock, agents: LocalAgents, replica_id: str = "r1"
+) -> Reconciler:
+    config = ControlConfig(replica_id=replica_id, replica_lease_s=3.0, reconcile_interval_s=1.0)
     t = config.timeouts
     view = ViewCache(store, clock, t.view_ttl_s, t.heartbeat_interval_s)
     metrics, routes = Metrics(), RouteCache()
@@ -94,3 +98,76 @@ async def _copies_after_a_lost_reply() -> tuple[list[str], list[str], SandboxSta
 def test_a_copy_on_a_host_its_record_does_not_name_is_stopped() -> None:
     on_h1, on_h2, state = run_virtual(_copies_after_a_lost_reply(), 1_000_000.0)
     assert (on_h1, on_h2, state) == ([], ["sb-1"], SandboxState.RUNNING)
+
+
+async def _other_leaders_during_a_long_round(round_s: float) -> tuple[list[float], list[float]]:
+    """While r1 leads a round of ``round_s``, r2 tries to take the lease every half second."""
+    loop = asyncio.get_running_loop()
+    clock = VirtualClock(loop)
+    store = ModelStore(clock, random.Random(0))
+    rec = _reconciler(store, clock, LocalAgents())
+    rounds: list[float] = []
+
+    async def long_round() -> None:
+        rounds.append(clock.now())
+        await asyncio.sleep(round_s)
+
+    rec.leader_work.append(long_round)
+    task = loop.create_task(rec.run())
+    taken: list[float] = []
+    try:
+        for _ in range(int(round_s / 0.5)):
+            await asyncio.sleep(0.5)
+            if await store.try_lead(LEADER_LEASE, "r2", 3.0):
+                taken.append(clock.now())
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return rounds, taken
+
+
+def test_no_other_replica_leads_during_a_round_longer_than_the_lease() -> None:
+    rounds, taken = run_virtual(_other_leaders_during_a_long_round(10.0), 1_000_000.0)
+    assert rounds == [1_000_000.0] and taken == []
+
+
+async def _a_round_whose_lease_lapsed() -> tuple[list[str], bool, bool]:
+    """r1's round begins; from then on the store refuses its leader renewals, for longer than the
+    lease, and r2 takes the lease once it lapses."""
+    loop = asyncio.get_running_loop()
+    clock = VirtualClock(loop)
+    store = ModelStore(clock, random.Random(0))
+    rec = _reconciler(store, clock, LocalAgents())
+    steps: list[str] = []
+    try_lead = store.try_lead
+
+    async def refused_to_r1(name: str, holder: str, ttl_s: float) -> bool:
+        if holder == "r1" and steps:
+            raise StoreUnavailable("r1 cannot reach the store")
+        return await try_lead(name, holder, ttl_s)
+
+    store.try_lead = refused_to_r1  # type: ignore[method-assign]
+
+    async def first() -> None:
+        steps.append("first")
+        await asyncio.sleep(5.0)
+
+    async def second() -> None:
+        steps.append("second")
+
+    rec.leader_work += [first, second]
+    task = loop.create_task(rec.run())
+    try:
+        await asyncio.sleep(4.0)
+        r2_leads = await store.try_lead(LEADER_LEASE, "r2", 3.0)
+        await asyncio.sleep(3.0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return steps, r2_leads, rec.leads()
+
+
+def test_a_round_stops_before_its_next_step_once_its_lease_could_lapse() -> None:
+    steps, r2_leads, r1_leads = run_virtual(_a_round_whose_lease_lapsed(), 1_000_000.0)
+    assert r2_leads and not r1_leads
+    assert steps == ["first"]

@@ -156,3 +156,12 @@ def test_faults_are_counted_by_kind() -> None:
     result = chaos.run_seed(3)
     logged = Counter(line.split()[2] for line in result.trace if line.split()[1] == "fault")
     assert logged == result.faults and sum(logged.values()) > 0
+
+
+def test_a_leader_that_waits_out_the_create_deadline_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def none_abandoned(self: model_store.ModelStore, sandbox_ids: object) -> set[str]:
+        await self._enter()
+        return set()
+
+    monkeypatch.setattr(model_store.ModelStore, "abandoned", none_abandoned)
+    assert _first_failure().violations[0].invariant == "abandoned_create_unsettled"

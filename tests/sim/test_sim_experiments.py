@@ -80,6 +80,12 @@ def test_reserved_memory_returns_to_zero_after_a_replica_crash() -> None:
     # Through the real reconciler: the leader ends the dead owner's claims once its lease lapses.
     assert r.as_json()["engine"] == "create_flow"
     assert LeakScenario().lease_s <= r.lease.zero_at_s < LeakScenario().ledger_ttl_s
+    # The creates the dead replica was placing are settled once its lease lapses, and their clients'
+    # retries (same Idempotency-Key) are placed anew. Without a lease, only the create deadline settles
+    # them, and it is past the clients' own.
+    creates = LeakScenario().burst.creates
+    assert r.lease.placed == creates
+    assert r.ttl_only.placed < creates
 
 
 def test_corral_through_its_create_flow_stays_spread_as_views_age() -> None:

@@ -1,10 +1,10 @@
 """The in-memory store model is held to the SQL stores: random sequences of heartbeats (whole sets and
 changes on a base, with right and wrong digests and bases), reservations (reserve, reserve_best,
 batches: the fit rule's memory and CPU bounds, the spread score and the tie-break), their ends
-(cancel, confirm, TTL, a lapsed owner), and sandbox records (create with names, quotas and
-idempotency keys, state changes, deletes), the checks a warm claim reads first, parked creates, OOM
-kills, sealed specs and warm pools give the same observable results on the model and on SQLite (and
-PostgreSQL), step by step, listings included."""
+(cancel, confirm, TTL, a lapsed owner), sandbox records (create with names, quotas, idempotency keys
+and owners whose leases lapse, state changes, deletes that expect a state), the checks a warm claim
+reads first, parked creates, OOM kills, sealed specs and warm pools give the same observable results
+on the model and on SQLite (and PostgreSQL), step by step, listings included."""
 
 from __future__ import annotations
 
@@ -106,8 +106,9 @@ OPS = st.one_of(
         st.sampled_from([256, 512, 1024]),
         st.sampled_from([None, "k1", "k2"]),
         st.sampled_from(["x", "y"]),
+        st.sampled_from([None, *OWNERS, "rz"]),
     ),
-    st.tuples(st.just("delete"), st.integers(0, 7), st.booleans()),
+    st.tuples(st.just("delete"), st.integers(0, 7), st.booleans(), st.none() | STATES),
     st.tuples(st.just("set_state"), st.integers(0, 7), STATES, st.none() | STATES, st.booleans()),
     st.tuples(st.just("drain"), HOST),
     st.tuples(
@@ -164,7 +165,7 @@ class Driver:
         # Host -> the listing its previous heartbeat described (what changes are taken against).
         self.sent: dict[str, dict[str, int]] = {}
 
-    def record(self, n: int, name: str | None, mb: int) -> SandboxRecord:
+    def record(self, n: int, name: str | None, mb: int, owner: str | None = None) -> SandboxRecord:
         # Every other sandbox carries a sealed spec, for re-sealing to find.
         sealed = f"sealed-{n}" if n % 2 == 0 else None
         return SandboxRecord(
@@ -175,6 +176,7 @@ class Driver:
             cpus=1.0,
             name=name,
             sealed_spec=sealed,
+            owner=owner,
         )
 
     def res(self, r: ReservationRecord | None) -> object:
@@ -244,9 +246,11 @@ class Driver:
         if kind == "renew":
             return await s.renew_replica(op[1], op[2])
         if kind == "create":
-            _, name, mb, key, body = op
+            _, name, mb, key, body, owner = op
             out = await s.create_sandbox(
-                self.record(n_created, name, mb), idempotency_key=key, request_hash=body if key else None
+                self.record(n_created, name, mb, owner),
+                idempotency_key=key,
+                request_hash=body if key else None,
             )
             return (_fields(out.record), out.replayed)
         if kind == "check_create":
@@ -274,7 +278,7 @@ class Driver:
         if kind == "pool_targets":
             return await s.set_pool_targets(op[1], op[2])
         if kind == "delete":
-            return await s.delete_sandbox(f"sb-{op[1]}", forget_idempotency=op[2])
+            return await s.delete_sandbox(f"sb-{op[1]}", forget_idempotency=op[2], expect=op[3])
         if kind == "set_state":
             _, i, state, expect, host = op
             got = await s.set_sandbox_state(f"sb-{i}", state, expect=expect, host_id="h0" if host else UNSET)
@@ -296,6 +300,7 @@ class Driver:
             sorted(await s.listed_hosts(ids)),  # which of several hosts is either store's choice
             await s.committed_mb(),
             sorted(await s.get_sandboxes([*ids, "nope"])),
+            sorted(await s.abandoned([*ids, "nope"])),
         )
         intent = (
             await s.list_pools(),
@@ -372,12 +377,12 @@ TIES: list[tuple[Any, ...]] = [
 # OOM kills (the host's, another host's, a lower count), re-sealing (right and stale), pools' targets
 # (zeros dropped) and updates.
 SIDE_PORTS: list[tuple[Any, ...]] = [
-    ("create", "a", 512, "k1", "x"),
+    ("create", "a", 512, "k1", "x", None),
     ("check_create", "b", 512, None, "x"),
     ("check_create", "c", 512, "k1", "x"),
     ("check_create", "a", 512, None, "x"),
-    ("create", None, 256, None, "y"),
-    ("create", None, 256, None, "y"),
+    ("create", None, 256, None, "y", None),
+    ("create", None, 256, None, "y", None),
     ("check_create", "d", 1536, None, "x"),
     ("park", 1, 30.0),
     ("park", 1, 30.0),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from corral.core import ManualClock, Pending
-from corral.store import InvalidRecord, Store
+from corral.store import InvalidRecord, SandboxState, Store
 
 from .conftest import T0
-from .helpers import hosts
+from .helpers import hosts, sandbox
 
 
 async def test_lapsed_replica_loses_its_reservations(store: Store, clock: ManualClock) -> None:
@@ -58,3 +58,29 @@ async def test_single_leader_reentrant_and_taken_over_after_expiry(store: Store,
         await store.try_lead("reconciler", "a", 0)
     with pytest.raises(InvalidRecord):
         await store.renew_replica("r", -1)
+
+
+async def test_a_reserved_record_is_abandoned_once_its_owners_lease_lapses(
+    store: Store, clock: ManualClock
+) -> None:
+    tenant = await store.create_tenant("acme", max_sandboxes=10, max_memory_mb=1 << 20)
+    await store.renew_replica("r1", 10)
+    await store.renew_replica("r2", 30)
+    for sid, owner in (("sb-1", "r1"), ("sb-2", "r2"), ("sb-3", None), ("sb-4", "r1"), ("sb-5", "never")):
+        await store.create_sandbox(sandbox(sid, tenant, owner=owner))
+    await store.set_sandbox_state("sb-4", SandboxState.RUNNING, host_id="h00")
+    ids = ["sb-1", "sb-2", "sb-3", "sb-4", "sb-5", "sb-none"]
+    assert (await store.get_sandbox("sb-1")).owner == "r1"  # type: ignore[union-attr]
+    # A replica that holds no lease at all (never renewed, or forgotten) owns nothing alive.
+    assert await store.abandoned(ids) == {"sb-5"}
+    clock.advance(10)
+    # r1's lease lapsed at T0 + 10 (not yet expired by the leader: lapsed is enough). A record with no
+    # owner, or no longer reserved, is never abandoned.
+    assert await store.abandoned(ids) == {"sb-1", "sb-5"}
+    assert await store.expire_replicas() == ["r1"]
+    assert await store.abandoned(ids) == {"sb-1", "sb-5"}
+    await store.release_replica("r2")
+    assert await store.abandoned(ids) == {"sb-1", "sb-2", "sb-5"}
+    await store.renew_replica("r1", 10)  # a replica back under the same id owns its records again
+    assert await store.abandoned(ids) == {"sb-2", "sb-5"}
+    assert await store.abandoned([]) == set()

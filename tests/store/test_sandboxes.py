@@ -333,3 +333,22 @@ async def test_oom_kills_follow_their_host_and_never_go_down(store: Store) -> No
     await store.record_oom_kills("h1", {"sb-unknown": 1})
     assert (await store.get_sandbox("sb-oom")).oom_kills == 3
     assert (await store.get_sandbox("sb-calm")).oom_kills == 0
+
+
+async def test_a_delete_that_expects_a_state_leaves_a_record_that_moved(
+    store: Store, tenant: TenantRecord
+) -> None:
+    await store.create_sandbox(sandbox("sb-1", tenant), idempotency_key="k1", request_hash="h")
+    await store.create_sandbox(sandbox("sb-2", tenant), idempotency_key="k2", request_hash="h")
+    await store.set_sandbox_state("sb-1", SandboxState.RUNNING, host_id="h1")
+    # Placed meanwhile: the record stays, counted, and its key still answers with it.
+    assert not await store.delete_sandbox("sb-1", forget_idempotency=True, expect=SandboxState.RESERVED)
+    assert (await store.get_sandbox("sb-1")).state is SandboxState.RUNNING  # type: ignore[union-attr]
+    again = await store.create_sandbox(sandbox("x", tenant), idempotency_key="k1", request_hash="h")
+    assert again.replayed and again.record.id == "sb-1"
+    # Still as expected: it goes, its key with it, and the same key then creates anew.
+    assert await store.delete_sandbox("sb-2", forget_idempotency=True, expect=SandboxState.RESERVED)
+    assert (await store.usage(tenant.id)).sandboxes == 1
+    anew = await store.create_sandbox(sandbox("sb-3", tenant), idempotency_key="k2", request_hash="h")
+    assert not anew.replayed and anew.record.id == "sb-3"
+    assert not await store.delete_sandbox("sb-2", expect=SandboxState.RESERVED)

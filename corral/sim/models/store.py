@@ -610,6 +610,18 @@ class ModelStore:
             self.leases_ended[replica_id] = now
         return lapsed
 
+    async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]:
+        await self._enter()
+        now = self._now()
+        out = set()
+        for sid in set(sandbox_ids):
+            sb = self.sandboxes.get(sid)
+            if sb is None or sb.state is not SandboxState.RESERVED or sb.owner is None:
+                continue
+            if self.replicas.get(sb.owner, now) <= now:
+                out.add(sid)
+        return out
+
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
         if not ttl_s > 0:
             raise InvalidRecord("ttl_s: must be positive")
@@ -801,12 +813,17 @@ class ModelStore:
         last = got[limit - 1]
         return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
 
-    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool:
+    async def delete_sandbox(
+        self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
+    ) -> bool:
         await self._enter()
-        if forget_idempotency:
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is not None and expect is not None and sb.state is not SandboxState(expect):
+            return False
+        if forget_idempotency and (sb is not None or expect is None):
             for k in [k for k, v in self.idempotency.items() if v[1] == sandbox_id]:
                 del self.idempotency[k]
-        sb = self.sandboxes.pop(sandbox_id, None)
+        self.sandboxes.pop(sandbox_id, None)
         self.placements.pop(sandbox_id, None)
         if sb is None:
             return False

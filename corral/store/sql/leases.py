@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+from corral.store import listings
 from corral.store.errors import (
     InvalidRecord,
 )
+from corral.store.rows import in_list
 from corral.store.sql.base import (
     SqlBase,
     Tx,
@@ -52,6 +56,24 @@ class LeasesSql(SqlBase):
             return lapsed
 
         return await self._write(run)
+
+    async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]:
+        now = self._now()
+
+        async def run(tx: Tx) -> set[str]:
+            out: set[str] = set()
+            for part in listings.chunks(sandbox_ids):
+                clause, params = in_list("a", part)
+                got = await tx.fetchall(
+                    f"SELECT s.id FROM sandboxes s WHERE s.id IN {clause} AND s.state = 'reserved' "
+                    "AND s.owner IS NOT NULL AND NOT EXISTS "
+                    "(SELECT 1 FROM replicas r WHERE r.id = s.owner AND r.expires_at > :now)",
+                    {**params, "now": now},
+                )
+                out.update(r[0] for r in got)
+            return out
+
+        return await self._read(run)
 
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
         if not ttl_s > 0:

@@ -125,6 +125,7 @@ class SandboxesSql(SqlBase):
             failover=record.failover,
             epoch=record.epoch,
             sealed_spec=record.sealed_spec,
+            owner=record.owner,
         )
 
         counted = rec.state in LIVE_STATES
@@ -149,7 +150,8 @@ class SandboxesSql(SqlBase):
                     await self._count_usage(tx, rec.tenant_id, 1, rec.memory_mb)
             await tx.execute(
                 f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}, spec) VALUES (:id, :t, :name, :template, :host, "
-                ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, NULL, :spec)",
+                ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, NULL, "
+                ":owner, :spec)",
                 {
                     "id": rec.id,
                     "t": rec.tenant_id,
@@ -168,6 +170,7 @@ class SandboxesSql(SqlBase):
                     "fo": rec.failover,
                     "ep": rec.epoch,
                     "spec": rec.sealed_spec,
+                    "owner": rec.owner,
                 },
             )
             if idempotency_key is not None:
@@ -402,14 +405,19 @@ class SandboxesSql(SqlBase):
 
         return await self._read(run)
 
-    async def delete_sandbox(self, sandbox_id: str, *, forget_idempotency: bool = False) -> bool:
+    async def delete_sandbox(
+        self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
+    ) -> bool:
+        where, params = "id = :id", {"id": sandbox_id}
+        if expect is not None:
+            where, params = f"{where} AND state = :st", {**params, "st": SandboxState(expect).value}
+
         async def run(tx: Tx) -> bool:
-            if forget_idempotency:
-                await tx.execute("DELETE FROM idempotency_keys WHERE sandbox_id = :id", {"id": sandbox_id})
             gone = await tx.fetchone(
-                "DELETE FROM sandboxes WHERE id = :id RETURNING tenant_id, state, memory_mb",
-                {"id": sandbox_id},
+                f"DELETE FROM sandboxes WHERE {where} RETURNING tenant_id, state, memory_mb", params
             )
+            if forget_idempotency and (gone is not None or expect is None):
+                await tx.execute("DELETE FROM idempotency_keys WHERE sandbox_id = :id", {"id": sandbox_id})
             if gone is None:
                 return False
             if SandboxState(gone[1]) in LIVE_STATES:
