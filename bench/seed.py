@@ -9,9 +9,29 @@ from corral.store import FAILOVER_ORPHAN, rows
 from corral.store.sql import SqlStore
 
 BATCH = 5_000
+# Each column of a sandbox row by name (NULL where unnamed), so a column the schema adds cannot shift
+# the values under the others.
+_VALUES = {
+    "id": ":id",
+    "tenant_id": ":t",
+    "template": "'default'",
+    "host_id": ":host",
+    "state": "'running'",
+    "memory_mb": ":mb",
+    "cpus": "1.0",
+    "stateful": ":sf",
+    "metadata": "'{}'",
+    "created_at": ":now",
+    "updated_at": ":now",
+    "version": "2",
+    "oom_kills": "0",
+    "warm": ":warm",
+    "failover": f"'{FAILOVER_ORPHAN}'",
+    "epoch": "0",
+}
+_COLS = [c.strip() for c in rows.SANDBOX_COLS.split(",")]
 _INSERT = (
-    f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES (:id, :t, NULL, 'default', :host, 'running', "
-    f":mb, 1.0, :sf, '{{}}', :now, :now, NULL, NULL, 2, 0, :warm, '{FAILOVER_ORPHAN}', 0, NULL, NULL)"
+    f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}) VALUES ({', '.join(_VALUES.get(c, 'NULL') for c in _COLS)})"
 )
 
 
