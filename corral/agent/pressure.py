@@ -80,9 +80,10 @@ def usage_ratio_signal(
     return PressureSignal(name, read, close_at, open_at)
 
 
-def sim_signal(read: PressureSource, close_at: float = 0.95, open_at: float = 0.90) -> PressureSignal:
-    """A ``sim`` host's memory in use, from its runtime's model of physical memory."""
-    return usage_ratio_signal(read, "sim_memory_used_ratio", close_at, open_at)
+def sim_signal(read: PressureSource, *thresholds: float) -> PressureSignal:
+    """A ``sim`` host's memory in use, from its runtime's model of physical memory; ``thresholds``:
+    close at, open at (those of :func:`usage_ratio_signal` unless given)."""
+    return usage_ratio_signal(read, "sim_memory_used_ratio", *thresholds)
 
 
 def host_signal(psi_path: Path = PSI_MEMORY, meminfo_path: Path = MEMINFO) -> PressureSignal:

@@ -22,14 +22,10 @@ GEN0_THRESHOLD = 50_000
 THAW_EVERY_S = 600.0
 
 
-class _FreezeAfterFull:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "stop" and info["generation"] == 2 and not self.loop.is_closed():
-            # Not from inside the collector's own callback: on the loop, as soon as it can.
-            self.loop.call_soon_threadsafe(gc.freeze)
+def _freeze_after_full(phase: str, info: dict[str, Any]) -> None:
+    # At once, in the collection's own callback: only its survivors, nothing allocated after it.
+    if phase == "stop" and info["generation"] == 2:
+        gc.freeze()
 
 
 async def _thaw_now_and_then(every_s: float) -> None:
@@ -47,8 +43,7 @@ async def tuned(every_s: float = THAW_EVERY_S) -> AsyncIterator[None]:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GEN0_THRESHOLD, thresholds[1], thresholds[2])
-    callback = _FreezeAfterFull(asyncio.get_running_loop())
-    gc.callbacks.append(callback)
+    gc.callbacks.append(_freeze_after_full)
     thaw = asyncio.get_running_loop().create_task(_thaw_now_and_then(every_s), name="corral-gc-thaw")
     try:
         yield
@@ -56,6 +51,6 @@ async def tuned(every_s: float = THAW_EVERY_S) -> AsyncIterator[None]:
         thaw.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await thaw
-        gc.callbacks.remove(callback)
+        gc.callbacks.remove(_freeze_after_full)
         gc.set_threshold(*thresholds)
         gc.unfreeze()

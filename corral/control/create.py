@@ -60,6 +60,7 @@ from corral.store import (
     SandboxRecord,
     SandboxState,
     StateConflict,
+    StoreError,
     TemplateRecord,
 )
 
@@ -212,14 +213,16 @@ class CreateFlow:
         )
 
     async def new_record(
-        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
+        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None, request_hash: str | None = None
     ) -> tuple[SandboxRecord, bool]:
         record = await self.draft(tenant_id, spec)
+        if idempotency_key and request_hash is None:
+            request_hash = spec.fingerprint()
         with self.store_errors(spec, tenant_id):
             out = await self.store.create_sandbox(
                 record,
                 idempotency_key=idempotency_key,
-                request_hash=spec.fingerprint() if idempotency_key else None,
+                request_hash=request_hash if idempotency_key else None,
             )
         return out.record, out.replayed
 
@@ -260,7 +263,8 @@ class CreateFlow:
                 if not claimed[1]:
                     self.observe_success(claimed[0], started, tenant_id, idempotency_key)
                 return claimed
-        record, replayed = await self.new_record(tenant_id, spec, idempotency_key)
+        key = (idempotency_key, spec.fingerprint()) if idempotency_key else None
+        record, replayed = await self.new_record(tenant_id, spec, idempotency_key, key[1] if key else None)
         if replayed:
             note(outcome="replayed", sandbox_id=record.id)
             return await self._replay(record), True
@@ -270,13 +274,10 @@ class CreateFlow:
             self.observe_success(placed, started, tenant_id, idempotency_key)
             return placed, False
         try:
-            key = (idempotency_key, spec.fingerprint()) if idempotency_key else None
             placed = await self._place_and_bind(record, dict(spec.env), spec.secrets, key)
         except BaseException as exc:
             if not (isinstance(exc, Unavailable) and spec.wait_s is not None and self.waiting is not None):
-                # Only while unplaced: a leader that settled it as running on a host meanwhile (this
-                # replica's lease having lapsed) leaves the client's retry that sandbox.
-                await self.forget(record, SandboxState.RESERVED)
+                await self.forget_failed(record)
                 if isinstance(exc, Unavailable) and idempotency_key:
                     if len(self._first_refusal) >= FIRST_REFUSALS_KEPT:  # bounded: forget the oldest
                         del self._first_refusal[next(iter(self._first_refusal))]
@@ -376,6 +377,20 @@ class CreateFlow:
         with contextlib.suppress(Exception):
             await self.store.delete_sandbox(record.id, forget_idempotency=True, expect=expect)
 
+    async def forget_failed(self, record: SandboxRecord) -> None:
+        """After a create failed: its record goes while unplaced, or while running as this create's own
+        commit wrote it (the failure came after that write landed: a cancelled request, a lost reply;
+        placement already stopped the copy). A record the leader settled as running on a host, this
+        replica's lease having lapsed, stays: the client's retry gets that sandbox."""
+        with contextlib.suppress(Exception):
+            current = await self.store.get_sandbox(record.id)
+            if current is None:
+                return
+            if current.state is SandboxState.RESERVED:
+                await self.forget_failed(record)
+            elif current.state is SandboxState.RUNNING and current.reservation_id is not None:
+                await self.forget(record, SandboxState.RUNNING)
+
     def refused(
         self,
         refusal: Refusal,
@@ -456,13 +471,21 @@ class CreateFlow:
         key names now, or a fresh placement."""
         placed = replace(record, state=SandboxState.RUNNING, host_id=res.host_id, reservation_id=res.id)
         current = await self.store.get_sandbox(placed.id)
+        named = placed.id  # the sandbox the client's key names now
         if current is None:
-            out = await self.store.create_sandbox(
-                placed, idempotency_key=key[0] if key else None, request_hash=key[1] if key else None
-            )
-            if not out.replayed:
-                note(outcome="placed_again", sandbox_id=placed.id)
-                return out.record
+            try:
+                out = await self.store.create_sandbox(
+                    placed, idempotency_key=key[0] if key else None, request_hash=key[1] if key else None
+                )
+            except StoreError:
+                pass  # over quota or its name taken by now: the retry decides afresh
+            else:
+                if not out.replayed:
+                    note(outcome="placed_again", sandbox_id=placed.id)
+                    return out.record
+                named = out.record.id
+        elif current.state is SandboxState.DELETED:
+            raise ResourceNotFound(f"sandbox {placed.id} was deleted while it was being placed")
         elif (
             current.state is SandboxState.RUNNING
             and current.host_id == placed.host_id
@@ -473,7 +496,7 @@ class CreateFlow:
             f"this create was settled while its replica's lease had lapsed ({placed.id}); ask again",
             code=ErrorCode.CREATE_IN_PROGRESS,
             retry_after_s=1,
-            details={"sandbox_id": placed.id},
+            details={"sandbox_id": named},
         )
 
     async def place(

@@ -322,4 +322,6 @@ class Reconciler:
                     log.warning("reconcile round failed", exc_info=True)
                 await asyncio.sleep(self.config.reconcile_interval_s)
         finally:
+            # Awaited: a renewal still in flight must not land after the replica let its leases go.
             lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)

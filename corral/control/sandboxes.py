@@ -11,7 +11,7 @@ from corral.control.ports import AgentLookup, CreatePort
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
 from corral.exec_result import ExecResult
-from corral.store import Page, SandboxRecord, SandboxState, StoreUnavailable
+from corral.store import Page, SandboxRecord, SandboxState, StateConflict, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
@@ -99,6 +99,17 @@ class Sandboxes:
 
     async def delete(self, sandbox_id: str, tenant_id: str | None) -> None:
         rec = await self.get(sandbox_id, tenant_id)
+        if rec.state is SandboxState.RESERVED:
+            # Still being placed: a tombstone (the leader removes it), not a removal, so the create
+            # binding it learns it was deleted rather than settled as never made.
+            try:
+                await self.store.set_sandbox_state(
+                    sandbox_id, SandboxState.DELETED, expect=SandboxState.RESERVED
+                )
+                self.routes.drop(sandbox_id)
+                return
+            except StateConflict:
+                rec = await self.get(sandbox_id, tenant_id)  # placed meanwhile: deleted as placed
         if rec.host_id and rec.state not in GONE_STATES:
             try:
                 client = self.agents.client(rec.host_id, await self._address(rec.host_id))

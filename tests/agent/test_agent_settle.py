@@ -218,8 +218,7 @@ async def test_the_gate_closing_sends_the_next_heartbeat_at_once(
     agent = make_agent(sink=sink, heartbeat_interval_s=600.0, pressure=lambda: pressure[0])
     loop = asyncio.create_task(agent.run_heartbeats())
     try:
-        while not beats:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(_first(beats), timeout=60)
         pressure[0] = 0.99
         assert not agent.observe_pressure()  # as the next start's check would
         await asyncio.wait_for(closed.wait(), timeout=60)
@@ -228,3 +227,8 @@ async def test_the_gate_closing_sends_the_next_heartbeat_at_once(
         with pytest.raises(asyncio.CancelledError):
             await loop
     assert [b.intake_open for b in beats] == [True, False]
+
+
+async def _first(beats: list[AgentHeartbeat]) -> None:
+    while not beats:
+        await asyncio.sleep(0.01)

@@ -22,12 +22,12 @@ from corral.codes import ErrorCode
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
-from corral.control.errors import Unavailable
+from corral.control.errors import ResourceNotFound, Unavailable
 from corral.control.heartbeats import to_store
 from corral.core import ManualClock, Timeouts
 from corral.runtime.sim import SimRuntime
 from corral.sim.harness import ControlPlane, control_plane
-from corral.store import SandboxRecord, SandboxState, Store, open_store
+from corral.store import SandboxRecord, SandboxState, Store, StoreUnavailable, open_store
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
 T0 = 1_000_000.0
@@ -262,9 +262,11 @@ async def test_a_slow_create_whose_key_a_retry_took_is_undone(w: World) -> None:
     assert retry is not None
     err = create.exception()
     assert isinstance(err, Unavailable) and err.code == ErrorCode.CREATE_IN_PROGRESS
-    sid = str(err.details["sandbox_id"])
-    # The copy it started is stopped and its record stays gone: the retry's sandbox is the one.
-    assert sid != retry.id and w.copies(sid) == [] and await w.store.get_sandbox(sid) is None
+    # It names the sandbox the key names now; the copy it started is stopped and its record stays
+    # gone: the retry's sandbox is the one.
+    assert err.details["sandbox_id"] == retry.id
+    assert [sid for a in w.agents.values() for sid in a.sandbox_ids()] == [retry.id]
+    assert [r.id for r in (await w.store.list_sandboxes()).items] == [retry.id]
     assert w.copies(retry.id) == [retry.host_id]
     await w.beat()
     assert await w.store.outstanding() == {}
@@ -282,3 +284,55 @@ async def test_a_slow_batch_settled_as_never_made_is_written_again_as_placed(w: 
     for p in placed:
         assert await w.store.get_sandbox(p.id) == p and w.copies(p.id) == [p.host_id]
     assert (await w.store.usage(w.tenant)).sandboxes == 2
+
+
+async def test_a_sandbox_deleted_while_it_is_placed_stays_deleted(w: World) -> None:
+    # Its client (or an admin) deletes it while its start's reply is held: no lease lapses, nothing is
+    # settled, and the create must not write it back as placed.
+    slow, leader, release = await _held_replies(w)
+    create = asyncio.get_running_loop().create_task(slow.flow.create(w.tenant, SPEC))
+    while not any(a.sandbox_ids() for a in w.agents.values()):
+        await asyncio.sleep(0)
+    (reserved,) = (await w.store.list_sandboxes()).items
+    await leader.sandboxes.delete(reserved.id, w.tenant)
+    release.set()
+    await asyncio.wait([create])
+    assert isinstance(create.exception(), ResourceNotFound)
+    assert w.copies(reserved.id) == []
+    assert (await w.store.usage(w.tenant)).sandboxes == 0
+    await w.beat()
+    await leader.reconciler.tick()  # the tombstone goes
+    assert await w.store.get_sandbox(reserved.id) is None
+    assert await w.store.outstanding() == {}
+
+
+class LostReply:
+    """The store, but the reply to a sandbox's move to ``running`` is lost after the write landed."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def set_sandbox_state(self, sandbox_id: str, state: SandboxState, **kw: Any) -> SandboxRecord:
+        done = await self._store.set_sandbox_state(sandbox_id, state, **kw)
+        if state is SandboxState.RUNNING:
+            raise StoreUnavailable("the reply was lost")
+        return done
+
+
+async def test_a_create_whose_last_write_landed_unanswered_leaves_nothing(w: World) -> None:
+    directory = LocalAgents()
+    for h, a in w.agents.items():
+        directory.add(h, LocalAgentClient(a))
+    config = ControlConfig(replica_id="r-lossy", timeouts=TIMEOUTS, replica_lease_s=LEASE_S)
+    lossy = control_plane(LostReply(w.store), directory, config, w.clock, random.Random(1))  # type: ignore[arg-type]
+    await w.store.renew_replica("r-lossy", LEASE_S)
+    with pytest.raises(StoreUnavailable):
+        await lossy.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    # Its copy stopped, its record and key gone, its reservation ended: the retry creates anew.
+    assert [sid for a in w.agents.values() for sid in a.sandbox_ids()] == []
+    assert (await w.store.list_sandboxes()).items == []
+    assert (await w.store.usage(w.tenant)).sandboxes == 0
+    assert await w.store.outstanding() == {}

@@ -8,6 +8,7 @@ from corral.store import listings
 from corral.store.errors import (
     InvalidRecord,
 )
+from corral.store.records import SandboxState
 from corral.store.rows import in_list
 from corral.store.sql.base import (
     SqlBase,
@@ -65,10 +66,10 @@ class LeasesSql(SqlBase):
             for part in listings.chunks(sandbox_ids):
                 clause, params = in_list("a", part)
                 got = await tx.fetchall(
-                    f"SELECT s.id FROM sandboxes s WHERE s.id IN {clause} AND s.state = 'reserved' "
+                    f"SELECT s.id FROM sandboxes s WHERE s.id IN {clause} AND s.state = :reserved "
                     "AND s.owner IS NOT NULL AND NOT EXISTS "
                     "(SELECT 1 FROM replicas r WHERE r.id = s.owner AND r.expires_at > :now)",
-                    {**params, "now": now},
+                    {**params, "now": now, "reserved": SandboxState.RESERVED.value},
                 )
                 out.update(r[0] for r in got)
             return out
