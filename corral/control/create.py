@@ -387,7 +387,7 @@ class CreateFlow:
             if current is None:
                 return
             if current.state is SandboxState.RESERVED:
-                await self.forget_failed(record)
+                await self.forget(record, SandboxState.RESERVED)
             elif current.state is SandboxState.RUNNING and current.reservation_id is not None:
                 await self.forget(record, SandboxState.RUNNING)
 
