@@ -124,7 +124,6 @@ class _LiveSet(Mapping[str, _Live]):
         # Still charged their reserve. Those old enough to settle are what the sampling between
         # heartbeats reads: found through a heap by start time, so a burst of young sandboxes costs
         # that sampling nothing until they come of age.
-        self.untrusted: set[str] = set()
         self._young: list[tuple[float, str]] = []
         self._of_age: set[str] = set()
         # Added or removed, and removed, since the last heartbeat was built: what its listing checks.
@@ -149,7 +148,6 @@ class _LiveSet(Mapping[str, _Live]):
         self.cpus += value.spec.cpus
         self.touched.add(key)
         if not value.trusted:
-            self.untrusted.add(key)
             heapq.heappush(self._young, (value.started_at, key))
 
     def __delitem__(self, key: str) -> None:
@@ -163,7 +161,6 @@ class _LiveSet(Mapping[str, _Live]):
         self.book.remove(key)
         self.observed_mb -= old.observed_mb or 0
         self.cpus -= old.spec.cpus
-        self.untrusted.discard(key)
         self._of_age.discard(key)
         self.touched.add(key)
         self.dropped.add(key)
@@ -174,6 +171,11 @@ class _LiveSet(Mapping[str, _Live]):
         touched, dropped = self.touched, self.dropped
         self.touched, self.dropped = set(), set()
         return touched, dropped
+
+    @property
+    def untrusted(self) -> set[str]:
+        """Those still charged their reserve (derived: only a test asks)."""
+        return {k for k, v in self._items.items() if not v.trusted}
 
     def settling(self, started_by: float) -> set[str]:
         """The untrusted sandboxes started at or before ``started_by`` (the caller must not keep the
@@ -194,7 +196,6 @@ class _LiveSet(Mapping[str, _Live]):
         live.observed_mb = observed_mb
         if newly:
             live.trusted = True
-            self.untrusted.discard(key)
             self._of_age.discard(key)
         if live.trusted:
             live.settled_at(observed_mb)

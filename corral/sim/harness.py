@@ -29,7 +29,6 @@ from corral.agent.protocol import (
 )
 from corral.client.errors import CorralError, Unreachable
 from corral.codes import ErrorCode
-from corral.control.agents import AgentDirectory
 from corral.control.batch import BatchCreate
 from corral.control.config import ControlConfig
 from corral.control.create import CreateFlow
@@ -37,7 +36,7 @@ from corral.control.errors import ControlError
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
-from corral.control.ports import AgentLookup, HostReader, ReconcilePort
+from corral.control.ports import AgentLookup, ClaimRecords, HostReader, PoolStore, ReconcilePort
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
@@ -50,7 +49,7 @@ from corral.core.types import AdmissionMode
 from corral.exec_result import ExecResult
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.vtime import run_virtual
-from corral.store import HeartbeatResult, Store, StoreError
+from corral.store import HeartbeatResult, StoreError
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
 
@@ -80,8 +79,8 @@ def control_plane(
     *,
     warm: bool = False,
 ) -> ControlPlane:
-    """``warm``: wire warm pools as the server does (the pool calls go to ``store`` as to a whole
-    :class:`Store`: it must also have the store's template and pool methods)."""
+    """``warm``: wire warm pools as the server does (``store`` must also have the pool ports,
+    :class:`~corral.control.ports.PoolStore` and :class:`~corral.control.ports.ClaimRecords`)."""
     t = config.timeouts
     metrics = Metrics()
     view = ViewCache(cast(HostReader, store), clock, t.view_ttl_s, t.heartbeat_interval_s)
@@ -95,12 +94,13 @@ def control_plane(
     reconciler = Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
     pools = None
     if warm:
-        whole = cast(Store, store)
-        book = PoolBook(whole, clock)
+        # The pool classes' ports beside the flows': the store model and the SQL stores have them all.
+        pool_store = cast(PoolStore, store)
+        book = PoolBook(pool_store, clock)
         claims = WarmClaims(
-            whole,
+            cast(ClaimRecords, store),
             view,
-            cast(AgentDirectory, agents),
+            agents,
             book,
             clock,
             rng,
@@ -108,7 +108,7 @@ def control_plane(
             WarmMetrics(metrics.registry),
         )
         flow.warm = claims
-        pools = Pools(whole, view, book, claims, clock, rng, t.stale_after_s, config.policy)
+        pools = Pools(pool_store, view, book, claims, clock, rng, t.stale_after_s, config.policy)
         reconciler.leader_work.append(pools.rebalance)
     return ControlPlane(config, view, metrics, flow, batch, sandboxes, reconciler, pools)
 
