@@ -9,6 +9,11 @@ commit (group commit), each in a savepoint of its own. Checkpoints run on a thre
 
 ``synchronous=NORMAL`` in WAL mode: a committed transaction survives a crash of the process; a power
 loss can lose the last few commits but never corrupts the database.
+
+The log is kept bounded under writes that never pause: a checkpoint that only copies what it can
+(PASSIVE) never catches up with a writer that keeps appending, so the log would never start over and
+its file would grow for as long as the load lasts. Each checkpoint therefore copies the bulk without
+blocking anyone, then briefly holds writers back to copy the rest and restart the log (RESTART).
 """
 
 from __future__ import annotations
@@ -32,7 +37,15 @@ from corral.store.sql import Params, SqlStore, Tx
 T = TypeVar("T")
 
 MEMORY = ":memory:"
-CHECKPOINT_EVERY = 1000
+CHECKPOINT_EVERY = 250
+# How long the restarting checkpoint may hold writers back waiting for a reader; past it, the log
+# starts over at a later checkpoint instead.
+RESTART_WAIT_MS = 50
+# The log's file is cut back to this after it starts over (it keeps its largest size otherwise).
+WAL_KEEP_BYTES = 64 * 1024 * 1024
+# SQLite's own default page cache is 2 MiB, less than the indexes a fleet of sandboxes touches.
+CACHE_KIB = 64 * 1024
+MMAP_BYTES = 256 * 1024 * 1024
 log = logging.getLogger("corral.store.sqlite")
 
 
@@ -105,10 +118,18 @@ def _unavailable(exc: sqlite3.Error) -> StoreError:
 class SqliteStore(SqlStore):
     dialect = "sqlite"
 
-    def __init__(self, path: str, *, clock: Clock | None = None, busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        clock: Clock | None = None,
+        busy_timeout_s: float = 30.0,
+        checkpoint_every: int = CHECKPOINT_EVERY,
+    ) -> None:
         super().__init__(clock)
         self.path = path
         self.busy_timeout_s = busy_timeout_s
+        self.checkpoint_every = checkpoint_every
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         # One thread per connection: every statement of a connection runs on its thread.
@@ -162,6 +183,10 @@ class SqliteStore(SqlStore):
             if not self.in_memory:
                 self._wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+            if not self.in_memory:
+                conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+                conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
             # Statements run on the event loop must never wait for a lock (see "transactions").
             conn.execute("PRAGMA busy_timeout = 0")
             # Checkpoints (copying the log back into the database, with an fsync) run on a thread of
@@ -333,14 +358,14 @@ class SqliteStore(SqlStore):
         return outcomes
 
     def _checkpoint_soon(self) -> None:
-        """Every ``CHECKPOINT_EVERY`` commits, copy the log back into the database on the checkpoint
-        thread (PASSIVE: it never blocks a reader or a writer), so the log stays small."""
-        if self.in_memory or self._commits < CHECKPOINT_EVERY or self._checkpointing is not None:
+        """Every ``checkpoint_every`` commits, copy the log back into the database on the checkpoint
+        thread and start it over, so the log stays small (see the module's notes)."""
+        if self.in_memory or self._commits < self.checkpoint_every or self._checkpointing is not None:
             return
         if self._checkpoint_thread is None:
             self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="corral-sqlite-ckpt")
         self._commits = 0
-        fut = asyncio.get_running_loop().run_in_executor(self._checkpoint_thread, self._checkpoint, "PASSIVE")
+        fut = asyncio.get_running_loop().run_in_executor(self._checkpoint_thread, self._checkpoint)
         self._checkpointing = fut
         fut.add_done_callback(self._checkpointed)
 
@@ -349,11 +374,16 @@ class SqliteStore(SqlStore):
         if not fut.cancelled() and fut.exception() is not None:
             log.warning("sqlite checkpoint failed: %s", fut.exception())
 
-    def _checkpoint(self, mode: str) -> None:
-        if self._checkpoint_conn is None:
-            self._checkpoint_conn = self._connect()
-            self._checkpoint_conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        self._checkpoint_conn.execute(f"PRAGMA wal_checkpoint({mode})")
+    def _checkpoint(self) -> None:
+        conn = self._checkpoint_conn
+        if conn is None:
+            conn = self._checkpoint_conn = self._connect()
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        # What was appended meanwhile is little: writers wait for it (on their connection's thread,
+        # never on the event loop), and the next write starts the log from its beginning.
+        conn.execute(f"PRAGMA busy_timeout = {RESTART_WAIT_MS}")
+        conn.execute("PRAGMA wal_checkpoint(RESTART)")
 
     async def _read(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         await self._open()

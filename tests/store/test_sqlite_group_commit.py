@@ -57,3 +57,21 @@ async def test_a_failure_that_ends_the_whole_transaction_answers_every_caller(tm
         assert ids == {"r0", "r3"}
     finally:
         await store.close()
+
+
+async def test_the_log_starts_over_under_writes_that_never_pause(tmp_path: Path) -> None:
+    """A checkpoint that only copies what it can never catches up with a writer that keeps
+    appending: the log would never start over, its file growing for as long as the load lasted.
+    Each checkpoint must also restart it."""
+    path = tmp_path / "wal.db"
+    store = SqliteStore(str(path), checkpoint_every=10)
+    await store.migrate()
+    try:
+        for i in range(3_000):
+            await store.renew_replica(f"r{i % 50}", 10)
+        # The log's header counts the times it started over (its checkpoint sequence number).
+        header = Path(f"{path}-wal").read_bytes()[:16]
+        restarts = int.from_bytes(header[12:16], "big")
+        assert restarts >= 5, f"the log started over {restarts} times in 3,000 commits"
+    finally:
+        await store.close()
