@@ -16,10 +16,9 @@ import json
 import os
 import time
 
-from seed import record_running  # bench/ is the script's directory
+from seed import record_running, sandbox_id  # bench/ is the script's directory
 
 from corral.api.server import ServeOptions, run, serve
-from corral.control.create import new_sandbox_id
 from corral.control.localfleet import LocalFleet
 from corral.control.plane import ControlPlane
 from corral.runtime.base import SandboxSpec
@@ -39,7 +38,7 @@ async def fill(plane: ControlPlane, fleet: LocalFleet, n: int) -> None:
         agent = fleet.agents[i % len(fleet.agents)]
         runtime = agent.runtime
         assert isinstance(runtime, SimRuntime), "filling needs the sim runtime"
-        sid = new_sandbox_id()
+        sid = sandbox_id()
         await runtime.start(SandboxSpec(id=sid, memory_mb=MEMORY_MB))
         placed.append((sid, agent.id))
     await record_running(store, tenant.id, placed, MEMORY_MB, plane.clock.now())

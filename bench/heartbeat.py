@@ -26,14 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from seed import record_running  # bench/ is the script's directory
+from seed import record_running, sandbox_id  # bench/ is the script's directory
 
 from corral.agent import protocol
 from corral.agent.agent import Agent
 from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig
-from corral.control.create import new_sandbox_id
 from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy
 from corral.runtime.base import SandboxSpec
@@ -64,11 +63,11 @@ async def measure(store_url: str, size: int, beats: int) -> dict[str, object]:
             clock=clock,
         )
         tenant = await store.create_tenant(
-            f"bench-{size}-{new_sandbox_id()[3:11]}", max_sandboxes=10 * size + 10_000, max_memory_mb=1 << 40
+            f"bench-{size}-{sandbox_id()[-8:]}", max_sandboxes=10 * size + 10_000, max_memory_mb=1 << 40
         )
         placed = []
         for _ in range(size):
-            sid = new_sandbox_id()
+            sid = sandbox_id()
             await runtime.start(SandboxSpec(id=sid, memory_mb=MEMORY_MB))
             placed.append((sid, host_id))
         await record_running(store, tenant.id, placed, MEMORY_MB, clock.now())
@@ -86,7 +85,7 @@ async def measure(store_url: str, size: int, beats: int) -> dict[str, object]:
         for _ in range(beats):
             # A few creates landed on this host since the last beat: reserved, then started.
             for _ in range(RESERVATIONS_PER_BEAT):
-                sid = new_sandbox_id()
+                sid = sandbox_id()
                 res = await store.reserve(
                     host_id, memory_mb=MEMORY_MB, owner="bench", ttl_s=60, sandbox_id=sid
                 )

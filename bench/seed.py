@@ -3,10 +3,25 @@ store's own transaction, many rows per statement, instead of one create (three t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from corral.store import FAILOVER_ORPHAN, rows
 from corral.store.sql import SqlStore
+
+try:
+    from corral.ids import new_sandbox_id as _new_id
+except ImportError:  # a tree from before ids were ordered by time (compared side by side)
+    from corral.control.create import new_sandbox_id as _unordered  # type: ignore[attr-defined]
+
+    def _new_id(now: float) -> str:
+        return str(_unordered())  # type: ignore[call-arg]
+
+
+def sandbox_id() -> str:
+    """A new sandbox id as the tree under measurement makes them."""
+    return _new_id(time.time())
+
 
 BATCH = 5_000
 # Each column of a sandbox row by name (NULL where unnamed), so a column the schema adds cannot shift

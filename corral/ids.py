@@ -1,6 +1,10 @@
 """Unique ids without a syscall each: a generator seeded once from the OS (and again in every forked
 child, which would otherwise draw its parent's sequence). Ids must not collide; they are not secrets
-(tokens come from ``secrets``)."""
+(tokens come from ``secrets``).
+
+Ids that are primary keys of rows written on every create lead with their creation time, so a new row's
+index entry lands beside the last one's: random keys scatter each insert onto a page of its own, and
+every such page is written out again at commit."""
 
 from __future__ import annotations
 
@@ -30,3 +34,14 @@ def reseed(value: str | None) -> None:
 def random_hex(bits: int) -> str:
     """``bits`` random bits as lower-case hex, zero-padded."""
     return f"{_ids.getrandbits(bits):0{(bits + 3) // 4}x}"
+
+
+def time_ordered_hex(now: float, bits: int) -> str:
+    """The millisecond of ``now`` (11 hex digits, ordered until the year 7545), then ``bits`` random
+    bits: ids made later sort later, those of one millisecond in any order."""
+    return f"{max(0, int(now * 1000)):011x}{random_hex(bits)}"
+
+
+def new_sandbox_id(now: float) -> str:
+    """A sandbox's id, ordered by ``now`` (the caller's clock: a simulation's ids replay)."""
+    return f"sb-{time_ordered_hex(now, 52)}"

@@ -20,7 +20,7 @@ from corral.agent.errors import AgentWarmEmpty
 from corral.agent.protocol import ClaimWarm, SandboxInfo, StartSandbox, WarmTarget
 from corral.core.admission import charge_mb, fits
 from corral.core.types import CreateRequest
-from corral.ids import random_hex
+from corral.ids import new_sandbox_id
 
 if TYPE_CHECKING:
     from corral.agent.agent import Agent
@@ -121,7 +121,7 @@ class WarmKeeper:
             await a.limiter.acquire()  # not saturated (checked without an await): takes a slot at once
             try:
                 req = StartSandbox(
-                    id=f"sb-{random_hex(80)}",
+                    id=new_sandbox_id(a.clock.now()),
                     memory_mb=target.memory_mb,
                     cpus=target.cpus,
                     stateful=target.stateful,

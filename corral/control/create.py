@@ -47,7 +47,7 @@ from corral.core import (
     Strategy,
     candidate_limit,
 )
-from corral.ids import random_hex
+from corral.ids import new_sandbox_id
 from corral.logs import note
 from corral.store import (
     FAILOVER_ORPHAN,
@@ -96,10 +96,6 @@ class CreateSpec:
         body["env"] = dict(self.env)
         body["secrets"] = sorted(self.secrets)
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def new_sandbox_id() -> str:
-    return f"sb-{random_hex(80)}"
 
 
 class CreateFlow:
@@ -187,7 +183,7 @@ class CreateFlow:
         memory_mb, cpus, stateful = await self._resolve(spec, tpl)
         failover = spec.failover or (tpl.failover if tpl is not None else FAILOVER_ORPHAN)
         now = self.clock.now()
-        sandbox_id = new_sandbox_id()
+        sandbox_id = new_sandbox_id(now)
         sealed = None
         if failover == FAILOVER_RECREATE or spec.secrets:
             if self.sealer is None:

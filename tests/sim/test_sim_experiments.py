@@ -31,8 +31,10 @@ def test_memory_that_grows_after_measurement_is_counted_as_oom_events() -> None:
     assert r.working_set.oom_events > 0
     assert r.committed.oom_events == 0
     # The kernel's kills reach the control plane: each agent reads them and its heartbeat puts them
-    # on the sandboxes' records (the run ends well after the last spike began).
-    assert r.working_set.oom_reported == r.working_set.oom_events
+    # on the sandboxes' records (all but those of the last heartbeat or so of the run).
+    ws = r.working_set
+    assert ws.oom_reportable is not None and ws.oom_reported is not None
+    assert ws.oom_events >= ws.oom_reported >= ws.oom_reportable > 0
     # Physical memory never stays above the fleet's: the kernel reclaims what spikes take.
     assert max(p[2] for p in r.working_set.series) <= 1.0
 

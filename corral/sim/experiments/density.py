@@ -69,8 +69,10 @@ class ModeResult:
     resident_to_committed: float
     # (time, sandboxes per host, physical memory used as a fraction of the fleet's)
     series: list[tuple[float, float, float]] = field(default_factory=list)
-    # Through the create flow: the OOM kills the control plane learned of from heartbeats, by the end.
+    # Through the create flow: the OOM kills the control plane learned of from heartbeats, by the end,
+    # and the kills it must have learned of: those a heartbeat and a half or more before the end.
     oom_reported: int | None = None
+    oom_reportable: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +154,14 @@ def run_real_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeR
             fleet.background(fleet.create(req, f"c{n}", t))
             n += 1
         series: list[tuple[float, float, float]] = []
+        reportable_by = end - 1.5 * scn.heartbeat_s
+        reportable = 0
         at = t0
         while at <= end + 1e-9:
             await asyncio.sleep(at - fleet.loop.time())
             now = fleet.loop.time()
+            if now <= reportable_by:
+                reportable = sum(st.oom_kills_total for st in fleet.states.values())
             used = sum(st.resident_mb_total(now) for st in fleet.states.values())
             series.append((round(now - t0, 3), sum(fleet.live_counts()) / scn.hosts, used / total_mb))
             at += scn.sample_s
@@ -172,6 +178,7 @@ def run_real_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeR
             resident_to_committed=round(resident / committed, 4) if committed else 0.0,
             series=series,
             oom_reported=sum(sb.oom_kills for sb in fleet.store.sandboxes.values()),
+            oom_reportable=reportable,
         )
 
     result: ModeResult = run_seeded(main(), f"density/{seed}/{mode}")

@@ -7,7 +7,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from corral.core.types import Pending
-from corral.ids import random_hex
+from corral.ids import time_ordered_hex
 from corral.store import rows
 from corral.store.fit import by_tie_rank
 from corral.store.records import (
@@ -76,7 +76,7 @@ class ReservationsSql(SqlBase):
         if now is None:
             now = self._now()
         return ReservationRecord(
-            id=random_hex(128),
+            id=time_ordered_hex(now, 84),
             host_id=host_id,
             memory_mb=memory_mb,
             cpu=rows.from_millicores(rows.to_millicores(cpu)),
