@@ -7,14 +7,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral import __version__
 from corral.api import dashboard, e2b, errors, pools
-from corral.api.hot import HotRoutes
+from corral.api.hot import HotRoutes, route
 from corral.api.limits import BodyLimit
 from corral.api.requestlog import RequestLog
 from corral.api.routes import router
 from corral.control.plane import ControlPlane
+
+
+class CorralApp(FastAPI):
+    """FastAPI, with the hot routes answered in front of its middleware stack (``hot``: the request
+    log and the body cap around :class:`HotRoutes`), which costs more than the rest of a create."""
+
+    hot: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hot is not None and scope["type"] == "http" and route(scope["method"], scope["path"]):
+            scope["app"] = self
+            await self.hot(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -25,12 +40,12 @@ def create_app(
     manage: bool = True,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     hot_routes: bool = True,
-) -> FastAPI:
+) -> CorralApp:
     """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
-        the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
-        process (code after ``Server.serve()`` returns may never run). ``hot_routes``: answer the create, get
-    and delete of a sandbox in front of FastAPI (off, the declared routes serve them: the reference the
-    fast layer is tested against)."""
+    the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
+    process (code after ``Server.serve()`` returns may never run). ``hot_routes``: answer the create,
+    get and delete of a sandbox in front of FastAPI's middleware stack (off, the declared routes serve
+    them: the reference the fast layer is tested against)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,13 +59,11 @@ def create_app(
             if on_shutdown is not None:
                 await on_shutdown()
 
-    app = FastAPI(title="corral", version=__version__, lifespan=lifespan)
+    app = CorralApp(title="corral", version=__version__, lifespan=lifespan)
     app.state.plane = plane
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
     app.include_router(pools.router)
-    if hot_routes:
-        app.add_middleware(HotRoutes, plane=plane)
     app.add_middleware(BodyLimit)
     # In front of the body cap: E2B's data plane streams files under caps of its own.
     e2b.install(app, plane)
@@ -58,4 +71,6 @@ def create_app(
     app.state.dashboard_key = dashboard.session_key(admin_token)
     errors.document_errors(app)
     app.add_middleware(RequestLog, replica=plane.config.replica_id)
+    if hot_routes:
+        app.hot = RequestLog(BodyLimit(HotRoutes(plane)), replica=plane.config.replica_id)
     return app

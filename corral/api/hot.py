@@ -3,8 +3,9 @@ per-request dependency solving and response-model pass, which cost more than the
 
 They keep what the declared routes promise: the body is validated by the same pydantic model, the
 caller authenticated by the same rule, every failure answered in the same error shape, and the routes
-stay declared in ``routes.py``, so /openapi.json describes them from the same models. Every other
-request passes through to FastAPI untouched.
+stay declared in ``routes.py``, so /openapi.json describes them from the same models. The app sends
+them here before its own middleware stack (only the request log and the body cap run first); every
+other request goes through FastAPI untouched.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from corral.api.auth import authenticated_user, owner
 from corral.api.auth import scope as tenant_scope
 from corral.api.errors import invalid_request, response_for
 from corral.api.schemas import SandboxSpecBody, sandbox_json
 from corral.control.create import CreateSpec
+from corral.control.errors import ResourceNotFound
 from corral.control.plane import ControlPlane
 from corral.jsontext import dump_bytes
 from corral.store import Principal, SandboxRecord
@@ -159,19 +161,18 @@ def route(method: str, path: str) -> tuple[Handler, str] | None:
     return None
 
 
-class HotRoutes:
-    """Pure ASGI: the hot routes answered here, everything else handed to ``app``."""
+async def _not_here(plane: ControlPlane, request: Request, _: str) -> Response:
+    raise ResourceNotFound(f"no hot route {request.method} {request.url.path}")
 
-    def __init__(self, app: ASGIApp, plane: ControlPlane) -> None:
-        self.app = app
+
+class HotRoutes:
+    """Pure ASGI: the hot routes' endpoint. The app hands it the requests :func:`route` names."""
+
+    def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hit = route(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        if hit is None:
-            await self.app(scope, receive, send)
-            return
-        handler, sandbox_id = hit
+        handler, sandbox_id = route(scope["method"], scope["path"]) or (_not_here, "")
         request = Request(scope, receive)
         try:
             response = await handler(self.plane, request, sandbox_id)

@@ -64,7 +64,9 @@ class Binder:
             epoch=record.epoch,
         )
         client = self.agents.client(host_id, address)
-        await asyncio.wait_for(client.start(start), self.bind_timeout_s)
+        # In this task, not one of its own (as ``wait_for`` would make): a start is on every create's path.
+        async with asyncio.timeout(self.bind_timeout_s):
+            await client.start(start)
 
     async def stop_quietly(self, host_id: str, address: str, sandbox_id: str) -> None:
         """A bind that failed late (timed out, or its record could not be written) may still have

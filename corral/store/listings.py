@@ -140,8 +140,11 @@ async def confirm(tx: Tx, hb: HostReport) -> tuple[int, int, int]:
     )
     if not outstanding:
         return 0, 0, 0
-    shown = await held_entries(tx, hb.host_id, {str(sid) for _, sid in outstanding})
-    done = sorted(str(rid) for rid, sid in outstanding if sid in shown or sid in hb.listing.entries)
+    # Most are confirmed by the very heartbeat that first lists their sandbox: the store is asked
+    # only about the rest.
+    listed = hb.listing.entries
+    shown = await held_entries(tx, hb.host_id, {str(sid) for _, sid in outstanding if sid not in listed})
+    done = sorted(str(rid) for rid, sid in outstanding if sid in listed or sid in shown)
     ended = mb = cpu_m = 0
     for part in chunks(done):
         clause, params = in_list("r", part)
