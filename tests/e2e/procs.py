@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,34 @@ from corral.client.credentials import write_private
 CORRAL = [sys.executable, "-m", "corral"]
 
 
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_FLOOR = _ephemeral_floor()
+_picked: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port for a process of the test to listen on, from below the kernel's ephemeral range:
+    a port the kernel hands out (bind to 0) may be handed out again, to any outgoing connection made
+    before the process that was meant to have it binds it (a replica, an agent started a second later)."""
+    low = max(1024, _EPHEMERAL_FLOOR - 12_000)
+    for _ in range(1_000):
+        port = random.randrange(low, _EPHEMERAL_FLOOR)
+        if port in _picked:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _picked.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass
