@@ -129,8 +129,8 @@ _PY_TERMS = {
 BoundFn = Callable[[HostView, Pending, CreateRequest, AdmissionPolicy], float]
 
 
-def _render(bound: Bound, expr: str, reads: Iterable[Term]) -> BoundFn:
-    """``bound`` compiled to a plain function of (host, pending, request, policy) returning ``expr``.
+def _render(name: str, expr: str, reads: Iterable[Term]) -> BoundFn:
+    """``expr`` (a bound's test or terms) compiled to a plain function of (host, pending, request, policy) returning ``expr``.
     The filters and the score run per host per decision: compiled once, a bound costs what the
     hand-written comparison did, not a dict of terms and a loop over them."""
     charge = (
@@ -140,7 +140,7 @@ def _render(bound: Bound, expr: str, reads: Iterable[Term]) -> BoundFn:
     )
     src = f"def f(host, pending, request, policy):\n{charge}    return {expr}\n"
     scope: dict[str, object] = {"request_charge_mb": request_charge_mb}
-    exec(compile(src, f"<fit rule: {bound.name}>", "exec"), scope)
+    exec(compile(src, f"<fit rule: {name}>", "exec"), scope)
     fn: BoundFn = scope["f"]  # type: ignore[assignment]
     return fn
 
@@ -155,10 +155,19 @@ def _left_expr(bound: Bound) -> str:
     return " - ".join([_PY_TERMS[bound.room], *(_PY_TERMS[t] for t in bound.need)])
 
 
-HOLDS: dict[str, BoundFn] = {b.name: _render(b, _holds_expr(b), (*b.need, b.room)) for b in FIT_RULE}
-# What each bound leaves once the request is met (the spread score's terms), and the host's total.
-LEFT: dict[str, BoundFn] = {b.name: _render(b, _left_expr(b), (*b.need, b.room)) for b in FIT_RULE}
-TOTAL: dict[str, BoundFn] = {b.name: _render(b, _PY_TERMS[b.total], (b.total,)) for b in FIT_RULE}
+def render_headroom(weighted: Iterable[tuple[Bound, float]]) -> BoundFn:
+    """The weighted sum of what each bound leaves over its total (the spread score's headroom), as one
+    compiled function: the request's charge worked out once, the terms added in the order a loop over
+    ``weighted`` adds them (the same float result)."""
+    parts = [
+        f"{weight!r} * (({_left_expr(bound)}) / (({_PY_TERMS[bound.total]}) or 1))"
+        for bound, weight in weighted
+    ]
+    reads = {t for bound, _ in weighted for t in (*bound.need, bound.room, bound.total)}
+    return _render("headroom", " + ".join(["0.0", *parts]), reads)
+
+
+HOLDS: dict[str, BoundFn] = {b.name: _render(b.name, _holds_expr(b), (*b.need, b.room)) for b in FIT_RULE}
 _MEMORY_HOLDS, _CPU_HOLDS = HOLDS[MEMORY.name], HOLDS[CPU.name]
 
 

@@ -3,10 +3,10 @@ mean what they say; higher is better."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from corral.core.admission import DEFAULT_POLICY, LEFT, TOTAL, AdmissionPolicy
+from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy, BoundFn, render_headroom
 from corral.core.fit import CPU, MEMORY, Bound
 from corral.core.types import CreateRequest, HostView, Pending
 
@@ -30,16 +30,16 @@ class Scorer:
     strategy: Strategy = Strategy.SPREAD
     weights: ScoreWeights = ScoreWeights()
     policy: AdmissionPolicy = DEFAULT_POLICY
+    # Scored for every candidate of every decision: the headroom, compiled once from ``weighted``.
+    _headroom: BoundFn = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_headroom", render_headroom(self.weighted()))
 
     def headroom(self, host: HostView, pending: Pending, req: CreateRequest) -> float:
         """Fraction of the host left after this request and everything pending (AerolVM's headroom):
         what each bound of the fit rule leaves, over the host's total, weighted."""
-        policy = self.policy
-        total = 0.0
-        for bound, weight in self.weighted():
-            left = LEFT[bound.name](host, pending, req, policy)
-            total = total + weight * (left / (TOTAL[bound.name](host, pending, req, policy) or 1))
-        return total
+        return self._headroom(host, pending, req, self.policy)
 
     def weighted(self) -> tuple[tuple[Bound, float], ...]:
         """The bounds the headroom counts, with their weights (the store ranks by the same terms)."""

@@ -17,6 +17,7 @@ from corral.core import (
     Pending,
     Placer,
     Scorer,
+    ScoreWeights,
     cpu_fits,
     fit_terms,
     host_fits,
@@ -72,6 +73,40 @@ def test_headroom_is_what_each_bound_leaves_over_the_total() -> None:
     req = CreateRequest(memory_mb=4096, cpu=1.0)  # working-set: charged its 1024 MiB reserve
     got = Scorer().headroom(host, Pending(1000, 1.0), req)
     assert got == 0.7 * ((6_000 - 1000 - 1024) / 10_000) + 0.3 * ((8.0 - 2.0 - 1.0 - 1.0) / 8.0)
+
+
+@given(
+    total=st.integers(min_value=0, max_value=1 << 20),
+    admittable=st.integers(min_value=-1024, max_value=1 << 20),
+    pending_mb=st.integers(min_value=0, max_value=8192),
+    memory_mb=st.integers(min_value=1, max_value=8192),
+    stateful=st.booleans(),
+    cpu_total=eighths,
+    cpu_used=eighths,
+    cpu=eighths,
+    memory_weight=st.floats(min_value=0, max_value=1),
+)
+def test_the_compiled_headroom_is_the_declared_bounds_left_over_their_totals(
+    total: int,
+    admittable: int,
+    pending_mb: int,
+    memory_mb: int,
+    stateful: bool,
+    cpu_total: float,
+    cpu_used: float,
+    cpu: float,
+    memory_weight: float,
+) -> None:
+    host = make_host(total=total, admittable=admittable, cpu_total=cpu_total, cpu_used=cpu_used)
+    pending = Pending(pending_mb, 0.5)
+    req = CreateRequest(memory_mb=memory_mb, cpu=cpu, stateful=stateful)
+    scorer = Scorer(weights=ScoreWeights(memory=memory_weight, cpu=1 - memory_weight))
+    values = fit_terms(host, pending, req)
+    # the declaration read term by term, added in the order the weights list the bounds
+    expected = 0.0
+    for bound, weight in scorer.weighted():
+        expected = expected + weight * (bound.left(values) / (values[bound.total] or 1))
+    assert scorer.headroom(host, pending, req) == expected
 
 
 def test_tied_hosts_go_by_tie_rank_under_a_salt_from_the_rng() -> None:
