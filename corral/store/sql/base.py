@@ -37,6 +37,9 @@ _ROOM_ORDER = room_order()
 # ``state`` in a form no index serves: where a narrower index exists (expiry, tenant, host), the state
 # index (nearly every sandbox is running) must not be the planner's choice.
 UNINDEXED_STATE = "(state || '')"
+# The condition of the partial state index (migration 12), written as a query must repeat it for the
+# planner to use the index.
+NOT_RUNNING = f"state <> '{SandboxState.RUNNING.value}'"
 _TOKEN_PREFIX = "crl_"
 
 

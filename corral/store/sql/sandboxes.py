@@ -29,6 +29,7 @@ from corral.store.records import (
 from corral.store.rows import in_list
 from corral.store.sql.base import (
     MAX_PAGE,
+    NOT_RUNNING,
     UNINDEXED_STATE,
     SqlBase,
     Tx,
@@ -386,6 +387,8 @@ class SandboxesSql(SqlBase):
             column = "state" if tenant_id is None and host_id is None else UNINDEXED_STATE
             where.append(f"{column} IN {clause}")
             params.update(sp)
+            if column == "state" and SandboxState.RUNNING not in states:
+                where.append(NOT_RUNNING)  # the state index's own condition: the planner may use it
         if cursor is not None:
             after_at, after_id = rows.decode_cursor(cursor)
             where.append("(created_at > :ca OR (created_at = :ca AND id > :cid))")
