@@ -358,8 +358,7 @@ class CreateFlow:
     ) -> None:
         host = placed.host_id or ""
         latency = max(0.0, self.clock.now() - started)
-        self.metrics.placements.labels(host).inc()
-        self.metrics.create_latency.labels(host).observe(latency)
+        self.metrics.placed(host, latency)
         note(sandbox_id=placed.id, create_ms=round(latency * 1000, 2))
         if idempotency_key:
             first = self._first_refusal.pop(f"{tenant_id}/{idempotency_key}", None)

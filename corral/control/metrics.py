@@ -105,3 +105,14 @@ class Metrics:
         )
         self.fleet = FleetCollector()
         r.register(self.fleet)
+        # Each placed create counts on its host's children: found once per host, not looked up (and
+        # its labels checked) on every create.
+        self._placed: dict[str, tuple[Counter, Histogram]] = {}
+
+    def placed(self, host: str, latency_s: float) -> None:
+        """A create placed on ``host`` in ``latency_s``."""
+        children = self._placed.get(host)
+        if children is None:
+            children = self._placed[host] = (self.placements.labels(host), self.create_latency.labels(host))
+        children[0].inc()
+        children[1].observe(latency_s)
