@@ -134,6 +134,13 @@ class _LiveSet(Mapping[str, _Live]):
     def __getitem__(self, key: str) -> _Live:
         return self._items[key]
 
+    def get(self, key: str, default: _Live | None = None) -> _Live | None:  # type: ignore[override]
+        # The mapping's own, not the mixin's: a miss (every start) would raise and catch a KeyError.
+        return self._items.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
 

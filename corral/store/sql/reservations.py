@@ -3,6 +3,7 @@ conditional UPDATE of the host row and ended with the counter in the same transa
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -25,6 +26,21 @@ from corral.store.sql.base import (
     _NoRoom,
     _with_host,
 )
+
+
+@functools.lru_cache(maxsize=64)
+def _take_best(n: int) -> str:
+    """The pick and the take in one statement, for ``n`` candidates bound as ``:c0`` .. (best tie rank
+    first); its text depends only on ``n``. The outer conditions hold the row to the same test
+    (PostgreSQL re-checks them against the newest version of a row another create just took)."""
+    clause, params = in_list("c", range(n))
+    tie = "CASE id " + " ".join(f"WHEN :{k} THEN {i}" for i, k in enumerate(params)) + " END"
+    return (
+        "UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu "
+        f"WHERE id = (SELECT id FROM hosts WHERE id IN {clause} AND {_FITS} "
+        f"AND NOT EXISTS (SELECT 1 FROM reservations WHERE host_id IN {clause} AND expires_at <= :now) "
+        f"ORDER BY {_ROOM_ORDER}, {tie} LIMIT 1) AND {_FITS} RETURNING id"
+    )
 
 
 class ReservationsSql(SqlBase):
@@ -142,24 +158,16 @@ class ReservationsSql(SqlBase):
             return None
         template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
         ranked = by_tie_rank(sandbox_id or template.id, candidates)
-        clause, params = in_list("c", ranked)
-        tie = "CASE id " + " ".join(f"WHEN :{k} THEN {i}" for i, k in enumerate(params)) + " END"
-        # The pick and the take in one statement; the outer conditions hold the row to the same test
-        # (PostgreSQL re-checks them against the newest version of a row another create just took).
-        take_best = (
-            "UPDATE hosts SET reserved_mb = reserved_mb + :mb, reserved_cpu_m = reserved_cpu_m + :cpu "
-            f"WHERE id = (SELECT id FROM hosts WHERE id IN {clause} AND {_FITS} "
-            f"AND NOT EXISTS (SELECT 1 FROM reservations WHERE host_id IN {clause} AND expires_at <= :now) "
-            f"ORDER BY {_ROOM_ORDER}, {tie} LIMIT 1) AND {_FITS} RETURNING id"
-        )
-        p = {**params, "mb": memory_mb, "cpu": rows.to_millicores(template.cpu), "now": template.created_at}
+        take_best = _take_best(len(ranked))
+        p: dict[str, Any] = {f"c{i}": h for i, h in enumerate(ranked)}
+        p.update(mb=memory_mb, cpu=rows.to_millicores(template.cpu), now=template.created_at)
 
         async def run(tx: Tx) -> ReservationRecord | None:
-            await self._lock_hosts(tx, params.values())
+            await self._lock_hosts(tx, ranked)
             took = await tx.fetchone(take_best, p)
             # A candidate's expired claims, still on its counter, make the pick wait until they are
             # ended: it ranks by live totals, as the core does.
-            if took is None and await self._fold_expired(tx, params.values(), template.created_at):
+            if took is None and await self._fold_expired(tx, ranked, template.created_at):
                 took = await tx.fetchone(take_best, p)
             if took is None:
                 return None
