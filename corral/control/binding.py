@@ -3,13 +3,13 @@ the create: try another host (counted under its reason), or end the create with 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Mapping
 
 from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
 from corral.agent.protocol import StartSandbox
 from corral.codes import ErrorCode
+from corral.control.deadlines import Deadlines
 from corral.control.errors import BadGateway
 from corral.control.ports import AgentLookup
 from corral.store import SandboxRecord
@@ -42,6 +42,8 @@ class Binder:
     def __init__(self, agents: AgentLookup, bind_timeout_s: float) -> None:
         self.agents = agents
         self.bind_timeout_s = bind_timeout_s
+        # Every start waits under the same limit: one timer for all of them (see ``Deadlines``).
+        self._deadlines = Deadlines(bind_timeout_s)
 
     async def start(
         self,
@@ -64,8 +66,7 @@ class Binder:
             epoch=record.epoch,
         )
         client = self.agents.client(host_id, address)
-        # In this task, not one of its own (as ``wait_for`` would make): a start is on every create's path.
-        async with asyncio.timeout(self.bind_timeout_s):
+        with self._deadlines.watch():
             await client.start(start)
 
     async def stop_quietly(self, host_id: str, address: str, sandbox_id: str) -> None:
