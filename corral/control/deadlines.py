@@ -32,6 +32,9 @@ class Deadlines:
         self.timeout_s = timeout_s
         self._queue: deque[_Watch] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        # The loop the queue and its timer belong to: a loop that ended may leave a timer that will
+        # never fire, and its watches are gone with it.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         """Watches not yet let go (those running, and finished ones behind a running one)."""
@@ -45,6 +48,9 @@ class Deadlines:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("Deadlines.watch() must be used inside a task")
+        if loop is not self._loop:
+            self._loop, self._timer = loop, None
+            self._queue.clear()
         cancelling = task.cancelling()
         w = _Watch(task, loop.time() + self.timeout_s)
         self._queue.append(w)

@@ -14,7 +14,7 @@ Both sides call the same two functions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from corral.core.fit import CPU, FIT_RULE, MEMORY, Bound, Term
@@ -155,7 +155,7 @@ def _left_expr(bound: Bound) -> str:
     return " - ".join([_PY_TERMS[bound.room], *(_PY_TERMS[t] for t in bound.need)])
 
 
-def render_headroom(weighted: Iterable[tuple[Bound, float]]) -> BoundFn:
+def render_headroom(weighted: Sequence[tuple[Bound, float]]) -> BoundFn:
     """The weighted sum of what each bound leaves over its total (the spread score's headroom), as one
     compiled function: the request's charge worked out once, the terms added in the order a loop over
     ``weighted`` adds them (the same float result)."""

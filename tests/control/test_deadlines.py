@@ -91,3 +91,36 @@ async def test_a_deadline_set_later_is_still_kept_once_earlier_watches_are_gone(
 def test_the_limit_must_be_positive() -> None:
     with pytest.raises(ValueError):
         Deadlines(0)
+
+
+async def test_a_cancellation_from_elsewhere_as_the_deadline_passes_stays_a_cancellation() -> None:
+    d = Deadlines(0.02)
+
+    async def bind() -> None:
+        with d.watch():
+            await asyncio.sleep(HANG_S)
+
+    task = asyncio.create_task(bind())
+    await asyncio.sleep(0.01)
+    loop = asyncio.get_running_loop()
+    loop.call_at(loop.time() + 0.01, task.cancel)  # about when the deadline fires
+    await asyncio.sleep(0.05)
+    assert task.done()
+    with pytest.raises(asyncio.CancelledError):
+        task.result()
+
+
+def test_watches_on_a_later_loop_still_time_out() -> None:
+    d = Deadlines(0.05)
+
+    async def quick() -> None:
+        with d.watch():
+            await asyncio.sleep(0)
+
+    async def hangs() -> None:
+        with d.watch():
+            await asyncio.sleep(HANG_S)
+
+    asyncio.run(quick())  # the loop ends with a timer set for it still pending
+    with pytest.raises(TimeoutError):
+        asyncio.run(hangs())

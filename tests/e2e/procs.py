@@ -22,24 +22,33 @@ from corral.client.credentials import write_private
 CORRAL = [sys.executable, "-m", "corral"]
 
 
-def _ephemeral_floor() -> int:
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
-_EPHEMERAL_FLOOR = _ephemeral_floor()
+def _quiet_ports() -> range:
+    """Ports the kernel never hands out on its own: below its ephemeral range, or above it."""
+    low, high = _ephemeral_range()
+    below = range(max(1024, low - 12_000), low)
+    above = range(high + 1, min(65536, high + 1 + 12_000))
+    return max(below, above, key=len)
+
+
+_QUIET = _quiet_ports()
 _picked: set[int] = set()
 
 
 def free_port() -> int:
-    """A free port for a process of the test to listen on, from below the kernel's ephemeral range:
+    """A free port for a process of the test to listen on, from outside the kernel's ephemeral range:
     a port the kernel hands out (bind to 0) may be handed out again, to any outgoing connection made
-    before the process that was meant to have it binds it (a replica, an agent started a second later)."""
-    low = max(1024, _EPHEMERAL_FLOOR - 12_000)
-    for _ in range(1_000):
-        port = random.randrange(low, _EPHEMERAL_FLOOR)
+    before the process that was meant to have it binds it (a replica, an agent started a second later).
+    Where the ephemeral range leaves no room, any free port."""
+    for _ in range(1_000 if len(_QUIET) >= 100 else 0):
+        port = random.choice(_QUIET)
         if port in _picked:
             continue
         with socket.socket() as s:
@@ -49,7 +58,9 @@ def free_port() -> int:
                 continue
         _picked.add(port)
         return port
-    raise RuntimeError("no free port below the ephemeral range")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -148,6 +148,7 @@ class ModelStore:
         self.latency = latency
         self.outage = outage
         self.weights = weights
+        self._scorer = Scorer(weights=weights)  # compiled once: every reserve_best scores with it
         self.hosts: dict[str, _Host] = {}
         self.reservations: dict[str, ReservationRecord] = {}
         self.replicas: dict[str, float] = {}
@@ -529,7 +530,7 @@ class ModelStore:
         ]
         if not fit:
             return None
-        scorer = Scorer(weights=self.weights)
+        scorer = self._scorer
         h = min(
             fit,
             key=lambda h: (-scorer.score(self._view(h), self._pending(h), ask), tie_rank(salt, h.id), h.id),
