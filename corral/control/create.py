@@ -374,8 +374,8 @@ class CreateFlow:
 
     async def forget_failed(self, record: SandboxRecord) -> None:
         """After a create failed: its record goes while unplaced, or while running as this create's own
-        commit wrote it (the failure came after that write landed: a cancelled request, a lost reply;
-        placement already stopped the copy). A record the leader settled as running on a host, this
+        commit wrote it (the failure came after that write landed: a cancelled request, or a lost reply
+        when the store could not be asked again; placement already stopped the copy). A record the leader settled as running on a host, this
         replica's lease having lapsed, stays: the client's retry gets that sandbox."""
         with contextlib.suppress(Exception):
             current = await self.store.get_sandbox(record.id)
@@ -561,6 +561,11 @@ class CreateFlow:
                 )
                 return placed
             except BaseException as exc:
+                if isinstance(exc, Exception) and not isinstance(exc, AgentRefusal):
+                    kept = await self._named_there(record, host_id)
+                    if kept is not None:
+                        note(outcome="placed", host=host_id, attempts=attempts, settled=True)
+                        return kept
                 # Whatever went wrong, nothing this attempt took may outlive it.
                 if not isinstance(exc, AgentRefusal):
                     await self.binder.stop_quietly(host_id, address, record.id)
@@ -575,6 +580,23 @@ class CreateFlow:
             attempt.outcome(f"bind_refused:{reason}")
             self.metrics.agent_refusals.labels(host_id, reason).inc()
             exclude.add(host_id)
+
+    async def _named_there(self, record: SandboxRecord, host_id: str) -> SandboxRecord | None:
+        """After a bind that may have started the copy on ``host_id`` failed without an answer (a
+        timeout, a lost reply): the record, if it now names that copy as running. The leader settled
+        it so while this replica's lease had lapsed, or this create's own last write landed
+        unanswered: the copy is the sandbox, and stopping it to place again would lose it. None
+        otherwise, or when the store cannot be asked."""
+        with contextlib.suppress(Exception):
+            current = await self.store.get_sandbox(record.id)
+            if (
+                current is not None
+                and current.state is SandboxState.RUNNING
+                and current.host_id == host_id
+                and current.epoch == record.epoch
+            ):
+                return current
+        return None
 
     async def _reserve(
         self, decision: Decision, req: CreateRequest, record: SandboxRecord, attempt: Attempt | None = None

@@ -69,12 +69,14 @@ class World:
     agents: dict[str, Agent]
     tenant: str
 
-    def plane(self, replica_id: str, directory: LocalAgents | None = None) -> ControlPlane:
+    def plane(
+        self, replica_id: str, directory: LocalAgents | None = None, timeouts: Timeouts = TIMEOUTS
+    ) -> ControlPlane:
         if directory is None:
             directory = LocalAgents()
             for h, a in self.agents.items():
                 directory.add(h, LocalAgentClient(a))
-        config = ControlConfig(replica_id=replica_id, timeouts=TIMEOUTS, replica_lease_s=LEASE_S)
+        config = ControlConfig(replica_id=replica_id, timeouts=timeouts, replica_lease_s=LEASE_S)
         return control_plane(
             self.store,  # type: ignore[arg-type]
             directory,
@@ -244,6 +246,29 @@ async def test_a_slow_create_settled_as_running_keeps_its_copy(w: World) -> None
     assert await w.store.outstanding() == {}
 
 
+async def test_a_start_that_timed_out_where_the_leader_settled_it_keeps_that_copy(w: World) -> None:
+    # The host started it, but its answer never came: the bind times out (in real time, 0.3 s) after
+    # this replica's lease lapsed and the leader, seeing a heartbeat list it, settled it as running there.
+    held = LocalAgents()
+    for h, a in w.agents.items():
+        held.add(h, HeldReply(a, asyncio.Event()))
+    slow = w.plane("r-slow", held, replace(TIMEOUTS, bind_timeout_s=0.3))
+    leader = w.plane("r-live")
+    await w.store.renew_replica("r-slow", LEASE_S)
+    await leader.reconciler.tick()
+    create = await _lapsed_while_held(w, slow.flow.create(w.tenant, SPEC, idempotency_key="key-1"))
+    await w.beat()
+    await leader.reconciler.tick()
+    (started,) = [h for h, a in w.agents.items() if a.sandbox_ids()]
+    placed, replayed = await create
+    # The record names the copy that runs: it is the sandbox, not one to stop and place again.
+    assert not replayed and (placed.state, placed.host_id) == (SandboxState.RUNNING, started)
+    assert w.copies(placed.id) == [started]
+    assert sum(len(a.sandbox_ids()) for a in w.agents.values()) == 1
+    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    assert replayed and again.id == placed.id
+
+
 async def test_a_slow_create_settled_as_never_made_is_written_again_as_placed(w: World) -> None:
     leader, create, _ = await _slow_create(w, listed_before_settled=False)
     placed, replayed = create.result()
@@ -322,17 +347,21 @@ class LostReply:
         return done
 
 
-async def test_a_create_whose_last_write_landed_unanswered_leaves_nothing(w: World) -> None:
+async def test_a_create_whose_last_write_landed_unanswered_answers_with_what_it_made(w: World) -> None:
     directory = LocalAgents()
     for h, a in w.agents.items():
         directory.add(h, LocalAgentClient(a))
     config = ControlConfig(replica_id="r-lossy", timeouts=TIMEOUTS, replica_lease_s=LEASE_S)
     lossy = control_plane(LostReply(w.store), directory, config, w.clock, random.Random(1))  # type: ignore[arg-type]
     await w.store.renew_replica("r-lossy", LEASE_S)
-    with pytest.raises(StoreUnavailable):
-        await lossy.flow.create(w.tenant, SPEC, idempotency_key="key-1")
-    # Its copy stopped, its record and key gone, its reservation ended: the retry creates anew.
-    assert [sid for a in w.agents.values() for sid in a.sandbox_ids()] == []
-    assert (await w.store.list_sandboxes()).items == []
-    assert (await w.store.usage(w.tenant)).sandboxes == 0
+    placed, replayed = await lossy.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    # The record says the copy runs there, as it does: that is the sandbox (never a record kept while
+    # its copy is stopped, nor a copy stopped that a record names).
+    assert not replayed and placed.state is SandboxState.RUNNING and placed.host_id is not None
+    assert [sid for a in w.agents.values() for sid in a.sandbox_ids()] == [placed.id]
+    assert w.copies(placed.id) == [placed.host_id]
+    assert (await w.store.usage(w.tenant)).sandboxes == 1
+    await w.beat()
     assert await w.store.outstanding() == {}
+    again, replayed = await lossy.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    assert replayed and again.id == placed.id
