@@ -257,6 +257,15 @@ _V12 = (
     "CREATE INDEX sandboxes_host_page ON sandboxes (host_id, created_at, id) WHERE host_id IS NOT NULL",
 )
 
+# A live name is unique within its tenant; most sandboxes have none, and a record without one can never
+# conflict (NULLs are distinct). Kept in the index, they all shared one key prefix that every create's
+# insert and every change of state (the index's condition reads it) searched and rewrote.
+_V13 = (
+    "DROP INDEX sandboxes_tenant_name",
+    "CREATE UNIQUE INDEX sandboxes_tenant_name ON sandboxes (tenant_id, name) "
+    "WHERE name IS NOT NULL AND state <> 'deleted'",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -270,6 +279,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(10, "hosts' listings one row per sandbox, with digest and acknowledged seq", _V10),
     Migration(11, "the replica whose create wrote a sandbox record", _V11),
     Migration(12, "sandbox indexes by state and by host hold only records not running, with a host", _V12),
+    Migration(13, "the unique index of live names holds only named sandboxes", _V13),
 )
 
 LATEST = MIGRATIONS[-1].version

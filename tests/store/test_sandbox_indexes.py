@@ -7,8 +7,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from corral.core import ManualClock
-from corral.store import SandboxState, Store
+from corral.store import NameConflict, SandboxState, Store
 from corral.store.sqlite import SqliteStore
 
 from .helpers import hosts, sandbox
@@ -44,6 +46,7 @@ def _plans(path: Path, statements: list[str]) -> dict[str, str]:
         defs = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'").fetchall())
         assert "WHERE state <> 'running'" in defs["sandboxes_state_page"]
         assert "WHERE host_id IS NOT NULL" in defs["sandboxes_host_page"]
+        assert "WHERE name IS NOT NULL AND state <> 'deleted'" in defs["sandboxes_tenant_name"]
         return {
             sql: " / ".join(row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
             for sql in statements
@@ -71,3 +74,33 @@ async def test_sqlite_reads_by_state_and_by_host_go_through_their_partial_indexe
     assert "sandboxes_host_page" in plans[1], plans[1]
     # running is most of a fleet: read in creation order, not through the state index
     assert "sandboxes_state_page" not in plans[2] and "TEMP B-TREE" not in plans[2], plans[2]
+
+
+async def test_a_live_name_stays_unique_in_its_tenant_through_an_index_of_named_sandboxes_only(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "names.db"
+    store = SqliteStore(str(path), clock=ManualClock(1_000.0))
+    await store.migrate()
+    try:
+        tenant = await store.create_tenant("t", max_sandboxes=100, max_memory_mb=1 << 30)
+        other = await store.create_tenant("u", max_sandboxes=100, max_memory_mb=1 << 30)
+        for i in range(20):
+            await store.create_sandbox(sandbox(f"sb-n{i:03d}", tenant))
+        await store.create_sandbox(sandbox("sb-web", tenant, name="web"))
+        with pytest.raises(NameConflict):
+            await store.create_sandbox(sandbox("sb-web2", tenant, name="web"))
+        await store.create_sandbox(sandbox("sb-web3", other, name="web"))  # another tenant's: fine
+        await store.delete_sandbox("sb-web")
+        await store.create_sandbox(sandbox("sb-web4", tenant, name="web"))  # the name is free again
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        plan = " / ".join(
+            r[-1]
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT id FROM sandboxes WHERE tenant_id = 't' AND name = 'web' "
+                "AND state <> 'deleted'"
+            )
+        )
+    assert "sandboxes_tenant_name" in plan, plan
