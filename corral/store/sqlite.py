@@ -144,6 +144,7 @@ class SqliteStore(SqlStore):
         self._checkpoint_thread: ThreadPoolExecutor | None = None
         self._checkpoint_conn: sqlite3.Connection | None = None
         self._checkpointing: asyncio.Future[None] | None = None
+        self.checkpoints = 0  # checkpoints done since the store opened
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqliteStore:
@@ -373,6 +374,8 @@ class SqliteStore(SqlStore):
         self._checkpointing = None
         if not fut.cancelled() and fut.exception() is not None:
             log.warning("sqlite checkpoint failed: %s", fut.exception())
+        elif not fut.cancelled():
+            self.checkpoints += 1
 
     def _checkpoint(self) -> None:
         conn = self._checkpoint_conn
