@@ -247,12 +247,12 @@ async def test_a_slow_create_settled_as_running_keeps_its_copy(w: World) -> None
 
 
 async def test_a_start_that_timed_out_where_the_leader_settled_it_keeps_that_copy(w: World) -> None:
-    # The host started it, but its answer never came: the bind times out (in real time, 0.3 s) after
+    # The host started it, but its answer never came: the bind times out (in real time, 2 s) after
     # this replica's lease lapsed and the leader, seeing a heartbeat list it, settled it as running there.
     held = LocalAgents()
     for h, a in w.agents.items():
         held.add(h, HeldReply(a, asyncio.Event()))
-    slow = w.plane("r-slow", held, replace(TIMEOUTS, bind_timeout_s=0.3))
+    slow = w.plane("r-slow", held, replace(TIMEOUTS, bind_timeout_s=2.0))
     leader = w.plane("r-live")
     await w.store.renew_replica("r-slow", LEASE_S)
     await leader.reconciler.tick()
