@@ -41,7 +41,6 @@ def as_bad_gateway(host_id: str, exc: AgentError) -> BadGateway:
 class Binder:
     def __init__(self, agents: AgentLookup, bind_timeout_s: float) -> None:
         self.agents = agents
-        self.bind_timeout_s = bind_timeout_s
         # Every start waits under the same limit: one timer for all of them (see ``Deadlines``).
         self._deadlines = Deadlines(bind_timeout_s)
 

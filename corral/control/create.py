@@ -98,6 +98,11 @@ class CreateSpec:
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def _names_copy(current: SandboxRecord, host_id: str | None, epoch: int) -> bool:
+    """Whether the store's record now says the copy on ``host_id`` at ``epoch`` is the sandbox, running."""
+    return current.state is SandboxState.RUNNING and current.host_id == host_id and current.epoch == epoch
+
+
 class CreateFlow:
     def __init__(
         self,
@@ -375,8 +380,9 @@ class CreateFlow:
     async def forget_failed(self, record: SandboxRecord) -> None:
         """After a create failed: its record goes while unplaced, or while running as this create's own
         commit wrote it (the failure came after that write landed: a cancelled request, or a lost reply
-        when the store could not be asked again; placement already stopped the copy). A record the leader settled as running on a host, this
-        replica's lease having lapsed, stays: the client's retry gets that sandbox."""
+        when the store could not be asked again; placement already stopped the copy). A record the
+        leader settled as running on a host, this replica's lease having lapsed, stays: the client's
+        retry gets that sandbox."""
         with contextlib.suppress(Exception):
             current = await self.store.get_sandbox(record.id)
             if current is None:
@@ -481,11 +487,7 @@ class CreateFlow:
                 named = out.record.id
         elif current.state is SandboxState.DELETED:
             raise ResourceNotFound(f"sandbox {placed.id} was deleted while it was being placed")
-        elif (
-            current.state is SandboxState.RUNNING
-            and current.host_id == placed.host_id
-            and current.epoch == placed.epoch
-        ):
+        elif _names_copy(current, placed.host_id, placed.epoch):
             return current
         raise Unavailable(
             f"this create was settled while its replica's lease had lapsed ({placed.id}); ask again",
@@ -589,12 +591,7 @@ class CreateFlow:
         otherwise, or when the store cannot be asked."""
         with contextlib.suppress(Exception):
             current = await self.store.get_sandbox(record.id)
-            if (
-                current is not None
-                and current.state is SandboxState.RUNNING
-                and current.host_id == host_id
-                and current.epoch == record.epoch
-            ):
+            if current is not None and _names_copy(current, host_id, record.epoch):
                 return current
         return None
 

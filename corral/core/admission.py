@@ -130,9 +130,9 @@ BoundFn = Callable[[HostView, Pending, CreateRequest, AdmissionPolicy], float]
 
 
 def _render(name: str, expr: str, reads: Iterable[Term]) -> BoundFn:
-    """``expr`` (a bound's test or terms) compiled to a plain function of (host, pending, request, policy) returning ``expr``.
-    The filters and the score run per host per decision: compiled once, a bound costs what the
-    hand-written comparison did, not a dict of terms and a loop over them."""
+    """``expr`` (a bound's test, or terms of the score) compiled to a plain function of (host, pending,
+    request, policy). The filters and the score run per host per decision: compiled once, a bound
+    costs what the hand-written comparison did, not a dict of terms and a loop over them."""
     charge = (
         "    charge = request_charge_mb(request, host.memory_admission, policy)\n"
         if Term.CHARGE_MB in reads

@@ -14,6 +14,7 @@ from corral.core import (
     FIT_RULE,
     CreateRequest,
     FullScan,
+    HostView,
     Pending,
     Placer,
     Scorer,
@@ -32,35 +33,36 @@ from .conftest import make_host
 eighths = st.integers(min_value=0, max_value=160).map(lambda n: n / 8)
 
 
-@given(
-    admittable=st.integers(min_value=-1024, max_value=8192),
-    pending_mb=st.integers(min_value=0, max_value=8192),
-    memory_mb=st.integers(min_value=1, max_value=8192),
-    stateful=st.booleans(),
-    cpu_total=eighths,
-    cpu_used=eighths,
-    pending_cpu=eighths,
-    cpu=eighths,
-)
-def test_the_filters_are_the_declared_bounds(
-    admittable: int,
-    pending_mb: int,
-    memory_mb: int,
-    stateful: bool,
-    cpu_total: float,
-    cpu_used: float,
-    pending_cpu: float,
-    cpu: float,
-) -> None:
-    host = make_host(admittable=admittable, cpu_total=cpu_total, cpu_used=cpu_used)
-    pending = Pending(pending_mb, pending_cpu)
-    req = CreateRequest(memory_mb=memory_mb, cpu=cpu, stateful=stateful)
+Situation = tuple[HostView, Pending, CreateRequest]
+
+
+@st.composite
+def situations(draw: st.DrawFn, most_mb: int = 8192, totals: bool = False) -> Situation:
+    """A host (its memory total drawn too with ``totals``), what is pending on it, and a request."""
+    host = make_host(
+        total=draw(st.integers(min_value=0, max_value=most_mb)) if totals else 32768,
+        admittable=draw(st.integers(min_value=-1024, max_value=most_mb)),
+        cpu_total=draw(eighths),
+        cpu_used=draw(eighths),
+    )
+    pending = Pending(draw(st.integers(min_value=0, max_value=8192)), draw(eighths))
+    req = CreateRequest(
+        memory_mb=draw(st.integers(min_value=1, max_value=8192)),
+        cpu=draw(eighths),
+        stateful=draw(st.booleans()),
+    )
+    return host, pending, req
+
+
+@given(situations())
+def test_the_filters_are_the_declared_bounds(situation: Situation) -> None:
+    host, pending, req = situation
     values = fit_terms(host, pending, req)
     charge = values[MEMORY.need[-1]]
     # the declaration, written out by hand once, here
-    assert memory_fits(host, pending, req) == (admittable - pending_mb >= charge)
+    assert memory_fits(host, pending, req) == (host.memory_mb_admittable - pending.memory_mb >= charge)
     assert cpu_fits(host, pending, req) == (
-        cpu_used + pending_cpu + cpu <= cpu_total * DEFAULT_POLICY.cpu_overcommit
+        host.cpu_used + pending.cpu + req.cpu <= host.cpu_total * DEFAULT_POLICY.cpu_overcommit
     )
     assert host_fits(host, pending, req) == all(
         b.holds(values, DEFAULT_POLICY.cpu_overcommit) for b in FIT_RULE
@@ -75,31 +77,11 @@ def test_headroom_is_what_each_bound_leaves_over_the_total() -> None:
     assert got == 0.7 * ((6_000 - 1000 - 1024) / 10_000) + 0.3 * ((8.0 - 2.0 - 1.0 - 1.0) / 8.0)
 
 
-@given(
-    total=st.integers(min_value=0, max_value=1 << 20),
-    admittable=st.integers(min_value=-1024, max_value=1 << 20),
-    pending_mb=st.integers(min_value=0, max_value=8192),
-    memory_mb=st.integers(min_value=1, max_value=8192),
-    stateful=st.booleans(),
-    cpu_total=eighths,
-    cpu_used=eighths,
-    cpu=eighths,
-    memory_weight=st.floats(min_value=0, max_value=1),
-)
+@given(situations(most_mb=1 << 20, totals=True), st.floats(min_value=0, max_value=1))
 def test_the_compiled_headroom_is_the_declared_bounds_left_over_their_totals(
-    total: int,
-    admittable: int,
-    pending_mb: int,
-    memory_mb: int,
-    stateful: bool,
-    cpu_total: float,
-    cpu_used: float,
-    cpu: float,
-    memory_weight: float,
+    situation: Situation, memory_weight: float
 ) -> None:
-    host = make_host(total=total, admittable=admittable, cpu_total=cpu_total, cpu_used=cpu_used)
-    pending = Pending(pending_mb, 0.5)
-    req = CreateRequest(memory_mb=memory_mb, cpu=cpu, stateful=stateful)
+    host, pending, req = situation
     scorer = Scorer(weights=ScoreWeights(memory=memory_weight, cpu=1 - memory_weight))
     values = fit_terms(host, pending, req)
     # the declaration read term by term, added in the order the weights list the bounds

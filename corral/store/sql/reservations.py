@@ -159,7 +159,7 @@ class ReservationsSql(SqlBase):
         template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
         ranked = by_tie_rank(sandbox_id or template.id, candidates)
         take_best = _take_best(len(ranked))
-        p: dict[str, Any] = {f"c{i}": h for i, h in enumerate(ranked)}
+        _, p = in_list("c", ranked)  # the names the cached text binds
         p.update(mb=memory_mb, cpu=rows.to_millicores(template.cpu), now=template.created_at)
 
         async def run(tx: Tx) -> ReservationRecord | None:
