@@ -52,6 +52,10 @@ class ErrorCode(StrEnum):
     MISDIRECTED = "misdirected", 421
     TENANT_OVER_QUOTA = "tenant_over_quota", 429
     QUEUE_FULL = "queue_full", 429
+    # Too much at once from one caller: a sandbox's or a tenant's data-plane calls in flight, or a
+    # token's open connections. 429 with Retry-After: the same call succeeds once one of its own ends.
+    TOO_MANY_CONCURRENT = "too_many_concurrent", 429
+    TOO_MANY_CONNECTIONS = "too_many_connections", 429
     # Any other HTTP error the framework raises keeps its own status; 400 is the usual one.
     HTTP_ERROR = "http_error", 400
 
