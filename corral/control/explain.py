@@ -3,7 +3,7 @@ their scores, the filter that rejected each host it turned away, the hosts it of
 one the store took by its current totals; then the outcome. The same document is stored with a placed
 sandbox and sent in a refused create's 503 ``details``.
 
-Bounded by construction: at most ``MAX_CANDIDATES`` candidates and ``MAX_REJECTED`` rejections per
+Bounded by construction: at most ``SMALL_FLEET`` candidates and ``MAX_REJECTED`` rejections per
 attempt, at most the create's attempt limit of attempts.
 """
 

@@ -33,8 +33,9 @@ class Choice:
     reasons: dict[str, int] = field(default_factory=dict)
     checked: int = 0
     oldest_heartbeat_at: float | None = None
-    # The feasible hosts this decision scored, best first (at most ``MAX_CANDIDATES``): what a
-    # commit step may still choose among with fresher numbers than this decision had.
+    # The feasible hosts this decision scored, best first (at most ``MAX_CANDIDATES``, or all of a
+    # fleet of at most ``SMALL_FLEET``): what a commit step may still choose among with fresher
+    # numbers than this decision had.
     candidates: tuple[HostView, ...] = ()
     # The score of each of ``candidates``, in the same order.
     scores: tuple[float, ...] = ()
@@ -45,6 +46,10 @@ class Choice:
 
 MAX_CANDIDATES = 8
 MAX_REJECTED = 16
+# A fleet this small is scanned whole on every decision, and every feasible host goes to the commit
+# step, which then chooses by the store's current totals among all of them: a sample of a few out of a
+# dozen hosts sometimes holds only busy ones, and looking at every one costs little here.
+SMALL_FLEET = 16
 
 
 class Selector(ABC):
@@ -91,7 +96,9 @@ def _best(
     jitter: float = 0.0,
 ) -> Choice:
     """Highest score; ties broken by ``tie_rank`` under a salt drawn from ``rng`` (the store's rule,
-    so each tied host wins equally often), else the first wins."""
+    so each tied host wins equally often), else the first wins. The choice keeps the best
+    ``MAX_CANDIDATES`` of them, or all of them when they are as few as a small fleet."""
+    keep = len(candidates) if len(candidates) <= SMALL_FLEET else MAX_CANDIDATES
     best: HostView | None = None
     best_score = float("-inf")
     oldest: float | None = None
@@ -114,10 +121,10 @@ def _best(
     if len(scored) <= 2:
         top = sorted(scored, key=lambda t: (t[0], t[1]), reverse=True)
     else:
-        top = heapq.nlargest(MAX_CANDIDATES, scored, key=lambda t: (t[0], t[1]))
+        top = heapq.nlargest(keep, scored, key=lambda t: (t[0], t[1]))
     if best is not None and (not top or top[0][2] is not best):
         # a random tiebreak may have chosen a host the top list cut: the chosen one always leads
-        top = [(best_score, 0, best), *(t for t in top if t[2] is not best)][:MAX_CANDIDATES]
+        top = [(best_score, 0, best), *(t for t in top if t[2] is not best)][:keep]
     return Choice(
         best,
         best_score,
@@ -249,6 +256,6 @@ class Jitter(Selector):
 
 
 def candidate_limit(n: int) -> int:
-    """Nomad's candidate limit, max(2, ceil(log2 n)): enough choices to balance a small fleet, still
-    O(log n) for a large one."""
-    return max(2, math.ceil(math.log2(n))) if n > 1 else 1
+    """Every host of a fleet of at most ``SMALL_FLEET``; beyond, Nomad's candidate limit,
+    max(2, ceil(log2 n)): O(log n) for a large fleet."""
+    return n if n <= SMALL_FLEET else max(2, math.ceil(math.log2(n)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from corral.core import FullScan, Jitter, Naive, PowerOfK, Selector
 
@@ -36,12 +37,18 @@ class Policy:
     starts_limit: int | None
     summary: str
     # Candidates per decision when corral's own create flow runs this policy (its ``k``; 0: every
-    # host). None: a model of another scheduler, not a configuration of corral's.
-    flow_k: int | None = None
+    # host; "auto": corral's own default, ``candidate_limit``). None: a model of another scheduler,
+    # not a configuration of corral's.
+    flow_k: int | Literal["auto"] | None = None
 
     @property
     def is_model(self) -> bool:
         return self.flow_k is None
+
+    @property
+    def control_k(self) -> int | None:
+        """The create flow's ``ControlConfig.k`` for this policy (None: corral's default)."""
+        return self.flow_k if isinstance(self.flow_k, int) else None
 
     @property
     def engine(self) -> str:
@@ -98,8 +105,9 @@ POLICIES: dict[str, Policy] = {
             LedgerScope.SHARED,
             True,
             CORRAL_STARTS_LIMIT,
-            "power-of-2 sampling + a shared ledger + the agent's own gate and starts limiter",
-            flow_k=2,
+            "corral as it ships: power-of-K sampling (every host of a small fleet) + a shared ledger "
+            "+ the agent's own gate and starts limiter",
+            flow_k="auto",
         ),
         Policy(
             "random",

@@ -94,7 +94,7 @@ class RealFleetConfig:
             host=spec,
             view_ttl_s=view_ttl_s,
             stale_after_s=model.stale_after,
-            k=pol.flow_k,
+            k=pol.control_k,
             **changes,
         )
 

@@ -163,7 +163,8 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         f"replica: it is N times what one replica's share puts on the top host, which depends on how "
         f"far apart hosts are compared with the reservation ({reserve} MB here).",
         f"- **A shared ledger fixes it at any replica count** (max {shared4.max} with four), and the `corral` "
-        f"policy, power-of-2 + shared ledger + the agents' starts limiter, gave max {corral.max}, max/median "
+        f"policy, every host of this small fleet offered to a shared ledger + the agents' starts limiter, "
+        f"gave max {corral.max}, max/median "
         f"{_ratio(corral.max_to_median)}, refusals {corral.refusals or 'none'}: {_limiter(corral)}",
         "",
         "### Under which conditions the per-replica claim holds",
@@ -186,7 +187,7 @@ def _burst_section(cfg: ReportConfig, out: Path) -> list[str]:
         "",
         f"`corral`, four replicas, seeds 1-{cfg.burst_seeds}: max per host {_dist([r.max for r in corral4])}; "
         f"max/median <= 1.25 in {sum(1 for r in corral4 if (r.max_to_median or 99) <= 1.25)} of "
-        f"{len(corral4)} seeds. Without the starts limiter (power-of-2 + shared ledger only): "
+        f"{len(corral4)} seeds. Without the starts limiter (the shared ledger only): "
         f"{_dist([r.max for r in p2_shared4])}. {_limiter_effect(corral4, p2_shared4)}",
         "",
         "### A 30 s stale cutoff over a 30 s cache",
@@ -220,12 +221,10 @@ def _limiter_effect(limited: Sequence[BurstResult], unlimited: Sequence[BurstRes
     if [r.per_host for r in limited] == [r.per_host for r in unlimited]:
         return (
             "The starts limiter changed no placement: it queues starts rather than refusing them at this "
-            "rate, so the spread is power-of-2 sampling's own, which trades a little balance for O(1) decisions."
+            "rate, so the spread is the shared ledger's own: the store takes the roomiest candidate by its "
+            "live totals."
         )
-    return (
-        "Sampling two hosts trades a little balance for O(1) decisions; the agents' limiter moves some "
-        "creates off the luckiest host."
-    )
+    return "The agents' limiter moves some creates off the host the store's totals favoured."
 
 
 def _skipped(results: Sequence[BurstResult]) -> str:
@@ -348,10 +347,10 @@ def _staleness_section(cfg: ReportConfig, out: Path) -> list[str]:
     if "corral" in s.policies:
         co = pts[("corral", old)]
         lines += [
-            f"`corral` runs through its own create flow: each replica samples two candidates from its cached "
-            f"view, and the store's `reserve_best` takes the better of them by its live totals (heartbeat facts "
-            f"plus every replica's outstanding reservations), so the choice between the two never rests on the "
-            f"old view. Its max-to-median was {pts[('corral', fresh)].max_to_median:.2f} at TTL {fresh:g} s and "
+            f"`corral` runs through its own create flow: each replica offers candidates from its cached view "
+            f"(every host of a fleet of at most 16, else K = max(2, log2 n) sampled ones), and the store's "
+            f"`reserve_best` takes the best of them by its live totals (heartbeat facts plus every replica's "
+            f"outstanding reservations), so the choice among them never rests on the old view. Its max-to-median was {pts[('corral', fresh)].max_to_median:.2f} at TTL {fresh:g} s and "
             f"{co.max_to_median:.2f} at {old:g} s (views {co.mean_view_age_s:.1f} s old on average).",
         ]
     lines.append("")

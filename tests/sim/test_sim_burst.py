@@ -17,12 +17,14 @@ def test_naive_piles_the_burst_onto_one_host() -> None:
     assert r.max_to_median is None  # the median host got nothing
 
 
-def test_the_default_policy_spreads_with_four_replicas() -> None:
-    r = run(BurstScenario(replicas=4), 1)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_default_policy_spreads_with_four_replicas(seed: int) -> None:
+    r = run(BurstScenario(replicas=4), seed)
     assert r.scenario.policy == "corral"
-    # Power-of-2 sampling over fifty creates on twelve hosts: within two of the mean, never a pile-up.
-    assert r.max <= 6
-    assert r.max_to_median is not None and r.max_to_median <= 1.5
+    # Twelve hosts are few enough to offer the store every one, which then takes the roomiest by its
+    # current totals: fifty creates land within one of the mean (4.2), never a pile-up.
+    assert r.max <= 5
+    assert r.max_to_median is not None and r.max_to_median <= 1.25
     # Every create is placed, and every reservation ends once a heartbeat lists its sandbox.
     assert r.placed == 50
     assert r.outstanding_mb_after == 0

@@ -174,7 +174,7 @@ def real_config(scn: BurstScenario, **changes: Any) -> RealFleetConfig:
         replicas=scn.replicas,
         view_ttl_s=scn.view_ttl_s,
         stale_after_s=model.stale_after,
-        k=policy_named(scn.policy).flow_k,
+        k=policy_named(scn.policy).control_k,
         split=scn.split,
         reservation_ttl_s=scn.ledger_ttl_s,
         replica_lease_s=scn.lease_s if scn.lease_s is not None else 10 * scn.ledger_ttl_s,

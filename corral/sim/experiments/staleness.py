@@ -122,7 +122,7 @@ def run_real_point(scn: StalenessScenario, policy: str, view_ttl_s: float, seed:
         replicas=scn.replicas,
         view_ttl_s=view_ttl_s,
         stale_after_s=model.stale_after,
-        k=pol.flow_k,
+        k=pol.control_k,
     )
 
     async def main() -> StalenessPoint:
