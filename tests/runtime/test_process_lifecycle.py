@@ -46,7 +46,7 @@ async def test_stop_leaves_no_process_no_cgroup_no_state(process_runtime: Proces
     assert isinstance(record, Running) and record.cgroup is not None
     cgroup = Path(record.cgroup)
     members = [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()]
-    assert len(members) >= 4  # monitor, init, sleep infinity, the exec'd sleep
+    assert len(members) >= 3  # bubblewrap's monitor, the init, the exec'd sleep
 
     await process_runtime.stop("doomed")
 
@@ -205,10 +205,12 @@ async def test_duplicate_id_is_refused_and_the_first_keeps_running(process_runti
 
 
 async def test_a_failed_start_leaves_nothing(make_process_runtime: Factory, cgroup_root: CgroupRoot) -> None:
-    # An init that cannot run: bubblewrap sets up, then exec fails; the start must fail cleanly.
-    process_runtime = make_process_runtime(init_command=["/nonexistent/init"])
-    with pytest.raises(RuntimeFailure, match="did not start"):
+    # An init that cannot run (no system directories, so no dynamic loader): bubblewrap sets up, then
+    # its exec fails; the start must fail cleanly, with what bubblewrap said on its stderr.
+    process_runtime = make_process_runtime(system_paths=())
+    with pytest.raises(RuntimeFailure, match="did not start") as failed:
         await process_runtime.start(SandboxSpec(id="broken", memory_mb=64))
+    assert "execvp" in str(failed.value)
     assert list(process_runtime.records.ids()) == []
     assert not cgroup_root.child("broken").exists()
 
