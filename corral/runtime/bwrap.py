@@ -113,6 +113,10 @@ class Layout:
     # /proc file name -> a descriptor of its replacement (see proc_files); the init binary's descriptor.
     proc_fds: Mapping[str, int] = field(default_factory=dict)
     init_fd: int | None = None
+    # The size of each tmpfs the tenant writes (home, /tmp, /dev/shm): its memory limit, which its
+    # files are charged to anyway; so df inside states the sandbox's figure, not half the host's RAM,
+    # and a file past it is ENOSPC rather than an OOM kill. None: the kernel's default.
+    tmpfs_bytes: int | None = None
     network: bool = False
     system_paths: Sequence[str] = SYSTEM_PATHS
     host_etc: Sequence[str] = HOST_ETC
@@ -197,24 +201,32 @@ def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
     argv += ["--hostname", layout.hostname, "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
     argv += _system_binds(layout.system_paths)
     argv += _etc_binds(layout)
+    size = ["--size", str(layout.tmpfs_bytes)] if layout.tmpfs_bytes is not None else []
     argv += [
         "--proc",
         "/proc",
         *_proc_binds(layout),
         "--dev",
         "/dev",
+        # Home, /tmp and /dev/shm are tmpfs: private, gone with the sandbox, and charged to its memory
+        # cgroup, so files count against the limit instead of filling a host disk.
         "--perms",
         "1777",
+        *size,
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "1777",
+        *size,
         "--tmpfs",
         "/tmp",
         "--perms",
         "0755",
         "--dir",
         "/home",
-        # Home and /tmp are tmpfs: private, gone with the sandbox, and charged to its memory cgroup,
-        # so files count against the limit instead of filling a host disk.
         "--perms",
         "0700",
+        *size,
         "--tmpfs",
         SANDBOX_HOME,
         "--chdir",

@@ -242,6 +242,7 @@ class ProcessRuntime:
                 seccomp_fd=seccomp_fd,
                 proc_fds=proc_fds,
                 init_fd=init_fd,
+                tmpfs_bytes=spec.memory_mb * _MIB,
                 network=spec.network,
                 system_paths=self._system_paths,
             )
