@@ -41,6 +41,22 @@ SANDBOX_HOME = f"/home/{SANDBOX_USER}"
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The sandbox's pid 1 (the launcher's ``init`` mode), a read-only copy handed to bubblewrap as data:
+# the launcher's own path is in the host's private cache, which the sandbox's uid may not reach.
+INIT_PATH = "/.corral/init"
+
+# /proc files that describe the host (its boot line, memory, load, disks, swap, build) and are
+# replaced by the sandbox's own view, as lxcfs does for containers; the rest of /proc is the
+# sandbox's own already (its pid namespace) or states nothing of the host's configuration.
+# Directories of host figures (pressure stall information) are hidden under an empty read-only tmpfs.
+PROC_HIDDEN_DIRS: tuple[str, ...] = ("pressure",)
+# The fields of /proc/meminfo that free, top, ps and psutil read, in the kernel's order.
+_MEMINFO_FIELDS = (
+    "MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapCached", "Active", "Inactive",
+    "Unevictable", "Mlocked", "SwapTotal", "SwapFree", "Dirty", "Writeback", "AnonPages", "Mapped",
+    "Shmem", "KReclaimable", "Slab", "SReclaimable", "SUnreclaim", "KernelStack", "PageTables",
+    "CommitLimit", "Committed_AS",
+)  # fmt: skip
 
 
 def etc_files(hostname: str) -> dict[str, bytes]:
@@ -62,6 +78,29 @@ def etc_files(hostname: str) -> dict[str, bytes]:
     }
 
 
+def proc_files(memory_mb: int) -> dict[str, bytes]:
+    """The sandbox's own view of the /proc files that would describe the host: its memory is its
+    limit, with no swap (the cgroup allows none); no load, no disks, no swap devices, no boot line
+    and no kernel build configuration. Static: a figure that moved would be the host's again."""
+    limit_kb = memory_mb * 1024
+    full = ("MemTotal", "MemFree", "MemAvailable", "CommitLimit")
+    meminfo = "".join(
+        f"{name + ':':<16}{limit_kb if name in full else 0:>8} kB\n" for name in _MEMINFO_FIELDS
+    )
+    return {
+        "meminfo": meminfo.encode(),
+        "loadavg": b"0.00 0.00 0.00 1/1 1\n",
+        "cmdline": b"\n",
+        "diskstats": b"",
+        "partitions": b"major minor  #blocks  name\n\n",
+        "swaps": b"Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n",
+        "vmstat": b"",
+        "zoneinfo": b"",
+        "buddyinfo": b"",
+        "config.gz": b"",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Everything about one sandbox's filesystem and namespaces that the command line encodes."""
@@ -71,6 +110,13 @@ class Layout:
     # may not walk to the runtime's private state, but can read what it is handed.
     etc_fds: Mapping[str, int] = field(default_factory=dict)
     seccomp_fd: int | None = None
+    # /proc file name -> a descriptor of its replacement (see proc_files); the init binary's descriptor.
+    proc_fds: Mapping[str, int] = field(default_factory=dict)
+    init_fd: int | None = None
+    # The size of each tmpfs the tenant writes (home, /tmp, /dev/shm): its memory limit, which its
+    # files are charged to anyway; so df inside states the sandbox's figure, not half the host's RAM,
+    # and a file past it is ENOSPC rather than an OOM kill. None: the kernel's default.
+    tmpfs_bytes: int | None = None
     network: bool = False
     system_paths: Sequence[str] = SYSTEM_PATHS
     host_etc: Sequence[str] = HOST_ETC
@@ -119,15 +165,28 @@ def _etc_binds(layout: Layout) -> list[str]:
     return argv
 
 
+def _proc_binds(layout: Layout) -> list[str]:
+    argv: list[str] = []
+    for name, fd in sorted(layout.proc_fds.items()):
+        if os.path.exists(f"/proc/{name}"):  # procfs has no file to bind over where the kernel lacks it
+            argv += ["--ro-bind-data", str(fd), f"/proc/{name}"]
+    for name in PROC_HIDDEN_DIRS:
+        if os.path.isdir(f"/proc/{name}"):
+            argv += ["--perms", "0555", "--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+    return argv
+
+
 def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
     """bubblewrap's options for a sandbox (handed to it with ``--args FD``, so the hostname is on no
-    command line). bubblewrap writes the init's host pid to ``info_fd``; the sandbox prints ``ready``
-    on stdout when it is set up (see :func:`init_command`).
+    command line). bubblewrap writes the init's host pid to ``info_fd``; the init prints ``ready``
+    on stdout when it runs, every mount in place (see :func:`init_command`).
 
     Deliberately no ``--die-with-parent``: the sandbox must outlive the agent that started it, so a
-    restarted agent can re-adopt it. bubblewrap itself is pid 1 inside and reaps orphans there.
+    restarted agent can re-adopt it. ``--as-pid-1``: corral's init is pid 1 inside and reaps orphans
+    there, so bubblewrap leaves no process of its own in the sandbox.
     """
     argv = [
+        "--as-pid-1",
         "--unshare-user",
         # A second, nested user namespace with a limit of one: no process inside can create another.
         "--disable-userns",
@@ -142,41 +201,50 @@ def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
     argv += ["--hostname", layout.hostname, "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
     argv += _system_binds(layout.system_paths)
     argv += _etc_binds(layout)
+    size = ["--size", str(layout.tmpfs_bytes)] if layout.tmpfs_bytes is not None else []
     argv += [
         "--proc",
         "/proc",
+        *_proc_binds(layout),
         "--dev",
         "/dev",
+        # Home, /tmp and /dev/shm are tmpfs: private, gone with the sandbox, and charged to its memory
+        # cgroup, so files count against the limit instead of filling a host disk.
         "--perms",
         "1777",
+        *size,
+        "--tmpfs",
+        "/dev/shm",
+        "--perms",
+        "1777",
+        *size,
         "--tmpfs",
         "/tmp",
         "--perms",
         "0755",
         "--dir",
         "/home",
-        # Home and /tmp are tmpfs: private, gone with the sandbox, and charged to its memory cgroup,
-        # so files count against the limit instead of filling a host disk.
         "--perms",
         "0700",
+        *size,
         "--tmpfs",
         SANDBOX_HOME,
         "--chdir",
         SANDBOX_HOME,
         "--new-session",
     ]
+    if layout.init_fd is not None:
+        argv += ["--perms", "0555", "--ro-bind-data", str(layout.init_fd), INIT_PATH]
     if layout.seccomp_fd is not None:
         argv += ["--seccomp", str(layout.seccomp_fd)]
     argv += ["--info-fd", str(info_fd)]
     return argv
 
 
-def init_command(init: Sequence[str]) -> list[str]:
+def init_command() -> list[str]:
     """What follows bubblewrap's options on its own command line (``--args`` carries options only):
-    a shell that announces readiness on stdout once every mount is in place and ``init`` is there to
-    run, then becomes ``init``."""
-    ready = 'command -v "$1" >/dev/null && echo ready && exec "$@"'
-    return ["--", "/bin/sh", "-c", ready, "init", *init]
+    the launcher's ``init``, which announces readiness on stdout, then holds the namespaces open."""
+    return ["--", INIT_PATH, "init"]
 
 
 def encode_args(args: Sequence[str]) -> bytes:
@@ -194,6 +262,7 @@ def probe(host_uid: int = 65534, host_gid: int = 65534) -> str | None:
         return reason
     command = [
         "bwrap",
+        "--as-pid-1",  # bubblewrap 0.3.2 and later; the sandbox's pid 1 is corral's own init
         "--unshare-all",
         "--unshare-user",
         "--disable-userns",

@@ -7,6 +7,11 @@
  *
  *   launcher seccomp
  *       write the sandbox seccomp filter, as BPF, to stdout (bubblewrap's --seccomp for the init)
+ *   launcher init
+ *       be the sandbox's pid 1 (bubblewrap --as-pid-1 execs this inside): not dumpable, so no process
+ *       of the sandbox's uid can ptrace it, take its descriptors or read its /proc entries; say
+ *       "ready" on stdout, then hold only /dev/null, reap every orphan, and exit on a SIGTERM from
+ *       outside the sandbox (SIGKILL from outside ends it too)
  *   launcher spawn UID GID PROCS... -- PROGRAM ARG...
  *       join the cgroups (write our pid to each PROCS file), drop every supplementary group and
  *       become UID/GID, then exec PROGRAM (bubblewrap) with the environment we were given
@@ -77,6 +82,9 @@ static const char *const DENIED[] = {
     "reboot", "request_key", "setns", "settimeofday", "stime", "swapoff", "swapon", "_sysctl",
     "sysfs", "syslog", "umount", "umount2", "uselib", "userfaultfd", "ustat", "vm86", "vm86old",
     "adjtimex", "fanotify_init", "kcmp", "chroot",
+    /* Taking another process's descriptor: the sandbox's init holds none worth taking (see init) and
+     * is not dumpable, which the kernel checks too; this is the second lock on the same door. */
+    "pidfd_getfd",
 };
 
 /* Namespace flags: creating namespaces is how most kernel attack surface is reached unprivileged. */
@@ -277,7 +285,7 @@ static void drop_bounding_set(void) {
 }
 
 /* Whatever an exec runs is what the OOM killer should take first when the sandbox overruns its limit,
- * before the sandbox's skeleton (bubblewrap and its init), which would end the whole sandbox. Raising
+ * before the sandbox's skeleton (its pid 1, corral's init), which would end the whole sandbox. Raising
  * one's own score needs no privilege; lowering the skeleton's does, which not every host grants. */
 #define WORKLOAD_OOM_SCORE_ADJ "500"
 
@@ -368,8 +376,44 @@ static int exec_in(int argc, char **argv) {
     return WEXITSTATUS(status);
 }
 
+/* ---- init: the sandbox's pid 1 ---------------------------------------------------------------------- */
+
+#define READY "ready\n"
+
+static int init_main(void) {
+    /* Not dumpable: the kernel's ptrace access check then refuses every process without
+     * CAP_SYS_PTRACE (none inside has it), though of the same uid: no ptrace, no pidfd_getfd, no
+     * /proc/1/fd, environ, mem or root. execve resets the flag, so it is set here, after it. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+    sigset_t waited;
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, SIGTERM);
+    /* Blocked, then taken with sigwaitinfo: a blocked signal is queued even for a pid 1 that has no
+     * handler, with its sender, so a SIGTERM is told apart by where it came from. */
+    if (sigprocmask(SIG_BLOCK, &waited, NULL) != 0) fail("sigprocmask");
+    close_other_fds();
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0) fail("/dev/null");
+    if (write(STDOUT_FILENO, READY, sizeof READY - 1) != (ssize_t)(sizeof READY - 1)) fail("ready");
+    /* From here on nothing of the host's is held: stdout and stderr were bubblewrap's pipes to the
+     * runtime, which stops reading them once the sandbox is ready. */
+    if (dup2(null, STDIN_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 || dup2(null, STDERR_FILENO) < 0)
+        _exit(EXIT_SETUP);
+    close(null);
+    for (;;) {
+        siginfo_t info;
+        int sig = sigwaitinfo(&waited, &info);
+        /* si_pid is 0 for a sender outside our pid namespace: only the host ends the sandbox this
+         * way; a tenant's SIGTERM to pid 1 is read and dropped (its SIGKILL never arrives). */
+        if (sig == SIGTERM && info.si_pid == 0) return 0;
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+    }
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) fail_msg("usage: launcher seccomp | spawn ... | exec ... | check-spec");
+    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec ... | check-spec");
     const char *mode = argv[1];
     if (strcmp(mode, "seccomp") == 0) {
         scmp_filter_ctx ctx = build_filter();
@@ -377,6 +421,7 @@ int main(int argc, char **argv) {
         seccomp_release(ctx);
         return rc == 0 ? 0 : EXIT_SETUP;
     }
+    if (strcmp(mode, "init") == 0) return init_main();
     if (strcmp(mode, "spawn") == 0) return spawn(argc - 2, argv + 2);
     if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2);
     if (strcmp(mode, "check-spec") == 0) return check_spec();

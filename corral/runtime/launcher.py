@@ -101,6 +101,12 @@ def path() -> Path:
     return target
 
 
+@functools.cache
+def binary() -> bytes:
+    """The launcher's own bytes: its ``init`` mode runs inside each sandbox from a copy of them."""
+    return path().read_bytes()
+
+
 def unavailable_reason() -> str | None:
     try:
         path()

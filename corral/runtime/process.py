@@ -5,14 +5,16 @@ seccomp filter. docs/isolation.md is the threat model.
 
 A sandbox is made of:
 
-* a long-lived init (``sleep infinity`` under bubblewrap's own pid-1 reaper) that holds the namespaces
-  open; every exec joins them through the launcher, which alone carries the tenant's command, env and
-  cwd, on a descriptor, to the final execve inside;
+* a long-lived init (the launcher's ``init`` mode, pid 1 inside: not dumpable, holding only
+  /dev/null, reaping orphans) that holds the namespaces open; every exec joins them through the
+  launcher, which alone carries the tenant's command, env and cwd, on a descriptor, to the final
+  execve inside;
 * cgroups that every process of the sandbox is placed in before it runs its first instruction;
 * private tmpfs mounts for its home and /tmp, charged to that cgroup;
 * a host uid leased for it alone (see :mod:`corral.runtime.uids`);
-* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroups, uid)
-  and bubblewrap's log.
+* a directory under the runtime's root with the sandbox's record (spec, init identity, cgroups, uid),
+  written by the runtime alone: nothing of the sandbox writes to a host file. bubblewrap's stderr is
+  a pipe, read only when a start fails and closed once the sandbox is ready.
 
 Sandboxes deliberately outlive the agent that starts them (no ``--die-with-parent``): a restarted agent
 re-adopts them from their records, after checking that the recorded pid is still that sandbox's init
@@ -61,6 +63,9 @@ _MIB = 1024 * 1024
 _START_TIMEOUT_S = 10.0
 _EXIT_GRACE_S = 2.0
 _DRAIN_GRACE_S = 0.5
+# What a failed start reports of bubblewrap's stderr: what its pipe holds (the kernel's pipe buffer,
+# 64 KiB by default, is all it can write unread), cut to this.
+_BWRAP_ERROR_BYTES = 64 * 1024
 
 # Monitors this Python process spawned and has not reaped yet, by pid. Process-wide on purpose:
 # whichever runtime object stops a sandbox (a second one over the same root re-adopts it) reaps
@@ -113,7 +118,6 @@ class ProcessRuntime:
         uid_lease_dir: Path = DEFAULT_LEASE_DIR,
         output_limit_bytes: int = DEFAULT_LIMIT,
         system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
-        init_command: Sequence[str] = ("sleep", "infinity"),
         clock: Clock | None = None,
         cgroup_prefix: str = "",
     ) -> None:
@@ -129,7 +133,6 @@ class ProcessRuntime:
         self._privileged = privileged
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
-        self._init = tuple(init_command)
         # Absolute: the launcher execs it without a PATH search.
         self._bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._clock = clock or SystemClock()
@@ -151,7 +154,7 @@ class ProcessRuntime:
             cgroup_extra=tuple(str(p) for p in cgroup.extra) if cgroup else (),
         )
         try:
-            directory = self.records.claim(spec.id, starting)
+            self.records.claim(spec.id, starting)
         except FileExistsError:
             raise SandboxExists(f"sandbox {spec.id!r} already exists") from None
         except OSError as exc:
@@ -169,7 +172,7 @@ class ProcessRuntime:
                 # Refuses a cgroup that exists: it is not ours to reuse.
                 cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
                 created = cgroup
-            running = await self._launch(spec, directory, cgroup, uid)
+            running = await self._launch(spec, cgroup, uid)
             self.records.commit(spec.id, running)
         except BaseException as exc:
             # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
@@ -215,9 +218,7 @@ class ProcessRuntime:
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), "env") from None
 
-    async def _launch(
-        self, spec: SandboxSpec, directory: Path, cgroup: SandboxCgroup | None, uid: int | None
-    ) -> Running:
+    async def _launch(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, uid: int | None) -> Running:
         hostname = spec.hostname or spec.id[:64]
         seccomp = launcher.seccomp_bpf()
         fds: list[int] = []
@@ -227,12 +228,21 @@ class ProcessRuntime:
             for name, data in bwrap.etc_files(hostname).items():
                 etc_fds[name] = launcher.memfd(name, data)
                 fds.append(etc_fds[name])  # each closed below, even if a later one fails
+            proc_fds: dict[str, int] = {}
+            for name, data in bwrap.proc_files(spec.memory_mb).items():
+                proc_fds[name] = launcher.memfd(name, data)
+                fds.append(proc_fds[name])
             seccomp_fd = launcher.memfd("seccomp", seccomp)
             fds.append(seccomp_fd)
+            init_fd = launcher.memfd("init", launcher.binary())
+            fds.append(init_fd)
             layout = bwrap.Layout(
                 hostname=hostname,
                 etc_fds=etc_fds,
                 seccomp_fd=seccomp_fd,
+                proc_fds=proc_fds,
+                init_fd=init_fd,
+                tmpfs_bytes=spec.memory_mb * _MIB,
                 network=spec.network,
                 system_paths=self._system_paths,
             )
@@ -247,42 +257,46 @@ class ProcessRuntime:
             host_gid = str(uid if uid is not None else os.getgid())
             procs = [str(p) for p in cgroup.procs_files] if cgroup else []
             argv = [str(launcher.path()), "spawn", host_uid, host_gid, *procs, "--"]
-            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(self._init)]
-            log_fd = os.open(
-                directory / "bwrap.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600
+            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command()]
+            # stderr is a pipe, not a file: the sandbox's init starts with bubblewrap's descriptors,
+            # and nothing a sandbox holds may be a host file it could grow.
+            monitor = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(info_w, *fds),
+                start_new_session=True,  # the agent's terminal signals must not reach sandboxes
+                cwd="/",
+                env=launcher.clean_env(),
             )
-            with open(log_fd, "wb") as log:
-                monitor = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    pass_fds=(info_w, *fds),
-                    start_new_session=True,  # the agent's terminal signals must not reach sandboxes
-                    cwd="/",
-                    env=launcher.clean_env(),
-                )
             self._launching[spec.id] = monitor
             _SPAWNED[monitor.pid] = monitor
         finally:
             os.close(info_w)
             for fd in fds:
                 os.close(fd)
-        assert monitor.stdout is not None
+        assert monitor.stdout is not None and monitor.stderr is not None
         info_pipe = os.fdopen(info_r, "rb", buffering=0)
         try:
-            info = await asyncio.wait_for(_await_ready(info_pipe, monitor.stdout), _START_TIMEOUT_S)
-        except TimeoutError:
-            raise RuntimeFailure("bubblewrap did not report its sandbox in time") from None
+            try:
+                info = await asyncio.wait_for(_await_ready(info_pipe, monitor.stdout), _START_TIMEOUT_S)
+            except TimeoutError:
+                why = _read_held(monitor.stderr.fileno(), _BWRAP_ERROR_BYTES)
+                raise RuntimeFailure(f"bubblewrap did not report its sandbox in time: {why}") from None
+            finally:
+                # _await_ready closes them, unless it was cancelled before it ran.
+                info_pipe.close()
+                monitor.stdout.close()
+            if info is None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(monitor.wait, _EXIT_GRACE_S)
+                why = _read_held(monitor.stderr.fileno(), _BWRAP_ERROR_BYTES)
+                raise RuntimeFailure(f"bubblewrap failed (exit {monitor.returncode}): {why}")
         finally:
-            # _await_ready closes them, unless it was cancelled before it ran.
-            info_pipe.close()
-            monitor.stdout.close()
-        if info is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(monitor.wait, _EXIT_GRACE_S)
-            log_text = (directory / "bwrap.log").read_text(errors="replace").strip()
-            raise RuntimeFailure(f"bubblewrap failed (exit {monitor.returncode}): {log_text or 'no output'}")
+            # Read no further, whatever happened: a later write by bubblewrap's monitor gets EPIPE and
+            # stores nothing anywhere.
+            monitor.stderr.close()
         init_pid = int(info["child-pid"])
         init = procfs.identify(init_pid)
         monitor_identity = procfs.identify(monitor.pid)
@@ -583,8 +597,9 @@ def _cgroup_of(record: Running | Starting) -> SandboxCgroup | None:
 
 
 async def _await_ready(info: IO[bytes], stdout: IO[bytes]) -> dict[str, int] | None:
-    """bubblewrap's --info-fd JSON once the sandbox says it is ready, or None if bubblewrap exited
-    first (its setup failed; the reason is in its log). Closes both pipes, also when cancelled.
+    """bubblewrap's --info-fd JSON once the sandbox's init says it is ready, or None if bubblewrap
+    exited first (its setup failed; the reason is on its stderr). Closes both pipes, also when
+    cancelled.
 
     The pipes are watched with ``add_reader`` and read here, never handed to a pipe transport: a
     transport closes its file descriptor on its own schedule (uvloop on the next loop turn), and a
@@ -628,6 +643,16 @@ async def _read_some(fd: int) -> bytes:
     finally:
         loop.remove_reader(fd)
     return os.read(fd, 4096)
+
+
+def _read_held(fd: int, limit: int) -> str:
+    """What a pipe holds now, at most ``limit`` bytes, without waiting for more."""
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
+            data += chunk
+    return data.decode(errors="replace").strip() or "no output"
 
 
 def _wait_gone(identity: procfs.ProcessIdentity, timeout_s: float) -> None:

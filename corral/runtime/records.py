@@ -5,10 +5,10 @@ Layout under the runtime's root, one directory per sandbox::
 
     <root>/<id>/starting.json   written before anything is created; names the cgroup and the starter
     <root>/<id>/sandbox.json    written atomically once the sandbox runs; replaces starting.json
-    <root>/<id>/bwrap.log       bubblewrap's own diagnostics
 
 The root and every directory in it are 0700 and every file 0600: a record holds the sandbox's
-environment, which may carry its secrets.
+environment, which may carry its secrets. Only the runtime writes here (no process of a sandbox holds
+a descriptor to anything under the root), once per start, from a bounded spec.
 
 A directory with only ``starting.json`` whose starter is no longer alive is what a crash mid-start
 leaves; it names everything that must be torn down.

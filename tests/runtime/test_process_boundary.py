@@ -4,9 +4,10 @@ privileges, a seccomp filter, no nested user namespaces, a curated /etc, limits 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -183,8 +184,36 @@ async def test_state_is_private(process_runtime: ProcessRuntime) -> None:
     directory = process_runtime.records.dir("private")
     assert directory.stat().st_mode & 0o777 == 0o700
     files = list(directory.iterdir())
-    assert {f.name for f in files} == {"sandbox.json", "bwrap.log"}
+    assert {f.name for f in files} == {"sandbox.json"}  # no log: bubblewrap's stderr is a pipe
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+
+
+async def test_the_sandbox_skeleton_holds_no_host_file(
+    process_runtime: ProcessRuntime, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    await process_runtime.start(SandboxSpec(id="skeleton", memory_mb=64))
+    record = _record(process_runtime, "skeleton")
+    assert record.cgroup is not None
+    members = [int(pid) for pid in (Path(record.cgroup) / "cgroup.procs").read_text().split()]
+    assert sorted(members) == sorted([record.init.pid, record.monitor.pid])
+
+    def held(pid: int) -> list[str]:
+        targets = []
+        for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+            with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor, closed since
+                targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        return targets
+
+    async def init_let_go() -> bool:  # it says ready, then trades bubblewrap's pipes for /dev/null
+        return held(record.init.pid) == ["/dev/null"] * 3
+
+    assert await eventually(init_let_go), held(record.init.pid)
+    # The monitor outside: pipes, /dev/null, its own event descriptors; never a file of the host's.
+    monitor = held(record.monitor.pid)
+    assert not [t for t in monitor if t.startswith("/") and t != "/dev/null"], monitor
+    # bubblewrap's stderr is a pipe nobody reads any more: the runtime closed its end once ready.
+    stderr = os.readlink(f"/proc/{record.monitor.pid}/fd/2")
+    assert stderr.startswith("pipe:") and stderr not in held(os.getpid())
 
 
 async def test_the_launcher_refuses_a_recycled_init_pid(process_runtime: ProcessRuntime) -> None:

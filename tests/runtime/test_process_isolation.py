@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.runtime import bwrap
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime, available, unavailable_reason
 from corral.runtime.records import Running
@@ -60,7 +61,8 @@ async def test_sandbox_cannot_see_host_processes(process_runtime: ProcessRuntime
     host_pids = {int(name) for name in os.listdir("/proc") if name.isdigit()}
     assert len(host_pids) > len(visible)
     init = await process_runtime.exec("pids", ["cat", "/proc/1/cmdline"])
-    assert "bwrap" in init.stdout  # the sandbox's pid 1 is its own init, not the host's
+    # The sandbox's pid 1 is its own init, not the host's.
+    assert init.stdout.split("\0")[0] == bwrap.INIT_PATH
 
 
 async def test_sandbox_has_its_own_hostname(process_runtime: ProcessRuntime) -> None:

@@ -46,7 +46,7 @@ async def test_stop_leaves_no_process_no_cgroup_no_state(process_runtime: Proces
     assert isinstance(record, Running) and record.cgroup is not None
     cgroup = Path(record.cgroup)
     members = [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()]
-    assert len(members) >= 4  # monitor, init, sleep infinity, the exec'd sleep
+    assert len(members) >= 3  # bubblewrap's monitor, the init, the exec'd sleep
 
     await process_runtime.stop("doomed")
 
@@ -205,12 +205,33 @@ async def test_duplicate_id_is_refused_and_the_first_keeps_running(process_runti
 
 
 async def test_a_failed_start_leaves_nothing(make_process_runtime: Factory, cgroup_root: CgroupRoot) -> None:
-    # An init that cannot run: bubblewrap sets up, then exec fails; the start must fail cleanly.
-    process_runtime = make_process_runtime(init_command=["/nonexistent/init"])
-    with pytest.raises(RuntimeFailure, match="did not start"):
+    # An init that cannot run (no system directories, so no dynamic loader): bubblewrap sets up, then
+    # its exec fails; the start must fail cleanly, with what bubblewrap said on its stderr.
+    process_runtime = make_process_runtime(system_paths=())
+    with pytest.raises(RuntimeFailure, match="did not start") as failed:
         await process_runtime.start(SandboxSpec(id="broken", memory_mb=64))
+    assert "execvp" in str(failed.value)
     assert list(process_runtime.records.ids()) == []
     assert not cgroup_root.child("broken").exists()
+
+
+async def test_the_init_reaps_orphans_and_only_the_host_ends_it(process_runtime: ProcessRuntime) -> None:
+    await process_runtime.start(SandboxSpec(id="keeper", memory_mb=64))
+    record = process_runtime.records.load("keeper")
+    assert isinstance(record, Running)
+    # Orphans (double-forked children that exit) become the init's, and it reaps them.
+    await process_runtime.exec("keeper", ["sh", "-c", "for i in 1 2 3 4 5; do (true &) ; done; sleep 0.2"])
+    states = await process_runtime.exec("keeper", ["ps", "-e", "-o", "stat="])
+    assert states.exit_code == 0 and not [s for s in states.stdout.split() if s.startswith("Z")], states
+    # A tenant's signals to pid 1 do not end its sandbox; the host's SIGTERM does.
+    await process_runtime.exec("keeper", ["sh", "-c", "kill -TERM 1; kill -KILL 1; kill -INT 1"])
+    assert (await process_runtime.exec("keeper", ["echo", "alive"])).stdout == "alive\n"
+    os.kill(record.init.pid, 15)
+    deadline = asyncio.get_running_loop().time() + 10
+    while not _gone(record.init.pid):
+        assert asyncio.get_running_loop().time() < deadline, "the init outlived the host's SIGTERM"
+        await asyncio.sleep(0.01)
+    assert await process_runtime.list() == []
 
 
 async def test_unknown_sandbox(process_runtime: ProcessRuntime) -> None:

@@ -38,6 +38,12 @@ class Serve:
         assert r.status_code == 200, r.text
         return dict(r.json())
 
+    def exec_python(self, sandbox_id: str, program: str, *args: str) -> Any:
+        """Run ``program`` with the sandbox's python3 as the tenant would; what it printed, as JSON."""
+        result = self.exec(sandbox_id, ["python3", "-c", program, *args])
+        assert result["exit_code"] == 0, result
+        return json.loads(result["stdout"])
+
     def record(self, sandbox_id: str) -> dict[str, Any]:
         """The runtime's record of a sandbox, read on the host (as an operator, not a tenant)."""
         found = list(self.state.glob(f"*/{sandbox_id}/sandbox.json"))
@@ -74,6 +80,13 @@ def running_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
         proc.stop()
     leftovers = [p for p in state.glob("*/*") if p.is_dir()]
     assert not leftovers, f"sandboxes outlived the server: {leftovers}"
+
+
+def runtime_root(serve: Serve, sandbox_id: str) -> Path:
+    """The runtime's root that holds this sandbox's record: ``<state dir>/<host id>``."""
+    found = list(serve.state.glob(f"*/{sandbox_id}"))
+    assert len(found) == 1, found
+    return found[0].parent
 
 
 def host_pid_ns() -> str:
