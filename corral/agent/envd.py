@@ -349,7 +349,7 @@ class Envd:
             finally:
                 run.detach(queue)  # the command runs on; its output now goes nowhere
 
-        return StreamingResponse(events(), media_type=STREAM_CONTENT_TYPE)
+        return _Detaching(events(), lambda: run.detach(queue))
 
     def _find(self, sandbox_id: str, selector: Any) -> _Run:
         runs = self._runs.get(sandbox_id, {})
@@ -590,6 +590,21 @@ class Envd:
         if not written:
             raise RpcError("invalid_argument", "the multipart body holds no file")
         return written
+
+
+class _Detaching(StreamingResponse):
+    """A command's stream that lets go of the command however the response ends: a client gone
+    while its stream was blocked leaves the generator suspended, its ``finally`` never run."""
+
+    def __init__(self, content: AsyncIterator[bytes], detach: Callable[[], None]) -> None:
+        super().__init__(content, media_type=STREAM_CONTENT_TYPE)
+        self._detach = detach
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._detach()
 
 
 async def _read_all(stream: asyncio.StreamReader, limit: int) -> bytes:

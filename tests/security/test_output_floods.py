@@ -76,7 +76,16 @@ class Stream:
     """One server stream, driven through the ASGI app by hand so the client can stop reading (its
     ``send`` blocks, as a full socket's would) or go away (``http.disconnect``)."""
 
-    def __init__(self, envd: Envd, method: str, message: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        envd: Envd,
+        method: str,
+        message: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        *,
+        hold: bool = False,
+    ) -> None:
+        """``hold``: read the first event only, then stop reading (a client gone quiet)."""
         self.events: list[dict[str, Any]] = []
         self.reading = asyncio.Event()
         self.reading.set()
@@ -97,6 +106,7 @@ class Stream:
             "headers": [
                 (SANDBOX_HEADER.encode(), SID.encode()),
                 (b"content-type", b"application/connect+json"),
+                *((k.encode(), v.encode()) for k, v in (headers or {}).items()),
             ],
             "client": ("127.0.0.1", 1),
             "server": ("envd", 80),
@@ -123,6 +133,8 @@ class Stream:
                 self.events.append(json.loads(self._buffer[5 : 5 + length]))
                 del self._buffer[: 5 + length]
                 self.started.set()
+                if hold:
+                    self.reading.clear()
 
         self.task = asyncio.create_task(envd(scope, receive, send))
 
@@ -182,12 +194,12 @@ async def test_background_floods_nobody_reads_stop_costing_the_agent(
     envd: Envd,
     process_runtime: ProcessRuntime,  # noqa: F811
 ) -> None:
-    streams = [
-        Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}) for _ in range(FLOODS)
-    ]
-    for stream in streams:
+    streams = []
+    for _ in range(FLOODS):
+        stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}, hold=True)
         await asyncio.wait_for(stream.started.wait(), 10)
         await stream.disconnect()  # started, then gone: nobody will read its output
+        streams.append(stream)
     # Once each command's unheard bound is reached, the agent reads nothing more of it...
     read = await settled(lambda: asyncio.sleep(0, envd.output_bytes_read))
     assert FLOODS * UNHEARD_BYTES <= read <= FLOODS * (UNHEARD_BYTES + SLACK)
@@ -215,11 +227,26 @@ async def test_background_floods_nobody_reads_stop_costing_the_agent(
 
 
 async def test_a_slow_reader_holds_the_command_back_not_the_agents_memory(envd: Envd) -> None:
-    stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}})
-    await asyncio.wait_for(stream.started.wait(), 10)
-    stream.reading.clear()  # attached, but reads nothing more: its socket is full
+    stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}, hold=True)
+    await asyncio.wait_for(stream.started.wait(), 10)  # attached, then reads nothing: a full socket
     read = await settled(lambda: asyncio.sleep(0, envd.output_bytes_read))
     # The queue of the stream and the pipe hold the command back: a few chunks, never a flood.
     assert read <= UNHEARD_BYTES
     stream.reading.set()
     await stream.disconnect()
+
+
+async def test_a_stream_ends_at_its_deadline_while_paused_and_a_paused_sandbox_starts_nothing(
+    envd: Envd,
+) -> None:
+    sleeper = {"process": {"cmd": "sleep", "args": ["600"]}}
+    stream = Stream(envd, "Start", sleeper, headers={"connect-timeout-ms": "1500"})
+    await asyncio.wait_for(stream.started.wait(), 10)
+    await envd.agent.pause(SID)
+    await asyncio.wait_for(stream.task, 10)  # only a bound against a hang
+    assert stream.events[-1]["error"]["code"] == "deadline_exceeded"
+    refused = Stream(envd, "Start", sleeper)
+    await asyncio.wait_for(refused.task, 10)
+    error = refused.events[-1]["error"]
+    assert error["code"] == "failed_precondition" and "paused" in error["message"]
+    await envd.agent.resume(SID)
