@@ -22,6 +22,10 @@ class ExecResult(BaseModel):
     truncated: bool = False
     # The command outlived its timeout and was killed.
     timed_out: bool = False
+    # What happened to the command besides its own doing, in words, or None: its output was cut off
+    # (the rest refused, so its writer found the pipe closed), or its sandbox was paused while it ran.
+    # Added later than the fields above: an older server never sends it.
+    note: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -9,7 +9,10 @@ Bounds: a request message is at most ``MAX_MESSAGE_BYTES``; an upload or a downl
 ``files_max_bytes``, and an upload that sends nothing for ``idle_timeout_s`` is dropped; a streamed
 command's output waits in a short queue, so a reader that does not read stops the command's output
 (backpressure) instead of growing memory. A command whose stream is closed keeps running, its output
-discarded, until it ends or the sandbox does (``Connect`` reattaches).
+discarded, until it ends or the sandbox does (``Connect`` reattaches); but at most ``UNHEARD_BYTES``
+of its output are read while nobody listens (reading is the host's CPU, outside every sandbox's
+limit): past that its pipes are left full, so the command blocks on its next write, costing nothing,
+until a client attaches again.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from corral.agent.connect import (
 from corral.agent.errors import AgentError
 from corral.runtime.base import InvalidSandbox, RuntimeFailure, SandboxNotFound, SandboxPaused
 from corral.runtime.bwrap import SANDBOX_USER
+from corral.runtime.capture import close_reader
 from corral.runtime.stream import Spawned
 
 SANDBOX_HEADER = "e2b-sandbox-id"
@@ -61,6 +65,9 @@ IDLE_TIMEOUT_S = 30.0
 MAX_PROCESSES = 256  # tracked per sandbox
 _CHUNK = 32 * 1024
 _QUEUE = 8  # output chunks in flight per stream
+# Output a command may write while no client listens, per detached spell, read and dropped; then
+# reading stops until a client attaches (Connect).
+UNHEARD_BYTES = 1024 * 1024
 _KEEPALIVE_DEFAULT_S = 50.0
 _ABANDON_GRACE_S = 2.0
 _HELPER = Path(__file__).with_name("envd_helper.py").read_text()
@@ -88,16 +95,39 @@ class _Run:
     exit_code: int | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    unheard: int = 0  # output bytes dropped since the last listener left
+    exited: bool = False
+    # Set whenever a pump held back by the unheard bound may look again: a listener came, or the end.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def emit(self, event: tuple[str, Any]) -> None:
         queue = self.listener
         if queue is not None:
             await queue.put(event)  # blocks while the reader is behind: backpressure
+        elif event[0] != "end":
+            self.unheard += len(event[1])
+
+    async def may_read(self) -> bool:
+        """Whether a pump may read on: at once while someone listens or the unheard bound is not
+        reached; else once a listener attaches (True) or the command has ended (False: what is left
+        in the pipe is nobody's)."""
+        while self.listener is None and self.unheard >= UNHEARD_BYTES:
+            if self.exited:
+                return False
+            self.wake.clear()
+            await self.wake.wait()
+        return True
+
+    def exit(self) -> None:
+        self.exited = True
+        self.wake.set()
 
     def attach(self) -> asyncio.Queue[tuple[str, Any]]:
         self.detach()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(_QUEUE)
         self.listener = queue
+        self.unheard = 0
+        self.wake.set()
         return queue
 
     def detach(self, queue: asyncio.Queue[tuple[str, Any]] | None = None) -> None:
@@ -122,6 +152,8 @@ class Envd:
         self.idle_timeout_s = idle_timeout_s
         self._runs: dict[str, dict[int, _Run]] = {}
         self._next_pid: dict[str, int] = {}
+        # Every byte read from a streamed command's output, heard or not: what draining cost the host.
+        self.output_bytes_read = 0
         rpc = self._rpc
         self.app = Router(
             routes=[
@@ -265,11 +297,17 @@ class Envd:
         return run
 
     async def _pump(self, run: _Run, stream: asyncio.StreamReader, name: str) -> None:
-        while chunk := await stream.read(_CHUNK):
+        while await run.may_read():
+            chunk = await stream.read(_CHUNK)
+            if not chunk:
+                return
+            self.output_bytes_read += len(chunk)
             await run.emit((name, chunk))
+        close_reader(stream)  # ended unheard: a child that kept the pipe gets EPIPE, not a drain
 
     async def _finish(self, sandbox_id: str, run: _Run) -> None:
         code = await run.spawned.wait()
+        run.exit()
         await asyncio.gather(*run.tasks[:2], return_exceptions=True)
         run.exit_code = code
         await run.emit(("end", code))
@@ -311,7 +349,7 @@ class Envd:
             finally:
                 run.detach(queue)  # the command runs on; its output now goes nowhere
 
-        return StreamingResponse(events(), media_type=STREAM_CONTENT_TYPE)
+        return _Detaching(events(), lambda: run.detach(queue))
 
     def _find(self, sandbox_id: str, selector: Any) -> _Run:
         runs = self._runs.get(sandbox_id, {})
@@ -554,6 +592,21 @@ class Envd:
         return written
 
 
+class _Detaching(StreamingResponse):
+    """A command's stream that lets go of the command however the response ends: a client gone
+    while its stream was blocked leaves the generator suspended, its ``finally`` never run."""
+
+    def __init__(self, content: AsyncIterator[bytes], detach: Callable[[], None]) -> None:
+        super().__init__(content, media_type=STREAM_CONTENT_TYPE)
+        self._detach = detach
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._detach()
+
+
 async def _read_all(stream: asyncio.StreamReader, limit: int) -> bytes:
     data = bytearray()
     while chunk := await stream.read(_CHUNK):
@@ -643,6 +696,7 @@ def _files_error(exc: RpcError) -> Response:
         "invalid_argument": 400,
         "permission_denied": 403,
         "deadline_exceeded": 408,
+        "failed_precondition": 409,  # a paused sandbox: its state, not the request, is in the way
     }.get(exc.code, exc.status)
     if exc.code == "resource_exhausted":
         status = 413 if "larger" in exc.message else 507

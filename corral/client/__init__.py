@@ -26,6 +26,7 @@ from corral.client.errors import (
     OverQuota,
     PayloadTooLarge,
     SandboxOrphaned,
+    SandboxPaused,
     Unauthorized,
     Unreachable,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "RetryPolicy",
     "Sandbox",
     "SandboxOrphaned",
+    "SandboxPaused",
     "SandboxRecord",
     "SandboxView",
     "Sandboxes",

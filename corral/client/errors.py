@@ -83,6 +83,12 @@ class SandboxOrphaned(CorralError):
     code = ErrorCode.SANDBOX_ORPHANED
 
 
+class SandboxPaused(CorralError):
+    """409: the sandbox is paused; nothing runs in it (no exec) until it is resumed."""
+
+    code = ErrorCode.SANDBOX_PAUSED
+
+
 class Misdirected(CorralError):
     """421: a forwarded request reached a non-owner twice."""
 
@@ -193,6 +199,7 @@ _BY_CODE: dict[str, type[CorralError]] = {
         NotFound,
         NameConflict,
         SandboxOrphaned,
+        SandboxPaused,
         Misdirected,
         HostBusy,
         PayloadTooLarge,

@@ -103,6 +103,13 @@ class BadGateway(ControlError):
     status = 502
 
 
+class SandboxPaused(ControlError):
+    """The sandbox is paused: nothing runs in it until it is resumed. The caller's state, not a fault."""
+
+    code = ErrorCode.SANDBOX_PAUSED
+    status = 409
+
+
 class NotRunning(ControlError):
     """The sandbox exists but is not in a state that can run a command."""
 

@@ -3,10 +3,24 @@ is simply not found."""
 
 from __future__ import annotations
 
-from corral.agent.errors import AgentError, AgentInvalid, AgentSandboxNotFound, AgentUnavailable
+from corral.agent.errors import (
+    AgentConflict,
+    AgentError,
+    AgentInvalid,
+    AgentSandboxNotFound,
+    AgentUnavailable,
+)
 from corral.agent.protocol import ExecRequest
 from corral.codes import ErrorCode
-from corral.control.errors import BadGateway, Gone, InvalidRequest, NotRunning, ResourceNotFound, Unavailable
+from corral.control.errors import (
+    BadGateway,
+    Gone,
+    InvalidRequest,
+    NotRunning,
+    ResourceNotFound,
+    SandboxPaused,
+    Unavailable,
+)
 from corral.control.ports import AgentLookup, CreatePort
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
@@ -94,6 +108,11 @@ class Sandboxes:
         except AgentInvalid as e:
             # The host's runtime refused the input itself (what execve would refuse): the caller's.
             raise InvalidRequest(str(e.details.get("field", "body")), e.message) from e
+        except AgentConflict as e:
+            if e.code != ErrorCode.SANDBOX_PAUSED:
+                raise BadGateway(e.message, code=e.code) from e
+            # Auto-resume (a sandbox created to wake on use) belongs here: resume, then exec again.
+            raise SandboxPaused(e.message) from e
         except AgentError as e:
             raise BadGateway(e.message, code=e.code) from e
 

@@ -66,6 +66,7 @@ _DRAIN_GRACE_S = 0.5
 # What a failed start reports of bubblewrap's stderr: what its pipe holds (the kernel's pipe buffer,
 # 64 KiB by default, is all it can write unread), cut to this.
 _BWRAP_ERROR_BYTES = 64 * 1024
+_EXIT_POLL_S = 0.25
 
 # Monitors this Python process spawned and has not reaped yet, by pid. Process-wide on purpose:
 # whichever runtime object stops a sandbox (a second one over the same root re-adopts it) reaps
@@ -406,15 +407,15 @@ class ProcessRuntime:
         assert proc.stdout is not None and proc.stderr is not None
         out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
         readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
-        timed_out = False
+        timed_out = paused = killed = False
         try:
             try:
                 await asyncio.wait_for(proc.wait(), timeout_s)
             except TimeoutError:
                 timed_out = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+                paused = self._frozen(sandbox_id)
+                killed = True
+                await _kill(proc, 0.0 if paused else _EXIT_GRACE_S)
             # A background child that kept the pipes open must not hold the answer hostage: once the
             # command has exited, what is still unread after a short grace is left behind.
             remaining = timeout_s - (time.monotonic() - started)
@@ -422,21 +423,26 @@ class ProcessRuntime:
             for task in pending:
                 task.cancel()
         finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+            if proc.returncode is None and not killed:
+                await _kill(proc, _EXIT_GRACE_S)
             for task in readers:
                 task.cancel()
-        assert proc.returncode is not None
         return ExecResult(
-            exit_code=_exit_code(proc.returncode),
+            # Still frozen: it exits with its SIGKILL when the sandbox thaws or stops.
+            exit_code=_exit_code(-signal.SIGKILL if proc.returncode is None else proc.returncode),
             stdout=out.text(),
             stderr=err.text(),
             duration_ms=(time.monotonic() - started) * 1000.0,
             truncated=out.truncated or err.truncated,
             timed_out=timed_out,
+            note=_exec_note(paused, out, err),
         )
+
+    def _frozen(self, sandbox_id: str) -> bool:
+        try:
+            return self.paused(sandbox_id)
+        except (SandboxNotFound, OSError):
+            return False
 
     async def _run_in(
         self,
@@ -498,8 +504,15 @@ class ProcessRuntime:
         proc = await self._run_in(sandbox_id, command, env, cwd, stdin=stdin)
         assert proc.stdout is not None and proc.stderr is not None
 
+        exited = asyncio.ensure_future(proc.wait())
+
         async def wait() -> int:
-            return _exit_code(await proc.wait())
+            # asyncio's wait also waits for EOF on the pipes, which never comes while a reader holds
+            # back (a full pipe left unread, see corral.agent.envd): the exit is what is waited for.
+            while not exited.done() and proc.returncode is None:
+                await asyncio.wait({exited}, timeout=_EXIT_POLL_S)
+            assert proc.returncode is not None
+            return _exit_code(proc.returncode)
 
         def send(sig: int) -> None:
             if proc.returncode is None:
@@ -653,6 +666,39 @@ def _read_held(fd: int, limit: int) -> str:
         while len(data) < limit and (chunk := os.read(fd, limit - len(data))):
             data += chunk
     return data.decode(errors="replace").strip() or "no output"
+
+
+# Launchers killed while their sandbox was frozen, until they exit: a frozen task acts on its
+# SIGKILL only once thawed, so an exec's answer never waits for that (the sandbox's resume or stop).
+_REAPING: set[asyncio.Future[int]] = set()
+
+
+async def _kill(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGKILL the launcher's process group and wait up to ``grace_s`` for it to be reaped; past that
+    it is reaped in the background whenever it exits."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    waiting = asyncio.ensure_future(proc.wait())
+    done, _pending = await asyncio.wait({waiting}, timeout=grace_s)
+    if not done:
+        _REAPING.add(waiting)
+        waiting.add_done_callback(_REAPING.discard)
+
+
+def _exec_note(paused: bool, out: BoundedBuffer, err: BoundedBuffer) -> str | None:
+    notes = []
+    if paused:
+        notes.append(
+            "the sandbox was paused while the command ran; it was killed at its timeout and ends "
+            "when the sandbox is resumed or stopped"
+        )
+    for name, buffer in (("stdout", out), ("stderr", err)):
+        if buffer.cut_off:
+            notes.append(
+                f"{name} was cut off after {len(buffer.data) + buffer.dropped} bytes: the command found "
+                "its output closed (EPIPE/SIGPIPE)"
+            )
+    return "; ".join(notes) or None
 
 
 def _wait_gone(identity: procfs.ProcessIdentity, timeout_s: float) -> None:
