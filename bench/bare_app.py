@@ -8,7 +8,7 @@ import sys
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from corral.api.server import _uvicorn
+from corral.api.server import api_server
 
 BODY: dict[str, object] = {
     "id": "sb-00000000000000000000",
@@ -40,4 +40,4 @@ async def ready() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    _uvicorn(app, "127.0.0.1", int(sys.argv[1])).run()
+    api_server(app, "127.0.0.1", int(sys.argv[1])).run()

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from corral import __version__
+from corral import listen_options as lo
 from corral.client.cli import (
     burst_command,
     exec_command,
@@ -120,6 +121,14 @@ SealKeyFile = Annotated[
         "Every replica needs the same.",
     ),
 ]
+MetricsOpen = Annotated[
+    bool,
+    typer.Option(
+        "--metrics-open",
+        help="Serve /metrics without a token: only on a listener that only the scraper can reach "
+        "(otherwise it takes the admin token or a metrics token: `corral tokens metrics`).",
+    ),
+]
 
 
 def _shared_agent_token(enabled: bool) -> str | None:
@@ -170,6 +179,13 @@ def serve(
     stale_after: StaleAfter = None,
     dead_after: DeadAfter = None,
     seal_key_file: SealKeyFile = None,
+    header_timeout: lo.HeaderTimeout = lo.DEFAULTS.header_timeout_s,
+    body_timeout: lo.BodyTimeout = lo.DEFAULTS.body_timeout_s,
+    keep_alive_timeout: lo.KeepAliveTimeout = lo.DEFAULTS.keep_alive_s,
+    max_connections: lo.MaxConnections = lo.DEFAULTS.max_connections,
+    max_connections_per_peer: lo.MaxConnectionsPerPeer = lo.DEFAULTS.max_connections_per_peer,
+    max_requests_per_token: lo.MaxRequestsPerToken = lo.DEFAULT_REQUESTS_PER_TOKEN,
+    metrics_open: MetricsOpen = False,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
@@ -212,6 +228,11 @@ def serve(
         stale_after_s=stale_after,
         dead_after_s=dead_after,
         seal_key_file=seal_key_file,
+        listen=lo.bounds(
+            header_timeout, body_timeout, keep_alive_timeout, max_connections, max_connections_per_peer
+        ),
+        requests_per_token=max_requests_per_token,
+        metrics_open=metrics_open,
     )
     try:
         run(serve_(opts), log_format.value)
@@ -238,6 +259,13 @@ def api(
     stale_after: StaleAfter = None,
     dead_after: DeadAfter = None,
     seal_key_file: SealKeyFile = None,
+    header_timeout: lo.HeaderTimeout = lo.DEFAULTS.header_timeout_s,
+    body_timeout: lo.BodyTimeout = lo.DEFAULTS.body_timeout_s,
+    keep_alive_timeout: lo.KeepAliveTimeout = lo.DEFAULTS.keep_alive_s,
+    max_connections: lo.MaxConnections = lo.DEFAULTS.max_connections,
+    max_connections_per_peer: lo.MaxConnectionsPerPeer = lo.DEFAULTS.max_connections_per_peer,
+    max_requests_per_token: lo.MaxRequestsPerToken = lo.DEFAULT_REQUESTS_PER_TOKEN,
+    metrics_open: MetricsOpen = False,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP once enrolled
@@ -263,6 +291,11 @@ def api(
         stale_after_s=stale_after,
         dead_after_s=dead_after,
         seal_key_file=seal_key_file,
+        listen=lo.bounds(
+            header_timeout, body_timeout, keep_alive_timeout, max_connections, max_connections_per_peer
+        ),
+        requests_per_token=max_requests_per_token,
+        metrics_open=metrics_open,
     )
     try:
         run(api_(opts), log_format.value)

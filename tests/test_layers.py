@@ -2,10 +2,10 @@
 its file and line.
 
 Layers, lowest first: ``core`` < ``store``, ``runtime`` (and the edge utilities ``clock``, ``ids``,
-``logs``, ``jsontext``, ``aio``) < ``agent``, ``control`` < ``api``, ``sim`` < ``cli``. The simulator
-sits above the control plane because it runs the real flows, and it plays the SDK's clients (their
-retry policy), so it may import ``client`` as the command line does. A module imports only from its
-own layer or below. ``core`` is pure policy: the standard library's computational modules, the error
+``logs``, ``jsontext``, ``aio``, ``listener``, ``listen_options``) < ``agent``, ``control`` < ``api``,
+``sim`` < ``cli``. The simulator sits above the control plane because it runs the real flows, and it
+plays the SDK's clients (their retry policy), so it may import ``client`` as the command line does. A
+module imports only from its own layer or below. ``core`` is pure policy: the standard library's computational modules, the error
 codes and itself, no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without
 the server's dependencies: it imports nothing of corral but itself and the wire's shared vocabulary
 (``codes``, ``exec_result``, ``shapes``), which import nothing of corral but one another.
@@ -35,6 +35,8 @@ LAYER = {
     "logs": 1,
     "jsontext": 1,
     "aio": 1,
+    "listener": 1,  # uvicorn under the listening bounds
+    "listen_options": 1,
     "agent": 2,
     "control": 2,
     "testing": 2,

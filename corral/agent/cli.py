@@ -11,10 +11,11 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from corral import listen_options as lo
 from corral.agent import credentials
 from corral.agent.agent import Agent
 from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
@@ -23,9 +24,13 @@ from corral.agent.pressure import PressureSignal, host_signal, sim_signal
 from corral.aio import loop_factory
 from corral.clock import SystemClock
 from corral.core.admission import AdmissionPolicy
+from corral.core.listen import ListenBounds
 from corral.core.types import AdmissionMode
 from corral.runtime.base import Runtime
 from corral.runtime.sim import SimRuntime
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("corral.agent")
 
@@ -152,10 +157,18 @@ def agent_command(
             "agents sharing a machine must not share it).",
         ),
     ] = None,
+    header_timeout: lo.HeaderTimeout = lo.DEFAULTS.header_timeout_s,
+    body_timeout: lo.BodyTimeout = lo.DEFAULTS.body_timeout_s,
+    keep_alive_timeout: lo.KeepAliveTimeout = lo.DEFAULTS.keep_alive_s,
+    max_connections: lo.MaxConnections = lo.DEFAULTS.max_connections,
+    max_connections_per_peer: lo.MaxConnectionsPerPeer = lo.DEFAULTS.max_connections_per_peer,
 ) -> None:
     """Run a host agent: its HTTP API and its heartbeats to the control plane."""
     id, agent_token, host_key = _identity(id, token_file, dev_shared_token, token)
     host, port = parse_listen(listen)
+    bounds = lo.bounds(
+        header_timeout, body_timeout, keep_alive_timeout, max_connections, max_connections_per_peer
+    )
     total_mb = memory_mb or host_memory_mb() or 4096
     rt = build_runtime(runtime, sandbox_uids, state_dir, total_mb)
     total_cpus = cpus or float(os.cpu_count() or 1)
@@ -190,7 +203,7 @@ def agent_command(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(agent, host_key, host, port, advertise))
+        runner.run(_serve(agent, host_key, host, port, advertise, bounds))
 
 
 def _identity(
@@ -227,12 +240,22 @@ def _url(host: str, port: int) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-async def _serve(agent: Agent, host_key: str, host: str, port: int, advertise: str | None) -> None:
+def agent_server(agent: Agent, host_key: str, host: str, port: int, bounds: ListenBounds) -> uvicorn.Server:
+    """The agent's API under its listener's bounds. The control plane is its one caller: no bound
+    per token here."""
     import uvicorn
 
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(agent, host_key), host=host, port=port, log_level="warning")
+    from corral.listener import uvicorn_config
+
+    return uvicorn.Server(
+        uvicorn_config(create_app(agent, host_key), host, port, bounds, log_level="warning")
     )
+
+
+async def _serve(
+    agent: Agent, host_key: str, host: str, port: int, advertise: str | None, bounds: ListenBounds
+) -> None:
+    server = agent_server(agent, host_key, host, port, bounds)
     # Adopt before accepting any start, so a restarted agent never starts a twin of what still runs.
     adopted = await agent.adopt()
     serving = asyncio.create_task(server.serve())
@@ -265,4 +288,4 @@ async def _serve(agent: Agent, host_key: str, host: str, port: int, advertise: s
             await sink.aclose()
 
 
-__all__ = ["agent_command", "parse_listen"]
+__all__ = ["agent_command", "agent_server", "parse_listen"]

@@ -40,12 +40,14 @@ def create_app(
     manage: bool = True,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     hot_routes: bool = True,
+    metrics_open: bool = False,
 ) -> CorralApp:
     """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
     the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
     process (code after ``Server.serve()`` returns may never run). ``hot_routes``: answer the create,
     get and delete of a sandbox in front of FastAPI's middleware stack (off, the declared routes serve
-    them: the reference the fast layer is tested against)."""
+    them: the reference the fast layer is tested against). ``metrics_open``: /metrics without a token,
+    for a listener that only the scraper can reach."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -61,6 +63,7 @@ def create_app(
 
     app = CorralApp(title="corral", version=__version__, lifespan=lifespan)
     app.state.plane = plane
+    app.state.metrics_open = metrics_open
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
     app.include_router(pools.router)

@@ -33,12 +33,17 @@ async def principal(request: Request, plane: Plane) -> Principal:
 Caller = Annotated[Principal, Depends(principal)]
 
 
-async def authenticated_user(plane: ControlPlane, request: Request) -> Principal:
-    """A tenant or an admin: who may own sandboxes."""
-    p = await plane.authenticate(_bearer(request))
+def as_user(p: Principal) -> Principal:
+    """A tenant or an admin: who may own sandboxes (agent and metrics tokens have one route each)."""
     if p.role is Role.AGENT:
         raise Forbidden("agent tokens may only heartbeat")
+    if p.role is Role.METRICS:
+        raise Forbidden("metrics tokens may only read /metrics")
     return p
+
+
+async def authenticated_user(plane: ControlPlane, request: Request) -> Principal:
+    return as_user(await plane.authenticate(_bearer(request)))
 
 
 async def user(request: Request) -> Principal:
@@ -52,6 +57,17 @@ async def admin(p: Caller) -> Principal:
     return p
 
 
+async def metrics_reader(request: Request, plane: Plane) -> Principal | None:
+    """The admin or a metrics token; None when this listener serves /metrics open (``metrics_open``,
+    for a listener only the scraper reaches)."""
+    if request.app.state.metrics_open:
+        return None
+    p = await plane.authenticate(_bearer(request))
+    if p.role not in (Role.ADMIN, Role.METRICS):
+        raise Forbidden("/metrics needs the admin token or a metrics token")
+    return p
+
+
 async def agent(p: Caller) -> Principal:
     if p.role is not Role.AGENT:
         raise Forbidden("this route needs an agent token")
@@ -61,6 +77,7 @@ async def agent(p: Caller) -> Principal:
 User = Annotated[Principal, Depends(user)]
 Admin = Annotated[Principal, Depends(admin)]
 Agent = Annotated[Principal, Depends(agent)]
+MetricsReader = Annotated[Principal | None, Depends(metrics_reader)]
 
 
 def scope(p: Principal) -> str | None:

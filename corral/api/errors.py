@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from corral.agent.errors import AgentError
 from corral.codes import ErrorCode, status_of
@@ -144,6 +145,10 @@ def response_for(exc: Exception, store_unavailable_retry: Any) -> JSONResponse:
         return error_response(
             exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.HTTP_ERROR), str(exc.detail)
         )
+    if isinstance(exc, ClientDisconnect):
+        # The client went (or its body stalled and the listener closed it): nobody reads this answer,
+        # and a traceback per hostile client would only flood the log.
+        return error_response(400, ErrorCode.HTTP_ERROR, "the client disconnected during its request")
     log.exception("unexpected error", exc_info=exc)
     return error_response(500, ErrorCode.INTERNAL, "internal error")
 

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from corral.agent.protocol import AgentHeartbeat, ExecRequest, HeartbeatReply
 from corral.api import hot
-from corral.api.auth import Admin, Agent, Plane, User, owner, scope
+from corral.api.auth import Admin, Agent, MetricsReader, Plane, User, owner, scope
 from corral.api.schemas import (
     NAME_PATTERN,
     BatchBody,
@@ -152,6 +152,13 @@ async def issue_tenant_token(
     return await _issued(plane, token)
 
 
+@router.post("/v1/tokens/metrics", status_code=201, response_model=IssuedToken)
+async def issue_metrics_token(_: Admin, plane: Plane) -> IssuedToken:
+    """A token that reads /metrics and nothing else: a scraper's (Prometheus' ``bearer_token``)."""
+    token = await plane.issue_metrics_token()
+    return await _issued(plane, token)
+
+
 async def _issued(plane: Plane, token: str) -> IssuedToken:
     p = await plane.authenticate(token)
     return IssuedToken(id=p.token_id, role=p.role.value, tenant=p.tenant_id, token=token)
@@ -214,5 +221,5 @@ async def readyz(plane: Plane) -> JSONResponse:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def metrics(plane: Plane) -> PlainTextResponse:
+async def metrics(_: MetricsReader, plane: Plane) -> PlainTextResponse:
     return PlainTextResponse(generate_latest(plane.metrics.registry), media_type=CONTENT_TYPE_LATEST)

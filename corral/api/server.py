@@ -13,16 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from corral.aio import loop_factory
 from corral.api import collector
 from corral.api.app import create_app
+from corral.api.tokenbound import TokenBound
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import LocalFleet, build_local_fleet
 from corral.control.plane import ControlPlane
 from corral.control.seal import SEAL_KEY_ENV, Sealer, SealError, load_keys
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
+from corral.core.listen import DEFAULT_REQUESTS_PER_TOKEN, ListenBounds
+from corral.listener import uvicorn_config
 from corral.logs import configure as configure_logging
 from corral.store import open_store
 
@@ -50,14 +54,26 @@ class ServeOptions:
     stale_after_s: float | None = None  # None: from the heartbeat interval
     dead_after_s: float | None = None
     seal_key_file: Path | None = None  # None: beside the SQLite file (or in the working directory)
+    listen: ListenBounds = field(default_factory=ListenBounds)
+    requests_per_token: int = DEFAULT_REQUESTS_PER_TOKEN
+    # /metrics without a token: only for a listener that only the scraper can reach.
+    metrics_open: bool = False
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def _uvicorn(app: object, host: str, port: int) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
-        host=host,
-        port=port,
+def api_server(
+    app: ASGIApp,
+    host: str,
+    port: int,
+    bounds: ListenBounds = ListenBounds(),
+    requests_per_token: int = DEFAULT_REQUESTS_PER_TOKEN,
+) -> uvicorn.Server:
+    """The API under its listener's bounds, and each token's requests in flight bounded in front."""
+    config = uvicorn_config(
+        TokenBound(app, requests_per_token),
+        host,
+        port,
+        bounds,
         log_level="warning",
         access_log=False,
         lifespan="on",
@@ -152,14 +168,14 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         await plane.stop()
         await store.close()
 
-    app = create_app(plane, manage=False, on_shutdown=shut_down)
+    app = create_app(plane, manage=False, on_shutdown=shut_down, metrics_open=opts.metrics_open)
     try:
         # One process owns this store: the admin token it starts with is the only configured one.
         await plane.start(admin_token=admin, agent_token=opts.agent_token, replace_admin_token=True)
         if prepare is not None:
             await prepare(plane, fleet)
         await fleet.start()
-        server = _uvicorn(app, opts.host, opts.port)
+        server = api_server(app, opts.host, opts.port, opts.listen, opts.requests_per_token)
         url = f"http://{opts.host}:{opts.port}"
         print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
         if generated:
@@ -188,6 +204,10 @@ class ApiOptions:
     stale_after_s: float | None = None
     dead_after_s: float | None = None
     seal_key_file: Path | None = None
+    listen: ListenBounds = field(default_factory=ListenBounds)
+    requests_per_token: int = DEFAULT_REQUESTS_PER_TOKEN
+    # /metrics without a token: only for a listener that only the scraper can reach.
+    metrics_open: bool = False
 
 
 async def api(opts: ApiOptions) -> None:
@@ -227,11 +247,11 @@ async def api(opts: ApiOptions) -> None:
             await plane.stop()
             await store.close()
 
-    app = create_app(plane, manage=False, on_shutdown=shut_down)
+    app = create_app(plane, manage=False, on_shutdown=shut_down, metrics_open=opts.metrics_open)
     try:
         # Before serving, so a refused configuration (a revoked CORRAL_TOKEN) stops the process.
         await plane.start(admin_token=admin, agent_token=opts.agent_token)
-        server = _uvicorn(app, opts.host, opts.port)
+        server = api_server(app, opts.host, opts.port, opts.listen, opts.requests_per_token)
         print(f"corral api replica {config.replica_id} on http://{opts.host}:{opts.port}", flush=True)
         if generated:
             print(f"admin token (set CORRAL_TOKEN to choose one): {admin}", flush=True)

@@ -309,6 +309,10 @@ class AsyncTokens:
     async def issue_admin(self) -> IssuedToken:
         return parse(IssuedToken, await self._client.request("POST", wire.TOKENS_PATH + "/admin"))
 
+    async def issue_metrics(self) -> IssuedToken:
+        """A token that reads /metrics and nothing else."""
+        return parse(IssuedToken, await self._client.request("POST", wire.TOKENS_PATH + "/metrics"))
+
     async def issue_tenant(self, tenant: str) -> IssuedToken:
         return parse(IssuedToken, await self._client.request("POST", wire.tenant_tokens_path(tenant)))
 

@@ -279,7 +279,9 @@ def _host_action(
 
 def tokens_command(
     ctx: typer.Context,
-    action: Annotated[str, typer.Argument(metavar="list|admin|tenant|revoke", help="What to do.")] = "list",
+    action: Annotated[
+        str, typer.Argument(metavar="list|admin|metrics|tenant|revoke", help="What to do.")
+    ] = "list",
     target: Annotated[
         str | None, typer.Argument(metavar="[NAME|ID]", help="The tenant (tenant) or token id (revoke).")
     ] = None,
@@ -287,11 +289,14 @@ def tokens_command(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Tokens (admin token): `list`; `admin` issues another admin token; `tenant NAME` another token for
-    a tenant; `revoke ID` revokes one. Rotate = issue, switch users over, revoke the old one."""
-    if action not in ("list", "admin", "tenant", "revoke") or (action in ("tenant", "revoke") and not target):
+    """Tokens (admin token): `list`; `admin` issues another admin token; `metrics` a token that only
+    reads /metrics (a scraper's); `tenant NAME` another token for a tenant; `revoke ID` revokes one.
+    Rotate = issue, switch users over, revoke the old one."""
+    if action not in ("list", "admin", "metrics", "tenant", "revoke") or (
+        action in ("tenant", "revoke") and not target
+    ):
         raise typer.BadParameter(
-            "expected `tokens list`, `tokens admin`, `tokens tenant NAME` or `tokens revoke ID`"
+            "expected `tokens list`, `tokens admin`, `tokens metrics`, `tokens tenant NAME` or `tokens revoke ID`"
         )
     try:
         with _factory(ctx).sync_client(url, token) as client:
@@ -313,9 +318,12 @@ def tokens_command(
                     table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
                 Console().print(table)
                 return
-            issued = (
-                client.tokens.issue_admin() if action == "admin" else client.tokens.issue_tenant(target or "")
-            )
+            if action == "admin":
+                issued = client.tokens.issue_admin()
+            elif action == "metrics":
+                issued = client.tokens.issue_metrics()
+            else:
+                issued = client.tokens.issue_tenant(target or "")
     except CorralError as err:
         _fail(err)
     _print_json(issued.model_dump(mode="json"))

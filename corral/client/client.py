@@ -306,6 +306,10 @@ class Tokens:
     def issue_admin(self) -> IssuedToken:
         return parse(IssuedToken, self._client.request("POST", wire.TOKENS_PATH + "/admin"))
 
+    def issue_metrics(self) -> IssuedToken:
+        """A token that reads /metrics and nothing else."""
+        return parse(IssuedToken, self._client.request("POST", wire.TOKENS_PATH + "/metrics"))
+
     def issue_tenant(self, tenant: str) -> IssuedToken:
         return parse(IssuedToken, self._client.request("POST", wire.tenant_tokens_path(tenant)))
 

@@ -259,6 +259,9 @@ class ControlPlane:
         assert self.default_tenant_id is not None
         return await self.store.issue_token(self.default_tenant_id, Role.ADMIN)
 
+    async def issue_metrics_token(self) -> str:
+        return await self.store.issue_token(None, Role.METRICS)
+
     async def issue_tenant_token(self, name: str) -> tuple[TenantRecord, str]:
         tenant = await self.store.get_tenant_by_name(name)
         if tenant is None:

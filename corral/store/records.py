@@ -51,6 +51,7 @@ class Role(enum.StrEnum):
     ADMIN = "admin"
     TENANT = "tenant"
     AGENT = "agent"
+    METRICS = "metrics"  # reads /metrics, nothing else: what a Prometheus scraper holds
 
 
 class _Unset(enum.Enum):

@@ -307,7 +307,7 @@ async def test_metrics_are_exported(cluster: Cluster) -> None:
     await create(cluster)
     await cluster.beat()
     await cluster.plane.reconciler.tick()
-    text = (await cluster.http.get("/metrics")).text
+    text = (await cluster.http.get("/metrics", headers=cluster.as_(ADMIN))).text
     for name in [
         "corral_placements_total",
         'corral_refusals_total{reason="no_healthy_hosts"}',

@@ -371,7 +371,7 @@ async def test_warm_metrics_are_exported(cluster: Cluster) -> None:
     await pool(c, 12)
     await c.http.post("/v1/sandboxes", json={"template": "py"}, headers=c.as_(ADMIN))
     await c.http.post("/v1/sandboxes", json={"template": "py", "cpus": 2}, headers=c.as_(ADMIN))
-    text = (await c.http.get("/metrics")).text
+    text = (await c.http.get("/metrics", headers=c.as_(ADMIN))).text
     assert 'corral_warm_hits_total{template="py"} 1.0' in text
     assert 'corral_warm_misses_total{reason="override",template="py"} 1.0' in text
     assert "corral_warm_claim_seconds_count 1.0" in text

@@ -219,7 +219,7 @@ def test_the_older_sdks_routes(corral: Corral) -> None:
 
 
 def _refusals(corral: Corral) -> float:
-    for line in httpx.get(corral.url + "/metrics").text.splitlines():
+    for line in corral.admin.get("/metrics").text.splitlines():
         if line.startswith('corral_refusals_total{reason="no_capacity"}'):
             return float(line.split()[-1])
     return 0.0

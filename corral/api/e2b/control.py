@@ -20,14 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from corral.agent.client import AgentClient
 from corral.agent.envd import ENVD_VERSION
 from corral.agent.errors import AgentError, AgentSandboxNotFound
-from corral.api.auth import owner, scope
+from corral.api.auth import as_user, owner, scope
 from corral.api.e2b.access import access_token
 from corral.api.hot import spec_of
 from corral.api.schemas import SandboxSpecBody
 from corral.codes import ErrorCode
-from corral.control.errors import Conflict, Forbidden, InvalidRequest, ResourceNotFound
+from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
-from corral.store import Principal, Role, SandboxRecord, SandboxState
+from corral.store import Principal, SandboxRecord, SandboxState
 from corral.store.rows import encode_cursor
 
 router = APIRouter()
@@ -58,10 +58,7 @@ class Timeout(BaseModel):
 
 async def caller(request: Request) -> tuple[ControlPlane, Principal]:
     plane: ControlPlane = request.app.state.plane
-    p = await plane.authenticate(request.headers.get("x-api-key"))
-    if p.role is Role.AGENT:
-        raise Forbidden("agent tokens may only heartbeat")
-    return plane, p
+    return plane, as_user(await plane.authenticate(request.headers.get("x-api-key")))
 
 
 async def _template(plane: ControlPlane, name: str) -> str:
