@@ -69,8 +69,9 @@ async def test_paths_cannot_leave_the_sandbox(
         assert (await envd.get("/files", params={"path": path})).status_code == 404
     await run(process_runtime, f"ln -s {secret} /home/user/link; ln -s /proc/1/root/etc /home/user/etc")
     assert (await envd.get("/files", params={"path": "/home/user/link"})).status_code == 404
+    # /proc/1 is the sandbox's init, which no tenant process may look into (it is not dumpable).
     r = await envd.get("/files", params={"path": "/home/user/etc/passwd"})
-    assert r.status_code == 200 and r.content.decode().splitlines()[1].startswith("user:x:1000")
+    assert r.status_code == 403 and "host only" not in r.text
     # A write through a symlink replaces the link, not its target.
     await run(process_runtime, "ln -s /usr/bin/env /home/user/tool")
     r = await envd.post(
