@@ -18,19 +18,10 @@ from fastapi import FastAPI
 
 from corral.agent.envd import SANDBOX_HEADER, Envd
 from corral.api.app import create_app
-from corral.api.e2b import control
 from corral.api.requestlog import HEADER as REQUEST_ID
 
 from .conftest import ADMIN, Cluster
-
-# A valid body for each request schema a route declares, so the call reaches the handler's lookup
-# instead of stopping at validation (where any id would answer alike). A route with a new body schema
-# fails the test below until it gets an example here.
-EXAMPLE_BODIES: dict[str, Any] = {
-    "ExecBody": {"command": ["true"]},
-    "Timeout": {"timeout": 30},
-    "PoolPatch": {"size": 1},
-}
+from .route_table import Operation, e2b_app, operations
 
 # What each path parameter names. Tenant-owned things are named by tenant B's real one; fleet-wide
 # things (hosts, templates) belong to no tenant, so there is nothing of B's to hide.
@@ -69,42 +60,6 @@ def difference(real: httpx.Response, fake: httpx.Response, real_id: str, fake_id
     if a == b:
         return None
     return f"real id: {a}\nmade-up id: {b}"
-
-
-@dataclass(frozen=True)
-class Operation:
-    method: str
-    path: str  # with {param} placeholders
-    params: tuple[str, ...]
-    body: Any  # None: no body
-
-
-def operations(app: FastAPI) -> list[Operation]:
-    """Every operation of ``app`` with a path parameter, as its OpenAPI description declares it."""
-    found = []
-    for path, ops in app.openapi()["paths"].items():
-        for method, op in ops.items():
-            params = tuple(p["name"] for p in op.get("parameters", []) if p["in"] == "path")
-            if not params:
-                continue
-            schema = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
-            body: Any = None
-            if schema is not None:
-                ref = schema.get("$ref", "").rpartition("/")[2]
-                if ref:
-                    assert ref in EXAMPLE_BODIES, f"{method} {path}: add an example {ref} to EXAMPLE_BODIES"
-                    body = EXAMPLE_BODIES[ref]
-                else:
-                    assert schema.get("type") == "object", (method, path, schema)
-                    body = {}
-            found.append(Operation(method.upper(), path, params, body))
-    return found
-
-
-def e2b_app() -> FastAPI:
-    app = FastAPI()
-    app.include_router(control.router)
-    return app
 
 
 @dataclass
