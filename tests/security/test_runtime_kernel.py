@@ -1,6 +1,7 @@
 """What a sandbox makes the kernel hold stays its own and is charged to it: an abstract unix socket is
-reachable only from inside its sandbox, and a flood of directories or of unread socket buffers is
-stopped inside the sandbox at its memory limit, not after taking the host's kernel memory."""
+reachable only from inside its sandbox, and a flood of directories, of unread socket buffers or of
+files on any of its tmpfs mounts (home, /tmp, /dev/shm) is stopped inside the sandbox at its memory
+limit, not after taking the host's memory."""
 
 from __future__ import annotations
 
@@ -204,5 +205,26 @@ def test_a_socket_buffer_flood_is_charged_to_the_sandbox(serve: Serve) -> None:
         assert _peak_bytes(cgroup) <= MEMORY_MB * 2**20
         # Only the flood died: its buffers went with it, and the sandbox runs on.
         assert serve.exec(sid, ["echo", "survived"])["stdout"] == "survived\n"
+    finally:
+        serve.delete(sid)
+
+
+@pytest.mark.parametrize("directory", ["/tmp", "/home/user", "/dev/shm"])
+def test_a_file_flood_on_every_writable_tmpfs_is_charged_to_the_sandbox(serve: Serve, directory: str) -> None:
+    sid = serve.create(memory_mb=MEMORY_MB)
+    try:
+        cgroup = _memory_cgroup(serve, sid)
+        fill = f"head -c {4 * MEMORY_MB}M /dev/zero > {directory}/fill; echo written $?"
+        result = serve.exec(sid, ["sh", "-c", fill], timeout_s=60)
+        # The writer is OOM-killed (the shell says so) or refused; never the whole file written.
+        assert "written 0" not in result["stdout"], result
+        assert _peak_bytes(cgroup) <= MEMORY_MB * 2**20
+        used = serve.exec(sid, ["du", "-sm", directory])["stdout"].split()
+        assert used and int(used[0]) <= MEMORY_MB, used
+        if "written 137" in result["stdout"]:
+            deadline = time.monotonic() + 30
+            while serve.tenant.get(f"/v1/sandboxes/{sid}").json()["oom_kills"] < 1:
+                assert time.monotonic() < deadline, "the OOM kill never reached the sandbox's record"
+                time.sleep(0.2)
     finally:
         serve.delete(sid)
