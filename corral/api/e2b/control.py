@@ -23,7 +23,7 @@ from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.api.auth import as_user, owner, scope
 from corral.api.e2b.access import access_token
 from corral.api.hot import spec_of
-from corral.api.schemas import SandboxSpecBody
+from corral.api.schemas import MAX_TTL_S, SandboxSpecBody
 from corral.codes import ErrorCode
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
@@ -42,18 +42,21 @@ LIVE = {
     SandboxState.ORPHANED,
 }
 MAX_LIST_SCAN = 10_000  # records a filtered list page may read before it answers
+# A sandbox's timeout, in whole seconds as E2B gives it: corral's own bound on a sandbox's TTL (an
+# expiry beyond any date would break every later read of the record).
+MAX_TIMEOUT_S = int(MAX_TTL_S)
 
 
 class NewSandbox(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
     template_id: str = Field(default=BASE_TEMPLATE, alias="templateID", max_length=128)
-    timeout: int | None = Field(default=None, ge=1)
+    timeout: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_S)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
 
 
 class Timeout(BaseModel):
-    timeout: int = Field(ge=0)
+    timeout: int = Field(ge=0, le=MAX_TIMEOUT_S)
 
 
 async def caller(request: Request) -> tuple[ControlPlane, Principal]:
@@ -216,8 +219,10 @@ async def connect(sandbox_id: str, request: Request, body: dict[str, Any]) -> JS
     plane, p = await caller(request)
     record = await _get(plane, p, sandbox_id)
     timeout = body.get("timeout") if isinstance(body, dict) else None
-    if timeout is not None and (not isinstance(timeout, int) or timeout < 1):
-        raise InvalidRequest("timeout", "timeout must be a positive integer of seconds")
+    if timeout is not None and (
+        not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= MAX_TIMEOUT_S
+    ):
+        raise InvalidRequest("timeout", f"timeout must be an integer of seconds from 1 to {MAX_TIMEOUT_S}")
     status = 200
     if await _paused(plane, record):
         await _agent_op(plane, record, "resume")
