@@ -191,8 +191,11 @@ class CreateFlow:
         """A request larger than every host is the caller's mistake, never a wait for capacity: 422
         before any record is written (no quota taken, nothing parked). With no host known, the create
         goes on and is refused as ``no_healthy_hosts``."""
-        snap = await self.view.get()
         req = CreateRequest(memory_mb=memory_mb, cpu=cpus)
+        snap = await self.view.get()
+        if oversize(snap.hosts, req, self.placer(len(snap.hosts)).roles) is None:
+            return
+        snap = await self.view.get(fresh=True)  # a larger host may have joined since the cached read
         over = oversize(snap.hosts, req, self.placer(len(snap.hosts)).roles)
         if over is not None:
             asked = cpus if over.field == "cpus" else memory_mb

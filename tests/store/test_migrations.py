@@ -114,18 +114,24 @@ async def test_a_closed_store_opens_again_on_use(store_url: str) -> None:
         await store.close()
 
 
-async def test_an_upgrade_asks_each_host_for_its_whole_listing(tmp_path: Path) -> None:
-    """A store written when hosts' sandbox lists were one JSON value each holds no listing it can trust
-    after the upgrade: a heartbeat of changes is not applied, and the agent's next (whole) one is."""
-    path = tmp_path / "old.db"
+def _migrated_below(path: Path, version: int) -> sqlite3.Connection:
+    """A SQLite store as a tree from before migration ``version`` left it."""
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
     for m in MIGRATIONS:
-        if m.version >= 10:
+        if m.version >= version:
             break
         for sql in statements(m, "sqlite"):
             db.execute(sql)
         db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (m.version,))
+    return db
+
+
+async def test_an_upgrade_asks_each_host_for_its_whole_listing(tmp_path: Path) -> None:
+    """A store written when hosts' sandbox lists were one JSON value each holds no listing it can trust
+    after the upgrade: a heartbeat of changes is not applied, and the agent's next (whole) one is."""
+    path = tmp_path / "old.db"
+    db = _migrated_below(path, 10)
     db.execute("INSERT INTO hosts (id, registered_at, seq) VALUES ('h-old', 0, 1)")
     db.execute("INSERT INTO host_sandboxes (host_id, sandbox_ids) VALUES ('h-old', ?)", ('["sb-a", "sb-b"]',))
     db.commit()
@@ -148,14 +154,7 @@ async def test_an_upgrade_gives_tenants_a_cpu_quota_and_counts_what_they_hold(tm
     """Tenants from before the CPU quota get the default one, raised to what they already hold (none is
     over it at once), and their live sandboxes' CPUs counted: the quota holds from the first create."""
     path = tmp_path / "old.db"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
-    for m in MIGRATIONS:
-        if m.version >= 14:
-            break
-        for sql in statements(m, "sqlite"):
-            db.execute(sql)
-        db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (m.version,))
+    db = _migrated_below(path, 14)
     sandboxes = [
         ("small", "a", "running", 1.5),
         ("small", "b", "stopped", 4.0),

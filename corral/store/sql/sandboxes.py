@@ -97,7 +97,7 @@ class SandboxesSql(SqlBase):
                 return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
         await self._check_name(tx, rec)
         if rec.state in LIVE_STATES:
-            used = Usage(int(tenant[6]), int(tenant[7]), from_millicores(int(tenant[8])))
+            used = Usage(int(tenant[-3]), int(tenant[-2]), from_millicores(int(tenant[-1])))
             check_quota(rows.tenant_from_row(tenant), used, rec.memory_mb, rec.cpus)
         return None
 
