@@ -32,7 +32,9 @@ async def fill(plane: ControlPlane, fleet: LocalFleet, n: int) -> None:
     store = plane.store
     assert isinstance(store, SqlStore), "filling needs a SQL store"
     started = time.perf_counter()
-    tenant = await store.create_tenant("fleet", max_sandboxes=n + 1, max_memory_mb=(n + 1) * MEMORY_MB)
+    tenant = await store.create_tenant(
+        "fleet", max_sandboxes=n + 1, max_memory_mb=(n + 1) * MEMORY_MB, max_cpus=float(n + 1)
+    )
     placed = []
     for i in range(n):
         agent = fleet.agents[i % len(fleet.agents)]

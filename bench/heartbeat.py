@@ -63,7 +63,10 @@ async def measure(store_url: str, size: int, beats: int) -> dict[str, object]:
             clock=clock,
         )
         tenant = await store.create_tenant(
-            f"bench-{size}-{sandbox_id()[-8:]}", max_sandboxes=10 * size + 10_000, max_memory_mb=1 << 40
+            f"bench-{size}-{sandbox_id()[-8:]}",
+            max_sandboxes=10 * size + 10_000,
+            max_memory_mb=1 << 40,
+            max_cpus=float(1 << 30),
         )
         placed = []
         for _ in range(size):

@@ -67,3 +67,10 @@ async def record_running(
             {"n": len(placed), "mb": len(placed) * memory_mb, "t": tenant_id},
         )
     )
+    if "max_cpu_m" in rows.TENANT_COLS:  # a tree whose tenants count CPU (one CPU each, as inserted)
+        await store._write(
+            lambda tx: tx.execute(
+                "UPDATE tenants SET live_cpu_m = live_cpu_m + :m WHERE id = :t",
+                {"m": len(placed) * 1000, "t": tenant_id},
+            )
+        )

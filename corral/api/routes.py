@@ -16,6 +16,7 @@ from corral.api.schemas import (
     NAME_PATTERN,
     BatchBody,
     ExecBody,
+    QuotaBody,
     SandboxSpecBody,
     TemplateBody,
     TemplateOut,
@@ -195,8 +196,22 @@ async def list_templates(_: User, plane: Plane) -> dict[str, list[TemplateOut]]:
 
 @router.post("/v1/tenants", status_code=201, response_model=TenantOut)
 async def create_tenant(body: TenantBody, _: Admin, plane: Plane) -> TenantOut:
-    tenant, token = await plane.create_tenant(body.name, body.max_sandboxes, body.max_memory_mb)
+    tenant, token = await plane.create_tenant(
+        body.name, body.max_sandboxes, body.max_memory_mb, body.max_cpus
+    )
     return TenantOut.of(tenant, token)
+
+
+@router.patch("/v1/tenants/{name}", response_model=TenantOut)
+async def set_quota(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)], body: QuotaBody, _: Admin, plane: Plane
+) -> TenantOut:
+    """Change a tenant's limits; a field left out stays as it is."""
+    return TenantOut.of(
+        await plane.set_quota(
+            name, max_sandboxes=body.max_sandboxes, max_memory_mb=body.max_memory_mb, max_cpus=body.max_cpus
+        )
+    )
 
 
 @router.get("/v1/tenants")

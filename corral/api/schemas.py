@@ -5,7 +5,7 @@ from the records."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -15,6 +15,7 @@ from corral.shapes.hosts import Host
 from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
 from corral.shapes.tokens import TokenInfo
 from corral.store import (
+    DEFAULT_MAX_CPUS,
     FAILOVER_ORPHAN,
     HostRecord,
     SandboxRecord,
@@ -99,10 +100,25 @@ class TemplateBody(_Body):
     failover: Failover = "orphan"
 
 
+# The most CPUs a tenant's quota may name: far beyond any fleet, yet exact in the store's millicores.
+MAX_TENANT_CPUS = 1e9
+TenantCpus = Annotated[float, Field(gt=0, le=MAX_TENANT_CPUS, allow_inf_nan=False, strict=True)]
+
+
 class TenantBody(_Body):
     name: str = Field(pattern=NAME_PATTERN)
     max_sandboxes: int = Field(default=1000, ge=0, le=10_000_000, strict=True)
     max_memory_mb: int = Field(default=1024 * 1024, ge=0, le=1 << 40, strict=True)
+    # CPUs its live sandboxes may ask for in all (CPU is overcommitted on hosts, so this is the bound).
+    max_cpus: TenantCpus = DEFAULT_MAX_CPUS
+
+
+class QuotaBody(_Body):
+    """A tenant's limits changed; a field left out stays as it is."""
+
+    max_sandboxes: int | None = Field(default=None, ge=0, le=10_000_000, strict=True)
+    max_memory_mb: int | None = Field(default=None, ge=0, le=1 << 40, strict=True)
+    max_cpus: TenantCpus | None = None
 
 
 def sandbox_out(r: SandboxRecord) -> SandboxOut:
@@ -190,10 +206,16 @@ class TenantOut(BaseModel):
     name: str
     max_sandboxes: int
     max_memory_mb: int
+    max_cpus: float
     token: str | None = None
 
     @classmethod
     def of(cls, t: TenantRecord, token: str | None = None) -> TenantOut:
         return cls(
-            id=t.id, name=t.name, max_sandboxes=t.max_sandboxes, max_memory_mb=t.max_memory_mb, token=token
+            id=t.id,
+            name=t.name,
+            max_sandboxes=t.max_sandboxes,
+            max_memory_mb=t.max_memory_mb,
+            max_cpus=t.max_cpus,
+            token=token,
         )

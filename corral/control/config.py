@@ -35,6 +35,7 @@ class ControlConfig:
     # Per-tenant defaults for a tenant created implicitly (the built-in "default" tenant).
     default_max_sandboxes: int = 10_000_000
     default_max_memory_mb: int = 1 << 40
+    default_max_cpus: float = float(1 << 30)
     max_batch: int = 500
     # The least memory a sandbox may ask for: what the strictest runtime can start at all. A smaller
     # request is the caller's mistake (422), never a capacity refusal the SDKs would retry.

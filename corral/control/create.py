@@ -46,6 +46,7 @@ from corral.core import (
     Scorer,
     Strategy,
     candidate_limit,
+    oversize,
 )
 from corral.ids import new_sandbox_id
 from corral.logs import note
@@ -62,6 +63,8 @@ from corral.store import (
     StateConflict,
     StoreError,
     TemplateRecord,
+    from_millicores,
+    to_millicores,
 )
 
 # What placement does on the chosen host once its reservation is held: (host, address, reservation,
@@ -176,9 +179,31 @@ class CreateFlow:
             raise InvalidRequest(
                 "memory_mb", f"memory_mb: at least {self.config.min_memory_mb} MiB, got {memory_mb}"
             )
-        cpus = spec.cpus if spec.cpus is not None else tpl.cpus
+        cpu_m = to_millicores(spec.cpus if spec.cpus is not None else tpl.cpus)
+        if cpu_m < 1:
+            raise InvalidRequest("cpus", "cpus: at least 0.001 (CPU is counted in millicores)")
+        cpus = from_millicores(cpu_m)  # as the tenant's quota counts it
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
+        await self._check_size(memory_mb, cpus)
         return memory_mb, cpus, stateful
+
+    async def _check_size(self, memory_mb: int, cpus: float) -> None:
+        """A request larger than every host is the caller's mistake, never a wait for capacity: 422
+        before any record is written (no quota taken, nothing parked). With no host known, the create
+        goes on and is refused as ``no_healthy_hosts``."""
+        req = CreateRequest(memory_mb=memory_mb, cpu=cpus)
+        snap = await self.view.get()
+        if oversize(snap.hosts, req, self.placer(len(snap.hosts)).roles) is None:
+            return
+        snap = await self.view.get(fresh=True)  # a larger host may have joined since the cached read
+        over = oversize(snap.hosts, req, self.placer(len(snap.hosts)).roles)
+        if over is not None:
+            asked = cpus if over.field == "cpus" else memory_mb
+            err = InvalidRequest(
+                over.field, f"{over.field}: {asked:g} is more than the largest host has ({over.largest:g})"
+            )
+            err.details["largest_host"] = over.largest
+            raise err
 
     async def draft(
         self, tenant_id: str, spec: CreateSpec, tpl: TemplateRecord | None = None

@@ -39,6 +39,7 @@ from corral.control.waiting import WaitingCreates
 from corral.core import Clock
 from corral.shapes.hosts import HostCredentials
 from corral.store import (
+    DEFAULT_MAX_CPUS,
     HeartbeatResult,
     HostHasSandboxes,
     HostRecord,
@@ -195,6 +196,7 @@ class ControlPlane:
                 name,
                 max_sandboxes=self.config.default_max_sandboxes,
                 max_memory_mb=self.config.default_max_memory_mb,
+                max_cpus=self.config.default_max_cpus,
             )
         except NameConflict:  # another replica created it first
             again = await self.store.get_tenant_by_name(name)
@@ -368,16 +370,39 @@ class ControlPlane:
             raise Conflict(f"template {tpl.name!r} exists", details={"field": "name"}) from e
 
     async def create_tenant(
-        self, name: str, max_sandboxes: int, max_memory_mb: int
+        self, name: str, max_sandboxes: int, max_memory_mb: int, max_cpus: float = DEFAULT_MAX_CPUS
     ) -> tuple[TenantRecord, str]:
         try:
             tenant = await self.store.create_tenant(
-                name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb
+                name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb, max_cpus=max_cpus
             )
         except NameConflict as e:
             raise Conflict(f"tenant {name!r} exists", details={"field": "name"}) from e
         token = await self.store.issue_token(tenant.id, Role.TENANT)
         return tenant, token
+
+    async def set_quota(
+        self,
+        name: str,
+        *,
+        max_sandboxes: int | None = None,
+        max_memory_mb: int | None = None,
+        max_cpus: float | None = None,
+    ) -> TenantRecord:
+        """Change a tenant's limits (None: as it is). Lowered below what it holds, it refuses new
+        creates until enough of its sandboxes end; nothing running is stopped."""
+        tenant = await self.store.get_tenant_by_name(name)
+        if tenant is None:
+            raise ResourceNotFound(f"no tenant {name!r}")
+        try:
+            return await self.store.set_quota(
+                tenant.id,
+                max_sandboxes=tenant.max_sandboxes if max_sandboxes is None else max_sandboxes,
+                max_memory_mb=tenant.max_memory_mb if max_memory_mb is None else max_memory_mb,
+                max_cpus=max_cpus,
+            )
+        except RecordNotFound as e:
+            raise ResourceNotFound(f"no tenant {name!r}") from e
 
     def store_unavailable(self, exc: StoreUnavailable) -> Unavailable:
         self.metrics.refusals.labels(ErrorCode.STORE_UNAVAILABLE).inc()

@@ -14,7 +14,7 @@ Both sides call the same two functions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from corral.core.fit import CPU, FIT_RULE, MEMORY, Bound, Term
@@ -189,6 +189,35 @@ def host_fits(
 ) -> bool:
     """Memory and CPU both: every bound of ``FIT_RULE`` (what the store's reservations check too)."""
     return all(HOLDS[b.name](host, pending, request, policy) for b in FIT_RULE)
+
+
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """A request no host could take even if it ran nothing: the field, and the most any host has."""
+
+    field: str  # "cpus" or "memory_mb"
+    largest: float
+
+
+def oversize(hosts: Iterable[HostView], request: CreateRequest, roles: Collection[str]) -> Oversize | None:
+    """Whether ``request`` asks for more than the largest host of ``roles`` has at all: more CPUs than
+    its ``cpu_total`` (overcommit shares a host's CPUs among sandboxes; it does not make one sandbox's
+    share larger than the host) or more memory than its ``memory_mb_total``. Such a request can never
+    be placed, however long it waits. Hosts whose heartbeat carried no size say nothing; with none
+    that did, None: nothing is known to be too small (the create goes on to the usual refusal)."""
+    cpus = 0.0
+    memory_mb = 0
+    for h in hosts:
+        if h.role in roles and h.cpu_total > 0 and h.memory_mb_total > 0:
+            cpus = max(cpus, h.cpu_total)
+            memory_mb = max(memory_mb, h.memory_mb_total)
+    if cpus == 0.0:
+        return None
+    if request.cpu > cpus:
+        return Oversize("cpus", cpus)
+    if request.memory_mb > memory_mb:
+        return Oversize("memory_mb", memory_mb)
+    return None
 
 
 class AdmissionBook:

@@ -664,7 +664,9 @@ async def _run(world: World) -> None:
     loop = world.loop
     store = world.store
     world.tenant = (
-        await store.create_tenant("chaos", max_sandboxes=cfg.tenant_max_sandboxes, max_memory_mb=1 << 30)
+        await store.create_tenant(
+            "chaos", max_sandboxes=cfg.tenant_max_sandboxes, max_memory_mb=1 << 30, max_cpus=1 << 30
+        )
     ).id
     for i in range(cfg.hosts):
         host = world.hosts[f"h{i}"] = SimHost(world, f"h{i}")

@@ -217,7 +217,11 @@ class RealFleet:
         """Records for what hosts already run, agents adopting it, heartbeats at random phases, and
         (with ``reconcile``) every replica's reconciler."""
         cfg, spec = self.cfg, self.cfg.host
-        self.tenant = (await self.store.create_tenant("sim", max_sandboxes=1 << 30, max_memory_mb=1 << 50)).id
+        self.tenant = (
+            await self.store.create_tenant(
+                "sim", max_sandboxes=1 << 30, max_memory_mb=1 << 50, max_cpus=1 << 30
+            )
+        ).id
         for host_id in self.host_ids:
             for s in self.states[host_id].sandboxes.values():
                 hs = s.handle.spec

@@ -22,6 +22,7 @@ from corral.store.errors import (
     TokenRevoked,
 )
 from corral.store.records import (
+    DEFAULT_MAX_CPUS,
     FAILOVER_ORPHAN,
     FAILOVER_POLICIES,
     FAILOVER_RECREATE,
@@ -47,6 +48,8 @@ from corral.store.records import (
     TokenRecord,
     Usage,
     disputed,
+    from_millicores,
+    to_millicores,
 )
 
 
@@ -72,6 +75,7 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
 
 
 __all__ = [
+    "DEFAULT_MAX_CPUS",
     "FAILOVER_ORPHAN",
     "FAILOVER_POLICIES",
     "FAILOVER_RECREATE",
@@ -108,5 +112,7 @@ __all__ = [
     "TokenRevoked",
     "Usage",
     "disputed",
+    "from_millicores",
     "open_store",
+    "to_millicores",
 ]

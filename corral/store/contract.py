@@ -25,6 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 from corral.core.types import Pending
 from corral.shapes.hosts import HostCredentials
 from corral.store.records import (
+    DEFAULT_MAX_CPUS,
     UNSET,
     CreateOutcome,
     FailedHost,
@@ -375,7 +376,9 @@ class AccessStore(ABC):
     """Tenants and quotas, API tokens, host enrolment and fleet secrets."""
 
     @abstractmethod
-    async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
+    async def create_tenant(
+        self, name: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float = DEFAULT_MAX_CPUS
+    ) -> TenantRecord:
         """Raises :class:`NameConflict` if the name is taken."""
 
     @abstractmethod
@@ -388,7 +391,10 @@ class AccessStore(ABC):
     async def list_tenants(self) -> list[TenantRecord]: ...
 
     @abstractmethod
-    async def set_quota(self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord: ...
+    async def set_quota(
+        self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float | None = None
+    ) -> TenantRecord:
+        """``max_cpus`` None: unchanged. Lowering a limit below what is live refuses new creates only."""
 
     @abstractmethod
     async def usage(self, tenant_id: str) -> Usage: ...

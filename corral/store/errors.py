@@ -40,11 +40,12 @@ class IdempotencyMismatch(StoreError):
 
 
 class QuotaExceeded(StoreError):
-    """The tenant's own limit. ``limit`` names which: ``max_sandboxes`` or ``max_memory_mb``."""
+    """The tenant's own limit. ``limit`` names which: ``max_sandboxes``, ``max_memory_mb`` or
+    ``max_cpus``."""
 
     code = ErrorCode.TENANT_OVER_QUOTA
 
-    def __init__(self, limit: str, allowed: int, used: int, requested: int) -> None:
+    def __init__(self, limit: str, allowed: float, used: float, requested: float) -> None:
         self.limit = limit
         self.allowed = allowed
         self.used = used

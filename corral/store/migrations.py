@@ -3,12 +3,16 @@ the types differ. Versions are applied in order, each exactly once, recorded in 
 a backend applies them under a lock (an advisory lock on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite) so
 replicas starting at once do not race.
 
-Times are epoch seconds as floating point; CPU amounts of reservations are integer millicores.
+Times are epoch seconds as floating point; CPU amounts of reservations and of tenants' quotas and
+usage are integer millicores.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from corral.store.records import DEFAULT_MAX_CPUS, to_millicores
+from corral.store.rows import SANDBOX_CPU_M
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +270,18 @@ _V13 = (
     "WHERE name IS NOT NULL AND state <> 'deleted'",
 )
 
+# A tenant's CPU quota beside its count and memory, counted like them: ``live_cpu_m`` is what its live
+# sandboxes ask for, in millicores, kept in the same transaction as every change to them. Tenants made
+# before it get the default quota, raised to what they already hold, so none is over it at once.
+_LIVE_NOW = "('reserved', 'starting', 'running', 'waiting_capacity', 'orphaned', 'recreating')"
+_V14 = (
+    f"ALTER TABLE tenants ADD COLUMN max_cpu_m BIGINT NOT NULL DEFAULT {to_millicores(DEFAULT_MAX_CPUS)}",
+    "ALTER TABLE tenants ADD COLUMN live_cpu_m BIGINT NOT NULL DEFAULT 0",
+    f"""UPDATE tenants SET live_cpu_m = (SELECT coalesce(sum({SANDBOX_CPU_M}), 0) FROM sandboxes s
+                                         WHERE s.tenant_id = tenants.id AND s.state IN {_LIVE_NOW})""",
+    "UPDATE tenants SET max_cpu_m = live_cpu_m WHERE live_cpu_m > max_cpu_m",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -280,6 +296,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(11, "the replica whose create wrote a sandbox record", _V11),
     Migration(12, "sandbox indexes by state and by host hold only records not running, with a host", _V12),
     Migration(13, "the unique index of live names holds only named sandboxes", _V13),
+    Migration(14, "tenant CPU quota and its usage counter", _V14),
 )
 
 LATEST = MIGRATIONS[-1].version

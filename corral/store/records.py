@@ -250,6 +250,21 @@ class Page(NamedTuple):
     next_cursor: str | None
 
 
+# A tenant's CPU quota when none is given: generous (a thousand one-CPU sandboxes, as many as a
+# tenant's default count), yet a bound: CPU is overcommitted on every host, so without one a single
+# tenant could take a fleet's whole CPU. Tenants that predate the CPU quota got it too (migration 14).
+DEFAULT_MAX_CPUS = 1024.0
+
+
+def to_millicores(cpu: float) -> int:
+    """CPU as the store keeps it: integer millicores, so running totals add and subtract exactly."""
+    return round(cpu * 1000)
+
+
+def from_millicores(m: int) -> float:
+    return m / 1000
+
+
 @dataclass(frozen=True, slots=True)
 class TenantRecord:
     id: str
@@ -257,6 +272,8 @@ class TenantRecord:
     max_sandboxes: int
     max_memory_mb: int
     created_at: float
+    # CPUs its live sandboxes may ask for in all (whole millicores, as stored).
+    max_cpus: float = DEFAULT_MAX_CPUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +282,7 @@ class Usage:
 
     sandboxes: int
     memory_mb: int
+    cpus: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,12 +346,23 @@ def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozense
     return frozenset(SandboxState(v) for v in value)
 
 
-def check_quota(max_sandboxes: int, max_memory_mb: int, used: Usage, memory_mb: int) -> None:
-    """One more live sandbox of ``memory_mb`` within a tenant's limits, on what it uses now."""
-    if used.sandboxes + 1 > max_sandboxes:
-        raise QuotaExceeded("max_sandboxes", max_sandboxes, used.sandboxes, 1)
-    if used.memory_mb + memory_mb > max_memory_mb:
-        raise QuotaExceeded("max_memory_mb", max_memory_mb, used.memory_mb, memory_mb)
+def check_quota(tenant: TenantRecord, used: Usage, memory_mb: int, cpus: float) -> None:
+    """One more live sandbox of ``memory_mb`` and ``cpus`` within a tenant's limits, on what it uses
+    now. CPU is compared in millicores, as the stores count it."""
+    if used.sandboxes + 1 > tenant.max_sandboxes:
+        raise QuotaExceeded("max_sandboxes", tenant.max_sandboxes, used.sandboxes, 1)
+    if used.memory_mb + memory_mb > tenant.max_memory_mb:
+        raise QuotaExceeded("max_memory_mb", tenant.max_memory_mb, used.memory_mb, memory_mb)
+    if to_millicores(used.cpus) + to_millicores(cpus) > to_millicores(tenant.max_cpus):
+        raise QuotaExceeded("max_cpus", tenant.max_cpus, used.cpus, cpus)
+
+
+def check_tenant_quota(max_sandboxes: int, max_memory_mb: int, max_cpus: float) -> None:
+    """A tenant's limits as every store takes them."""
+    if max_sandboxes < 0 or max_memory_mb < 0:
+        raise InvalidRecord("max_sandboxes/max_memory_mb: must not be negative")
+    if not 0 <= max_cpus < float("inf"):  # NaN fails too
+        raise InvalidRecord("max_cpus: must be a finite number, not negative")
 
 
 def check_pool(size: int | None, max_per_host: int | _Unset | None) -> None:

@@ -24,21 +24,21 @@ from corral.store.records import (
     TenantRecord,
 )
 
+# CPU's conversions live with the records (the quota check needs them); every row reads them here.
+from corral.store.records import from_millicores as from_millicores
+from corral.store.records import to_millicores as to_millicores
+
 Row = Sequence[Any]
+
+# A sandbox row's CPUs in millicores, in SQL: what ``to_millicores`` makes of its ``cpus`` (creates
+# round a request to whole millicores, so the two roundings never differ on a half).
+SANDBOX_CPU_M = "CAST(round(cpus * 1000) AS BIGINT)"
 
 
 def in_list(prefix: str, values: Iterable[Any]) -> tuple[str, dict[str, Any]]:
     """``IN (:p0, :p1, ...)`` and its parameters (the portable spelling of a list parameter)."""
     params = {f"{prefix}{i}": v for i, v in enumerate(values)}
     return "(" + ", ".join(f":{k}" for k in params) + ")", params
-
-
-def to_millicores(cpu: float) -> int:
-    return round(cpu * 1000)
-
-
-def from_millicores(m: int) -> float:
-    return m / 1000
 
 
 # -- hosts -----------------------------------------------------------------------------------------
@@ -194,12 +194,17 @@ def sandbox_from_json(text: str) -> SandboxRecord:
 
 # -- tenants, templates ----------------------------------------------------------------------------
 
-TENANT_COLS = "id, name, max_sandboxes, max_memory_mb, created_at"
+TENANT_COLS = "id, name, max_sandboxes, max_memory_mb, created_at, max_cpu_m"
 
 
 def tenant_from_row(r: Row) -> TenantRecord:
     return TenantRecord(
-        id=r[0], name=r[1], max_sandboxes=int(r[2]), max_memory_mb=int(r[3]), created_at=float(r[4])
+        id=r[0],
+        name=r[1],
+        max_sandboxes=int(r[2]),
+        max_memory_mb=int(r[3]),
+        created_at=float(r[4]),
+        max_cpus=from_millicores(int(r[5])),
     )
 
 

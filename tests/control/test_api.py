@@ -174,7 +174,8 @@ async def test_quota_and_name_are_answered_before_capacity(cluster: Cluster) -> 
     )
     token = r.json()["token"]
     assert (await create(cluster, token=token, name="db"))[0] == 201
-    huge = {"memory_mb": 65536, "stateful": True}  # charged in full: twice a host
+    # Charged in full: more than any host admits (its total less headroom), yet no more than its total.
+    huge = {"memory_mb": 32000, "stateful": True}
     status, body = await create(cluster, token=token, **huge)
     assert status == 429 and body["error"]["code"] == "tenant_over_quota"
     status, body = await create(cluster, name="x", **huge)

@@ -93,7 +93,7 @@ async def test_the_document_shows_what_the_store_holds(cluster: Cluster) -> None
     await cluster.beat()
     # one refusal, counted by reason
     r = await cluster.http.post(
-        "/v1/sandboxes", json={"memory_mb": 64 * 1024, "stateful": True}, headers=cluster.as_(ADMIN)
+        "/v1/sandboxes", json={"memory_mb": 32 * 1024, "stateful": True}, headers=cluster.as_(ADMIN)
     )
     assert r.status_code == 503
     doc = (await cluster.http.get("/dashboard/data.json", headers=cluster.as_(ADMIN))).json()

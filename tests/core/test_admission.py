@@ -8,13 +8,17 @@ from corral.core import (
     AdmissionMode,
     AdmissionPolicy,
     CreateRequest,
+    Oversize,
     PressureGate,
     SandboxUsage,
     admittable_mb,
     charge_mb,
     fits,
+    oversize,
     reserve_mb,
 )
+
+from .conftest import make_host
 
 GiB = 1024
 CM = AdmissionMode.COMMITTED
@@ -145,3 +149,22 @@ def test_the_admission_book_is_the_same_rule_kept_incrementally(
             book.remove(key)
         assert book.admittable() == admittable_mb(64 * GiB, model.values(), mode)
         assert len(book) == len(model)
+
+
+def test_oversize_is_measured_against_the_largest_host_of_the_placeable_roles() -> None:
+    workers = [make_host("a", cpu_total=4.0, total=8 * GiB), make_host("b", cpu_total=8.0, total=16 * GiB)]
+    big_other = make_host("c", cpu_total=64.0, total=256 * GiB, role="builder")
+    unreported = make_host("d", cpu_total=0.0, total=0)
+    roles = {"worker"}
+    hosts = [*workers, big_other, unreported]
+    # CPU is overcommitted per host, never per sandbox: the largest host's CPUs are the bound.
+    assert oversize(hosts, CreateRequest(memory_mb=512, cpu=8.0), roles) is None
+    assert oversize(hosts, CreateRequest(memory_mb=512, cpu=8.001), roles) == Oversize("cpus", 8.0)
+    assert oversize(hosts, CreateRequest(memory_mb=16 * GiB, cpu=1.0), roles) is None
+    assert oversize(hosts, CreateRequest(memory_mb=16 * GiB + 1, cpu=1.0), roles) == Oversize(
+        "memory_mb", 16 * GiB
+    )
+    assert oversize(hosts, CreateRequest(memory_mb=512, cpu=32.0), {"worker", "builder"}) is None
+    # Nothing known of any host's size: nothing is known to be too large.
+    assert oversize([unreported], CreateRequest(memory_mb=1 << 30, cpu=1000.0), roles) is None
+    assert oversize([], CreateRequest(memory_mb=512, cpu=1000.0), roles) is None

@@ -226,11 +226,16 @@ def _refusals(corral: Corral) -> float:
 
 
 def test_a_full_fleet_is_retried_by_the_sdk_itself(sdk_env: Corral) -> None:
-    r = sdk_env.admin.post("/v1/templates", json={"name": "enormous", "memory_mb": 1_000_000})
+    # As large as the largest host and stateful (charged in full): no host admits it while its headroom
+    # is kept, yet it is no larger than a host (that would be a 422, never retried).
+    total = max(h["memory_mb_total"] for h in sdk_env.admin.get("/v1/hosts").json()["hosts"])
+    r = sdk_env.admin.post(
+        "/v1/templates", json={"name": f"enormous-{total}", "memory_mb": total, "stateful": True}
+    )
     assert r.status_code in (201, 409), r.text
     before = _refusals(sdk_env)
     with pytest.raises(Exception, match="does_not_fit"):
-        Sandbox.create(template="enormous")
+        Sandbox.create(template=f"enormous-{total}")
     # corral's 503 + Retry-After reached the SDK, which retried it (3 times by default) on its own.
     assert _refusals(sdk_env) - before == 4
 

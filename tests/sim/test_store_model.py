@@ -154,6 +154,10 @@ PRELUDE: list[tuple[Any, ...]] = [
 ]
 
 
+# What the n-th create asks: with the tenant's 3 CPUs, the CPU quota is hit as often as the others.
+SANDBOX_CPUS = (1.0, 0.5, 1.75, 0.25)
+
+
 class Driver:
     """One store under the sequence, with what it handed out numbered in order (ids differ)."""
 
@@ -173,7 +177,7 @@ class Driver:
             tenant_id=self.tenant,
             template="default",
             memory_mb=mb,
-            cpus=1.0,
+            cpus=SANDBOX_CPUS[n % len(SANDBOX_CPUS)],
             name=name,
             sealed_spec=sealed,
             owner=owner,
@@ -348,7 +352,9 @@ async def _compare(ops: list[tuple[Any, ...]], url: str) -> None:
         model = ModelStore(clock, random.Random(0))
         drivers = [Driver(model), Driver(sql)]
         for d in drivers:
-            d.tenant = (await d.store.create_tenant("t", max_sandboxes=4, max_memory_mb=2048)).id
+            d.tenant = (
+                await d.store.create_tenant("t", max_sandboxes=4, max_memory_mb=2048, max_cpus=3.0)
+            ).id
             await d.store.create_template(TemplateRecord("big", cpus=2.0, memory_mb=1024))
         created = 0
         for step, op in enumerate(PRELUDE + ops):

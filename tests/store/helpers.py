@@ -40,14 +40,20 @@ async def hosts(store: Store, n: int, *, admittable: int = 10_000) -> list[str]:
 
 
 def sandbox(
-    sid: str, tenant: TenantRecord, *, name: str | None = None, memory_mb: int = 512, **kw: object
+    sid: str,
+    tenant: TenantRecord,
+    *,
+    name: str | None = None,
+    memory_mb: int = 512,
+    cpus: float = 1.0,
+    **kw: object,
 ) -> SandboxRecord:
     return SandboxRecord(
         id=sid,
         tenant_id=tenant.id,
         template="default",
         memory_mb=memory_mb,
-        cpus=1.0,
+        cpus=cpus,
         name=name,
         **kw,  # type: ignore[arg-type]
     )

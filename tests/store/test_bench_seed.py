@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from corral.store import SandboxState, Store
+from corral.store import SandboxState, Store, Usage
 from corral.store.sql import SqlStore
 
 from .helpers import beat
@@ -33,4 +33,5 @@ async def test_bulk_recorded_sandboxes_read_as_running(store: Store) -> None:
         r.state is SandboxState.RUNNING and r.host_id == "h1" and r.memory_mb == 256 for r in got.values()
     )
     usage = await store.usage(tenant.id)
-    assert (usage.sandboxes, usage.memory_mb) == (3, 768)
+    assert usage == Usage(3, 768, 3.0)
+    assert await store.audit() == []

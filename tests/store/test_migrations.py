@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from corral.core import ManualClock
-from corral.store import InvalidRecord, Listing, StoreError, open_store
+from corral.store import DEFAULT_MAX_CPUS, InvalidRecord, Listing, StoreError, open_store
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 
 from .helpers import beat
@@ -114,18 +114,24 @@ async def test_a_closed_store_opens_again_on_use(store_url: str) -> None:
         await store.close()
 
 
-async def test_an_upgrade_asks_each_host_for_its_whole_listing(tmp_path: Path) -> None:
-    """A store written when hosts' sandbox lists were one JSON value each holds no listing it can trust
-    after the upgrade: a heartbeat of changes is not applied, and the agent's next (whole) one is."""
-    path = tmp_path / "old.db"
+def _migrated_below(path: Path, version: int) -> sqlite3.Connection:
+    """A SQLite store as a tree from before migration ``version`` left it."""
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
     for m in MIGRATIONS:
-        if m.version >= 10:
+        if m.version >= version:
             break
         for sql in statements(m, "sqlite"):
             db.execute(sql)
         db.execute("INSERT INTO schema_migrations VALUES (?, 0)", (m.version,))
+    return db
+
+
+async def test_an_upgrade_asks_each_host_for_its_whole_listing(tmp_path: Path) -> None:
+    """A store written when hosts' sandbox lists were one JSON value each holds no listing it can trust
+    after the upgrade: a heartbeat of changes is not applied, and the agent's next (whole) one is."""
+    path = tmp_path / "old.db"
+    db = _migrated_below(path, 10)
     db.execute("INSERT INTO hosts (id, registered_at, seq) VALUES ('h-old', 0, 1)")
     db.execute("INSERT INTO host_sandboxes (host_id, sandbox_ids) VALUES ('h-old', ?)", ('["sb-a", "sb-b"]',))
     db.commit()
@@ -140,5 +146,41 @@ async def test_an_upgrade_asks_each_host_for_its_whole_listing(tmp_path: Path) -
         whole = await store.upsert_heartbeat(beat("h-old", 3, sandbox_ids=frozenset({"sb-a", "sb-b"})))
         assert whole.listed_seq == 3 and whole.host.sandbox_count == 2
         assert await store.listed("h-old", ["sb-a", "sb-b", "sb-c"]) == {"sb-a": 0, "sb-b": 0}
+    finally:
+        await store.close()
+
+
+async def test_an_upgrade_gives_tenants_a_cpu_quota_and_counts_what_they_hold(tmp_path: Path) -> None:
+    """Tenants from before the CPU quota get the default one, raised to what they already hold (none is
+    over it at once), and their live sandboxes' CPUs counted: the quota holds from the first create."""
+    path = tmp_path / "old.db"
+    db = _migrated_below(path, 14)
+    sandboxes = [
+        ("small", "a", "running", 1.5),
+        ("small", "b", "stopped", 4.0),
+        ("wide", "c", "running", 1500.0),
+    ]
+    for tid in ("small", "wide"):
+        db.execute(
+            "INSERT INTO tenants (id, name, max_sandboxes, max_memory_mb, created_at, live_sandboxes, live_memory_mb) "
+            "VALUES (?, ?, 10, 10000, 0, ?, ?)",
+            (tid, tid, 1, 512),
+        )
+    for tid, sid, st, cpus in sandboxes:
+        db.execute(
+            "INSERT INTO sandboxes (id, tenant_id, template, state, memory_mb, cpus, stateful, created_at, updated_at) "
+            "VALUES (?, ?, 'default', ?, 512, ?, 0, 0, 0)",
+            (sid, tid, st, cpus),
+        )
+    db.commit()
+    db.close()
+    store = open_store(f"sqlite:///{path}")
+    try:
+        assert await store.migrate() == LATEST
+        small, wide = await store.get_tenant("small"), await store.get_tenant("wide")
+        assert small is not None and small.max_cpus == DEFAULT_MAX_CPUS
+        assert wide is not None and wide.max_cpus == 1500.0
+        assert (await store.usage("small")).cpus == 1.5 and (await store.usage("wide")).cpus == 1500.0
+        assert await store.audit() == []
     finally:
         await store.close()

@@ -23,6 +23,7 @@ from corral.store import (
     Store,
     TenantRecord,
     Usage,
+    open_store,
 )
 
 from .conftest import T0
@@ -147,13 +148,75 @@ async def test_quota_counts_live_sandboxes_and_memory(store: Store) -> None:
     assert (await store.usage(t.id)).sandboxes == 3
     # Stopped, failed and deleted sandboxes hold no quota.
     await store.set_sandbox_state("a", SandboxState.STOPPED)
-    assert await store.usage(t.id) == Usage(2, 1024)
+    assert await store.usage(t.id) == Usage(2, 1024, 2.0)
     await store.create_sandbox(sandbox("d", t, memory_mb=1024))
     # A quota change applies to the next create.
     await store.set_quota(t.id, max_sandboxes=10, max_memory_mb=10_000)
     await store.create_sandbox(sandbox("e", t, memory_mb=4096))
     with pytest.raises(RecordNotFound):
         await store.create_sandbox(sandbox("f", TenantRecord("tn_ghost", "ghost", 1, 1, 0.0)))
+
+
+async def test_quota_counts_cpus_and_names_max_cpus(store: Store) -> None:
+    t = await store.create_tenant("cpu", max_sandboxes=10, max_memory_mb=100_000, max_cpus=2.5)
+    assert t.max_cpus == 2.5 and await store.get_tenant(t.id) == t
+    await store.create_sandbox(sandbox("a", t, cpus=1.25))
+    await store.create_sandbox(sandbox("b", t, cpus=1.0), idempotency_key="kb")
+    for key in (None, "kc"):  # both create paths: the one conditional UPDATE, and the full checks
+        with pytest.raises(QuotaExceeded) as e:
+            await store.create_sandbox(sandbox("c", t, cpus=0.5), idempotency_key=key)
+        assert (e.value.limit, e.value.allowed, e.value.used, e.value.requested) == (
+            "max_cpus",
+            2.5,
+            2.25,
+            0.5,
+        )
+    # A record that holds no quota is not counted against it.
+    await store.create_sandbox(sandbox("s", t, cpus=100.0, state=SandboxState.STOPPED))
+    await store.create_sandbox(sandbox("c", t, cpus=0.25))
+    assert await store.usage(t.id) == Usage(3, 1536, 2.5)
+    await store.delete_sandbox("a")
+    assert await store.usage(t.id) == Usage(2, 1024, 1.25)
+    raised = await store.set_quota(t.id, max_sandboxes=10, max_memory_mb=100_000, max_cpus=8)
+    assert raised.max_cpus == 8.0
+    kept = await store.set_quota(t.id, max_sandboxes=11, max_memory_mb=100_000)
+    assert (kept.max_sandboxes, kept.max_cpus) == (11, 8.0)
+    await store.create_sandbox(sandbox("d", t, cpus=6.75))
+    assert (await store.usage(t.id)).cpus == 8.0
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidRecord):
+            await store.set_quota(t.id, max_sandboxes=1, max_memory_mb=1, max_cpus=bad)
+        with pytest.raises(InvalidRecord):
+            await store.create_tenant(f"bad{bad}", max_sandboxes=1, max_memory_mb=1, max_cpus=bad)
+    assert await store.audit() == []
+
+
+async def test_creates_racing_across_replicas_never_exceed_the_cpu_quota(
+    store: Store, store_url: str
+) -> None:
+    """Two replicas (two stores on one database) race 24 creates of 1.5 CPUs, half with an
+    Idempotency-Key, for a quota of 10 CPUs: exactly six are made."""
+    other = open_store(store_url, clock=ManualClock(T0))
+    try:
+        t = await store.create_tenant("racing", max_sandboxes=100, max_memory_mb=100_000, max_cpus=10)
+
+        async def one(i: int) -> bool:
+            s = store if i % 2 else other
+            try:
+                await s.create_sandbox(
+                    sandbox(f"sb-{i}", t, cpus=1.5), idempotency_key=f"k{i}" if i % 4 < 2 else None
+                )
+                return True
+            except QuotaExceeded as e:
+                assert e.limit == "max_cpus"
+                return False
+
+        made = await asyncio.gather(*(one(i) for i in range(24)))
+        assert sum(made) == 6
+        assert await store.usage(t.id) == Usage(6, 6 * 512, 9.0)
+        assert await store.audit() == []
+    finally:
+        await other.close()
 
 
 async def test_concurrent_creates_never_exceed_quota(store: Store) -> None:

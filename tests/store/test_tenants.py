@@ -122,19 +122,19 @@ async def test_templates(store: Store) -> None:
 async def test_usage_counters_follow_every_change(store: Store) -> None:
     tenant = await store.create_tenant("counted", max_sandboxes=100, max_memory_mb=10**6)
 
-    def rec(i: int, mb: int) -> SandboxRecord:
-        return SandboxRecord(id=f"sb-c{i}", tenant_id=tenant.id, template="default", memory_mb=mb, cpus=1)
+    def rec(i: int, mb: int, cpus: float) -> SandboxRecord:
+        return SandboxRecord(id=f"sb-c{i}", tenant_id=tenant.id, template="default", memory_mb=mb, cpus=cpus)
 
-    for i, mb in enumerate([512, 1024, 2048]):
-        await store.create_sandbox(rec(i, mb))
-    assert await store.usage(tenant.id) == Usage(3, 3584)
+    for i, (mb, cpus) in enumerate([(512, 0.5), (1024, 1.25), (2048, 2.0)]):
+        await store.create_sandbox(rec(i, mb, cpus))
+    assert await store.usage(tenant.id) == Usage(3, 3584, 3.75)
     await store.set_sandbox_state("sb-c0", SandboxState.RUNNING, expect=SandboxState.RESERVED)
-    assert await store.usage(tenant.id) == Usage(3, 3584)
+    assert await store.usage(tenant.id) == Usage(3, 3584, 3.75)
     await store.set_sandbox_state("sb-c1", SandboxState.STOPPED)  # leaves the live states
-    assert await store.usage(tenant.id) == Usage(2, 2560)
+    assert await store.usage(tenant.id) == Usage(2, 2560, 2.5)
     await store.set_sandbox_state("sb-c1", SandboxState.ORPHANED)  # and comes back
-    assert await store.usage(tenant.id) == Usage(3, 3584)
+    assert await store.usage(tenant.id) == Usage(3, 3584, 3.75)
     await store.delete_sandbox("sb-c2")
     await store.set_sandbox_state("sb-c0", SandboxState.FAILED, expect=[SandboxState.RUNNING])
-    assert await store.usage(tenant.id) == Usage(1, 1024)
+    assert await store.usage(tenant.id) == Usage(1, 1024, 1.25)
     assert await store.audit() == []

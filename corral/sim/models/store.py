@@ -35,6 +35,7 @@ from corral.store.errors import (
     StoreUnavailable,
 )
 from corral.store.records import (
+    DEFAULT_MAX_CPUS,
     FAILOVER_POLICIES,
     LIVE_STATES,
     UNSET,
@@ -58,6 +59,7 @@ from corral.store.records import (
     as_states,
     check_pool,
     check_quota,
+    check_tenant_quota,
     disputed,
     metadata_dict,
 )
@@ -102,6 +104,10 @@ class _Tenant:
     record: TenantRecord
     live_sandboxes: int = 0
     live_memory_mb: int = 0
+    live_cpu_m: int = 0
+
+    def usage(self) -> Usage:
+        return Usage(self.live_sandboxes, self.live_memory_mb, rows.from_millicores(self.live_cpu_m))
 
 
 def _check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
@@ -640,15 +646,16 @@ class ModelStore:
         """Write a record (version plus one), moving its tenant's usage when it crosses live/not."""
         new = replace(sb, version=sb.version + 1, **changes)  # type: ignore[arg-type]
         delta = int(new.state in LIVE_STATES) - int(sb.state in LIVE_STATES)
-        self._count(new.tenant_id, delta, delta * new.memory_mb)
+        self._count(new.tenant_id, delta, delta * new.memory_mb, delta * rows.to_millicores(new.cpus))
         self.sandboxes[sb.id] = new
         return new
 
-    def _count(self, tenant_id: str, n: int, mb: int) -> None:
+    def _count(self, tenant_id: str, n: int, mb: int, cpu_m: int) -> None:
         t = self.tenants.get(tenant_id)
         if t is not None:
             t.live_sandboxes += n
             t.live_memory_mb += mb
+            t.live_cpu_m += cpu_m
 
     def _name_taken(self, tenant_id: str, name: str | None, other_than: str) -> str | None:
         if name is None:
@@ -683,10 +690,7 @@ class ModelStore:
         if taken is not None:
             raise NameConflict(f"name {record.name!r} is taken by sandbox {taken}")
         if SandboxState(record.state) in LIVE_STATES:
-            q = t.record
-            check_quota(
-                q.max_sandboxes, q.max_memory_mb, Usage(t.live_sandboxes, t.live_memory_mb), record.memory_mb
-            )
+            check_quota(t.record, t.usage(), record.memory_mb, record.cpus)
         return None
 
     async def create_sandbox(
@@ -719,7 +723,7 @@ class ModelStore:
         self.sandboxes[rec.id] = rec
         self.placements[rec.id] = None
         if state in LIVE_STATES:
-            self._count(rec.tenant_id, 1, rec.memory_mb)
+            self._count(rec.tenant_id, 1, rec.memory_mb, rows.to_millicores(rec.cpus))
         if idempotency_key is not None:
             self.idempotency[(rec.tenant_id, idempotency_key)] = (request_hash, rec.id, rec, now)
         return CreateOutcome(rec, replayed=False)
@@ -829,7 +833,7 @@ class ModelStore:
         if sb is None:
             return False
         if sb.state in LIVE_STATES:
-            self._count(sb.tenant_id, -1, -sb.memory_mb)
+            self._count(sb.tenant_id, -1, -sb.memory_mb, -rows.to_millicores(sb.cpus))
         return True
 
     async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:
@@ -910,22 +914,24 @@ class ModelStore:
 
     # -- tenants, templates --------------------------------------------------------------------------
 
-    async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
+    async def create_tenant(
+        self, name: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float = DEFAULT_MAX_CPUS
+    ) -> TenantRecord:
         if not name:
             raise InvalidRecord("name: must not be empty")
-        if max_sandboxes < 0 or max_memory_mb < 0:
-            raise InvalidRecord("max_sandboxes/max_memory_mb: must not be negative")
+        check_tenant_quota(max_sandboxes, max_memory_mb, max_cpus)
         await self._enter()
         if any(t.record.name == name for t in self.tenants.values()):
             raise NameConflict(f"tenant {name!r} exists")
-        rec = TenantRecord("tn_" + self._id(64), name, max_sandboxes, max_memory_mb, self._now())
+        cpus = rows.from_millicores(rows.to_millicores(max_cpus))  # as stored
+        rec = TenantRecord("tn_" + self._id(64), name, max_sandboxes, max_memory_mb, self._now(), cpus)
         self.tenants[rec.id] = _Tenant(rec)
         return rec
 
     async def usage(self, tenant_id: str) -> Usage:
         await self._enter()
         t = self.tenants.get(tenant_id)
-        return Usage(t.live_sandboxes, t.live_memory_mb) if t is not None else Usage(0, 0)
+        return t.usage() if t is not None else Usage(0, 0, 0.0)
 
     async def get_template(self, name: str) -> TemplateRecord | None:
         await self._enter()
@@ -994,11 +1000,12 @@ class ModelStore:
 
     def counted_usage(self, tenant_id: str) -> Usage:
         t = self.tenants[tenant_id]
-        return Usage(t.live_sandboxes, t.live_memory_mb)
+        return t.usage()
 
     def recorded_usage(self, tenant_id: str) -> Usage:
         live = [sb for sb in self.sandboxes.values() if sb.tenant_id == tenant_id and sb.state in LIVE_STATES]
-        return Usage(len(live), sum(sb.memory_mb for sb in live))
+        cpu_m = sum(rows.to_millicores(sb.cpus) for sb in live)
+        return Usage(len(live), sum(sb.memory_mb for sb in live), rows.from_millicores(cpu_m))
 
     def dump(self) -> str:
         """The whole state, canonically, for a run's digest."""

@@ -16,12 +16,16 @@ from corral.store.errors import (
     TokenRevoked,
 )
 from corral.store.records import (
+    DEFAULT_MAX_CPUS,
     LIVE_STATES,
     Principal,
     Role,
     TenantRecord,
     TokenRecord,
     Usage,
+    check_tenant_quota,
+    from_millicores,
+    to_millicores,
 )
 from corral.store.rows import in_list
 from corral.store.sql.base import (
@@ -29,7 +33,6 @@ from corral.store.sql.base import (
     Params,
     SqlBase,
     Tx,
-    _check_quota,
     token_hash,
 )
 
@@ -37,20 +40,39 @@ from corral.store.sql.base import (
 class AccessSql(SqlBase):
     async def _usage(self, tx: Tx, tenant_id: str) -> Usage:
         row = await tx.fetchone(
-            "SELECT live_sandboxes, live_memory_mb FROM tenants WHERE id = :t", {"t": tenant_id}
+            "SELECT live_sandboxes, live_memory_mb, live_cpu_m FROM tenants WHERE id = :t", {"t": tenant_id}
         )
-        return Usage(int(row[0]), int(row[1])) if row is not None else Usage(0, 0)
+        if row is None:
+            return Usage(0, 0, 0.0)
+        return Usage(int(row[0]), int(row[1]), from_millicores(int(row[2])))
 
-    async def create_tenant(self, name: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
+    async def create_tenant(
+        self, name: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float = DEFAULT_MAX_CPUS
+    ) -> TenantRecord:
         if not name:
             raise InvalidRecord("name: must not be empty")
-        _check_quota(max_sandboxes, max_memory_mb)
-        rec = TenantRecord("tn_" + secrets.token_hex(8), name, max_sandboxes, max_memory_mb, self._now())
+        check_tenant_quota(max_sandboxes, max_memory_mb, max_cpus)
+        cpu_m = to_millicores(max_cpus)
+        rec = TenantRecord(
+            "tn_" + secrets.token_hex(8),
+            name,
+            max_sandboxes,
+            max_memory_mb,
+            self._now(),
+            from_millicores(cpu_m),
+        )
 
         async def run(tx: Tx) -> TenantRecord:
             await tx.execute(
-                f"INSERT INTO tenants ({rows.TENANT_COLS}) VALUES (:id, :n, :ms, :mm, :now)",
-                {"id": rec.id, "n": name, "ms": max_sandboxes, "mm": max_memory_mb, "now": rec.created_at},
+                f"INSERT INTO tenants ({rows.TENANT_COLS}) VALUES (:id, :n, :ms, :mm, :now, :mc)",
+                {
+                    "id": rec.id,
+                    "n": name,
+                    "ms": max_sandboxes,
+                    "mm": max_memory_mb,
+                    "now": rec.created_at,
+                    "mc": cpu_m,
+                },
             )
             return rec
 
@@ -79,14 +101,20 @@ class AccessSql(SqlBase):
     async def list_tenants(self) -> list[TenantRecord]:
         return await self._tenant_where("ORDER BY name", {})
 
-    async def set_quota(self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int) -> TenantRecord:
-        _check_quota(max_sandboxes, max_memory_mb)
+    async def set_quota(
+        self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float | None = None
+    ) -> TenantRecord:
+        check_tenant_quota(max_sandboxes, max_memory_mb, 0.0 if max_cpus is None else max_cpus)
+        params: dict[str, object] = {"id": tenant_id, "ms": max_sandboxes, "mm": max_memory_mb}
+        cpus = ""
+        if max_cpus is not None:
+            cpus, params["mc"] = ", max_cpu_m = :mc", to_millicores(max_cpus)
 
         async def run(tx: Tx) -> TenantRecord:
             row = await tx.fetchone(
-                f"UPDATE tenants SET max_sandboxes = :ms, max_memory_mb = :mm WHERE id = :id "
+                f"UPDATE tenants SET max_sandboxes = :ms, max_memory_mb = :mm{cpus} WHERE id = :id "
                 f"RETURNING {rows.TENANT_COLS}",
-                {"id": tenant_id, "ms": max_sandboxes, "mm": max_memory_mb},
+                params,
             )
             if row is None:
                 raise RecordNotFound(f"tenant {tenant_id!r}")

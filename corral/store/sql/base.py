@@ -76,11 +76,6 @@ def _check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
         raise InvalidRecord("ttl_s: must be positive")
 
 
-def _check_quota(max_sandboxes: int, max_memory_mb: int) -> None:
-    if max_sandboxes < 0 or max_memory_mb < 0:
-        raise InvalidRecord("max_sandboxes/max_memory_mb: must not be negative")
-
-
 class SqlBase(Store):
     dialect: ClassVar[str]
     # Appended to a SELECT that must lock the rows it reads (empty where the transaction already

@@ -265,16 +265,19 @@ class ReservationsSql(SqlBase):
                 if int(mb) != int(rmb) or int(c) != int(rc) or int(mb) < 0 or int(c) < 0
             ]
             clause, params = in_list("st", sorted(st.value for st in LIVE_STATES))
-            for t, n, mb, rn, rmb in await tx.fetchall(
-                f"""SELECT t.id, t.live_sandboxes, t.live_memory_mb, coalesce(x.n, 0), coalesce(x.mb, 0)
+            for t, n, mb, c, rn, rmb, rc in await tx.fetchall(
+                f"""SELECT t.id, t.live_sandboxes, t.live_memory_mb, t.live_cpu_m,
+                      coalesce(x.n, 0), coalesce(x.mb, 0), coalesce(x.cpu_m, 0)
                     FROM tenants t LEFT JOIN (
-                      SELECT tenant_id, count(*) AS n, CAST(sum(memory_mb) AS BIGINT) AS mb FROM sandboxes
+                      SELECT tenant_id, count(*) AS n, CAST(sum(memory_mb) AS BIGINT) AS mb,
+                        CAST(sum({rows.SANDBOX_CPU_M}) AS BIGINT) AS cpu_m FROM sandboxes
                       WHERE state IN {clause} GROUP BY tenant_id) x ON x.tenant_id = t.id""",
                 params,
             ):
-                if int(n) != int(rn) or int(mb) != int(rmb):
+                if int(n) != int(rn) or int(mb) != int(rmb) or int(c) != int(rc):
                     problems.append(
-                        f"tenant {t}: usage counters {n} / {mb} MiB, live sandboxes {rn} / {rmb} MiB"
+                        f"tenant {t}: usage counters {n} / {mb} MiB / {c} mcpu, "
+                        f"live sandboxes {rn} / {rmb} MiB / {rc} mcpu"
                     )
             stray = await tx.fetchone(
                 "SELECT count(*) FROM reservations WHERE host_id NOT IN (SELECT id FROM hosts)"

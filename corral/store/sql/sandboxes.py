@@ -24,7 +24,9 @@ from corral.store.records import (
     _Unset,
     as_states,
     check_quota,
+    from_millicores,
     metadata_dict,
+    to_millicores,
 )
 from corral.store.rows import in_list
 from corral.store.sql.base import (
@@ -39,18 +41,19 @@ from corral.store.sql.base import (
 
 
 class SandboxesSql(SqlBase):
-    async def _count_usage(self, tx: Tx, tenant_id: str, sandboxes: int, memory_mb: int) -> None:
-        if sandboxes or memory_mb:
+    async def _count_usage(self, tx: Tx, tenant_id: str, sandboxes: int, memory_mb: int, cpu_m: int) -> None:
+        if sandboxes or memory_mb or cpu_m:
             await tx.execute(
-                "UPDATE tenants SET live_sandboxes = live_sandboxes + :n, live_memory_mb = live_memory_mb + :mb "
-                "WHERE id = :t",
-                {"t": tenant_id, "n": sandboxes, "mb": memory_mb},
+                "UPDATE tenants SET live_sandboxes = live_sandboxes + :n, live_memory_mb = live_memory_mb + :mb, "
+                "live_cpu_m = live_cpu_m + :cpu WHERE id = :t",
+                {"t": tenant_id, "n": sandboxes, "mb": memory_mb, "cpu": cpu_m},
             )
 
     _COUNT_IF_ROOM = (
-        "UPDATE tenants SET live_sandboxes = live_sandboxes + 1, live_memory_mb = live_memory_mb + :mb "
+        "UPDATE tenants SET live_sandboxes = live_sandboxes + 1, live_memory_mb = live_memory_mb + :mb, "
+        "live_cpu_m = live_cpu_m + :cpu "
         "WHERE id = :t AND live_sandboxes + 1 <= max_sandboxes AND live_memory_mb + :mb <= max_memory_mb "
-        "RETURNING id"
+        "AND live_cpu_m + :cpu <= max_cpu_m RETURNING id"
     )
 
     async def _check_name(self, tx: Tx, rec: SandboxRecord) -> None:
@@ -74,7 +77,7 @@ class SandboxesSql(SqlBase):
         outcome, or None when the record may be inserted."""
         # The tenant's row lock serialises its creates: the quota count below cannot be raced.
         tenant = await tx.fetchone(
-            "SELECT max_sandboxes, max_memory_mb, live_sandboxes, live_memory_mb FROM tenants "
+            f"SELECT {rows.TENANT_COLS}, live_sandboxes, live_memory_mb, live_cpu_m FROM tenants "
             f"WHERE id = :t{self.for_update if lock else ''}",
             {"t": rec.tenant_id},
         )
@@ -94,7 +97,8 @@ class SandboxesSql(SqlBase):
                 return CreateOutcome(current or rows.sandbox_from_json(seen[2]), replayed=True)
         await self._check_name(tx, rec)
         if rec.state in LIVE_STATES:
-            check_quota(int(tenant[0]), int(tenant[1]), Usage(int(tenant[2]), int(tenant[3])), rec.memory_mb)
+            used = Usage(int(tenant[-3]), int(tenant[-2]), from_millicores(int(tenant[-1])))
+            check_quota(rows.tenant_from_row(tenant), used, rec.memory_mb, rec.cpus)
         return None
 
     async def create_sandbox(
@@ -138,7 +142,10 @@ class SandboxesSql(SqlBase):
             fast = (
                 idempotency_key is None
                 and counted
-                and await tx.fetchone(self._COUNT_IF_ROOM, {"t": rec.tenant_id, "mb": rec.memory_mb})
+                and await tx.fetchone(
+                    self._COUNT_IF_ROOM,
+                    {"t": rec.tenant_id, "mb": rec.memory_mb, "cpu": to_millicores(rec.cpus)},
+                )
                 is not None
             )
             if fast:
@@ -148,7 +155,7 @@ class SandboxesSql(SqlBase):
                 if replay is not None:
                     return replay
                 if counted:
-                    await self._count_usage(tx, rec.tenant_id, 1, rec.memory_mb)
+                    await self._count_usage(tx, rec.tenant_id, 1, rec.memory_mb, to_millicores(rec.cpus))
             await tx.execute(
                 f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}, spec) VALUES (:id, :t, :name, :template, :host, "
                 ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, NULL, "
@@ -271,7 +278,9 @@ class SandboxesSql(SqlBase):
                 rec = rows.sandbox_from_row(row)
                 if before is not None:
                     delta = int(new_state in LIVE_STATES) - int(SandboxState(before[0]) in LIVE_STATES)
-                    await self._count_usage(tx, rec.tenant_id, delta, delta * rec.memory_mb)
+                    await self._count_usage(
+                        tx, rec.tenant_id, delta, delta * rec.memory_mb, delta * to_millicores(rec.cpus)
+                    )
                 return rec
             current = await self._sandbox(tx, sandbox_id)
             if current is None:
@@ -417,14 +426,14 @@ class SandboxesSql(SqlBase):
 
         async def run(tx: Tx) -> bool:
             gone = await tx.fetchone(
-                f"DELETE FROM sandboxes WHERE {where} RETURNING tenant_id, state, memory_mb", params
+                f"DELETE FROM sandboxes WHERE {where} RETURNING tenant_id, state, memory_mb, cpus", params
             )
             if forget_idempotency and (gone is not None or expect is None):
                 await tx.execute("DELETE FROM idempotency_keys WHERE sandbox_id = :id", {"id": sandbox_id})
             if gone is None:
                 return False
             if SandboxState(gone[1]) in LIVE_STATES:
-                await self._count_usage(tx, str(gone[0]), -1, -int(gone[2]))
+                await self._count_usage(tx, str(gone[0]), -1, -int(gone[2]), -to_millicores(float(gone[3])))
             return True
 
         return await self._write(run)
