@@ -52,7 +52,7 @@ class Gate:
                 del self.per_peer[peer]
 
 
-class Deadlines:
+class ConnectionDeadlines:
     """One connection's timers: its request head, and the silence inside a body."""
 
     def __init__(
@@ -115,7 +115,7 @@ class _Bounded:
     """What the two protocols share: admission at accept, release at close."""
 
     gate: ClassVar[Gate]
-    deadlines: Deadlines | None = None
+    deadlines: ConnectionDeadlines | None = None
     _peer: str | None = None
 
     def _admit(
@@ -132,7 +132,7 @@ class _Bounded:
             transport.close()
             return
         self._peer = peer
-        self.deadlines = Deadlines(self.gate.bounds, loop, transport, reading_paused)
+        self.deadlines = ConnectionDeadlines(self.gate.bounds, loop, transport, reading_paused)
         self.deadlines.expect_head()
 
     def _release(self) -> None:

@@ -103,7 +103,7 @@ class BadGateway(ControlError):
     status = 502
 
 
-class SandboxPaused(ControlError):
+class SandboxIsPaused(ControlError):
     """The sandbox is paused: nothing runs in it until it is resumed. The caller's state, not a fault."""
 
     code = ErrorCode.SANDBOX_PAUSED

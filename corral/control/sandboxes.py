@@ -18,7 +18,7 @@ from corral.control.errors import (
     InvalidRequest,
     NotRunning,
     ResourceNotFound,
-    SandboxPaused,
+    SandboxIsPaused,
     Unavailable,
 )
 from corral.control.ports import AgentLookup, CreatePort
@@ -112,7 +112,7 @@ class Sandboxes:
             if e.code != ErrorCode.SANDBOX_PAUSED:
                 raise BadGateway(e.message, code=e.code) from e
             # Auto-resume (a sandbox created to wake on use) belongs here: resume, then exec again.
-            raise SandboxPaused(e.message) from e
+            raise SandboxIsPaused(e.message) from e
         except AgentError as e:
             raise BadGateway(e.message, code=e.code) from e
 

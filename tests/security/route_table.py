@@ -18,6 +18,7 @@ EXAMPLE_BODIES: dict[str, Any] = {
     "ExecBody": {"command": ["true"]},
     "Timeout": {"timeout": 30},
     "PoolPatch": {"size": 1},
+    "QuotaBody": {"max_cpus": 8},
 }
 
 
