@@ -26,6 +26,7 @@ from corral.client.errors import (
     OverQuota,
     PayloadTooLarge,
     SandboxOrphaned,
+    TooManyConcurrent,
     Unauthorized,
     Unreachable,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "SandboxView",
     "Sandboxes",
     "Tokens",
+    "TooManyConcurrent",
     "Unauthorized",
     "Unreachable",
 ]
