@@ -4,7 +4,8 @@
 
 corral runs as ``corral serve --runtime process --hosts 2`` in its own process. Tenant B measures
 its ``GET /v1/sandboxes/{id}`` and an exec of ``true`` (p50/p99) alone, then again while tenant A
-holds ``--flood`` concurrent execs of ``sleep 2`` on one sandbox, re-sent as each returns; one line
+holds ``--flood`` concurrent execs of ``sleep 2`` on one sandbox, re-sent as each returns (from a
+process of its own, so B's timings are the server's and not its load generator's); one line
 per phase and operation, and a last line with B's p99 under the flood over B's p99 alone (the bar:
 at most 3) and what A's execs were answered. ``--serve-arg`` passes a flag to ``corral serve`` (the
 bounds set very high show the unbounded case beside the bounded one).
@@ -136,6 +137,19 @@ def rows(phase: str, timings: dict[str, list[float]]) -> list[dict[str, object]]
     ]
 
 
+async def flood_process(args: argparse.Namespace) -> None:
+    """The flood alone, until standard input closes; prints how A's execs were answered."""
+    stop, seen = asyncio.Event(), Counter[str]()
+    limits = httpx.Limits(max_connections=args.flood + 10, max_keepalive_connections=args.flood + 10)
+    headers = {"Authorization": f"Bearer {args.token}"}
+    async with httpx.AsyncClient(base_url=args.flood_at, headers=headers, timeout=120, limits=limits) as a:
+        flooding = asyncio.create_task(flood(a, args.sandbox, args.flood, stop, seen))
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        stop.set()
+        await flooding
+    print(json.dumps(dict(seen)), flush=True)
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, object]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -162,10 +176,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, object]
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as admin:
             token_a, token_b = await tenant(admin, "flooder"), await tenant(admin, "bystander")
-            limits = httpx.Limits(max_connections=args.flood + 10, max_keepalive_connections=args.flood + 10)
             async with (
                 httpx.AsyncClient(
-                    base_url=url, headers={"Authorization": f"Bearer {token_a}"}, timeout=120, limits=limits
+                    base_url=url, headers={"Authorization": f"Bearer {token_a}"}, timeout=120
                 ) as a,
                 httpx.AsyncClient(
                     base_url=url, headers={"Authorization": f"Bearer {token_b}"}, timeout=120
@@ -175,14 +188,19 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[dict[str, object]
                 failed: Counter[str] = Counter()
                 await measure(b, sandbox_b, 20, Counter())  # warm up
                 out += rows("alone", await measure(b, sandbox_b, args.samples, failed))
-                stop, seen = asyncio.Event(), Counter[str]()
-                flooding = asyncio.create_task(flood(a, sandbox_a, args.flood, stop, seen))
+                # A's flood runs in a process of its own, so B's timings are not its client's backlog.
+                flooder = await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, "--flood-at", url, "--token", token_a, "--sandbox", sandbox_a,
+                    "--flood", str(args.flood), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                )  # fmt: skip
                 try:
                     await asyncio.sleep(args.ramp_s)
                     under = await measure(b, sandbox_b, args.samples, failed)
                 finally:
-                    stop.set()
-                    await flooding
+                    assert flooder.stdin is not None
+                    flooder.stdin.close()
+                    report, _ = await flooder.communicate()
+                seen = Counter(json.loads(report or b"{}"))
                 out += rows("flood", under)
                 failures = (await admin.get("/metrics")).text
                 hb_failures = sum(
@@ -222,7 +240,13 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200, help="tenant B's GETs and execs per phase")
     ap.add_argument("--ramp-s", type=float, default=1.0, help="how long the flood runs before B measures")
     ap.add_argument("--serve-arg", action="append", default=[], help="a flag for corral serve (repeat)")
+    ap.add_argument("--flood-at", help=argparse.SUPPRESS)  # the flooding child process
+    ap.add_argument("--token", help=argparse.SUPPRESS)
+    ap.add_argument("--sandbox", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.flood_at:
+        asyncio.run(flood_process(args))
+        return
     with tempfile.TemporaryDirectory(prefix="corral-isolation-") as tmp:
         for row in asyncio.run(run(args, Path(tmp))):
             print(json.dumps(row), flush=True)
