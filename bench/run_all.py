@@ -32,6 +32,7 @@ BENCHES: dict[str, list[str]] = {
     "api": ["--duration", "5"],
     "heartbeat": [],
     "first_run": [],
+    "isolation": ["--samples", "100"],
 }
 WHAT = {
     "placement": "one placement decision in process, by fleet size and policy; `bare_p2` is the floor",
@@ -44,6 +45,8 @@ WHAT = {
     "with 0, 20,000 and 100,000 live sandboxes already recorded",
     "heartbeat": "the control plane's CPU per heartbeat for a host of 10, 1,000 and 10,000 sandboxes",
     "first_run": "`corral serve` + `corral burst -n 50`, beside the same with a 10 s memory settle",
+    "isolation": "tenant B's GET and exec p50/p99 alone and under tenant A's 800 concurrent execs "
+    "(re-sent as each is answered); the bar is B's p99 under the flood <= 3x alone",
 }
 
 

@@ -25,6 +25,7 @@ from corral.client.cli import (
 )
 from corral.client.pools_cli import pools_app
 from corral.core import AdmissionMode, ConfigError
+from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 
 app = typer.Typer(
     no_args_is_help=True, add_completion=False, help="corral: a control plane for sandbox fleets."
@@ -113,6 +114,24 @@ DeadAfter = Annotated[
         help="Seconds of silence before a host is dead: its sandboxes are recreated elsewhere or orphaned.",
     ),
 ]
+MaxExecsPerSandbox = Annotated[
+    int,
+    typer.Option(
+        "--max-execs-per-sandbox",
+        min=1,
+        help="Commands one sandbox may have running through the data plane at once (exec, E2B "
+        "commands and file operations); more are refused with 429 too_many_concurrent.",
+    ),
+]
+MaxExecsPerTenant = Annotated[
+    int,
+    typer.Option(
+        "--max-execs-per-tenant",
+        min=1,
+        help="Data-plane calls one tenant may have in flight through this replica (per replica); more "
+        "are refused with 429 too_many_concurrent.",
+    ),
+]
 SealKeyFile = Annotated[
     Path | None,
     typer.Option(
@@ -186,6 +205,8 @@ def serve(
     max_connections_per_peer: lo.MaxConnectionsPerPeer = lo.DEFAULTS.max_connections_per_peer,
     max_requests_per_token: lo.MaxRequestsPerToken = lo.DEFAULT_REQUESTS_PER_TOKEN,
     metrics_open: MetricsOpen = False,
+    max_execs_per_sandbox: MaxExecsPerSandbox = DEFAULT_EXECS_PER_SANDBOX,
+    max_execs_per_tenant: MaxExecsPerTenant = DEFAULT_EXECS_PER_TENANT,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run everything on this machine: API, embedded store and a local fleet."""
@@ -233,6 +254,8 @@ def serve(
         ),
         requests_per_token=max_requests_per_token,
         metrics_open=metrics_open,
+        max_execs_per_sandbox=max_execs_per_sandbox,
+        max_execs_per_tenant=max_execs_per_tenant,
     )
     try:
         run(serve_(opts), log_format.value)
@@ -266,6 +289,7 @@ def api(
     max_connections_per_peer: lo.MaxConnectionsPerPeer = lo.DEFAULTS.max_connections_per_peer,
     max_requests_per_token: lo.MaxRequestsPerToken = lo.DEFAULT_REQUESTS_PER_TOKEN,
     metrics_open: MetricsOpen = False,
+    max_execs_per_tenant: MaxExecsPerTenant = DEFAULT_EXECS_PER_TENANT,
     log_format: LogFormat = LogFormatChoice.AUTO,
 ) -> None:
     """Run one control-plane replica against a shared store; agents join over HTTP once enrolled
@@ -296,6 +320,7 @@ def api(
         ),
         requests_per_token=max_requests_per_token,
         metrics_open=metrics_open,
+        max_execs_per_tenant=max_execs_per_tenant,
     )
     try:
         run(api_(opts), log_format.value)

@@ -12,6 +12,7 @@ Standard library only: the SDK imports this module without any server dependency
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 
@@ -96,3 +97,8 @@ def status_of(code: str, default: int) -> int:
     """The HTTP status a code answers with; ``default`` for an unregistered code or one without."""
     registered = _BY_VALUE.get(code)
     return registered.status if registered is not None and registered.status is not None else default
+
+
+def retry_after_header(seconds: float | None) -> str:
+    """A Retry-After value: whole seconds, at least one."""
+    return str(max(1, math.ceil(seconds or 1)))

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from corral.agent.errors import (
+    AgentBusy,
     AgentConflict,
     AgentError,
     AgentInvalid,
@@ -52,6 +53,7 @@ from corral.core.admission import (
     request_charge_mb,
 )
 from corral.core.clock import Clock
+from corral.core.inflight import BUSY_RETRY_S, DEFAULT_EXECS_PER_SANDBOX, InFlight
 from corral.core.pressure import PressureGate
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
@@ -251,6 +253,8 @@ class Agent:
         stream_restore: bool = False,
         warm_starts_per_round: int = 2,
         warm_fill_interval_s: float = 0.05,
+        # Commands in flight per sandbox, through exec and the E2B data plane alike (see ``enter``).
+        max_execs_per_sandbox: int = DEFAULT_EXECS_PER_SANDBOX,
     ) -> None:
         if memory_mb_total <= 0 or cpu_total <= 0:
             raise ValueError("memory_mb_total and cpu_total must be positive")
@@ -277,6 +281,7 @@ class Agent:
         self.role = role
         self.stream_restore = stream_restore
         self.limiter = StartsLimiter(max_concurrent_starts, start_wait_s)
+        self.execs = InFlight("sandbox", max_execs_per_sandbox)
         self.signal = self._signal(pressure)
         self.gate = pressure_gate or self.signal.gate()
 
@@ -340,8 +345,11 @@ class Agent:
     def used_ratio(self) -> float:
         return self.memory_mb_used() / self.memory_mb_total
 
-    def _refuse(self, code: str, message: str, retry_after_s: float, **details: object) -> AgentRefusal:
+    def _count_refusal(self, code: str) -> None:
         self.refusals[code] = self.refusals.get(code, 0) + 1
+
+    def _refuse(self, code: str, message: str, retry_after_s: float, **details: object) -> AgentRefusal:
+        self._count_refusal(code)
         return AgentRefusal(code, message, retry_after_s, details)
 
     def observe_pressure(self) -> bool:
@@ -539,10 +547,30 @@ class Agent:
         self._secrets.pop(sandbox_id, None)
         self.warm.forget(sandbox_id)
 
+    def enter(self, sandbox_id: str) -> None:
+        """Take one of the sandbox's command slots, or refuse with 429 ``too_many_concurrent``. Every
+        command the data plane runs in a sandbox holds one from before it is started until it has
+        exited (hand it back with :meth:`leave`): a bound at the agent holds whichever replica
+        forwarded the call, and wherever the command runs."""
+        busy = self.execs.enter(sandbox_id)
+        if busy is not None:
+            self._count_refusal(ErrorCode.TOO_MANY_CONCURRENT)
+            raise AgentBusy(ErrorCode.TOO_MANY_CONCURRENT, busy.message, BUSY_RETRY_S, busy.details())
+
+    def leave(self, sandbox_id: str) -> None:
+        self.execs.leave(sandbox_id)
+
     async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         if sandbox_id not in self._live:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
         self._check_epoch(sandbox_id, epoch)
+        self.enter(sandbox_id)
+        try:
+            return await self._exec(sandbox_id, req)
+        finally:
+            self.leave(sandbox_id)
+
+    async def _exec(self, sandbox_id: str, req: ExecRequest) -> ExecResult:
         claimed_env = self.warm.env(sandbox_id)
         secrets = self._secrets.get(sandbox_id)
         env = {**claimed_env, **req.env} if claimed_env else req.env

@@ -24,6 +24,7 @@ from corral.agent.pressure import PressureSignal, host_signal, sim_signal
 from corral.aio import loop_factory
 from corral.clock import SystemClock
 from corral.core.admission import AdmissionPolicy
+from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX
 from corral.core.listen import ListenBounds
 from corral.core.types import AdmissionMode
 from corral.runtime.base import Runtime
@@ -136,6 +137,15 @@ def agent_command(
     ] = None,
     admission: Annotated[AdmissionMode, typer.Option("--admission")] = AdmissionMode.WORKING_SET,
     max_concurrent_starts: Annotated[int, typer.Option("--max-concurrent-starts", min=1)] = 8,
+    max_execs_per_sandbox: Annotated[
+        int,
+        typer.Option(
+            "--max-execs-per-sandbox",
+            min=1,
+            help="Commands one sandbox may have running through the data plane at once; more are "
+            "refused with 429 too_many_concurrent.",
+        ),
+    ] = DEFAULT_EXECS_PER_SANDBOX,
     heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.05)] = 2.0,
     headroom_mb: Annotated[int, typer.Option("--headroom-mb", min=0)] = 2048,
     template: Annotated[
@@ -195,6 +205,7 @@ def agent_command(
         admission=admission,
         policy=AdmissionPolicy(headroom_mb=headroom_mb),
         max_concurrent_starts=max_concurrent_starts,
+        max_execs_per_sandbox=max_execs_per_sandbox,
         pressure=signal,
         templates=template or None,
         heartbeat_interval_s=heartbeat_interval,

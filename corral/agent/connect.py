@@ -12,6 +12,8 @@ import json
 import struct
 from typing import Any
 
+from corral.codes import retry_after_header
+
 END_STREAM = 0x02
 STREAM_CONTENT_TYPE = "application/connect+json"
 UNARY_CONTENT_TYPE = "application/json"
@@ -50,6 +52,17 @@ class RpcError(Exception):
 
     def body(self) -> dict[str, str]:
         return {"code": self.code, "message": self.message}
+
+
+class RpcBusy(RpcError):
+    """Too many of the sandbox's commands in flight: ``resource_exhausted`` (429) with a Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: float | None) -> None:
+        super().__init__("resource_exhausted", message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": retry_after_header(self.retry_after_s)}
 
 
 def envelope(message: Any, flags: int = 0) -> bytes:

@@ -39,13 +39,14 @@ from starlette.types import Receive, Scope, Send
 from corral.agent.agent import Agent
 from corral.agent.connect import (
     STREAM_CONTENT_TYPE,
+    RpcBusy,
     RpcError,
     end_stream,
     envelope,
     parse_json,
     unwrap,
 )
-from corral.agent.errors import AgentError
+from corral.agent.errors import AgentBusy, AgentError
 from corral.runtime.base import InvalidSandbox, RuntimeFailure, SandboxNotFound, SandboxPaused
 from corral.runtime.bwrap import SANDBOX_USER
 from corral.runtime.capture import close_reader
@@ -151,6 +152,7 @@ class Envd:
         self.files_max_bytes = files_max_bytes
         self.idle_timeout_s = idle_timeout_s
         self._runs: dict[str, dict[int, _Run]] = {}
+        self._slots: set[asyncio.Task[None]] = set()  # each hands a command's slot back as it exits
         self._next_pid: dict[str, int] = {}
         # Every byte read from a streamed command's output, heard or not: what draining cost the host.
         self.output_bytes_read = 0
@@ -216,7 +218,7 @@ class Envd:
                 sandbox_id = self._sandbox(request)
                 result = await handler(sandbox_id, parse_json(await self._message(request)))
             except RpcError as exc:
-                return JSONResponse(exc.body(), status_code=exc.status)
+                return _unary_error(exc)
             except ClientDisconnect:
                 return Response(status_code=499)
             return JSONResponse(result)
@@ -224,6 +226,37 @@ class Envd:
         return endpoint
 
     async def _spawn(
+        self,
+        sandbox_id: str,
+        command: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+    ) -> Spawned:
+        """Every command of this data plane starts here, holding one of the sandbox's command slots
+        (the agent's bound, shared with exec) until it exits."""
+        try:
+            self.agent.enter(sandbox_id)
+        except AgentBusy as exc:
+            raise RpcBusy(exc.message, exc.retry_after_s) from None
+        try:
+            spawned = await self._spawn_in(sandbox_id, command, env=env, cwd=cwd, stdin=stdin)
+        except BaseException:
+            self.agent.leave(sandbox_id)
+            raise
+        task = asyncio.get_running_loop().create_task(self._leave_at_exit(sandbox_id, spawned))
+        self._slots.add(task)
+        task.add_done_callback(self._slots.discard)
+        return spawned
+
+    async def _leave_at_exit(self, sandbox_id: str, spawned: Spawned) -> None:
+        try:
+            await spawned.wait()
+        finally:
+            self.agent.leave(sandbox_id)
+
+    async def _spawn_in(
         self,
         sandbox_id: str,
         command: list[str],
@@ -690,7 +723,14 @@ def _stream_error(exc: RpcError) -> Response:
     return Response(end_stream(exc), media_type=STREAM_CONTENT_TYPE)
 
 
+def _unary_error(exc: RpcError) -> Response:
+    headers = exc.headers() if isinstance(exc, RpcBusy) else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
 def _files_error(exc: RpcError) -> Response:
+    if isinstance(exc, RpcBusy):
+        return JSONResponse({"code": 429, "message": exc.message}, status_code=429, headers=exc.headers())
     status = {
         "not_found": 404,
         "invalid_argument": 400,

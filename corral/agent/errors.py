@@ -98,6 +98,15 @@ class AgentRuntimeError(AgentError):
     default_code = ErrorCode.RUNTIME_FAILED
 
 
+class AgentBusy(AgentError):
+    """Too many of this sandbox's calls are in flight here; ``details`` says the scope, the limit and
+    what holds it. The same call succeeds once one of its own ends: 429 with Retry-After, and never a
+    sign that the host is unwell (the create flow does not try elsewhere for it)."""
+
+    status = 429
+    default_code = ErrorCode.TOO_MANY_CONCURRENT
+
+
 class AgentUnavailable(AgentError):
     """The agent could not be reached, or answered with something that is not an agent's answer."""
 
@@ -111,6 +120,7 @@ _BY_STATUS: dict[int, type[AgentError]] = {
     404: AgentSandboxNotFound,
     409: AgentConflict,
     422: AgentInvalid,
+    429: AgentBusy,
     502: AgentRuntimeError,
 }
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -34,7 +33,7 @@ from corral.agent.protocol import (
     SandboxInfo,
     StartSandbox,
 )
-from corral.codes import ErrorCode
+from corral.codes import ErrorCode, retry_after_header
 from corral.exec_result import ExecResult
 
 # The epoch the caller routes to; absent: any (a call from this host's own operator).
@@ -45,8 +44,8 @@ log = logging.getLogger("corral.agent.http")
 
 def error_response(err: AgentError) -> JSONResponse:
     headers = {}
-    if err.status == 503 and err.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    if err.status in (429, 503) and err.retry_after_s is not None:
+        headers["Retry-After"] = retry_after_header(err.retry_after_s)
     if err.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse(err.body(), status_code=err.status, headers=headers)

@@ -137,9 +137,13 @@ def response_for(exc: Exception, store_unavailable_retry: Any) -> JSONResponse:
     if isinstance(exc, StoreError):
         return error_response(status_of(exc.code, 409), exc.code, str(exc))
     if isinstance(exc, AgentError):
-        status = 503 if exc.retryable else 502
+        status = exc.status if exc.status == 429 else 503 if exc.retryable else 502
         return error_response(
-            status, exc.code, exc.message, retry_after_s=exc.retry_after_s if status == 503 else None
+            status,
+            exc.code,
+            exc.message,
+            retry_after_s=exc.retry_after_s if status in (429, 503) else None,
+            details=exc.details if status == 429 else None,
         )
     if isinstance(exc, StarletteHTTPException):
         return error_response(

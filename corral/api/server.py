@@ -25,6 +25,7 @@ from corral.control.localfleet import LocalFleet, build_local_fleet
 from corral.control.plane import ControlPlane
 from corral.control.seal import SEAL_KEY_ENV, Sealer, SealError, load_keys
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
+from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 from corral.core.listen import DEFAULT_REQUESTS_PER_TOKEN, ListenBounds
 from corral.listener import uvicorn_config
 from corral.logs import configure as configure_logging
@@ -58,6 +59,8 @@ class ServeOptions:
     requests_per_token: int = DEFAULT_REQUESTS_PER_TOKEN
     # /metrics without a token: only for a listener that only the scraper can reach.
     metrics_open: bool = False
+    max_execs_per_sandbox: int = DEFAULT_EXECS_PER_SANDBOX
+    max_execs_per_tenant: int = DEFAULT_EXECS_PER_TENANT
     extra: dict[str, str] = field(default_factory=dict)
 
 
@@ -136,7 +139,9 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         token_or_new(opts.agent_token, "CORRAL_AGENT_TOKEN")
     policy = AdmissionPolicy(headroom_mb=opts.headroom_mb)
     timeouts = _timeouts(opts.heartbeat_interval_s, opts.stale_after_s, opts.dead_after_s)
-    config = ControlConfig(timeouts=timeouts, policy=policy, k=opts.k)
+    config = ControlConfig(
+        timeouts=timeouts, policy=policy, k=opts.k, max_execs_per_tenant=opts.max_execs_per_tenant
+    )
     # The first start makes the key file (0600); every later one, and every replica, reads it.
     sealer = sealer_for(opts.seal_key_file or default_seal_key_file(opts.store), create=True)
     store = open_store(opts.store)
@@ -156,6 +161,7 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         max_concurrent_starts=opts.max_concurrent_starts,
         state_root=opts.state_dir,
         settle_s=opts.settle_s,
+        max_execs_per_sandbox=opts.max_execs_per_sandbox,
     )
     stopped = False
 
@@ -208,6 +214,7 @@ class ApiOptions:
     requests_per_token: int = DEFAULT_REQUESTS_PER_TOKEN
     # /metrics without a token: only for a listener that only the scraper can reach.
     metrics_open: bool = False
+    max_execs_per_tenant: int = DEFAULT_EXECS_PER_TENANT
 
 
 async def api(opts: ApiOptions) -> None:
@@ -229,6 +236,7 @@ async def api(opts: ApiOptions) -> None:
         k=opts.k,
         replica_lease_s=opts.lease_s,
         reconcile_interval_s=min(opts.reconcile_interval_s, opts.lease_s / 3),
+        max_execs_per_tenant=opts.max_execs_per_tenant,
     )
     # Replicas must share their keys: one is never invented here (no key: no sealed specs, so no
     # secrets, recreate or waiting creates).

@@ -27,6 +27,7 @@ from corral.client.errors import (
     PayloadTooLarge,
     SandboxOrphaned,
     SandboxPaused,
+    TooManyConcurrent,
     Unauthorized,
     Unreachable,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "SandboxView",
     "Sandboxes",
     "Tokens",
+    "TooManyConcurrent",
     "Unauthorized",
     "Unreachable",
 ]

@@ -130,6 +130,21 @@ class OverQuota(CorralError):
     code = ErrorCode.TENANT_OVER_QUOTA
 
 
+class TooManyConcurrent(CorralError):
+    """429 ``too_many_concurrent``: too many of this sandbox's (``scope == "sandbox"``) or this
+    tenant's (``"tenant"``) data-plane calls are in flight; ``details`` has the ``limit`` and what is
+    ``in_flight``. The same call succeeds once one of its own ends: wait ``retry_after_s`` and send it
+    again if running it twice is safe. The SDK never resends an exec by itself: a command is not
+    idempotent, and resending would only add to the pile this answer is about."""
+
+    code = ErrorCode.TOO_MANY_CONCURRENT
+
+    @property
+    def scope(self) -> str | None:
+        scope = self.details.get("scope")
+        return scope if isinstance(scope, str) else None
+
+
 class Unreachable(CorralError):
     """The server could not be reached at all (connection refused, DNS, timeout, broken response)."""
 
@@ -205,6 +220,7 @@ _BY_CODE: dict[str, type[CorralError]] = {
         PayloadTooLarge,
         InvalidRequest,
         OverQuota,
+        TooManyConcurrent,
     )
 }
 _PERMANENT_CODES = frozenset(_BY_CODE)

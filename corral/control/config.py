@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
+from corral.core.inflight import DEFAULT_EXECS_PER_TENANT
 from corral.runtime.process import MIN_MEMORY_MB
 
 
@@ -43,6 +44,9 @@ class ControlConfig:
     # The longest a create may ask to wait for capacity (``wait_s``), and how many may wait per tenant.
     max_wait_s: float = 300.0
     max_waiting_per_tenant: int = 1000
+    # Data-plane calls (execs, E2B commands and file operations) one tenant may have in flight through
+    # this replica; each sandbox's own bound is its agent's.
+    max_execs_per_tenant: int = DEFAULT_EXECS_PER_TENANT
 
     @property
     def create_deadline_s(self) -> float:
@@ -54,6 +58,8 @@ class ControlConfig:
     def __post_init__(self) -> None:
         if self.k is not None and self.k < 0:
             raise ConfigError("k must be >= 0 (0 = full scan)")
+        if self.max_execs_per_tenant < 1:
+            raise ConfigError("max_execs_per_tenant must be >= 1")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be >= 1")
         if self.replica_lease_s <= self.reconcile_interval_s:

@@ -96,6 +96,14 @@ class QueueFull(ControlError):
     status = 429
 
 
+class TooManyConcurrent(ControlError):
+    """Too many of a sandbox's or a tenant's data-plane calls in flight; ``details["scope"]`` says
+    which, with the limit and what is in flight. Retry once one of them ends."""
+
+    code = ErrorCode.TOO_MANY_CONCURRENT
+    status = 429
+
+
 class BadGateway(ControlError):
     """The sandbox's host answered with an error that is not the caller's fault."""
 

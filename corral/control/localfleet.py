@@ -17,6 +17,7 @@ from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.control.agents import LocalAgents
 from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy, Clock
+from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX
 from corral.runtime.base import Runtime
 
 
@@ -86,6 +87,7 @@ def build_local_fleet(
     state_root: Path | None = None,
     seed: int | None = None,
     settle_s: float | None = None,
+    max_execs_per_sandbox: int = DEFAULT_EXECS_PER_SANDBOX,
 ) -> LocalFleet:
     async def sink(hb: AgentHeartbeat) -> HeartbeatReply:
         return await plane.heartbeat_reply(hb)
@@ -107,6 +109,7 @@ def build_local_fleet(
             heartbeat_interval_s=heartbeat_interval_s,
             sink=sink,
             settle_s=settle_s,
+            max_execs_per_sandbox=max_execs_per_sandbox,
         )
         agents.append(agent)
         directory.add(host_id, LocalAgentClient(agent))

@@ -99,7 +99,7 @@ class ControlPlane:
             store, self.view, agents, self.config, self.clock, self.rng, self.metrics, self.retry_after
         )
         self.batches = BatchCreate(self.creates)
-        self.sandboxes = Sandboxes(store, self.view, agents, self.routes)
+        self.sandboxes = Sandboxes(store, self.view, agents, self.routes, self.config.max_execs_per_tenant)
         self.heartbeats = HeartbeatIntake(store, self.metrics)
         self.creates.sealer = sealer
         self.failover = Failover(store, self.view, self.creates, self.clock, t)

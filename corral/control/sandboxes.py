@@ -3,7 +3,11 @@ is simply not found."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from corral.agent.errors import (
+    AgentBusy,
     AgentConflict,
     AgentError,
     AgentInvalid,
@@ -19,11 +23,13 @@ from corral.control.errors import (
     NotRunning,
     ResourceNotFound,
     SandboxIsPaused,
+    TooManyConcurrent,
     Unavailable,
 )
 from corral.control.ports import AgentLookup, CreatePort
 from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
+from corral.core.inflight import BUSY_RETRY_S, DEFAULT_EXECS_PER_TENANT, InFlight
 from corral.exec_result import ExecResult
 from corral.store import Page, SandboxRecord, SandboxState, StateConflict, StoreUnavailable
 
@@ -31,11 +37,38 @@ GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
 
 class Sandboxes:
-    def __init__(self, store: CreatePort, view: ViewCache, agents: AgentLookup, routes: RouteCache) -> None:
+    """``calls_per_tenant``: how many data-plane calls one tenant may have in flight through this
+    replica (a replica's own count: N replicas let a tenant have N times as many, and each sandbox's
+    agent bounds the sandbox's own whichever replica forwards)."""
+
+    def __init__(
+        self,
+        store: CreatePort,
+        view: ViewCache,
+        agents: AgentLookup,
+        routes: RouteCache,
+        calls_per_tenant: int = DEFAULT_EXECS_PER_TENANT,
+    ) -> None:
         self.store = store
         self.view = view
         self.agents = agents
         self.routes = routes
+        self.calls = InFlight("tenant", calls_per_tenant)
+
+    @contextmanager
+    def tenant_slot(self, tenant_id: str | None) -> Iterator[None]:
+        """Hold one of the tenant's data-plane slots on this replica for a call, or refuse it with 429
+        ``too_many_concurrent``. An admin's call (no tenant) is not counted."""
+        if tenant_id is None:
+            yield
+            return
+        busy = self.calls.enter(tenant_id)
+        if busy is not None:
+            raise TooManyConcurrent(busy.message, retry_after_s=BUSY_RETRY_S, details=busy.details())
+        try:
+            yield
+        finally:
+            self.calls.leave(tenant_id)
 
     async def _address(self, host_id: str) -> str:
         try:
@@ -96,9 +129,16 @@ class Sandboxes:
         return route
 
     async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
+        # Counted before the store is read: a refused call costs this replica next to nothing.
+        with self.tenant_slot(tenant_id):
+            return await self._exec(sandbox_id, tenant_id, req)
+
+    async def _exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
         route = await self._route(sandbox_id, tenant_id)
         try:
             return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req, route.epoch)
+        except AgentBusy as e:
+            raise TooManyConcurrent(e.message, retry_after_s=e.retry_after_s, details=e.details) from e
         except AgentSandboxNotFound as e:
             raise ResourceNotFound(f"sandbox {sandbox_id} is not running on its host") from e
         except AgentUnavailable as e:

@@ -16,8 +16,8 @@ from starlette.types import Receive, Scope, Send
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.envd import CALLER_AUTH_HEADER, ENVD_PREFIX, SANDBOX_HEADER, Envd
 from corral.api.e2b.access import AccessKey, valid
-from corral.codes import ErrorCode
-from corral.control.errors import ControlError, ResourceNotFound
+from corral.codes import ErrorCode, retry_after_header
+from corral.control.errors import ControlError, ResourceNotFound, TooManyConcurrent
 from corral.control.plane import ControlPlane
 from corral.store import Role, SandboxState, StoreUnavailable
 
@@ -31,6 +31,12 @@ _HOP_BY_HOP = {
     b"host",
     b"content-length",
 }
+
+
+def starts_command(path: str) -> bool:
+    """The calls that run a command in the sandbox (a process, or the helper of a file operation):
+    those the tenant's bound counts, for as long as the call lasts."""
+    return path in ("/files", "/process.Process/Start") or path.startswith("/filesystem.")
 
 
 def is_data_plane(scope: Scope) -> bool:
@@ -79,7 +85,7 @@ class DataPlane:
             return
         sandbox_id = headers.get(SANDBOX_HEADER, "")
         try:
-            host_id, address = await self._route(sandbox_id, headers)
+            tenant_id, host_id, address = await self._route(sandbox_id, headers)
         except ControlError as exc:
             retry = {"Retry-After": str(int(exc.retry_after_s or 1))} if exc.status == 503 else None
             status = 502 if exc.status == 404 else exc.status  # what E2B's proxy answers for a gone sandbox
@@ -90,6 +96,15 @@ class DataPlane:
         except StoreUnavailable:
             await _reply(send, 503, {"code": 503, "message": "store unavailable"}, {"Retry-After": "1"})
             return
+        try:
+            # Only the slot's taking raises this: the relay answers its own errors.
+            with self.plane.sandboxes.tenant_slot(tenant_id if starts_command(scope["path"]) else None):
+                await self._relay(host_id, address, scope, receive, send)
+        except TooManyConcurrent as exc:
+            body = {"code": 429, "message": exc.message, "error_code": exc.code, "details": exc.details}
+            await _reply(send, 429, body, {"Retry-After": retry_after_header(exc.retry_after_s)})
+
+    async def _relay(self, host_id: str, address: str, scope: Scope, receive: Receive, send: Send) -> None:
         client = self.plane.agents.client(host_id, address)
         if isinstance(client, LocalAgentClient):
             await self.envd(client)(scope, receive, send)
@@ -98,8 +113,8 @@ class DataPlane:
         else:
             await _reply(send, 502, {"code": 502, "message": f"host {host_id} has no data plane"})
 
-    async def _route(self, sandbox_id: str, headers: dict[str, str]) -> tuple[str, str]:
-        """The sandbox's host, once the caller has shown it may reach it. Every refusal looks the same
+    async def _route(self, sandbox_id: str, headers: dict[str, str]) -> tuple[str, str, str]:
+        """The sandbox's tenant and host, once the caller has shown it may reach it. Every refusal looks the same
         as a sandbox that does not exist, so a caller learns nothing about other tenants' sandboxes.
         While the store is unreachable, the route this replica remembers serves (running sandboxes
         keep serving)."""
@@ -112,12 +127,12 @@ class DataPlane:
             route = self.plane.sandboxes.routes.get(sandbox_id)
             if route is None or not await self._allowed(sandbox_id, route.tenant_id, headers):
                 raise
-            return route.host_id, route.address
+            return route.tenant_id, route.host_id, route.address
         if record is None or not await self._allowed(sandbox_id, record.tenant_id, headers):
             raise missing
         if record.state is not SandboxState.RUNNING or record.host_id is None:
             raise missing
-        return record.host_id, await self.plane.sandboxes._address(record.host_id)
+        return record.tenant_id, record.host_id, await self.plane.sandboxes._address(record.host_id)
 
     async def _allowed(self, sandbox_id: str, tenant_id: str, headers: dict[str, str]) -> bool:
         token = headers.get("x-access-token")
