@@ -41,7 +41,7 @@ from corral.codes import ErrorCode
 from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
-from corral.runtime import bwrap, launcher, procfs
+from corral.runtime import bwrap, child, launcher, procfs
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -452,7 +452,7 @@ class ProcessRuntime:
         cwd: str | None,
         *,
         stdin: bool,
-    ) -> asyncio.subprocess.Process:
+    ) -> child.Child:
         """The launcher, started on a command for this sandbox (its own process group, so a signal to
         the group reaches everything the command starts)."""
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
@@ -479,16 +479,8 @@ class ProcessRuntime:
             *(str(p) for p in (cgroup.procs_files if cgroup else [])),
         ]
         try:
-            return await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=launcher.clean_env(),
-                cwd="/",
-                start_new_session=True,
-                pass_fds=(spec_fd,),
-            )
+            # Forked off the event loop (see corral.runtime.child): the loop goes on serving.
+            return await child.start(argv, env=launcher.clean_env(), pass_fds=(spec_fd,), stdin=stdin)
         finally:
             os.close(spec_fd)
 
@@ -673,7 +665,7 @@ def _read_held(fd: int, limit: int) -> str:
 _REAPING: set[asyncio.Future[int]] = set()
 
 
-async def _kill(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+async def _kill(proc: child.Child, grace_s: float) -> None:
     """SIGKILL the launcher's process group and wait up to ``grace_s`` for it to be reaped; past that
     it is reaped in the background whenever it exits."""
     with contextlib.suppress(ProcessLookupError):

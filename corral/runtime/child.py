@@ -1,0 +1,152 @@
+"""A host-side child (the launcher running one command in a sandbox) started off the event loop.
+
+Under uvloop a subprocess is forked in the loop's own thread (libuv forks, it does not vfork), so
+every request the process serves waits for a copy of the whole heap's page tables: milliseconds per
+exec for a server's heap, and a stall for everyone in a burst of them (16 at once held a loop for
+250 ms with a 200 MB heap; from the pool, 3 ms). Here the fork is made by a small pool of threads
+(CPython's subprocess uses vfork, which copies nothing), the pipes are handed to the loop afterwards
+(:mod:`corral.runtime.pipes`), and the exit is seen through a pidfd, so no thread is held while the
+child runs. What the caller gets behaves as asyncio's ``Process`` for what the runtime uses of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from corral.runtime import pipes
+
+# Forks in flight at once: each takes a millisecond or two, so a few threads keep up with any rate
+# of execs the per-sandbox and per-tenant bounds let through.
+SPAWN_THREADS = 4
+_POOL = ThreadPoolExecutor(max_workers=SPAWN_THREADS, thread_name_prefix="corral-spawn")
+# Kept per output stream before the reader must drain (asyncio's default).
+_STREAM_LIMIT = 64 * 1024
+
+
+class Child:
+    """A started child: its output streams, its input (None when it reads /dev/null), its exit."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        stdout: asyncio.StreamReader,
+        stderr: asyncio.StreamReader,
+        stdin: asyncio.StreamWriter | None,
+        exited: asyncio.Future[int],
+    ) -> None:
+        self._popen = popen
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stdin = stdin
+        self._exited = exited
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._exited.result() if self._exited.done() else None
+
+    async def wait(self) -> int:
+        """The exit status (negative for a signal, as subprocess gives it), once the child has
+        exited; its pipes may stay open in a grandchild and are not waited for."""
+        return await asyncio.shield(self._exited)
+
+
+async def start(
+    argv: Sequence[str], *, env: Mapping[str, str], pass_fds: Sequence[int], stdin: bool
+) -> Child:
+    """Start ``argv`` in a session of its own, with pipes for its output (and input, if asked)."""
+    loop = asyncio.get_running_loop()
+    ours: list[int] = []  # the loop's ends, until a transport owns them
+    theirs: list[int] = []  # the child's ends, closed here once it has them
+    try:
+        out_r, out_w = _pipe(ours, theirs)
+        err_r, err_w = _pipe(ours, theirs)
+        in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        popen = await loop.run_in_executor(
+            _POOL,
+            lambda: subprocess.Popen(
+                argv,
+                stdin=in_r,
+                stdout=out_w,
+                stderr=err_w,
+                env=dict(env),
+                cwd="/",
+                start_new_session=True,
+                pass_fds=tuple(pass_fds),
+            ),
+        )
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    return Child(
+        popen,
+        _reader(loop, out_r),
+        _reader(loop, err_r),
+        _writer(loop, in_w) if stdin else None,
+        _watch_exit(loop, popen),
+    )
+
+
+def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    reader_side.append(r)
+    writer_side.append(w)
+    return r, w
+
+
+def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+    stream = asyncio.StreamReader(limit=_STREAM_LIMIT)
+    pipes.ReadPipe(loop, fd, asyncio.StreamReaderProtocol(stream))  # owns the descriptor from here on
+    return stream
+
+
+def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
+    protocol = _WriteProtocol(loop)
+    return asyncio.StreamWriter(pipes.WritePipe(loop, fd, protocol), protocol, None, loop)
+
+
+class _WriteProtocol(asyncio.streams.FlowControlMixin):
+    """What a StreamWriter needs of its protocol: flow control for ``drain``, a waiter for
+    ``wait_closed``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        return self._closed
+
+
+def _watch_exit(loop: asyncio.AbstractEventLoop, popen: subprocess.Popen[bytes]) -> asyncio.Future[int]:
+    """The child's exit status, reaped when its pidfd says it exited (the pidfd is readable from
+    then on, also for a child that exited before this was set up)."""
+    exited: asyncio.Future[int] = loop.create_future()
+    pidfd = os.pidfd_open(popen.pid)
+
+    def on_exit() -> None:
+        code = popen.poll()
+        if code is None:
+            return  # not reaped yet: the pidfd stays readable and this runs again
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        if not exited.done():
+            exited.set_result(code)
+
+    loop.add_reader(pidfd, on_exit)
+    return exited
