@@ -29,6 +29,7 @@ from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.control.waiting import WaitingCreates
 from corral.core import Clock, CreateRequest, oversize
+from corral.core.types import DEFAULT_TEMPLATE
 from corral.ids import new_sandbox_id
 from corral.logs import note
 from corral.store import (
@@ -50,7 +51,7 @@ FIRST_REFUSALS_KEPT = 10_000
 
 @dataclass(frozen=True, slots=True)
 class CreateSpec:
-    template: str = "default"
+    template: str = DEFAULT_TEMPLATE
     memory_mb: int | None = None
     cpus: float | None = None
     stateful: bool | None = None
