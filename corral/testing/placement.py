@@ -16,9 +16,9 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from corral.agent.client import AgentClient
 from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
@@ -26,17 +26,15 @@ from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, StartSandb
 from corral.control.config import ControlConfig
 from corral.control.metrics import Metrics
 from corral.control.placement import Placement
+from corral.control.ports import FailoverPort
 from corral.control.retry import RetryAfter
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.core import AdmissionMode, ManualClock
 from corral.exec_result import ExecResult
 from corral.store import (
-    UNSET,
     CreateOutcome,
-    FailedHost,
     HostRecord,
-    Page,
     RecordNotFound,
     ReservationRecord,
     ReserveItem,
@@ -46,7 +44,6 @@ from corral.store import (
     StoreUnavailable,
     TemplateRecord,
 )
-from corral.store.records import _Unset
 
 START = 1_000_000.0  # far from 0, where a never-heard-from host sits
 
@@ -138,29 +135,20 @@ class PlanStore:
         self.reservations[res.id] = res
         return res
 
-    async def reserve(
-        self,
-        host_id: str,
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
-    ) -> ReservationRecord | None:
-        return await self.reserve_best(
-            [host_id], memory_mb=memory_mb, cpu=cpu, owner=owner, ttl_s=ttl_s, sandbox_id=sandbox_id
-        )
+    # The store's own signatures are its contract's (corral.store.contract); the harness takes what
+    # placement passes by keyword and is handed to it as the port it stands in for.
+    async def reserve(self, host_id: str, *, memory_mb: int, **kw: Any) -> ReservationRecord | None:
+        return await self.reserve_best([host_id], memory_mb=memory_mb, **kw)
 
     async def reserve_best(
         self,
         candidates: Sequence[str],
         *,
         memory_mb: int,
-        cpu: float = 0.0,
+        cpu: float,
         owner: str,
         ttl_s: float,
-        sandbox_id: str | None = None,
+        sandbox_id: str,
     ) -> ReservationRecord | None:
         self.calls.append("reserve")
         took = next((h for h in candidates if h in self.hosts and h not in self.full), None)
@@ -183,17 +171,7 @@ class PlanStore:
         self.cancelled.append(reservation_id)
         return self.reservations.pop(reservation_id, None) is not None
 
-    async def sweep_expired(self) -> int:
-        return 0
-
-    async def next_expiry(self) -> float | None:
-        return None
-
-    # -- records -----------------------------------------------------------------------------------
-
-    async def create_sandbox(
-        self, record: SandboxRecord, *, idempotency_key: str | None = None, request_hash: str | None = None
-    ) -> CreateOutcome:
+    async def create_sandbox(self, record: SandboxRecord, **kw: Any) -> CreateOutcome:
         self.calls.append("create_sandbox")
         self.records[record.id] = record
         return CreateOutcome(record, replayed=False)
@@ -202,57 +180,32 @@ class PlanStore:
         self.calls.append("get_sandbox")
         return self.records.get(sandbox_id)
 
-    async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]:
-        return {i: self.records[i] for i in sandbox_ids if i in self.records}
-
-    async def list_sandboxes(
-        self,
-        *,
-        tenant_id: str | None = None,
-        host_id: str | None = None,
-        state: SandboxState | Collection[SandboxState] | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> Page:
-        states = {state} if isinstance(state, SandboxState) else set(state or SandboxState)
-        found = [r for r in self.records.values() if r.state in states]
-        return Page(found[:limit], None)
-
     async def set_sandbox_state(
         self,
         sandbox_id: str,
         state: SandboxState,
         *,
-        expect: SandboxState | Collection[SandboxState] | None = None,
+        expect: SandboxState,
         expect_version: int | None = None,
-        host_id: str | _Unset | None = UNSET,
-        reservation_id: str | _Unset | None = UNSET,
-        placement: str | _Unset | None = UNSET,
+        host_id: str | None = None,
+        reservation_id: str | None = None,
+        placement: str | None = None,
     ) -> SandboxRecord:
         self.calls.append("set_sandbox_state")
         rec = self.records.get(sandbox_id)
         if rec is None:
             raise RecordNotFound(sandbox_id)
-        expected = {expect} if isinstance(expect, SandboxState) else set(expect or SandboxState)
-        if rec.state not in expected or (expect_version is not None and rec.version != expect_version):
+        if rec.state is not expect or (expect_version is not None and rec.version != expect_version):
             raise StateConflict(sandbox_id, rec.state, rec.version)
-        changes: dict[str, object] = {"state": state, "version": rec.version + 1}
-        if not isinstance(host_id, _Unset):
-            changes["host_id"] = host_id
-        if not isinstance(reservation_id, _Unset):
-            changes["reservation_id"] = reservation_id
-        if isinstance(placement, str):
+        rec = replace(rec, state=state, version=rec.version + 1)
+        if placement is not None:  # a create's write: the host, the reservation, why
+            rec = replace(rec, host_id=host_id, reservation_id=reservation_id)
             self.placements[sandbox_id] = placement
-        rec = self.records[sandbox_id] = replace(rec, **changes)  # type: ignore[arg-type]
+        self.records[sandbox_id] = rec
         if self.lose_write_reply:
             self.lose_write_reply = False
             raise StoreUnavailable("the write landed; its answer was lost")
         return rec
-
-    async def delete_sandbox(
-        self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
-    ) -> bool:
-        return self.records.pop(sandbox_id, None) is not None
 
     async def reassign_sandbox(
         self, sandbox_id: str, *, expect_version: int, host_id: str, reservation_id: str, placement: str
@@ -267,15 +220,6 @@ class PlanStore:
         )
         return rec
 
-    async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
-        raise NotImplementedError("placement never fails a host")
-
-    async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:
-        return []
-
-    async def purge_idempotency_keys(self, older_than: float) -> int:
-        return 0
-
     # -- specs -------------------------------------------------------------------------------------
 
     async def get_template(self, name: str) -> TemplateRecord | None:
@@ -284,6 +228,10 @@ class PlanStore:
 
     async def sealed_spec(self, sandbox_id: str) -> str | None:
         return None
+
+    def port(self) -> FailoverPort:
+        """This store as the port placement writes through (it has what placement calls of it)."""
+        return cast(FailoverPort, self)
 
 
 class _Client(AgentClient):
@@ -354,7 +302,7 @@ class PlacementHarness:
         self.view = ViewCache(self.store, self.clock, t.view_ttl_s, t.heartbeat_interval_s)
         retry = RetryAfter(self.clock, t, self.config.retry_after_min_s, self.config.retry_after_max_s)
         self.placement = Placement(
-            self.store,
+            self.store.port(),
             self.view,
             self.agents,
             Templates(self.store, self.clock),
