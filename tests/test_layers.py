@@ -228,6 +228,43 @@ def test_what_the_client_shares_imports_nothing_else_of_corral() -> None:
     assert not bad, "\n".join(bad)
 
 
+def _import_cycle(part: str) -> list[str] | None:
+    """A cycle among the modules of one part (``TYPE_CHECKING`` imports count), or None."""
+    graph: dict[str, set[str]] = {}
+    for f in source_files():
+        name = _module_name(f)
+        if _part(name) == part:
+            graph[name] = {i.module for i in imports_of(f) if _part(i.module) == part and i.module != name}
+    for deps in graph.values():
+        deps &= graph.keys()  # a name imported from a package's __init__ is that module's own
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return None
+        for dep in sorted(graph[module]):
+            found = visit(dep, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        found = visit(module, [])
+        if found:
+            return found
+    return None
+
+
+def test_the_control_plane_has_no_import_cycle() -> None:
+    """Each flow of ``control`` is built with the parts it uses (the placement step below the create
+    flow, parked creates and failover; the create flow below batch): one way, never back."""
+    cycle = _import_cycle("control")
+    assert cycle is None, " -> ".join(cycle or [])
+
+
 def test_the_checker_sees_relative_lazy_and_aliased_imports(tmp_path: Path) -> None:
     """The rules above are only as good as the parser: it must not miss an import written another way."""
     pkg = tmp_path / "corral" / "core"

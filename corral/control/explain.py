@@ -69,10 +69,9 @@ class Explanation:
             "request": {"memory_mb": req.memory_mb, "cpus": req.cpu, "stateful": req.stateful},
         }
 
-    def decided(self, decision: Decision) -> Attempt:
-        a = Attempt(decision)
-        self.attempts.append(a)
-        return a
+    def tried(self, attempt: Attempt) -> None:
+        """One more pass: a plan the placement step is about to apply."""
+        self.attempts.append(attempt)
 
     def placed(self, host_id: str, reservation_id: str) -> None:
         self.attempts[-1].doc["outcome"] = "placed"

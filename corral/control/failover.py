@@ -24,16 +24,15 @@ import logging
 
 from corral.agent.errors import AgentConflict, AgentError
 from corral.codes import ErrorCode
-from corral.control.create import CreateFlow
 from corral.control.errors import Unavailable
-from corral.control.explain import Explanation
+from corral.control.placement import Placement, Start
 from corral.control.ports import FailoverPort
-from corral.control.seal import SealError
+from corral.control.seal import Sealer, SealError, open_spec
 from corral.control.view import ViewCache
 from corral.core import Clock
 from corral.core.timeouts import Timeouts
 from corral.core.types import HostState
-from corral.store import ReservationRecord, SandboxRecord, SandboxState, StateConflict, StoreError
+from corral.store import SandboxRecord, SandboxState, StateConflict, StoreError
 
 log = logging.getLogger("corral.failover")
 
@@ -42,11 +41,18 @@ RECREATE_BATCH = 200
 
 class Failover:
     def __init__(
-        self, store: FailoverPort, view: ViewCache, creates: CreateFlow, clock: Clock, timeouts: Timeouts
+        self,
+        store: FailoverPort,
+        view: ViewCache,
+        placement: Placement,
+        sealer: Sealer | None,
+        clock: Clock,
+        timeouts: Timeouts,
     ) -> None:
         self.store = store
         self.view = view
-        self.creates = creates
+        self.placement = placement
+        self.sealer = sealer
         self.clock = clock
         self.timeouts = timeouts
         # Host -> the last heartbeat it was failed at: a host that stays dead is failed once, not
@@ -105,10 +111,15 @@ class Failover:
                 log.warning("recreating sandbox %s failed this round: %r", rec.id, exc)
 
     async def _start_on(self, rec: SandboxRecord, host_id: str, address: str) -> bool:
-        spec = await self.creates.spec_of(rec)
+        spec = await open_spec(self.store, self.sealer, rec.id)
         try:
-            await self.creates.binder.start(
-                rec, host_id, address, spec.env, await self.creates.pids_of(rec.template), spec.secrets
+            await self.placement.binder.start(
+                rec,
+                host_id,
+                address,
+                spec.env,
+                await self.placement.templates.pids(rec.template),
+                spec.secrets,
             )
         except AgentConflict as exc:
             if exc.code != ErrorCode.SANDBOX_EXISTS:
@@ -122,31 +133,9 @@ class Failover:
         return True
 
     async def _recreate(self, rec: SandboxRecord) -> None:
-        spec = await self.creates.spec_of(rec)
-        current = rec
-
-        async def reassign(
-            host_id: str, address: str, res: ReservationRecord, explain: Explanation
-        ) -> SandboxRecord:
-            nonlocal current
-            # The conditional write first: from here the record names the new host and epoch, and the
-            # old copy is fenced; only then does the new copy start.
-            current = await self.store.reassign_sandbox(
-                rec.id,
-                expect_version=current.version,
-                host_id=host_id,
-                reservation_id=res.id,
-                placement=explain.to_json(),
-            )
-            await self.creates.binder.start(
-                current, host_id, address, spec.env, await self.creates.pids_of(rec.template), spec.secrets
-            )
-            explain.placed(host_id, res.id)
-            placed = await self.store.set_sandbox_state(
-                rec.id, SandboxState.RUNNING, expect=SandboxState.RECREATING, expect_version=current.version
-            )
-            log.warning("sandbox %s recreated on %s (epoch %d)", rec.id, host_id, placed.epoch)
-            return placed
-
+        """Placed as a create is; on the chosen host the record is reassigned (new host, epoch plus
+        one, older copies fenced) before the new copy starts from its unsealed spec."""
+        spec = await open_spec(self.store, self.sealer, rec.id)
         exclude = {rec.host_id} if rec.host_id else set()
-        await self.creates.place(rec, reassign, exclude)
+        placed = await self.placement.place(Start(rec, spec.env, spec.secrets), exclude)
+        log.warning("sandbox %s recreated on %s (epoch %d)", rec.id, placed.host_id, placed.epoch)

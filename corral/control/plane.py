@@ -28,12 +28,14 @@ from corral.control.errors import (
 from corral.control.failover import Failover
 from corral.control.heartbeats import HeartbeatIntake
 from corral.control.metrics import Metrics
+from corral.control.placement import Placement
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.seal import Sealer
+from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.control.waiting import WaitingCreates
 from corral.core import Clock
@@ -95,24 +97,19 @@ class ControlPlane:
             self.clock, t, self.config.retry_after_min_s, self.config.retry_after_max_s
         )
         self.routes = RouteCache()
-        self.creates = CreateFlow(
-            store, self.view, agents, self.config, self.clock, self.rng, self.metrics, self.retry_after
-        )
-        self.batches = BatchCreate(self.creates)
-        self.sandboxes = Sandboxes(store, self.view, agents, self.routes, self.config.max_execs_per_tenant)
-        self.heartbeats = HeartbeatIntake(store, self.metrics)
-        self.creates.sealer = sealer
-        self.failover = Failover(store, self.view, self.creates, self.clock, t)
-        self.reconciler = Reconciler(
+        # The create path, each part built with what it uses: templates, placement, warm claims,
+        # parked creates, then the create flow and batch over them.
+        self.templates = Templates(store, self.clock)
+        self.placement = Placement(
             store,
             self.view,
             agents,
+            self.templates,
             self.config,
             self.clock,
+            self.rng,
             self.metrics,
             self.retry_after,
-            self.routes,
-            self.failover,
         )
         self.pool_book = PoolBook(store, self.clock)
         self.warm = WarmClaims(
@@ -125,7 +122,34 @@ class ControlPlane:
             t.stale_after_s,
             WarmMetrics(self.metrics.registry),
         )
-        self.creates.warm = self.warm
+        self.waiting = WaitingCreates(store, self.placement, sealer, self.clock, self.config, self.metrics)
+        self.creates = CreateFlow(
+            store,
+            self.view,
+            self.placement,
+            self.templates,
+            self.config,
+            self.clock,
+            self.metrics,
+            warm=self.warm,
+            sealer=sealer,
+            waiting=self.waiting,
+        )
+        self.batches = BatchCreate(self.creates, self.placement)
+        self.sandboxes = Sandboxes(store, self.view, agents, self.routes, self.config.max_execs_per_tenant)
+        self.heartbeats = HeartbeatIntake(store, self.metrics)
+        self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t)
+        self.reconciler = Reconciler(
+            store,
+            self.view,
+            agents,
+            self.config,
+            self.clock,
+            self.metrics,
+            self.retry_after,
+            self.routes,
+            self.failover,
+        )
         self.pools = Pools(
             store,
             self.view,
@@ -137,8 +161,6 @@ class ControlPlane:
             self.config.policy,
         )
         self.reconciler.leader_work.append(self.pools.rebalance)
-        self.waiting = WaitingCreates(store, self.creates, self.clock, self.config, self.metrics)
-        self.creates.waiting = self.waiting
         self.reconciler.leader_work.append(self.waiting.place_waiting)
         self._task: asyncio.Task[None] | None = None
         self.migrated = False

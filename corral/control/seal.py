@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from corral.control.ports import Specs
 from corral.jsontext import dumps_sorted
 
 SEAL_KEY_ENV = "CORRAL_SEAL_KEY"
@@ -123,3 +124,11 @@ def load_keys(key_file: Path | None, *, create: bool = False) -> list[bytes]:
     if not keys:
         raise SealError(f"the seal key file {key_file} holds no key")
     return keys
+
+
+async def open_spec(store: Specs, sealer: Sealer | None, sandbox_id: str) -> Spec:
+    """A sandbox's env and secrets, unsealed (empty when it has no sealed spec, or no key is set)."""
+    sealed = await store.sealed_spec(sandbox_id)
+    if sealed is None or sealer is None:
+        return Spec(env={}, secrets={})
+    return sealer.open(sandbox_id, sealed)

@@ -14,10 +14,11 @@ from collections import deque
 
 from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
-from corral.control.create import CreateFlow
 from corral.control.errors import InvalidRequest, QueueFull, Unavailable
 from corral.control.metrics import Metrics
+from corral.control.placement import Placement, Start
 from corral.control.ports import WaitingQueue
+from corral.control.seal import Sealer, open_spec
 from corral.core import Clock
 from corral.store import SandboxRecord, SandboxState, StateConflict, StoreError
 
@@ -28,10 +29,17 @@ WAITING_BATCH = 1000
 
 class WaitingCreates:
     def __init__(
-        self, store: WaitingQueue, creates: CreateFlow, clock: Clock, config: ControlConfig, metrics: Metrics
+        self,
+        store: WaitingQueue,
+        placement: Placement,
+        sealer: Sealer | None,
+        clock: Clock,
+        config: ControlConfig,
+        metrics: Metrics,
     ) -> None:
         self.store = store
-        self.creates = creates
+        self.placement = placement
+        self.sealer = sealer
         self.clock = clock
         self.config = config
         self.metrics = metrics
@@ -128,11 +136,9 @@ class WaitingCreates:
                     del queues[tenant]
 
     async def _place_one(self, rec: SandboxRecord) -> bool:
-        spec = await self.creates.spec_of(rec)
-
+        spec = await open_spec(self.placement.store, self.sealer, rec.id)
         try:
-            bind = self.creates.bind(rec, SandboxState.WAITING_CAPACITY, spec.env, spec.secrets)
-            placed = await self.creates.place(rec, bind)
+            placed = await self.placement.place(Start(rec, spec.env, spec.secrets))
         except Unavailable:
             return False
         except Exception as exc:

@@ -11,6 +11,11 @@ from enum import StrEnum
 DEFAULT_SANDBOX_PIDS = 512
 MIN_SANDBOX_PIDS = 8
 MAX_SANDBOX_PIDS = 1 << 22
+# What a sandbox that names no template, or whose start names no CPU share, runs with: declared once
+# for every hop of its shape on the way down (the create's spec, the request placement weighs, the
+# runtime's spec). A create that leaves ``cpus`` out takes its template's, not this.
+DEFAULT_TEMPLATE = "default"
+DEFAULT_CPUS = 1.0
 
 
 class AdmissionMode(StrEnum):
@@ -75,7 +80,7 @@ class CreateRequest:
     """What one sandbox asks of a host."""
 
     memory_mb: int
-    cpu: float = 1.0
+    cpu: float = DEFAULT_CPUS
     stateful: bool = False
     template: str | None = None
     runtime: str | None = None

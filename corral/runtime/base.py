@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from corral.codes import ErrorCode
-from corral.core.types import DEFAULT_SANDBOX_PIDS
+from corral.core.types import DEFAULT_CPUS, DEFAULT_SANDBOX_PIDS, DEFAULT_TEMPLATE
 from corral.exec_result import ExecResult
 from corral.runtime.stream import Spawned
 
@@ -18,8 +18,8 @@ DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
 class SandboxSpec:
     id: str
     memory_mb: int
-    cpus: float = 1.0
-    template: str = "default"
+    cpus: float = DEFAULT_CPUS
+    template: str = DEFAULT_TEMPLATE
     stateful: bool = False
     hostname: str | None = None  # defaults to the sandbox id
     env: Mapping[str, str] = field(default_factory=dict)

@@ -35,6 +35,7 @@ from corral.control.create import CreateFlow
 from corral.control.errors import ControlError
 from corral.control.failover import Failover
 from corral.control.metrics import Metrics
+from corral.control.placement import Placement
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
 from corral.control.ports import AgentLookup, ClaimRecords, HostReader, PoolStore, ReconcilePort
 from corral.control.reconcile import Reconciler
@@ -42,6 +43,7 @@ from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.seal import Sealer
+from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.core.clock import Clock
 from corral.core.touch import TouchModel
@@ -86,13 +88,9 @@ def control_plane(
     view = ViewCache(cast(HostReader, store), clock, t.view_ttl_s, t.heartbeat_interval_s)
     retry = RetryAfter(clock, t, config.retry_after_min_s, config.retry_after_max_s)
     routes = RouteCache()
-    flow = CreateFlow(store, view, agents, config, clock, rng, metrics, retry)
-    flow.sealer = sealer
-    batch = BatchCreate(flow)
-    sandboxes = Sandboxes(store, view, agents, routes)
-    failover = Failover(store, view, flow, clock, t)
-    reconciler = Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
-    pools = None
+    templates = Templates(store, clock)
+    placement = Placement(store, view, agents, templates, config, clock, rng, metrics, retry)
+    claims = pools = None
     if warm:
         # The pool classes' ports beside the flows': the store model and the SQL stores have them all.
         pool_store = cast(PoolStore, store)
@@ -107,8 +105,13 @@ def control_plane(
             t.stale_after_s,
             WarmMetrics(metrics.registry),
         )
-        flow.warm = claims
         pools = Pools(pool_store, view, book, claims, clock, rng, t.stale_after_s, config.policy)
+    flow = CreateFlow(store, view, placement, templates, config, clock, metrics, warm=claims, sealer=sealer)
+    batch = BatchCreate(flow, placement)
+    sandboxes = Sandboxes(store, view, agents, routes)
+    failover = Failover(store, view, placement, sealer, clock, t)
+    reconciler = Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
+    if pools is not None:
         reconciler.leader_work.append(pools.rebalance)
     return ControlPlane(config, view, metrics, flow, batch, sandboxes, reconciler, pools)
 

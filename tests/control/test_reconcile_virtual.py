@@ -15,13 +15,14 @@ from corral.agent.client import LocalAgentClient
 from corral.agent.protocol import StartSandbox
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
-from corral.control.create import CreateFlow
 from corral.control.failover import Failover
 from corral.control.heartbeats import to_store
 from corral.control.metrics import Metrics
+from corral.control.placement import Placement
 from corral.control.reconcile import LEADER_LEASE, Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
+from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.runtime.sim import SimRuntime
 from corral.sim.models.store import ModelStore
@@ -37,8 +38,9 @@ def _reconciler(
     view = ViewCache(store, clock, t.view_ttl_s, t.heartbeat_interval_s)
     metrics, routes = Metrics(), RouteCache()
     retry = RetryAfter(clock, t, config.retry_after_min_s, config.retry_after_max_s)
-    flow = CreateFlow(store, view, agents, config, clock, random.Random(0), metrics, retry)
-    failover = Failover(store, view, flow, clock, t)
+    templates = Templates(store, clock)
+    placement = Placement(store, view, agents, templates, config, clock, random.Random(0), metrics, retry)
+    failover = Failover(store, view, placement, None, clock, t)
     return Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
 
 

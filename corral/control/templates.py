@@ -1,0 +1,32 @@
+"""Templates as a replica reads them on every create and every start: what exists is cached briefly,
+since templates change rarely (an absence is never cached: a template just made is found at once)."""
+
+from __future__ import annotations
+
+from corral.control.ports import Specs
+from corral.core import Clock
+from corral.store import TemplateRecord
+
+TEMPLATE_CACHE_S = 5.0
+
+
+class Templates:
+    def __init__(self, store: Specs, clock: Clock) -> None:
+        self._store = store
+        self._clock = clock
+        self._cached: dict[str, tuple[TemplateRecord, float]] = {}
+
+    async def get(self, name: str) -> TemplateRecord | None:
+        now = self._clock.now()
+        hit = self._cached.get(name)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        tpl = await self._store.get_template(name)
+        if tpl is not None:
+            self._cached[name] = (tpl, now + TEMPLATE_CACHE_S)
+        return tpl
+
+    async def pids(self, name: str) -> int | None:
+        """The pids limit a sandbox of ``name`` runs with (None: the runtime's default)."""
+        tpl = await self.get(name)
+        return tpl.pids if tpl is not None else None
