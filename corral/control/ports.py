@@ -2,7 +2,7 @@
 protocols: the create flow, batch creates, failover, the reconciler, warm pools, waiting creates,
 heartbeat intake, re-sealing and explanations each depend on the few methods they call, never on the
 whole :class:`corral.store.Store`. The SQL stores satisfy them structurally
-(:mod:`corral.sim.models.conformance` makes mypy prove it) and so do the simulator's in-memory models, which
+(:mod:`corral.testing.store.conformance` makes mypy prove it) and so does the in-memory store model, which
 is what lets the real flows run on virtual time under injected faults.
 """
 

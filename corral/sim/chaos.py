@@ -57,7 +57,6 @@ from corral.sim.harness import (
     run_seeded,
     sim_agent,
 )
-from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
@@ -68,6 +67,7 @@ from corral.store import (
     StoreError,
 )
 from corral.store.rows import from_millicores
+from corral.testing.store import ModelStore
 
 RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})
 # Calls that change nothing: the state after them is the state checked after the previous step.

@@ -24,9 +24,9 @@ from corral.control.retry import RetryAfter
 from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.runtime.sim import SimRuntime
-from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock, run_virtual
 from corral.store import SandboxRecord, SandboxState, StoreUnavailable
+from corral.testing.store import ModelStore
 
 
 def _reconciler(

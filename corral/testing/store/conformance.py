@@ -18,9 +18,9 @@ if TYPE_CHECKING:
         Tenants,
         WaitingQueue,
     )
-    from corral.sim.models.store import ModelStore
     from corral.store.postgres import PostgresStore
     from corral.store.sqlite import SqliteStore
+    from corral.testing.store import ModelStore
 
     def _conforms(model: ModelStore, sqlite: SqliteStore, postgres: PostgresStore) -> None:
         flows: list[ReconcilePort] = [model, sqlite, postgres]
