@@ -49,7 +49,6 @@ from corral.runtime.sim import SimState
 from corral.sim.harness import (
     START,
     Guarded,
-    InMemoryAgentClient,
     Process,
     control_plane,
     reply_of,
@@ -67,6 +66,7 @@ from corral.store import (
     StoreError,
 )
 from corral.store.rows import from_millicores
+from corral.testing.agents import InMemoryAgentClient
 from corral.testing.store import ModelStore
 
 RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})

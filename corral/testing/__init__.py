@@ -1,6 +1,8 @@
-"""Test doubles shipped with corral, for its own tests and benchmarks and for anyone testing against
-it: a TCP proxy that can cut a connection path (a store or an agent "becomes unreachable" while the
-real server stays up for everyone else)."""
+"""Test doubles shipped with corral, for its own tests, the simulator and benchmarks and for anyone
+testing against it: the store in memory (:mod:`corral.testing.store`, split by aggregate as the SQL
+store is), the in-memory agent client (:mod:`corral.testing.agents`), and a TCP proxy that can cut a
+connection path (a store or an agent "becomes unreachable" while the real server stays up for everyone
+else). Import the first two from their modules: this package's root loads only the proxy."""
 
 from corral.testing.proxy import CuttableProxy
 
