@@ -70,12 +70,6 @@ def check_path(path: str) -> str:
     return path
 
 
-def check_text(text: str) -> str:
-    if "\x00" in text:
-        raise ValueError("contains a NUL byte")
-    return text
-
-
 Argv = Annotated[list[str], Field(min_length=1, max_length=MAX_ARGS), AfterValidator(check_argv)]
 Env = Annotated[dict[str, str], Field(max_length=MAX_ENV_ENTRIES), AfterValidator(check_env)]
 AbsPath = Annotated[str, Field(min_length=1, max_length=MAX_PATH_CHARS), AfterValidator(check_path)]

@@ -70,10 +70,6 @@ class HostView(HostFacts):
     heartbeat_at: float
     state: HostState = HostState.READY
 
-    @property
-    def cpu_free(self) -> float:
-        return self.cpu_total - self.cpu_used
-
 
 @dataclass(frozen=True, slots=True)
 class CreateRequest:

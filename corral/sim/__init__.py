@@ -10,7 +10,7 @@ configuration and seed: a failing seed replays exactly.
 The experiments behind ``corral sim ...`` live in :mod:`corral.sim.experiments`; charts in
 :mod:`corral.sim.plots`; the report in :mod:`corral.sim.report`. ``corral sim chaos``
 (:mod:`corral.sim.chaos`) runs the control plane's real flows instead, on an event loop with a virtual
-clock (:mod:`corral.sim.vtime`) over an in-memory model of the store (:mod:`corral.sim.models`).
+clock (:mod:`corral.sim.vtime`) over an in-memory model of the store (:mod:`corral.testing.store`).
 """
 
 from corral.sim.events import EventLoop

@@ -49,7 +49,6 @@ from corral.runtime.sim import SimState
 from corral.sim.harness import (
     START,
     Guarded,
-    InMemoryAgentClient,
     Process,
     control_plane,
     reply_of,
@@ -57,7 +56,6 @@ from corral.sim.harness import (
     run_seeded,
     sim_agent,
 )
-from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
@@ -68,6 +66,8 @@ from corral.store import (
     StoreError,
 )
 from corral.store.rows import from_millicores
+from corral.testing.agents import InMemoryAgentClient
+from corral.testing.store import ModelStore
 
 RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})
 # Calls that change nothing: the state after them is the state checked after the previous step.

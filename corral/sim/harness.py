@@ -9,22 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from corral import ids
 from corral.agent.agent import Agent, HeartbeatSink
-from corral.agent.client import AgentClient
 from corral.agent.pressure import sim_signal
 from corral.agent.protocol import (
-    Capacity,
-    ClaimWarm,
-    ExecRequest,
     HeartbeatReply,
-    SandboxInfo,
-    StartSandbox,
     WarmTarget,
 )
 from corral.client.errors import CorralError, Unreachable
@@ -48,7 +41,6 @@ from corral.control.view import ViewCache
 from corral.core.clock import Clock
 from corral.core.touch import TouchModel
 from corral.core.types import AdmissionMode
-from corral.exec_result import ExecResult
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.vtime import run_virtual
 from corral.store import HeartbeatResult, StoreError
@@ -238,33 +230,6 @@ class Guarded:
             return result
 
         return call
-
-
-class InMemoryAgentClient(AgentClient):
-    """A connection to a real agent in this process: ``_agent`` says which, or raises when it cannot
-    be reached; the calls that cannot fail on the way go straight through."""
-
-    @abstractmethod
-    def _agent(self) -> Agent:
-        """The agent this connection reaches; raises as the wire would when it cannot."""
-
-    async def start(self, req: StartSandbox) -> SandboxInfo:
-        return await self._agent().start(req)
-
-    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
-        await self._agent().stop(sandbox_id, epoch)
-
-    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
-        return await self._agent().exec(sandbox_id, req, epoch)
-
-    async def list(self) -> list[SandboxInfo]:
-        return self._agent().list()
-
-    async def capacity(self) -> Capacity:
-        return self._agent().capacity()
-
-    async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
-        return self._agent().claim(template, req)
 
 
 P = TypeVar("P", bound=Process)

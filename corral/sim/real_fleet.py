@@ -39,7 +39,6 @@ from corral.sim.harness import (
     START,
     ControlPlane,
     Guarded,
-    InMemoryAgentClient,
     Process,
     control_plane,
     reply_of,
@@ -47,10 +46,11 @@ from corral.sim.harness import (
     sim_agent,
 )
 from corral.sim.host import HostSpec, fixed_profile
-from corral.sim.models.store import ModelStore
 from corral.sim.policies import Policy
 from corral.sim.vtime import VirtualClock
 from corral.store import SandboxRecord, SandboxState, Store
+from corral.testing.agents import InMemoryAgentClient
+from corral.testing.store import ModelStore
 
 SETTLED_AGO_S = 3600.0  # preloaded sandboxes started this long before the run: measured, settled
 

@@ -1,6 +1,12 @@
-"""The store contract: the abstract ``Store`` every backend implements, one abstract class per aggregate
+"""The store contract: the abstract ``Store`` every backend implements, one protocol per aggregate
 (hosts, reservations, leases, sandboxes, failover, access, templates) and their union.
 Records live in ``records``, errors in ``errors``.
+
+Each method is declared once, here. An aggregate is the union of the faces its callers take (the view
+cache reads ``HostReader``, a heartbeat writes through ``HeartbeatSink``, ...): a flow depends on the
+faces it calls, and :mod:`corral.control.ports` combines them into what each flow asks for. The SQL
+stores subclass ``Store``; the in-memory model (:mod:`corral.testing.store`) satisfies the faces
+structurally.
 
 The store is corral's consistency boundary: name uniqueness, idempotency keys, capacity reservations
 and ownership changes each go through one transaction here, so any number of API replicas can decide
@@ -19,8 +25,9 @@ evaluated where two deciders cannot both pass it.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
 from corral.core.types import Pending
 from corral.shapes.hosts import HostCredentials
@@ -49,13 +56,16 @@ from corral.store.records import (
 )
 
 
-class HostStore(ABC):
-    """Hosts: registration, heartbeats, drain, removal."""
+class HostReader(Protocol):
+    """The fleet as the view cache reads it."""
 
     @abstractmethod
-    async def register_host(self, host_id: str, *, address: str = "", role: str = "worker") -> HostRecord:
-        """Create a host row before its first heartbeat (no capacity, ``heartbeat_at`` 0, so it is
-        stale and never placed on), or update the address of a known one."""
+    async def list_hosts(self) -> list[HostRecord]:
+        """Every host, ordered by id, with live reservation totals (for the view cache)."""
+
+
+class HeartbeatSink(Protocol):
+    """What an agent's heartbeat writes: its host's facts and listing, and the OOM kills it saw."""
 
     @abstractmethod
     async def upsert_heartbeat(self, hb: HostReport) -> HeartbeatResult:
@@ -71,9 +81,14 @@ class HostStore(ABC):
         never changes the drain state."""
 
     @abstractmethod
-    async def listing_changes(self, since: float) -> list[ListingChange]:
-        """Entries of hosts' listings that changed (appeared, went, or were re-read whole) at or
-        after ``since`` by the store's clock: what the reconciler checks against the records."""
+    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
+        """Raise the ``oom_kills`` of each listed sandbox on ``host_id`` to its count (a count never
+        goes down: heartbeats may arrive late or twice). Sandboxes on other hosts are left alone."""
+
+
+class Listings(Protocol):
+    """What hosts' heartbeats said they run, as the store holds it: read by what changed since a
+    time, never whole, and forgotten once the reconciler has seen entries go."""
 
     @abstractmethod
     async def listing_disputes(self, since: float) -> list[ListingChange]:
@@ -93,15 +108,28 @@ class HostStore(ABC):
         """Forget entries that went out of listings before ``before`` (kept until then so the
         reconciler sees them go). Returns how many."""
 
+
+class CommittedMemory(Protocol):
+    """Memory promised fleet-wide, from counters."""
+
     @abstractmethod
     async def committed_mb(self) -> int:
         """Memory promised to every live sandbox (``LIVE_STATES``), from the tenants' usage counters:
         a read per tenant, never per sandbox."""
 
+
+class HostStore(HostReader, HeartbeatSink, Listings, CommittedMemory, Protocol):
+    """Hosts: registration, heartbeats, drain, removal."""
+
     @abstractmethod
-    async def record_oom_kills(self, host_id: str, counts: Mapping[str, int]) -> None:
-        """Raise the ``oom_kills`` of each listed sandbox on ``host_id`` to its count (a count never
-        goes down: heartbeats may arrive late or twice). Sandboxes on other hosts are left alone."""
+    async def register_host(self, host_id: str, *, address: str = "", role: str = "worker") -> HostRecord:
+        """Create a host row before its first heartbeat (no capacity, ``heartbeat_at`` 0, so it is
+        stale and never placed on), or update the address of a known one."""
+
+    @abstractmethod
+    async def listing_changes(self, since: float) -> list[ListingChange]:
+        """Entries of hosts' listings that changed (appeared, went, or were re-read whole) at or
+        after ``since`` by the store's clock: what the reconciler checks against the records."""
 
     @abstractmethod
     async def drain(self, host_id: str) -> HostRecord:
@@ -118,13 +146,9 @@ class HostStore(ABC):
     @abstractmethod
     async def get_host(self, host_id: str) -> HostRecord | None: ...
 
-    @abstractmethod
-    async def list_hosts(self) -> list[HostRecord]:
-        """Every host, ordered by id, with live reservation totals (for the view cache)."""
 
-
-class ReservationStore(ABC):
-    """Reservations: capacity promised on a host, taken and ended atomically."""
+class Reservations(Protocol):
+    """Capacity claims: taken against a host's admittable, ended once, expired by their TTL."""
 
     @abstractmethod
     async def reserve(
@@ -166,23 +190,31 @@ class ReservationStore(ABC):
         Several items may name the same host; their sum must fit."""
 
     @abstractmethod
-    async def confirm(self, reservation_id: str) -> bool:
-        """End a reservation because its sandbox is placed and accounted for. True if this call
-        ended it (each reservation ends exactly once)."""
-
-    @abstractmethod
     async def cancel(self, reservation_id: str) -> bool:
         """End a reservation because its placement failed. Never touches a sandbox record (a late
         rollback after a successful place is harmless). True if this call ended it."""
 
     @abstractmethod
+    async def sweep_expired(self) -> int:
+        """End every reservation past its ``expires_at``. Returns how many ended."""
+
+    @abstractmethod
+    async def next_expiry(self) -> float | None:
+        """When the earliest live reservation expires (for an honest Retry-After); None if none."""
+
+
+class ReservationStore(Reservations, Protocol):
+    """Reservations: capacity promised on a host, taken and ended atomically."""
+
+    @abstractmethod
+    async def confirm(self, reservation_id: str) -> bool:
+        """End a reservation because its sandbox is placed and accounted for. True if this call
+        ended it (each reservation ends exactly once)."""
+
+    @abstractmethod
     async def get_reservation(self, reservation_id: str) -> ReservationRecord | None:
         """The reservation if it has not ended (an expired, unswept one is returned; check
         ``expires_at``)."""
-
-    @abstractmethod
-    async def sweep_expired(self) -> int:
-        """End every reservation past its ``expires_at``. Returns how many ended."""
 
     @abstractmethod
     async def drop_owner(self, owner: str) -> int:
@@ -193,26 +225,18 @@ class ReservationStore(ABC):
         """Live reserved memory and cpu per host, for every host that has any (idle fleet: {})."""
 
     @abstractmethod
-    async def next_expiry(self) -> float | None:
-        """When the earliest live reservation expires (for an honest Retry-After); None if none."""
-
-    @abstractmethod
     async def audit(self) -> list[str]:
         """Check the books: per host, the stored reserved totals equal the sum of its reservation
         rows and are not negative. Returns one line per discrepancy; [] when consistent."""
 
 
-class LeaseStore(ABC):
-    """Leases: replicas' liveness and the leader lease."""
+class Leases(Protocol):
+    """Replica liveness (a reservation ends with its owner's lease) and the single leader."""
 
     @abstractmethod
     async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
         """Keep a replica alive; returns its lease's new expiry. A reservation's ``owner`` is the
         replica id: when the lease lapses, ``expire_replicas`` ends its reservations."""
-
-    @abstractmethod
-    async def release_replica(self, replica_id: str) -> int:
-        """A clean shutdown: drop the lease and end the replica's reservations (how many)."""
 
     @abstractmethod
     async def expire_replicas(self) -> list[str]:
@@ -230,13 +254,21 @@ class LeaseStore(ABC):
         """Take or renew the single-leader lease ``name`` (e.g. "reconciler"). Re-entrant for its
         holder; anyone may take it over once it has expired."""
 
+
+class LeaseStore(Leases, Protocol):
+    """Leases: replicas' liveness and the leader lease."""
+
+    @abstractmethod
+    async def release_replica(self, replica_id: str) -> int:
+        """A clean shutdown: drop the lease and end the replica's reservations (how many)."""
+
     @abstractmethod
     async def resign(self, name: str, holder: str) -> bool:
         """Give the lease up if ``holder`` has it. True if it did."""
 
 
-class SandboxStore(ABC):
-    """Sandbox records: create, state changes, expiry, listing, deletion."""
+class RecordCreate(Protocol):
+    """A sandbox record written, with its idempotency key, name and quota checked."""
 
     @abstractmethod
     async def create_sandbox(
@@ -253,6 +285,11 @@ class SandboxStore(ABC):
         (:class:`QuotaExceeded`; :class:`RecordNotFound` for an unknown tenant), then the insert.
         ``created_at``/``updated_at``/``version`` are set by the store."""
 
+
+class ClaimRecords(RecordCreate, Protocol):
+    """What a warm claim writes through: the create's checks first, as a read (a warm sandbox once
+    handed over cannot be given back), then the record."""
+
     @abstractmethod
     async def check_create(
         self,
@@ -265,41 +302,9 @@ class SandboxStore(ABC):
         nothing: a create that is about to take something it cannot give back (a warm sandbox)
         learns first whether it would be refused. ``create_sandbox`` checks again atomically."""
 
-    @abstractmethod
-    async def purge_idempotency_keys(self, older_than: float) -> int:
-        """Forget idempotency keys first used before ``older_than`` (epoch seconds); a retry after
-        that creates anew. Returns how many were forgotten."""
 
-    @abstractmethod
-    async def set_sandbox_state(
-        self,
-        sandbox_id: str,
-        state: SandboxState,
-        *,
-        expect: SandboxState | Collection[SandboxState] | None = None,
-        expect_version: int | None = None,
-        host_id: str | _Unset | None = UNSET,
-        reservation_id: str | _Unset | None = UNSET,
-        placement: str | _Unset | None = UNSET,
-    ) -> SandboxRecord:
-        """Compare-and-set: move the sandbox to ``state`` (and, when given, set its owner host,
-        reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
-        at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
-        lost race, :class:`RecordNotFound`."""
-
-    @abstractmethod
-    async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
-        """Per host: (sandboxes placed there created at or after ``since``, configured MiB of its live
-        sandboxes). What an operator's view shows beside each host's heartbeat."""
-
-    @abstractmethod
-    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
-        """The placement explanation (JSON text) kept with the sandbox, or None when none was kept.
-        Raises :class:`RecordNotFound` when the sandbox does not exist (or is another tenant's)."""
-
-    @abstractmethod
-    async def set_sandbox_expiry(self, sandbox_id: str, expires_at: float | None) -> SandboxRecord:
-        """Set (or clear) the sandbox's own TTL deadline."""
+class RecordReads(Protocol):
+    """Sandbox records read: one, some, or a page."""
 
     @abstractmethod
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
@@ -322,6 +327,27 @@ class SandboxStore(ABC):
         """Filtered, ordered by (created_at, id); keyset pagination with an opaque, stable cursor.
         ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
 
+
+class RecordStates(Protocol):
+    """Sandbox records moved between states (compare-and-set) and deleted."""
+
+    @abstractmethod
+    async def set_sandbox_state(
+        self,
+        sandbox_id: str,
+        state: SandboxState,
+        *,
+        expect: SandboxState | Collection[SandboxState] | None = None,
+        expect_version: int | None = None,
+        host_id: str | _Unset | None = UNSET,
+        reservation_id: str | _Unset | None = UNSET,
+        placement: str | _Unset | None = UNSET,
+    ) -> SandboxRecord:
+        """Compare-and-set: move the sandbox to ``state`` (and, when given, set its owner host,
+        reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
+        at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
+        lost race, :class:`RecordNotFound`."""
+
     @abstractmethod
     async def delete_sandbox(
         self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
@@ -330,14 +356,45 @@ class SandboxStore(ABC):
         create that was refused leaves no trace, so its key, retried, creates anew. ``expect``: only if
         it is in that state (a record placed meanwhile stays, and so does its key); False otherwise."""
 
+
+class Placements(Protocol):
+    """The explanation stored with a sandbox's placement."""
+
+    @abstractmethod
+    async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
+        """The placement explanation (JSON text) kept with the sandbox, or None when none was kept.
+        Raises :class:`RecordNotFound` when the sandbox does not exist (or is another tenant's)."""
+
+
+class RecordSweeps(Protocol):
+    """What the leader sweeps from records: sandboxes past their TTL, old idempotency keys."""
+
     @abstractmethod
     async def expired_sandboxes(self, now: float | None = None, *, limit: int = 100) -> list[SandboxRecord]:
         """Live sandboxes whose ``expires_at`` has passed (``now`` defaults to the store's clock),
         earliest first, for the TTL reaper."""
 
+    @abstractmethod
+    async def purge_idempotency_keys(self, older_than: float) -> int:
+        """Forget idempotency keys first used before ``older_than`` (epoch seconds); a retry after
+        that creates anew. Returns how many were forgotten."""
 
-class FailoverStore(ABC):
-    """Failover: a dead host's sandboxes orphaned or moved, parked creates, sealed specs."""
+
+class SandboxStore(ClaimRecords, RecordReads, RecordStates, Placements, RecordSweeps, Protocol):
+    """Sandbox records: create, state changes, expiry, listing, deletion."""
+
+    @abstractmethod
+    async def host_activity(self, since: float) -> dict[str, tuple[int, int]]:
+        """Per host: (sandboxes placed there created at or after ``since``, configured MiB of its live
+        sandboxes). What an operator's view shows beside each host's heartbeat."""
+
+    @abstractmethod
+    async def set_sandbox_expiry(self, sandbox_id: str, expires_at: float | None) -> SandboxRecord:
+        """Set (or clear) the sandbox's own TTL deadline."""
+
+
+class Rehoming(Protocol):
+    """A dead host's sandboxes orphaned or moved: what only the leader writes."""
 
     @abstractmethod
     async def fail_host(self, host_id: str, dead_before: float, *, evacuate: bool = False) -> FailedHost:
@@ -354,14 +411,26 @@ class FailoverStore(ABC):
         epoch plus one, and every other host that may hold an older copy is fenced. Raises
         :class:`StateConflict` when another decider moved it first."""
 
+
+class Parking(Protocol):
+    """A create parked for capacity."""
+
     @abstractmethod
     async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
         """A ``reserved`` record no host took becomes ``waiting_capacity`` until ``wait_until``
         (:class:`StateConflict` if it is no longer ``reserved``)."""
 
+
+class SealedSpecReader(Protocol):
+    """What a sandbox is started again from."""
+
     @abstractmethod
     async def sealed_spec(self, sandbox_id: str) -> str | None:
         """The sandbox's sealed spec (None: it has none)."""
+
+
+class SealedSpecs(Protocol):
+    """Every sealed spec, page by page, and its compare-and-set (re-sealing under a new key)."""
 
     @abstractmethod
     async def sealed_specs(self, after_id: str, limit: int) -> list[tuple[str, str]]:
@@ -372,7 +441,18 @@ class FailoverStore(ABC):
         """Compare-and-set of a sealed spec (re-sealing under a new key)."""
 
 
-class AccessStore(ABC):
+class FailoverStore(Rehoming, Parking, SealedSpecReader, SealedSpecs, Protocol):
+    """Failover: a dead host's sandboxes orphaned or moved, parked creates, sealed specs."""
+
+
+class TenantUsage(Protocol):
+    """A tenant's live usage, from its counters."""
+
+    @abstractmethod
+    async def usage(self, tenant_id: str) -> Usage: ...
+
+
+class AccessStore(TenantUsage, Protocol):
     """Tenants and quotas, API tokens, host enrolment and fleet secrets."""
 
     @abstractmethod
@@ -395,9 +475,6 @@ class AccessStore(ABC):
         self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float | None = None
     ) -> TenantRecord:
         """``max_cpus`` None: unchanged. Lowering a limit below what is live refuses new creates only."""
-
-    @abstractmethod
-    async def usage(self, tenant_id: str) -> Usage: ...
 
     @abstractmethod
     async def issue_token(self, tenant_id: str | None, role: Role) -> str:
@@ -451,22 +528,26 @@ class AccessStore(ABC):
         live sandbox is on it. True if there was anything to forget."""
 
 
-class TemplateStore(ABC):
-    """Templates and their warm pools."""
-
-    @abstractmethod
-    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
-        """Raises :class:`NameConflict` if it exists. The built-in ``default`` (1 cpu, 512 MiB, not
-        stateful) exists on every migrated store."""
+class TemplateReader(Protocol):
+    """A template by name."""
 
     @abstractmethod
     async def get_template(self, name: str) -> TemplateRecord | None: ...
 
+
+class PoolReader(Protocol):
+    """The pools' intent and the templates they are of, as a replica reads them."""
+
+    @abstractmethod
+    async def list_pools(self) -> list[PoolRecord]:
+        """Every pool with its per-host targets, ordered by template."""
+
     @abstractmethod
     async def list_templates(self) -> list[TemplateRecord]: ...
 
-    @abstractmethod
-    async def delete_template(self, name: str) -> bool: ...
+
+class PoolStore(PoolReader, Protocol):
+    """The admin's pools and the leader's per-host targets for them."""
 
     @abstractmethod
     async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
@@ -484,12 +565,20 @@ class TemplateStore(ABC):
         """Forget the pool and its targets. True if it existed."""
 
     @abstractmethod
-    async def list_pools(self) -> list[PoolRecord]:
-        """Every pool with its per-host targets, ordered by template."""
-
-    @abstractmethod
     async def set_pool_targets(self, template: str, targets: Mapping[str, int]) -> bool:
         """Replace the pool's per-host targets (hosts with 0 are dropped). False if the pool is gone."""
+
+
+class TemplateStore(TemplateReader, PoolStore, Protocol):
+    """Templates and their warm pools."""
+
+    @abstractmethod
+    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
+        """Raises :class:`NameConflict` if it exists. The built-in ``default`` (1 cpu, 512 MiB, not
+        stateful) exists on every migrated store."""
+
+    @abstractmethod
+    async def delete_template(self, name: str) -> bool: ...
 
 
 class Store(HostStore, ReservationStore, LeaseStore, SandboxStore, FailoverStore, AccessStore, TemplateStore):

@@ -36,9 +36,8 @@ from corral.store.errors import InvalidRecord, StoreError, StoreUnavailable
 from corral.store.fit import by_tie_rank, fit_condition, room_order
 from corral.store.migrations import LATEST, MIGRATIONS, statements
 from corral.store.outage import Breaker
-from corral.store.records import ReservationRecord, ReserveItem
+from corral.store.records import ReservationRecord, ReserveItem, check_reservation
 from corral.store.sql import Params, SqlStore, Tx
-from corral.store.sql.base import _check_reservation
 
 T = TypeVar("T")
 
@@ -400,7 +399,7 @@ class PostgresStore(SqlStore):
         ttl_s: float,
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
-        _check_reservation(memory_mb, cpu, ttl_s)
+        check_reservation(memory_mb, cpu, ttl_s)
         r = self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
         if await self._autocommit(_RESERVE, self._res_params(r)) is not None:
             return r
@@ -420,7 +419,7 @@ class PostgresStore(SqlStore):
         ttl_s: float,
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
-        _check_reservation(memory_mb, cpu, ttl_s)
+        check_reservation(memory_mb, cpu, ttl_s)
         if not candidates:
             return None
         for _ in range(_BEST_TRIES):

@@ -7,7 +7,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from corral.core.types import DEFAULT_SANDBOX_PIDS, HostFacts, HostView, Pending
+from corral.core.types import (
+    DEFAULT_SANDBOX_PIDS,
+    MAX_SANDBOX_PIDS,
+    MIN_SANDBOX_PIDS,
+    HostFacts,
+    HostView,
+    Pending,
+)
 from corral.store.errors import InvalidRecord, QuotaExceeded
 
 
@@ -355,6 +362,47 @@ def check_quota(tenant: TenantRecord, used: Usage, memory_mb: int, cpus: float) 
         raise QuotaExceeded("max_memory_mb", tenant.max_memory_mb, used.memory_mb, memory_mb)
     if to_millicores(used.cpus) + to_millicores(cpus) > to_millicores(tenant.max_cpus):
         raise QuotaExceeded("max_cpus", tenant.max_cpus, used.cpus, cpus)
+
+
+def check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
+    """A claim as every store takes it: some memory (the core's fit rule reads a request, and a
+    sandbox asks for memory; a claim of none is no sandbox's), no negative CPU, a positive TTL."""
+    if memory_mb <= 0:
+        raise InvalidRecord("memory_mb: a reservation must claim at least 1 MiB")
+    if cpu < 0:
+        raise InvalidRecord("cpu: a reservation cannot be negative")
+    if not ttl_s > 0:
+        raise InvalidRecord("ttl_s: must be positive")
+
+
+def check_sandbox(r: SandboxRecord) -> None:
+    """A sandbox record as every store takes it."""
+    if not r.id:
+        raise InvalidRecord("id: must not be empty")
+    if not r.tenant_id:
+        raise InvalidRecord("tenant_id: must not be empty")
+    if r.memory_mb <= 0:
+        raise InvalidRecord("memory_mb: must be positive")
+    if r.cpus < 0:
+        raise InvalidRecord("cpus: must not be negative")
+    if r.name is not None and not r.name:
+        raise InvalidRecord("name: must not be empty (use None for no name)")
+    if r.failover not in FAILOVER_POLICIES:
+        raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
+    try:
+        SandboxState(r.state)
+    except ValueError as exc:
+        raise InvalidRecord(f"state: {exc}") from exc
+
+
+def check_template(template: TemplateRecord) -> None:
+    """A template as every store takes it."""
+    if not template.name:
+        raise InvalidRecord("name: must not be empty")
+    if template.memory_mb <= 0 or template.cpus <= 0:
+        raise InvalidRecord("memory_mb/cpus: must be positive")
+    if not MIN_SANDBOX_PIDS <= template.pids <= MAX_SANDBOX_PIDS:
+        raise InvalidRecord(f"pids: must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}")
 
 
 def check_tenant_quota(max_sandboxes: int, max_memory_mb: int, max_cpus: float) -> None:

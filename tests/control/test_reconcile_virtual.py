@@ -25,9 +25,9 @@ from corral.control.routes import RouteCache
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.runtime.sim import SimRuntime
-from corral.sim.models.store import ModelStore
 from corral.sim.vtime import VirtualClock, run_virtual
 from corral.store import SandboxRecord, SandboxState, StoreUnavailable
+from corral.testing.store import ModelStore
 
 
 def _reconciler(

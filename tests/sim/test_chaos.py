@@ -13,8 +13,9 @@ from collections import Counter
 import pytest
 
 from corral.sim import chaos
-from corral.sim.models import store as model_store
 from corral.sim.vtime import Deadlock, VirtualLoop, run_virtual
+from corral.testing import store as model_store
+from corral.testing.store import reservations as model_reservations
 
 CI_SEEDS = 200
 FAULTS = {
@@ -89,7 +90,7 @@ def _first_failure(limit: int = CI_SEEDS) -> chaos.ChaosResult:
 
 
 def test_a_reservation_granted_past_the_fit_rule_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_store, "host_fits", lambda host, pending, request: True)
+    monkeypatch.setattr(model_reservations, "host_fits", lambda host, pending, request: True)
     failed = _first_failure()
     assert failed.violations[0].invariant == "reservation_over_admittable"
     assert (

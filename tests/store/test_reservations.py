@@ -178,9 +178,10 @@ async def test_batch_is_all_or_nothing(store: Store) -> None:
     for r in got:
         assert await store.get_reservation(r.id) == r
     assert await store.outstanding() == {"h00": Pending(1000, 1.25), "h01": Pending(900, 0.0)}
-    # h01 has 100 left: a batch needing 101 there takes nothing anywhere.
+    # h00 is full: a batch that fits on h01 but needs 1 MiB on h00 takes nothing anywhere (h01's 100
+    # stay free, as the 50 + 50 below show).
     assert (
-        await store.reserve_batch([ReserveItem("h00", 0), ReserveItem("h01", 101)], owner="r", ttl_s=30)
+        await store.reserve_batch([ReserveItem("h01", 100), ReserveItem("h00", 1)], owner="r", ttl_s=30)
         is None
     )
     # Items on one host are summed: 60 + 60 > 100.

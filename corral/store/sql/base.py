@@ -13,12 +13,8 @@ from corral.core.clock import Clock
 from corral.jsontext import dumps_sorted
 from corral.store import rows
 from corral.store.contract import Store
-from corral.store.errors import (
-    InvalidRecord,
-)
 from corral.store.fit import fit_condition, room_order
 from corral.store.records import (
-    FAILOVER_POLICIES,
     HostRecord,
     ReservationRecord,
     SandboxRecord,
@@ -65,15 +61,6 @@ def token_hash(plaintext: str) -> str:
     # Tokens are 256 random bits: a fast hash is enough (nothing to brute-force), and lets the store
     # look a token up by its hash without keeping the plaintext.
     return hashlib.sha256(plaintext.encode()).hexdigest()
-
-
-def _check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
-    if memory_mb < 0:
-        raise InvalidRecord("memory_mb: a reservation cannot be negative")
-    if cpu < 0:
-        raise InvalidRecord("cpu: a reservation cannot be negative")
-    if not ttl_s > 0:
-        raise InvalidRecord("ttl_s: must be positive")
 
 
 class SqlBase(Store):
@@ -158,25 +145,6 @@ def _with_host(r: ReservationRecord, host_id: str) -> ReservationRecord:
     return ReservationRecord(
         r.id, host_id, r.memory_mb, r.cpu, r.owner, r.sandbox_id, r.created_at, r.expires_at
     )
-
-
-def _check_sandbox(r: SandboxRecord) -> None:
-    if not r.id:
-        raise InvalidRecord("id: must not be empty")
-    if not r.tenant_id:
-        raise InvalidRecord("tenant_id: must not be empty")
-    if r.memory_mb <= 0:
-        raise InvalidRecord("memory_mb: must be positive")
-    if r.cpus < 0:
-        raise InvalidRecord("cpus: must not be negative")
-    if r.name is not None and not r.name:
-        raise InvalidRecord("name: must not be empty (use None for no name)")
-    if r.failover not in FAILOVER_POLICIES:
-        raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
-    try:
-        SandboxState(r.state)
-    except ValueError as exc:
-        raise InvalidRecord(f"state: {exc}") from exc
 
 
 def _json(metadata: Mapping[str, str]) -> str:

@@ -15,6 +15,7 @@ from corral.store.records import (
     LIVE_STATES,
     ReservationRecord,
     ReserveItem,
+    check_reservation,
 )
 from corral.store.rows import in_list
 from corral.store.sql.base import (
@@ -22,7 +23,6 @@ from corral.store.sql.base import (
     _ROOM_ORDER,
     SqlBase,
     Tx,
-    _check_reservation,
     _NoRoom,
     _with_host,
 )
@@ -135,7 +135,7 @@ class ReservationsSql(SqlBase):
         ttl_s: float,
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
-        _check_reservation(memory_mb, cpu, ttl_s)
+        check_reservation(memory_mb, cpu, ttl_s)
         r = self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
 
         async def run(tx: Tx) -> ReservationRecord | None:
@@ -153,7 +153,7 @@ class ReservationsSql(SqlBase):
         ttl_s: float,
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
-        _check_reservation(memory_mb, cpu, ttl_s)
+        check_reservation(memory_mb, cpu, ttl_s)
         if not candidates:
             return None
         template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
@@ -182,7 +182,7 @@ class ReservationsSql(SqlBase):
     ) -> tuple[list[ReservationRecord], dict[str, list[int]]]:
         """A batch's reservation records, and what it needs per host: [memory MiB, millicores]."""
         for it in items:
-            _check_reservation(it.memory_mb, it.cpu, ttl_s)
+            check_reservation(it.memory_mb, it.cpu, ttl_s)
         now = self._now()
         records = [
             self._reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id, now) for i in items

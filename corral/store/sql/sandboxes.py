@@ -24,6 +24,7 @@ from corral.store.records import (
     _Unset,
     as_states,
     check_quota,
+    check_sandbox,
     from_millicores,
     metadata_dict,
     to_millicores,
@@ -35,7 +36,6 @@ from corral.store.sql.base import (
     UNINDEXED_STATE,
     SqlBase,
     Tx,
-    _check_sandbox,
     _json,
 )
 
@@ -108,7 +108,7 @@ class SandboxesSql(SqlBase):
         idempotency_key: str | None = None,
         request_hash: str | None = None,
     ) -> CreateOutcome:
-        _check_sandbox(record)
+        check_sandbox(record)
         now = self._now()
         rec = SandboxRecord(
             id=record.id,
@@ -210,7 +210,7 @@ class SandboxesSql(SqlBase):
         idempotency_key: str | None = None,
         request_hash: str | None = None,
     ) -> CreateOutcome | None:
-        _check_sandbox(record)
+        check_sandbox(record)
         return await self._read(
             lambda tx: self._create_checks(tx, record, idempotency_key, request_hash, lock=False)
         )

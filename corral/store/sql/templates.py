@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.store import rows
 from corral.store.errors import (
     InvalidRecord,
@@ -18,6 +17,7 @@ from corral.store.records import (
     TemplateRecord,
     _Unset,
     check_pool,
+    check_template,
 )
 from corral.store.sql.base import (
     _POOLS_WITH_TARGETS,
@@ -28,12 +28,7 @@ from corral.store.sql.base import (
 
 class TemplatesSql(SqlBase):
     async def create_template(self, template: TemplateRecord) -> TemplateRecord:
-        if not template.name:
-            raise InvalidRecord("name: must not be empty")
-        if template.memory_mb <= 0 or template.cpus <= 0:
-            raise InvalidRecord("memory_mb/cpus: must be positive")
-        if not MIN_SANDBOX_PIDS <= template.pids <= MAX_SANDBOX_PIDS:
-            raise InvalidRecord(f"pids: must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}")
+        check_template(template)
         rec = TemplateRecord(
             template.name,
             template.cpus,

@@ -1,6 +1,7 @@
 """Proof, for the type checker, that the SQL stores and the in-memory model both give the control
-plane what its narrow protocols ask (:mod:`corral.control.ports`): an assignment below fails ``mypy``
-the moment a signature drifts on either side. Nothing here runs."""
+plane what its narrow protocols ask (:mod:`corral.control.ports`, each a face of the store's contract
+or a combination of them), and the whole of an aggregate where the model holds one: an assignment
+below fails ``mypy`` the moment a signature drifts on either side. Nothing here runs."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ if TYPE_CHECKING:
         Tenants,
         WaitingQueue,
     )
-    from corral.sim.models.store import ModelStore
+    from corral.store.contract import FailoverStore
     from corral.store.postgres import PostgresStore
     from corral.store.sqlite import SqliteStore
+    from corral.testing.store import ModelStore
 
     def _conforms(model: ModelStore, sqlite: SqliteStore, postgres: PostgresStore) -> None:
         flows: list[ReconcilePort] = [model, sqlite, postgres]
@@ -32,4 +34,5 @@ if TYPE_CHECKING:
         heartbeats: list[HeartbeatSink] = [model, sqlite, postgres]
         sealed: list[SealedSpecs] = [model, sqlite, postgres]
         placements: list[Placements] = [model, sqlite, postgres]
-        del flows, hosts, tenants, pools, claims, waiting, heartbeats, sealed, placements
+        failover: list[FailoverStore] = [model, sqlite, postgres]
+        del flows, hosts, tenants, pools, claims, waiting, heartbeats, sealed, placements, failover

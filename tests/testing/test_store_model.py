@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from corral.core import HostFacts, ManualClock
 from corral.core.listing import changes, digest_of
-from corral.sim.models.store import ModelStore
 from corral.store import (
     UNSET,
     HostReport,
@@ -33,6 +32,7 @@ from corral.store import (
     open_store,
 )
 from corral.store.contract import Store
+from corral.testing.store import ModelStore
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
 HOSTS = ["h0", "h1", "h2"]

@@ -1,0 +1,41 @@
+"""The in-memory agent client shipped for tests and the simulator: a control plane's connection to a
+real :class:`~corral.agent.agent.Agent` in this process, through the same :class:`AgentClient`
+interface as the wire. A subclass says which agent a call reaches, or raises as the wire would (a host
+down, a replica gone, a network that loses replies). ``corral serve`` calls its agents through
+:class:`corral.agent.client.LocalAgentClient`, which cannot fail on the way."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from corral.agent.agent import Agent
+from corral.agent.client import AgentClient
+from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, SandboxInfo, StartSandbox
+from corral.exec_result import ExecResult
+
+
+class InMemoryAgentClient(AgentClient):
+    """A connection to a real agent in this process: ``_agent`` says which, or raises when it cannot
+    be reached; the calls that cannot fail on the way go straight through."""
+
+    @abstractmethod
+    def _agent(self) -> Agent:
+        """The agent this connection reaches; raises as the wire would when it cannot."""
+
+    async def start(self, req: StartSandbox) -> SandboxInfo:
+        return await self._agent().start(req)
+
+    async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
+        await self._agent().stop(sandbox_id, epoch)
+
+    async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
+        return await self._agent().exec(sandbox_id, req, epoch)
+
+    async def list(self) -> list[SandboxInfo]:
+        return self._agent().list()
+
+    async def capacity(self) -> Capacity:
+        return self._agent().capacity()
+
+    async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
+        return self._agent().claim(template, req)
