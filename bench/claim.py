@@ -35,10 +35,11 @@ from corral.agent.agent import Agent
 from corral.agent.http import create_app as agent_app
 from corral.agent.protocol import ClaimWarm, WarmTarget
 from corral.api.app import create_app
+from corral.clock import SystemClock
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.localfleet import build_local_fleet
-from corral.control.plane import ControlPlane
+from corral.control.plane import ControlPlane, build_replica
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
 from corral.runtime.sim import SimRuntime
 from corral.store import open_store
@@ -130,7 +131,7 @@ async def fleet(root: Path, hosts: int, start_latency_s: float = 0.0) -> Fleet:
         policy=policy,
     )
     directory = LocalAgents()
-    plane = ControlPlane(store, directory, config, rng=random.Random(1))
+    plane = build_replica(store, directory, config, SystemClock(), random.Random(1))
     local = build_local_fleet(
         plane,
         directory,

@@ -33,7 +33,7 @@ from corral.agent.agent import Agent
 from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig
-from corral.control.plane import ControlPlane
+from corral.control.plane import build_replica
 from corral.core import AdmissionMode, AdmissionPolicy
 from corral.runtime.base import SandboxSpec
 from corral.runtime.sim import SimRuntime
@@ -49,8 +49,10 @@ async def measure(store_url: str, size: int, beats: int) -> dict[str, object]:
     assert isinstance(store, SqlStore), "this benchmark needs a SQL store"
     try:
         await store.migrate()
-        plane = ControlPlane(store, LocalAgents(HttpAgents(store.host_key)), ControlConfig())
         clock = SystemClock()
+        plane = build_replica(
+            store, LocalAgents(HttpAgents(store.host_key)), ControlConfig(), clock, random.Random()
+        )
         host_id = f"hb-{size}"
         runtime = SimRuntime(clock=clock, rng=random.Random(size))
         agent = Agent(

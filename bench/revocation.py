@@ -16,17 +16,23 @@ import json
 import statistics
 import tempfile
 import time
+from random import Random
 
+from corral.clock import SystemClock
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.errors import Unauthorized
-from corral.control.plane import REVOCATION_POLL_S, ControlPlane
+from corral.control.plane import REVOCATION_POLL_S, build_replica
 from corral.store import open_store
 
 
 async def main(rounds: int, url: str) -> None:
-    a = ControlPlane(open_store(url), LocalAgents(), ControlConfig(replica_id="bench-a"))
-    b = ControlPlane(open_store(url), LocalAgents(), ControlConfig(replica_id="bench-b"))
+    a = build_replica(
+        open_store(url), LocalAgents(), ControlConfig(replica_id="bench-a"), SystemClock(), Random()
+    )
+    b = build_replica(
+        open_store(url), LocalAgents(), ControlConfig(replica_id="bench-b"), SystemClock(), Random()
+    )
     await a.start(admin_token="bench-revocation-admin-token")
     await b.start(admin_token="bench-revocation-admin-token")
     try:

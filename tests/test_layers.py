@@ -282,3 +282,23 @@ def test_the_checker_sees_relative_lazy_and_aliased_imports(tmp_path: Path) -> N
     finally:
         ROOT = saved
     assert {(1, "corral.store"), (3, "time"), (4, "corral"), (4, "corral.api")} <= found
+
+
+def test_a_replica_is_built_in_one_place() -> None:
+    """``build_replica`` is the only maker of a :class:`ControlPlane`: the server, the replicas, the
+    tests and the simulator run one wiring, and no second class takes its name."""
+    home = PACKAGE / "control" / "plane.py"
+    files = [f for d in ("corral", "tests", "bench", "scripts") for f in sorted((ROOT / d).rglob("*.py"))]
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == "ControlPlane" and f != home:
+                bad.append(f"{f.relative_to(ROOT)}:{node.lineno} a second class ControlPlane")
+            if isinstance(node, ast.Call) and f != home:
+                fn = node.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+                if name == "ControlPlane":
+                    bad.append(
+                        f"{f.relative_to(ROOT)}:{node.lineno} builds a ControlPlane past build_replica"
+                    )
+    assert not bad, "\n".join(bad)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -19,10 +20,11 @@ from corral.aio import loop_factory
 from corral.api import collector
 from corral.api.app import create_app
 from corral.api.tokenbound import TokenBound
+from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import LocalFleet, build_local_fleet
-from corral.control.plane import ControlPlane
+from corral.control.plane import ControlPlane, build_replica
 from corral.control.seal import SEAL_KEY_ENV, Sealer, SealError, load_keys
 from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
@@ -147,7 +149,7 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
     store = open_store(opts.store)
     # Agents in this process are called directly; any that join over the network are enrolled hosts.
     directory = LocalAgents(HttpAgents(store.host_key, shared_token=opts.agent_token))
-    plane = ControlPlane(store, directory, config, sealer=sealer)
+    plane = build_replica(store, directory, config, SystemClock(), random.Random(), sealer=sealer)
     fleet = build_local_fleet(
         plane,
         directory,
@@ -245,7 +247,7 @@ async def api(opts: ApiOptions) -> None:
         sealer = sealer_for(opts.seal_key_file, create=True)
     store = open_store(opts.store)
     agents = HttpAgents(store.host_key, shared_token=opts.agent_token)
-    plane = ControlPlane(store, agents, config, sealer=sealer)
+    plane = build_replica(store, agents, config, SystemClock(), random.Random(), sealer=sealer)
     stopped = False
 
     async def shut_down() -> None:

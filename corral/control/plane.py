@@ -1,5 +1,7 @@
 """One control-plane replica: the store, the view, the agents, the create flow and the reconciler,
-wired together. The API is a thin skin over this object; tests drive it directly."""
+wired together. The API is a thin skin over this object; tests drive it directly. Every replica is
+built by :func:`build_replica`: ``corral serve``, ``corral api``, the tests' cluster and the simulator
+run the same wiring, on the clock, store and agents each of them brings."""
 
 from __future__ import annotations
 
@@ -433,3 +435,19 @@ class ControlPlane:
             code=ErrorCode.STORE_UNAVAILABLE,
             retry_after_s=self.retry_after.estimate(ErrorCode.STORE_UNAVAILABLE, None),
         )
+
+
+def build_replica(
+    store: Store,
+    agents: AgentDirectory,
+    config: ControlConfig,
+    clock: Clock,
+    rng: random.Random,
+    *,
+    sealer: Sealer | None = None,
+) -> ControlPlane:
+    """The one place a replica's control plane is built. ``clock`` and ``rng`` are the caller's: the
+    wall clock and a fresh generator for a server, a manual or virtual clock and a seeded generator for
+    a test or a simulated run. ``sealer``: None seals nothing (no secrets, recreate or parked creates).
+    """
+    return ControlPlane(store, agents, config, clock=clock, rng=rng, sealer=sealer)

@@ -35,10 +35,10 @@ from corral.agent.protocol import (
 )
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget, RetryPolicy
+from corral.control.agents import AgentDirectory
 from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
-from corral.control.heartbeats import to_store
-from corral.control.ports import ReconcilePort
+from corral.control.plane import build_replica
 from corral.control.seal import Sealer
 from corral.core.admission import DEFAULT_POLICY
 from corral.core.fit import CPU, Term
@@ -50,8 +50,6 @@ from corral.sim.harness import (
     START,
     Guarded,
     Process,
-    control_plane,
-    reply_of,
     request,
     run_seeded,
     sim_agent,
@@ -60,9 +58,9 @@ from corral.sim.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
     FAILOVER_RECREATE,
-    HeartbeatResult,
     ReservationRecord,
     SandboxState,
+    Store,
     StoreError,
 )
 from corral.store.rows import from_millicores
@@ -74,6 +72,7 @@ RESERVE_CALLS = frozenset({"reserve", "reserve_best", "reserve_batch"})
 READS = frozenset(
     {"list_hosts", "get_host", "get_sandbox", "list_sandboxes", "expired_sandboxes", "next_expiry"}
     | {"get_template", "sealed_spec", "usage", "get_reservation", "get_placement"}
+    | {"list_pools", "list_templates"}
 )
 ENDED = frozenset({SandboxState.STOPPED, SandboxState.DELETED})
 
@@ -360,7 +359,7 @@ class SimAgentClient(InMemoryAgentClient):
             self.host.world.check()
 
 
-class SimAgents:
+class SimAgents(AgentDirectory):
     def __init__(self, world: World, replica: Replica) -> None:
         self.world = world
         self.replica = replica
@@ -413,9 +412,10 @@ class SimHost:
             self.state = SimState()  # it died with its sandboxes
 
     async def _sink(self, hb: AgentHeartbeat) -> HeartbeatReply | None:
-        """The wire from the agent to the store: a heartbeat may be lost on the way, delayed (it lands
-        after newer ones, or never counts), or land and lose its reply (the agent, unacknowledged, must
-        send its whole set next)."""
+        """The wire from the agent to a replica's heartbeat intake (the first live one, as an agent tries
+        its control-plane URLs in turn): a heartbeat may be lost on the way, delayed (it lands after
+        newer ones, or never counts), or land and lose its reply (the agent, unacknowledged, must send
+        its whole set next)."""
         w = self.world
         f = w.fault_rng
         if not w.calming and f.random() < w.cfg.heartbeat_lost:
@@ -426,34 +426,37 @@ class SimHost:
             delay = f.uniform(0.5, 4.0)
 
             async def late() -> None:
-                with contextlib.suppress(StoreError):
+                with contextlib.suppress(StoreError, ConnectionError):
                     await self._deliver(hb, delay)
 
             task = asyncio.get_running_loop().create_task(late())
             self._late.add(task)
             task.add_done_callback(self._late.discard)
             return None
-        result = await self._deliver(hb)
+        reply = await self._deliver(hb)
         if not w.calming and f.random() < w.cfg.heartbeat_reply_lost:
             w.fault("heartbeat_reply_lost", self.id)
             raise ConnectionError("heartbeat reply lost")
-        return reply_of(result)
+        return reply
 
-    async def _deliver(self, hb: AgentHeartbeat, delay: float = 0.0) -> HeartbeatResult:
+    async def _deliver(self, hb: AgentHeartbeat, delay: float = 0.0) -> HeartbeatReply:
         w = self.world
         if delay:
             await asyncio.sleep(delay)
-        result = await w.store.upsert_heartbeat(to_store(hb))
+        replica = next((r for r in w.replicas if r.alive), None)
+        if replica is None:
+            raise ConnectionError("no replica answers")
+        reply = await replica.plane.heartbeat_reply(hb)
         kind = "whole" if hb.base is None else "changes"
-        if not result.accepted:
+        if not reply.accepted:
             w.outcomes["heartbeat_dropped"] += 1
-        elif result.listed_seq == hb.seq:
+        elif reply.listed_seq == hb.seq:
             w.outcomes[f"listing_{kind}_applied"] += 1
             w.check_listing(self.id, hb)
         else:
             w.outcomes[f"listing_{kind}_refused"] += 1
         w.check()
-        return result
+        return reply
 
 
 class Replica(Process):
@@ -475,23 +478,18 @@ class Replica(Process):
             retry_after_max_s=5.0,
         )
         guarded = Guarded(world.store, self, world.after)
-        plane = control_plane(
-            cast(ReconcilePort, guarded),
+        self.plane = build_replica(
+            cast(Store, guarded),
             SimAgents(world, self),
             config,
             self.clock,
             world.rng(f"replica/{self.id}"),
-            world.sealer,
+            sealer=world.sealer,
         )
-        self.flow = plane.flow
-        self.batch = plane.batch
-        self.sandboxes = plane.sandboxes
-        self.reconciler = plane.reconciler
-        self.config = config
 
     def start(self) -> None:
         """The replica's real reconciler loop, each round followed by the lease checks when it led."""
-        rec, w = self.reconciler, self.world
+        rec, w = self.plane.reconciler, self.world
         tick = rec.tick
 
         async def checked_tick() -> None:
@@ -561,7 +559,7 @@ class Client:
         spec = self._spec()
         tenant = self.world.tenant
         got = await self._with_retries(
-            "create", lambda rep: rep.flow.create(tenant, spec, idempotency_key=key)
+            "create", lambda rep: rep.plane.creates.create(tenant, spec, idempotency_key=key)
         )
         if got is not None:
             self.world.outcomes["create_acked"] += 1
@@ -571,7 +569,7 @@ class Client:
         spec = self._spec()
         count = self.rng.randint(2, 3)
         tenant = self.world.tenant
-        got = await self._with_retries("batch", lambda rep: rep.batch.create(tenant, spec, count))
+        got = await self._with_retries("batch", lambda rep: rep.plane.batches.create(tenant, spec, count))
         if got is not None:
             self.world.outcomes["batch_acked"] += 1
             for rec in got:
@@ -585,7 +583,7 @@ class Client:
         w.delete_requested.add(sid)
         w.note(f"delete {sid}")
         tenant = w.tenant
-        await self._with_retries("delete", lambda rep: rep.sandboxes.delete(sid, tenant))
+        await self._with_retries("delete", lambda rep: rep.plane.sandboxes.delete(sid, tenant))
 
     async def run(self, until: float) -> None:
         r = self.rng
@@ -668,13 +666,14 @@ async def _run(world: World) -> None:
             "chaos", max_sandboxes=cfg.tenant_max_sandboxes, max_memory_mb=1 << 30, max_cpus=1 << 30
         )
     ).id
+    # Replicas first: the hosts' first heartbeats go through a replica's intake.
+    world.replicas = [Replica(world, i, 0) for i in range(cfg.replicas)]
+    for r in world.replicas:
+        r.start()
     for i in range(cfg.hosts):
         host = world.hosts[f"h{i}"] = SimHost(world, f"h{i}")
         await host.boot()
     await asyncio.sleep(cfg.timeouts.heartbeat_interval_s)
-    world.replicas = [Replica(world, i, 0) for i in range(cfg.replicas)]
-    for r in world.replicas:
-        r.start()
     until = loop.time() + cfg.duration_s
     clients = [Client(world, i) for i in range(cfg.clients)]
     tasks = [loop.create_task(c.run(until)) for c in clients]

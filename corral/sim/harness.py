@@ -1,7 +1,8 @@
-"""What a run of corral's real control plane on virtual time is built from: one replica's create flow,
-batch, deletes and reconciler wired as the server wires them, a real agent on the ``sim`` runtime, and
-a run on the virtual-time loop with ids drawn from a seed. The deterministic simulation with faults
-and the fleet experiments both build on these, so both drive the same code the server runs.
+"""What a run of corral's real control plane on virtual time is built from: replicas built by
+:func:`~corral.control.plane.build_replica` (the server's own wiring) over a guarded store, a real
+agent on the ``sim`` runtime, and a run on the virtual-time loop with ids drawn from a seed. The
+deterministic simulation with faults and the fleet experiments both build on these, so both drive the
+same code the server runs: its create flow, parked creates, warm pools, heartbeat intake, reconciler.
 """
 
 from __future__ import annotations
@@ -9,103 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from corral import ids
 from corral.agent.agent import Agent, HeartbeatSink
 from corral.agent.pressure import sim_signal
-from corral.agent.protocol import (
-    HeartbeatReply,
-    WarmTarget,
-)
 from corral.client.errors import CorralError, Unreachable
 from corral.codes import ErrorCode
-from corral.control.batch import BatchCreate
-from corral.control.config import ControlConfig
-from corral.control.create import CreateFlow
 from corral.control.errors import ControlError
-from corral.control.failover import Failover
-from corral.control.metrics import Metrics
-from corral.control.placement import Placement
-from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
-from corral.control.ports import AgentLookup, ClaimRecords, HostReader, PoolStore, ReconcilePort
-from corral.control.reconcile import Reconciler
-from corral.control.retry import RetryAfter
-from corral.control.routes import RouteCache
-from corral.control.sandboxes import Sandboxes
-from corral.control.seal import Sealer
-from corral.control.templates import Templates
-from corral.control.view import ViewCache
 from corral.core.clock import Clock
 from corral.core.touch import TouchModel
 from corral.core.types import AdmissionMode
 from corral.runtime.sim import SimRuntime, SimState
 from corral.sim.vtime import run_virtual
-from corral.store import HeartbeatResult, StoreError
+from corral.store import StoreError
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits
-
-
-@dataclass(frozen=True, slots=True)
-class ControlPlane:
-    """One replica's control plane, as the server wires it."""
-
-    config: ControlConfig
-    view: ViewCache
-    metrics: Metrics
-    flow: CreateFlow
-    batch: BatchCreate
-    sandboxes: Sandboxes
-    reconciler: Reconciler
-    # Warm pools (their book, the claim a create tries first, the leader's spreading), when wired.
-    pools: Pools | None = None
-
-
-def control_plane(
-    store: ReconcilePort,
-    agents: AgentLookup,
-    config: ControlConfig,
-    clock: Clock,
-    rng: random.Random,
-    sealer: Sealer | None = None,
-    *,
-    warm: bool = False,
-) -> ControlPlane:
-    """``warm``: wire warm pools as the server does (``store`` must also have the pool ports,
-    :class:`~corral.control.ports.PoolStore` and :class:`~corral.control.ports.ClaimRecords`)."""
-    t = config.timeouts
-    metrics = Metrics()
-    view = ViewCache(cast(HostReader, store), clock, t.view_ttl_s, t.heartbeat_interval_s)
-    retry = RetryAfter(clock, t, config.retry_after_min_s, config.retry_after_max_s)
-    routes = RouteCache()
-    templates = Templates(store, clock)
-    placement = Placement(store, view, agents, templates, config, clock, rng, metrics, retry)
-    claims = pools = None
-    if warm:
-        # The pool classes' ports beside the flows': the store model and the SQL stores have them all.
-        pool_store = cast(PoolStore, store)
-        book = PoolBook(pool_store, clock)
-        claims = WarmClaims(
-            cast(ClaimRecords, store),
-            view,
-            agents,
-            book,
-            clock,
-            rng,
-            t.stale_after_s,
-            WarmMetrics(metrics.registry),
-        )
-        pools = Pools(pool_store, view, book, claims, clock, rng, t.stale_after_s, config.policy)
-    flow = CreateFlow(store, view, placement, templates, config, clock, metrics, warm=claims, sealer=sealer)
-    batch = BatchCreate(flow, placement)
-    sandboxes = Sandboxes(store, view, agents, routes)
-    failover = Failover(store, view, placement, sealer, clock, t)
-    reconciler = Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
-    if pools is not None:
-        reconciler.leader_work.append(pools.rebalance)
-    return ControlPlane(config, view, metrics, flow, batch, sandboxes, reconciler, pools)
 
 
 def sim_agent(
@@ -158,17 +79,6 @@ def run_seeded(main: Coroutine[Any, Any, Any], tag: str) -> Any:
     finally:
         quiet.level = level
         ids.reseed(None)
-
-
-def reply_of(result: HeartbeatResult, warm_targets: Sequence[WarmTarget] = ()) -> HeartbeatReply:
-    """What the agent hears back from the store's answer to its heartbeat."""
-    return HeartbeatReply(
-        accepted=result.accepted,
-        confirmed=result.confirmed,
-        listed_seq=result.listed_seq,
-        stop=sorted(result.fenced),
-        warm_targets=list(warm_targets),
-    )
 
 
 def client_error(exc: BaseException) -> BaseException:

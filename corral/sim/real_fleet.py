@@ -1,10 +1,11 @@
-"""A fleet run through corral's own control plane: replicas each running the real :class:`CreateFlow`
-behind their own :class:`ViewCache` over the in-memory store model (its ``reserve_best`` ranks and
-tie-breaks as the SQL stores do), real agents with their gates and starts limiters on the ``sim``
-runtime (each host's physical memory bounded, its kernel's OOM killer watching it every
-``memory_tick_s``), heartbeats into the store through the first live replica's intake (OOM counts onto
-records, warm targets in the reply), clients that retry with the SDK's policy and honour Retry-After,
-all on virtual time. No fault is injected but the ones an experiment schedules (a replica's death).
+"""A fleet run through corral's own control plane: replicas built as the server builds them
+(:func:`~corral.control.plane.build_replica`), each running the real :class:`CreateFlow` behind its own
+:class:`ViewCache` over the in-memory store model (its ``reserve_best`` ranks and tie-breaks as the SQL
+stores do), real agents with their gates and starts limiters on the ``sim`` runtime (each host's
+physical memory bounded, its kernel's OOM killer watching it every ``memory_tick_s``), heartbeats
+through the first live replica's heartbeat intake (OOM counts onto records, warm targets in the reply),
+clients that retry with the SDK's policy and honour Retry-After, all on virtual time. No fault is
+injected but the ones an experiment schedules (a replica's death).
 
 Every random draw comes from a ``random.Random`` seeded from the run's seed and the drawing
 component's name: a run is a pure function of (configuration, seed).
@@ -26,10 +27,10 @@ from corral.agent.errors import AgentUnavailable
 from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.client.errors import CapacityUnavailable, CorralError, Unreachable
 from corral.client.retry import RetryBudget
+from corral.control.agents import AgentDirectory
 from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
-from corral.control.heartbeats import HeartbeatIntake
-from corral.control.ports import ReconcilePort
+from corral.control.plane import ControlPlane, build_replica
 from corral.core.timeouts import Timeouts
 from corral.core.touch import TouchModel
 from corral.runtime.base import SandboxHandle, SandboxSpec
@@ -37,11 +38,8 @@ from corral.runtime.sim import SimSandbox, SimState
 from corral.sim.fleet import ClientBackoff, FleetConfig, Router, check_split
 from corral.sim.harness import (
     START,
-    ControlPlane,
     Guarded,
     Process,
-    control_plane,
-    reply_of,
     request,
     sim_agent,
 )
@@ -71,8 +69,6 @@ class RealFleetConfig:
     # reservations). Off for a burst that only places: fewer events, the same placements.
     reconcile: bool = False
     bind_timeout_s: float = 30.0
-    # Wire warm pools into every replica, as the server does (heartbeat replies carry the targets).
-    warm: bool = False
     touch: TouchModel = field(default_factory=TouchModel)
     retry: ClientBackoff = field(default_factory=ClientBackoff)
 
@@ -125,7 +121,7 @@ class Tally:
     waits_s: list[float] = field(default_factory=list)  # first refusal -> success, per create
 
 
-class _Agents:
+class _Agents(AgentDirectory):
     """A replica's connections to the fleet's agents, in memory; a dead replica reaches nothing."""
 
     def __init__(self, fleet: RealFleet, replica: Replica) -> None:
@@ -154,23 +150,9 @@ class Replica(Process):
         self.id = f"r{index}"
         config = cfg.control(self.id)
         store = Guarded(fleet.store, self)
-        self.plane: ControlPlane = control_plane(
-            cast(ReconcilePort, store),
-            _Agents(fleet, self),
-            config,
-            fleet.clock,
-            fleet.stream(f"replica/{self.id}"),
-            warm=cfg.warm,
+        self.plane: ControlPlane = build_replica(
+            cast(Store, store), _Agents(fleet, self), config, fleet.clock, fleet.stream(f"replica/{self.id}")
         )
-        self.intake = HeartbeatIntake(cast(Store, store), self.plane.metrics)
-
-    async def heartbeat(self, hb: AgentHeartbeat) -> HeartbeatReply:
-        """A heartbeat as the API takes it: into the store, OOM counts onto records, and the reply
-        with the host's warm targets."""
-        result = await self.intake.accept(hb)
-        pools = self.plane.pools
-        targets = await pools.book.targets_for(hb.agent_id) if pools is not None else []
-        return reply_of(result, targets)
 
 
 class RealFleet:
@@ -264,7 +246,7 @@ class RealFleet:
         """An agent heartbeats to the first replica that answers."""
         for r in self.replicas:
             if r.alive:
-                return await r.heartbeat(hb)
+                return await r.plane.heartbeat_reply(hb)
         raise AgentUnavailable(message="no replica answers")
 
     def warm_views(self, start: float, end: float) -> None:
@@ -319,7 +301,7 @@ class RealFleet:
 
     async def _call(self, spec: CreateSpec, key: str) -> Any:
         got = await request(
-            self._route(), lambda r: r.plane.flow.create(self.tenant, spec, idempotency_key=key)
+            self._route(), lambda r: r.plane.creates.create(self.tenant, spec, idempotency_key=key)
         )
         return got[0]
 

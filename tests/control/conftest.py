@@ -17,7 +17,7 @@ from corral.api.app import create_app
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.localfleet import LocalFleet, build_local_fleet
-from corral.control.plane import ControlPlane
+from corral.control.plane import ControlPlane, build_replica
 from corral.control.seal import Sealer
 from corral.core import AdmissionMode, AdmissionPolicy, ManualClock, Timeouts
 from corral.store import open_store
@@ -69,9 +69,7 @@ async def make_cluster(
         policy=policy,
     )
     directory = LocalAgents()
-    plane = ControlPlane(
-        store, directory, config, clock=clock, rng=random.Random(seed), sealer=Sealer([SEAL_KEY])
-    )
+    plane = build_replica(store, directory, config, clock, random.Random(seed), sealer=Sealer([SEAL_KEY]))
     fleet = build_local_fleet(
         plane,
         directory,

@@ -24,9 +24,9 @@ from corral.control.config import ControlConfig
 from corral.control.create import CreateSpec
 from corral.control.errors import ResourceNotFound, Unavailable
 from corral.control.heartbeats import to_store
+from corral.control.plane import ControlPlane, build_replica
 from corral.core import ManualClock, Timeouts
 from corral.runtime.sim import SimRuntime
-from corral.sim.harness import ControlPlane, control_plane
 from corral.store import SandboxRecord, SandboxState, Store, StoreUnavailable, open_store
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
@@ -77,13 +77,7 @@ class World:
             for h, a in self.agents.items():
                 directory.add(h, LocalAgentClient(a))
         config = ControlConfig(replica_id=replica_id, timeouts=timeouts, replica_lease_s=LEASE_S)
-        return control_plane(
-            self.store,  # type: ignore[arg-type]
-            directory,
-            config,
-            self.clock,
-            random.Random(replica_id),
-        )
+        return build_replica(self.store, directory, config, self.clock, random.Random(replica_id))
 
     async def beat(self) -> None:
         for agent in self.agents.values():
@@ -120,7 +114,7 @@ async def _left_by_a_dead_replica(w: World, *, started_on: str | None, owner: st
     named their replica), its reservation, and, if it got that far, the sandbox started on a host."""
     dead = w.plane("r-dead")
     await w.store.renew_replica("r-dead", LEASE_S)
-    draft = replace(await dead.flow.draft(w.tenant, SPEC), owner=owner)
+    draft = replace(await dead.creates.draft(w.tenant, SPEC), owner=owner)
     out = await w.store.create_sandbox(draft, idempotency_key="key-1", request_hash=SPEC.fingerprint())
     assert not out.replayed and out.record.owner == owner and out.record.state is SandboxState.RESERVED
     res = await w.store.reserve(
@@ -134,7 +128,7 @@ async def _left_by_a_dead_replica(w: World, *, started_on: str | None, owner: st
 
 async def _in_progress(p: ControlPlane, tenant: str) -> None:
     with pytest.raises(Unavailable) as err:
-        await p.flow.create(tenant, SPEC, idempotency_key="key-1")
+        await p.creates.create(tenant, SPEC, idempotency_key="key-1")
     assert err.value.code == ErrorCode.CREATE_IN_PROGRESS
 
 
@@ -153,11 +147,11 @@ async def test_a_create_its_replica_left_unplaced_is_retried_anew_once_the_lease
     assert leader.config.create_deadline_s > 10 * LEASE_S
     assert await w.store.get_sandbox(sid) is None
     assert await w.store.outstanding() == {}
-    placed, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    placed, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert not replayed and placed.id != sid and placed.state is SandboxState.RUNNING
     assert w.copies(placed.id) == [placed.host_id] and w.copies(sid) == []
     # The key now names the new sandbox.
-    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    again, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and again.id == placed.id
 
 
@@ -171,7 +165,7 @@ async def test_a_create_a_host_runs_is_that_hosts_once_the_lease_lapses(w: World
     await leader.reconciler.tick()
     settled = await w.store.get_sandbox(sid)
     assert settled is not None and (settled.state, settled.host_id) == (SandboxState.RUNNING, "h1")
-    got, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    got, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and (got.id, got.host_id) == (sid, "h1")
     assert w.copies(sid) == ["h1"]
     assert await w.store.outstanding() == {}
@@ -188,7 +182,7 @@ async def test_a_record_naming_no_replica_waits_for_the_create_deadline(w: World
     await w.later(1, leader)
     await leader.reconciler.tick()
     assert await w.store.get_sandbox(sid) is None
-    placed, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    placed, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert not replayed and placed.id != sid
 
 
@@ -224,14 +218,14 @@ async def _slow_create(
     record meanwhile (as running, when a heartbeat listed the sandbox first), and the client may
     retry on the leader with the same key before the reply comes."""
     slow, leader, release = await _held_replies(w)
-    create = await _lapsed_while_held(w, slow.flow.create(w.tenant, SPEC, idempotency_key="key-1"))
+    create = await _lapsed_while_held(w, slow.creates.create(w.tenant, SPEC, idempotency_key="key-1"))
     if listed_before_settled:
         await w.beat()
     await leader.reconciler.tick()
     retry = None
     if retried_meanwhile:
         await w.beat()
-        retry, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+        retry, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
         assert not replayed
     release.set()
     await asyncio.wait([create])
@@ -256,7 +250,7 @@ async def test_a_start_that_timed_out_where_the_leader_settled_it_keeps_that_cop
     leader = w.plane("r-live")
     await w.store.renew_replica("r-slow", LEASE_S)
     await leader.reconciler.tick()
-    create = await _lapsed_while_held(w, slow.flow.create(w.tenant, SPEC, idempotency_key="key-1"))
+    create = await _lapsed_while_held(w, slow.creates.create(w.tenant, SPEC, idempotency_key="key-1"))
     await w.beat()
     await leader.reconciler.tick()
     (started,) = [h for h, a in w.agents.items() if a.sandbox_ids()]
@@ -265,7 +259,7 @@ async def test_a_start_that_timed_out_where_the_leader_settled_it_keeps_that_cop
     assert not replayed and (placed.state, placed.host_id) == (SandboxState.RUNNING, started)
     assert w.copies(placed.id) == [started]
     assert sum(len(a.sandbox_ids()) for a in w.agents.values()) == 1
-    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    again, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and again.id == placed.id
 
 
@@ -278,7 +272,7 @@ async def test_a_slow_create_settled_as_never_made_is_written_again_as_placed(w:
     assert (await w.store.usage(w.tenant)).sandboxes == 1
     # Its key names it again: a retry gets it, nothing new is made.
     await w.beat()
-    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    again, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and again.id == placed.id
 
 
@@ -295,13 +289,13 @@ async def test_a_slow_create_whose_key_a_retry_took_is_undone(w: World) -> None:
     assert w.copies(retry.id) == [retry.host_id]
     await w.beat()
     assert await w.store.outstanding() == {}
-    again, replayed = await leader.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    again, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and again.id == retry.id
 
 
 async def test_a_slow_batch_settled_as_never_made_is_written_again_as_placed(w: World) -> None:
     slow, leader, release = await _held_replies(w)
-    batch = await _lapsed_while_held(w, slow.batch.create(w.tenant, SPEC, 2))
+    batch = await _lapsed_while_held(w, slow.batches.create(w.tenant, SPEC, 2))
     await leader.reconciler.tick()
     release.set()
     placed = await batch
@@ -315,7 +309,7 @@ async def test_a_sandbox_deleted_while_it_is_placed_stays_deleted(w: World) -> N
     # Its client (or an admin) deletes it while its start's reply is held: no lease lapses, nothing is
     # settled, and the create must not write it back as placed.
     slow, leader, release = await _held_replies(w)
-    create = asyncio.get_running_loop().create_task(slow.flow.create(w.tenant, SPEC))
+    create = asyncio.get_running_loop().create_task(slow.creates.create(w.tenant, SPEC))
     while not any(a.sandbox_ids() for a in w.agents.values()):
         await asyncio.sleep(0)
     (reserved,) = (await w.store.list_sandboxes()).items
@@ -352,9 +346,9 @@ async def test_a_create_whose_last_write_landed_unanswered_answers_with_what_it_
     for h, a in w.agents.items():
         directory.add(h, LocalAgentClient(a))
     config = ControlConfig(replica_id="r-lossy", timeouts=TIMEOUTS, replica_lease_s=LEASE_S)
-    lossy = control_plane(LostReply(w.store), directory, config, w.clock, random.Random(1))  # type: ignore[arg-type]
+    lossy = build_replica(LostReply(w.store), directory, config, w.clock, random.Random(1))  # type: ignore[arg-type]
     await w.store.renew_replica("r-lossy", LEASE_S)
-    placed, replayed = await lossy.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    placed, replayed = await lossy.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     # The record says the copy runs there, as it does: that is the sandbox (never a record kept while
     # its copy is stopped, nor a copy stopped that a record names).
     assert not replayed and placed.state is SandboxState.RUNNING and placed.host_id is not None
@@ -363,5 +357,5 @@ async def test_a_create_whose_last_write_landed_unanswered_answers_with_what_it_
     assert (await w.store.usage(w.tenant)).sandboxes == 1
     await w.beat()
     assert await w.store.outstanding() == {}
-    again, replayed = await lossy.flow.create(w.tenant, SPEC, idempotency_key="key-1")
+    again, replayed = await lossy.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and again.id == placed.id

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from random import Random
 
 import httpx
 import pytest
 
 from corral.api.app import create_app
 from corral.client import AsyncCorral, NotFound, Unauthorized
+from corral.clock import SystemClock
 from corral.control import errors
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
-from corral.control.plane import REVOCATION_POLL_S, ControlPlane
+from corral.control.plane import REVOCATION_POLL_S, ControlPlane, build_replica
 from corral.core import ManualClock
 from corral.store import Role, TokenRevoked, open_store
 
@@ -26,8 +28,12 @@ from .conftest import ADMIN, Cluster
 async def planes(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, ControlPlane, ManualClock]]:
     clock = ManualClock(1_000_000.0)
     url = f"sqlite:///{tmp_path / 'corral.db'}"
-    a = ControlPlane(open_store(url, clock=clock), LocalAgents(), ControlConfig(replica_id="a"), clock=clock)
-    b = ControlPlane(open_store(url, clock=clock), LocalAgents(), ControlConfig(replica_id="b"), clock=clock)
+    a = build_replica(
+        open_store(url, clock=clock), LocalAgents(), ControlConfig(replica_id="a"), clock, Random()
+    )
+    b = build_replica(
+        open_store(url, clock=clock), LocalAgents(), ControlConfig(replica_id="b"), clock, Random()
+    )
     await a.start(admin_token="admin-token-for-planes")
     await b.start(admin_token="admin-token-for-planes")
     try:
@@ -80,7 +86,9 @@ async def test_serve_restarted_with_another_admin_token_revokes_the_previous_one
     url = f"sqlite:///{tmp_path / 'serve.db'}"
     issued = ""
     for token in ("first-serve-admin-token", "second-serve-admin-token"):
-        plane = ControlPlane(open_store(url), LocalAgents(), ControlConfig(replica_id="serve"))
+        plane = build_replica(
+            open_store(url), LocalAgents(), ControlConfig(replica_id="serve"), SystemClock(), Random()
+        )
         await plane.start(admin_token=token, replace_admin_token=True)
         try:
             if not issued:  # a token an operator issued through the API is theirs to revoke, not serve's
@@ -94,7 +102,9 @@ async def test_serve_restarted_with_another_admin_token_revokes_the_previous_one
             await plane.stop()
             await plane.store.close()
     # and going back to the first one is refused: a revoked token stays revoked
-    plane = ControlPlane(open_store(url), LocalAgents(), ControlConfig(replica_id="serve"))
+    plane = build_replica(
+        open_store(url), LocalAgents(), ControlConfig(replica_id="serve"), SystemClock(), Random()
+    )
     try:
         with pytest.raises(TokenRevoked):
             await plane.start(admin_token="first-serve-admin-token", replace_admin_token=True)

@@ -14,7 +14,7 @@ from corral.agent.agent import Agent
 from corral.agent.protocol import ROLE_WARM, AgentHeartbeat, HeartbeatReply, StartSandbox
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
-from corral.control.plane import ControlPlane
+from corral.control.plane import ControlPlane, build_replica
 from corral.core import ManualClock
 from corral.runtime.sim import SimRuntime, SimState
 from corral.store import Store, open_store
@@ -74,7 +74,7 @@ async def test_the_listing_survives_a_wire_that_loses_duplicates_and_reorders(
     store: Store, store_url: str, clock: ManualClock, seed: int
 ) -> None:
     rng = random.Random(seed)
-    plane = ControlPlane(store, LocalAgents(), ControlConfig(), clock=clock)
+    plane = build_replica(store, LocalAgents(), ControlConfig(), clock, random.Random())
     wire = Wire(plane, rng)
     state = SimState()
     agent = new_agent(state, clock, wire)
@@ -96,7 +96,7 @@ async def test_the_listing_survives_a_wire_that_loses_duplicates_and_reorders(
         if step == 80:
             # The control plane restarts: a new store client and a new plane over the same data.
             other = open_store(store_url, clock=clock)
-            wire.plane = ControlPlane(other, LocalAgents(), ControlConfig(), clock=clock)
+            wire.plane = build_replica(other, LocalAgents(), ControlConfig(), clock, random.Random())
         with contextlib.suppress(ConnectionError):
             await agent.beat()
     wire.mishaps = False
@@ -118,7 +118,7 @@ async def test_the_listing_survives_a_wire_that_loses_duplicates_and_reorders(
 async def test_a_heartbeat_held_back_past_the_next_one_cannot_roll_the_listing_back(
     store: Store, clock: ManualClock
 ) -> None:
-    plane = ControlPlane(store, LocalAgents(), ControlConfig(), clock=clock)
+    plane = build_replica(store, LocalAgents(), ControlConfig(), clock, random.Random())
     held: list[AgentHeartbeat] = []
 
     async def sink(hb: AgentHeartbeat) -> HeartbeatReply:

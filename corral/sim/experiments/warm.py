@@ -177,9 +177,7 @@ def _outcome(
 def run_real(s: WarmScenario, start: dict[str, int], seed: int) -> WarmOutcome:
     """corral's claim path through its own create flow, pools, agents and store model."""
     spec = HostSpec(memory_mb=s.host_memory_mb, heartbeat_s=s.heartbeat_s)
-    cfg = RealFleetConfig.of_policy(
-        policy_named("corral"), s.hosts, spec, s.refresh_s, replicas=s.replicas, warm=True
-    )
+    cfg = RealFleetConfig.of_policy(policy_named("corral"), s.hosts, spec, s.refresh_s, replicas=s.replicas)
 
     async def main() -> WarmOutcome:
         fleet = RealFleet(cfg, seed)
