@@ -267,7 +267,8 @@ class Placement:
         if res is None:
             claim.release()
             self.metrics.reserve_conflicts.inc()
-            return Rejected(tuple(h.id for h in plan.decision.candidates), None, record)
+            # Only what the store was offered had no room: packing offers its one choice.
+            return Rejected(plan.offered, None, record)
         if res.host_id != plan.host:
             # The store's current totals preferred another of the candidates.
             claim.release()

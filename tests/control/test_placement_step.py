@@ -10,7 +10,7 @@ from corral.control.config import ControlConfig
 from corral.control.errors import Unavailable
 from corral.control.explain import Explanation
 from corral.control.placement import Snapshot, Start, request_of
-from corral.core import CreateRequest, NoCapacity
+from corral.core import CreateRequest, NoCapacity, Strategy
 from corral.core.filters import Reason, no_pending
 from corral.store import SandboxState
 from corral.testing.placement import Bind, PlacementHarness, host
@@ -82,6 +82,18 @@ async def test_some_seed_samples_only_refused_hosts_first() -> None:
         await h.placement.place(Start(await h.sandbox()))
         tried += h.store.reserves[0].took is None
     assert tried > 0
+
+
+async def test_packing_leaves_out_only_the_host_the_store_refused() -> None:
+    # Packing offers the store its one choice: a refusal there says nothing of the other hosts.
+    h = PlacementHarness(
+        [host("h1", memory_mb=8_192), host("h2", memory_mb=16_384), host("h3", memory_mb=32_768)],
+        ControlConfig(replica_id="r1", strategy=Strategy.PACK),
+    )
+    h.store.full.add("h1")  # the fullest host that fits, by the view; the store has no room on it
+    placed = await h.placement.place(Start(await h.sandbox()))
+    assert placed.state is SandboxState.RUNNING and placed.host_id == "h2"
+    assert [(r.offered, r.took) for r in h.store.reserves] == [(("h1",), None), (("h2",), "h2")]
 
 
 async def test_the_store_taking_another_offered_host_is_explained() -> None:
