@@ -281,7 +281,7 @@ class Placement:
             return await self._bind(replace(start, record=record), host_id, address, res, explain)
         except BaseException as exc:
             if isinstance(exc, Exception) and not isinstance(exc, AgentRefusal):
-                kept = await self._named_there(start.record, host_id)
+                kept = await self._named_there(record, host_id)  # a recreate's: its new epoch
                 if kept is not None:
                     note(outcome="placed", host=host_id, settled=True)
                     return kept

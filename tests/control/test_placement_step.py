@@ -170,6 +170,16 @@ async def test_a_recreate_is_reassigned_a_new_epoch_before_it_starts() -> None:
     assert h.store.calls.index("reassign_sandbox") < h.store.calls.index("set_sandbox_state")
 
 
+async def test_a_recreate_whose_running_write_was_answered_late_keeps_its_copy() -> None:
+    # The record names the new epoch's copy running on h2: the one just started, so it stays.
+    h = PlacementHarness([host("h1"), host("h2")])
+    rec = await h.sandbox(state=SandboxState.RECREATING, host_id="h1")
+    h.store.lose_write_reply = True
+    placed = await h.placement.place(Start(rec), exclude={"h1"})
+    assert placed.state is SandboxState.RUNNING and (placed.host_id, placed.epoch) == ("h2", 1)
+    assert h.agents.stops == [] and h.agents.binds == [Bind("h2", rec.id, 1)]
+
+
 async def _batch(h: PlacementHarness, n: int):  # type: ignore[no-untyped-def]
     records = [await h.sandbox() for _ in range(n)]
     fleet = await h.view.get()
