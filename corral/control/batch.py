@@ -34,7 +34,7 @@ class BatchCreate:
         try:
             for _ in range(count):
                 records.append((await creates.new_record(tenant_id, spec, None))[0])
-            placed = await self._place(records, spec.env)
+            placed = await self._place(records, spec.env, spec.secrets)
         except BaseException:
             for r in records:
                 await creates.forget(r)
@@ -43,10 +43,12 @@ class BatchCreate:
             creates.observe_success(p, started, tenant_id, None)
         return placed
 
-    async def _place(self, records: list[SandboxRecord], env: Mapping[str, str]) -> list[SandboxRecord]:
+    async def _place(
+        self, records: list[SandboxRecord], env: Mapping[str, str], secrets: Mapping[str, str]
+    ) -> list[SandboxRecord]:
         step = self.placement
         req = request_of(records[0])
-        starts = [Start(rec, env) for rec in records]
+        starts = [Start(rec, env, secrets) for rec in records]
         fleet = await step.view.get()
         for fresh in (False, True):
             if fresh:
