@@ -165,6 +165,19 @@ class Hop:
 BODY_TO_SPEC = Hop(  # SandboxSpecBody.create_spec
     SandboxSpecBody, CreateSpec, passes={f: f for f in CreateSpec.__dataclass_fields__}
 )
+# What a record gets after it is first written.
+_LATER = (
+    "state",
+    "host_id",
+    "created_at",
+    "updated_at",
+    "reservation_id",
+    "version",
+    "oom_kills",
+    "warm",
+    "recreated_at",
+    "wait_until",
+)
 SPEC_TO_RECORD = Hop(  # CreateSpec.record
     CreateSpec,
     StoreSandboxRecord,
@@ -188,22 +201,7 @@ SPEC_TO_RECORD = Hop(  # CreateSpec.record
         "tenant_id": "the caller's tenant",
         "owner": "the replica writing it",
         "sealed_spec": "CreateSpec.contents, sealed",
-        **{
-            f: "the store, placement, failover or a heartbeat, later"
-            for f in (
-                "state",
-                "host_id",
-                "created_at",
-                "updated_at",
-                "reservation_id",
-                "version",
-                "oom_kills",
-                "warm",
-                "epoch",
-                "recreated_at",
-                "wait_until",
-            )
-        },
+        **dict.fromkeys((*_LATER, "epoch"), "the store, placement, failover or a heartbeat, later"),
     },
 )
 # What the record holds for the control plane alone: neither weighed by placement nor asked of a host.
@@ -216,16 +214,7 @@ _RECORD_ONLY = (
     "failover",
     "sealed_spec",
     "owner",
-    "state",
-    "host_id",
-    "created_at",
-    "updated_at",
-    "reservation_id",
-    "version",
-    "oom_kills",
-    "warm",
-    "recreated_at",
-    "wait_until",
+    *_LATER,
 )
 RECORD_TO_REQUEST = Hop(  # SandboxRecord.request
     StoreSandboxRecord,

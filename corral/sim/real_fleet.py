@@ -344,10 +344,5 @@ class RealFleet:
 def _record(spec: SandboxSpec, tenant: str) -> SandboxRecord:
     """The record of a sandbox its host already runs: what it was started with."""
     return SandboxRecord(
-        id=spec.id,
-        tenant_id=tenant,
-        template=spec.template,
-        memory_mb=spec.memory_mb,
-        cpus=spec.cpus,
-        stateful=spec.stateful,
+        id=spec.id, tenant_id=tenant, template=spec.template, memory_mb=spec.memory_mb, cpus=spec.cpus
     )
