@@ -145,7 +145,7 @@ class CreateFlow:
 
     # -- step 1: the record ----------------------------------------------------------------------
 
-    def _resolve(self, spec: CreateSpec, tpl: TemplateRecord | None) -> tuple[int, float, bool]:
+    async def _resolve(self, spec: CreateSpec, tpl: TemplateRecord | None) -> tuple[int, float, bool]:
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
@@ -158,6 +158,7 @@ class CreateFlow:
             raise InvalidRequest("cpus", "cpus: at least 0.001 (CPU is counted in millicores)")
         cpus = from_millicores(cpu_m)  # as the tenant's quota counts it
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
+        await self._check_size(CreateRequest(memory_mb=memory_mb, cpu=cpus))  # before there is a record
         return memory_mb, cpus, stateful
 
     async def _check_size(self, req: CreateRequest) -> None:
@@ -182,7 +183,7 @@ class CreateFlow:
     ) -> SandboxRecord:
         """The record a create writes, before it is written (``tpl``: the template, if known)."""
         tpl = tpl or await self.templates.get(spec.template)
-        memory_mb, cpus, stateful = self._resolve(spec, tpl)
+        memory_mb, cpus, stateful = await self._resolve(spec, tpl)
         failover = spec.failover or (tpl.failover if tpl is not None else FAILOVER_ORPHAN)
         now = self.clock.now()
         record = spec.record(
@@ -195,7 +196,6 @@ class CreateFlow:
             now=now,
             owner=self.config.replica_id,
         )
-        await self._check_size(record.request())
         sealed = self._seal(record.id, spec, failover)
         return record if sealed is None else replace(record, sealed_spec=sealed)
 
