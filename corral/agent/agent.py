@@ -59,7 +59,6 @@ from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
 from corral.exec_result import ExecResult
 from corral.runtime.base import (
-    DEFAULT_PIDS,
     InvalidSandbox,
     Runtime,
     RuntimeFailure,
@@ -466,18 +465,7 @@ class Agent:
             self.limiter.release()
 
     async def _run_start(self, req: StartSandbox, creq: CreateRequest) -> SandboxInfo:
-        spec = SandboxSpec(
-            id=req.id,
-            memory_mb=req.memory_mb,
-            cpus=req.cpus,
-            template=req.template or "default",
-            stateful=req.stateful,
-            hostname=req.hostname,
-            env=dict(req.env),
-            network=req.network,
-            pids=req.pids if req.pids is not None else DEFAULT_PIDS,
-            epoch=req.epoch,
-        )
+        spec = req.spec()
         self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
         try:
             handle = await self.runtime.start(spec)
@@ -913,6 +901,6 @@ def _same(spec: SandboxSpec, req: StartSandbox) -> bool:
         spec.memory_mb == req.memory_mb
         and spec.cpus == req.cpus
         and spec.stateful == req.stateful
-        and spec.template == (req.template or "default")
+        and spec.template == req.spec().template
         and spec.network == req.network
     )

@@ -7,7 +7,8 @@ is the agent's own verdict, computed with :func:`corral.core.admission.admittabl
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -27,6 +28,8 @@ from corral.agent.inputs import (
     Word,
 )
 from corral.core.types import (
+    DEFAULT_CPUS,
+    DEFAULT_TEMPLATE,
     HOST_FACTS,
     MAX_SANDBOX_PIDS,
     MIN_SANDBOX_PIDS,
@@ -35,7 +38,11 @@ from corral.core.types import (
     HostState,
     HostView,
 )
+from corral.runtime.base import DEFAULT_PIDS, SandboxSpec
 from corral.shapes import ID_PATTERN
+
+if TYPE_CHECKING:
+    from corral.store.records import SandboxRecord
 
 # Hostnames are sent as they are used: keep them to a safe alphabet too.
 HOSTNAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
@@ -59,11 +66,15 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+# What the control plane asks a host to start (``of`` a record), and what the host's runtime is then
+# given (``spec``). No docstring: it would become the wire schema's description.
 class StartSandbox(_Model):
     id: str = Field(pattern=ID_PATTERN)
     memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
-    cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)
+    cpus: float = Field(default=DEFAULT_CPUS, gt=0, le=MAX_CPUS)
     stateful: bool = Field(default=False, strict=True)
+    # None: none asked for, so no host refuses it for its template list; the runtime starts the
+    # default template. The control plane always names the record's.
     template: str | None = Field(default=None, min_length=1, max_length=128)
     env: Env = Field(default_factory=dict)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
@@ -74,6 +85,44 @@ class StartSandbox(_Model):
     secrets: Env = Field(default_factory=dict, repr=False)
     # Which owner of this id this copy is: a copy whose epoch is not the record's is fenced.
     epoch: Epoch = 0
+
+    @classmethod
+    def of(
+        cls,
+        record: SandboxRecord,
+        env: Mapping[str, str],
+        secrets: Mapping[str, str],
+        pids: int | None = None,
+    ) -> StartSandbox:
+        """The start of ``record``'s sandbox at its epoch, with its env and secrets (``pids``: its
+        template's limit)."""
+        return cls(
+            id=record.id,
+            memory_mb=record.memory_mb,
+            cpus=record.cpus,
+            stateful=record.stateful,
+            template=record.template,
+            env=dict(env),
+            pids=pids,
+            secrets=dict(secrets),
+            epoch=record.epoch,
+        )
+
+    def spec(self) -> SandboxSpec:
+        """What the host's runtime starts. The secrets stay with the agent: given to each exec, never
+        to the runtime (which keeps its specs on disk)."""
+        return SandboxSpec(
+            id=self.id,
+            memory_mb=self.memory_mb,
+            cpus=self.cpus,
+            template=self.template or DEFAULT_TEMPLATE,
+            stateful=self.stateful,
+            hostname=self.hostname,
+            env=dict(self.env),
+            network=self.network,
+            pids=self.pids if self.pids is not None else DEFAULT_PIDS,
+            epoch=self.epoch,
+        )
 
 
 # A heartbeat entry's role: a sandbox started for a create is "owned" (the default, left out of the
@@ -114,7 +163,7 @@ class WarmTarget(_Model):
     template: str = Field(min_length=1, max_length=128)
     target: int = Field(ge=0, le=100_000, strict=True)
     memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
-    cpus: float = Field(default=1.0, gt=0, le=MAX_CPUS)
+    cpus: float = Field(default=DEFAULT_CPUS, gt=0, le=MAX_CPUS)
     stateful: bool = Field(default=False, strict=True)
 
 

@@ -24,7 +24,6 @@ from corral.api.auth import authenticated_user, owner
 from corral.api.auth import scope as tenant_scope
 from corral.api.errors import invalid_request, response_for
 from corral.api.schemas import SandboxSpecBody, sandbox_json
-from corral.control.create import CreateSpec
 from corral.control.errors import ResourceNotFound
 from corral.control.plane import ControlPlane
 from corral.jsontext import dump_bytes
@@ -42,28 +41,12 @@ IDEMPOTENCY_KEY_MAX = 256
 DISCONNECT_POLL_S = 0.5
 
 
-def spec_of(body: SandboxSpecBody) -> CreateSpec:
-    return CreateSpec(
-        template=body.template,
-        memory_mb=body.memory_mb,
-        cpus=body.cpus,
-        stateful=body.stateful,
-        ttl_seconds=body.ttl_seconds,
-        name=body.name,
-        metadata=body.metadata,
-        env=body.env,
-        secrets=body.secrets,
-        failover=body.failover,
-        wait_s=body.wait_s,
-    )
-
-
 async def create(
     plane: ControlPlane, p: Principal, body: SandboxSpecBody, idempotency_key: str | None
 ) -> tuple[SandboxRecord, bool]:
     """A create as both entries to it run it: (record, replayed)."""
     record, replayed = await plane.creates.create(
-        owner(p, plane), spec_of(body), idempotency_key=idempotency_key
+        owner(p, plane), body.create_spec(), idempotency_key=idempotency_key
     )
     await plane.sandboxes.remember(record)
     return record, replayed

@@ -61,7 +61,7 @@ async def create_sandbox(
 async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchCreated:
     if body.count > plane.config.max_batch:
         raise InvalidRequest("count", f"at most {plane.config.max_batch} per batch")
-    records = await plane.batches.create(owner(p, plane), hot.spec_of(body.spec), body.count)
+    records = await plane.batches.create(owner(p, plane), body.spec.create_spec(), body.count)
     for r in records:
         await plane.sandboxes.remember(r)
     return BatchCreated(sandboxes=[sandbox_out(r) for r in records])

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.agent.inputs import AbsPath, Env, check_argv
-from corral.core.types import DEFAULT_SANDBOX_PIDS, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
+from corral.control.create import CreateSpec
+from corral.core.types import DEFAULT_SANDBOX_PIDS, DEFAULT_TEMPLATE, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.shapes.hosts import Host
 from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
 from corral.shapes.tokens import TokenInfo
@@ -43,7 +44,7 @@ class _Body(BaseModel):
 
 
 class SandboxSpecBody(_Body):
-    template: str = Field(default="default", pattern=TEMPLATE_PATTERN)
+    template: str = Field(default=DEFAULT_TEMPLATE, pattern=TEMPLATE_PATTERN)
     memory_mb: int | None = Field(default=None, gt=0, le=MAX_MEMORY_MB, strict=True)
     cpus: float | None = Field(default=None, gt=0, le=MAX_CPUS)
     stateful: bool | None = Field(default=None, strict=True)
@@ -66,6 +67,22 @@ class SandboxSpecBody(_Body):
             if "\x00" in k or "\x00" in val:
                 raise ValueError(f"metadata {k[:64]!r} contains a NUL byte")
         return v
+
+    def create_spec(self) -> CreateSpec:
+        """The create this body asks for, as the control plane runs it."""
+        return CreateSpec(
+            template=self.template,
+            memory_mb=self.memory_mb,
+            cpus=self.cpus,
+            stateful=self.stateful,
+            ttl_seconds=self.ttl_seconds,
+            name=self.name,
+            metadata=self.metadata,
+            env=self.env,
+            secrets=self.secrets,
+            failover=self.failover,
+            wait_s=self.wait_s,
+        )
 
 
 class BatchBody(_Body):

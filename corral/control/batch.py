@@ -10,12 +10,12 @@ the ones that did are stopped and every claim ends: a batch lands whole or leave
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 
 from corral.control.create import CreateFlow, CreateSpec
 from corral.control.errors import InvalidRequest
 from corral.control.explain import Explanation
-from corral.control.placement import Placement, Plan, Start, request_of
+from corral.control.placement import Placement, Plan, Start
+from corral.control.seal import Spec
 from corral.core import NoCapacity, NoHealthyHosts
 from corral.store import SandboxRecord
 
@@ -34,7 +34,7 @@ class BatchCreate:
         try:
             for _ in range(count):
                 records.append((await creates.new_record(tenant_id, spec, None))[0])
-            placed = await self._place(records, spec.env)
+            placed = await self._place(records, spec.contents())
         except BaseException:
             for r in records:
                 await creates.forget(r)
@@ -43,10 +43,10 @@ class BatchCreate:
             creates.observe_success(p, started, tenant_id, None)
         return placed
 
-    async def _place(self, records: list[SandboxRecord], env: Mapping[str, str]) -> list[SandboxRecord]:
+    async def _place(self, records: list[SandboxRecord], contents: Spec) -> list[SandboxRecord]:
         step = self.placement
-        req = request_of(records[0])
-        starts = [Start(rec, env) for rec in records]
+        req = records[0].request()
+        starts = [Start.of(rec, contents) for rec in records]
         fleet = await step.view.get()
         for fresh in (False, True):
             if fresh:

@@ -53,17 +53,7 @@ class Binder:
         pids: int | None = None,
         secrets: Mapping[str, str] | None = None,
     ) -> None:
-        start = StartSandbox(
-            id=record.id,
-            memory_mb=record.memory_mb,
-            cpus=record.cpus,
-            stateful=record.stateful,
-            template=record.template,
-            env=dict(env),
-            pids=pids,
-            secrets=dict(secrets or {}),
-            epoch=record.epoch,
-        )
+        start = StartSandbox.of(record, env, secrets or {}, pids)
         client = self.agents.client(host_id, address)
         with self._deadlines.watch():
             await client.start(start)

@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
@@ -66,6 +66,39 @@ class CreateSpec:
     # Seconds it may wait for capacity (parked in ``waiting_capacity``) instead of being refused.
     wait_s: float | None = None
 
+    def record(
+        self,
+        sandbox_id: str,
+        tenant_id: str,
+        *,
+        memory_mb: int,
+        cpus: float,
+        stateful: bool,
+        failover: str,
+        now: float,
+        owner: str | None,
+    ) -> SandboxRecord:
+        """The record this spec writes, its sizes and failover resolved against its template. Its env
+        and secrets are not on the record: they are sealed into it (:meth:`contents`), and ``wait_s``
+        is given when it is parked."""
+        return SandboxRecord(
+            id=sandbox_id,
+            tenant_id=tenant_id,
+            template=self.template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            stateful=stateful,
+            name=self.name,
+            metadata=dict(self.metadata),
+            expires_at=now + self.ttl_seconds if self.ttl_seconds else None,
+            failover=failover,
+            owner=owner,
+        )
+
+    def contents(self) -> Spec:
+        """What is sealed of it, and what its host starts it with beyond its record."""
+        return Spec(env=dict(self.env), secrets=dict(self.secrets))
+
     def fingerprint(self) -> str:
         """What an Idempotency-Key is bound to: the same key with another body is a client bug."""
         body = asdict(self)
@@ -112,8 +145,7 @@ class CreateFlow:
 
     # -- step 1: the record ----------------------------------------------------------------------
 
-    async def _resolve(self, spec: CreateSpec, tpl: TemplateRecord | None = None) -> tuple[int, float, bool]:
-        tpl = tpl or await self.templates.get(spec.template)
+    async def _resolve(self, spec: CreateSpec, tpl: TemplateRecord | None) -> tuple[int, float, bool]:
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
@@ -126,21 +158,20 @@ class CreateFlow:
             raise InvalidRequest("cpus", "cpus: at least 0.001 (CPU is counted in millicores)")
         cpus = from_millicores(cpu_m)  # as the tenant's quota counts it
         stateful = spec.stateful if spec.stateful is not None else tpl.stateful
-        await self._check_size(memory_mb, cpus)
+        await self._check_size(CreateRequest(memory_mb=memory_mb, cpu=cpus))  # before there is a record
         return memory_mb, cpus, stateful
 
-    async def _check_size(self, memory_mb: int, cpus: float) -> None:
+    async def _check_size(self, req: CreateRequest) -> None:
         """A request larger than every host is the caller's mistake, never a wait for capacity: 422
         before any record is written (no quota taken, nothing parked). With no host known, the create
         goes on and is refused as ``no_healthy_hosts``."""
-        req = CreateRequest(memory_mb=memory_mb, cpu=cpus)
         snap = await self.view.get()
         if oversize(snap.hosts, req, self.placement.placer(len(snap.hosts)).roles) is None:
             return
         snap = await self.view.get(fresh=True)  # a larger host may have joined since the cached read
         over = oversize(snap.hosts, req, self.placement.placer(len(snap.hosts)).roles)
         if over is not None:
-            asked = cpus if over.field == "cpus" else memory_mb
+            asked = req.cpu if over.field == "cpus" else req.memory_mb
             err = InvalidRequest(
                 over.field, f"{over.field}: {asked:g} is more than the largest host has ({over.largest:g})"
             )
@@ -155,30 +186,30 @@ class CreateFlow:
         memory_mb, cpus, stateful = await self._resolve(spec, tpl)
         failover = spec.failover or (tpl.failover if tpl is not None else FAILOVER_ORPHAN)
         now = self.clock.now()
-        sandbox_id = new_sandbox_id(now)
-        sealed = None
+        record = spec.record(
+            new_sandbox_id(now),
+            tenant_id,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            stateful=stateful,
+            failover=failover,
+            now=now,
+            owner=self.config.replica_id,
+        )
+        sealed = self._seal(record.id, spec, failover)
+        return record if sealed is None else replace(record, sealed_spec=sealed)
+
+    def _seal(self, sandbox_id: str, spec: CreateSpec, failover: str) -> str | None:
+        """The spec sealed into the record: what a recreate or a parked create starts from later."""
         if failover == FAILOVER_RECREATE or spec.secrets:
             if self.sealer is None:
                 field_name = "secrets" if spec.secrets else "failover"
                 raise InvalidRequest(field_name, f"{field_name}: this control plane has no seal key")
-            sealed = self.sealer.seal(sandbox_id, Spec(env=dict(spec.env), secrets=dict(spec.secrets)))
-        elif self.sealer is not None and spec.env:
+            return self.sealer.seal(sandbox_id, spec.contents())
+        if self.sealer is not None and spec.env:
             # Nothing to keep, nothing sealed: a sandbox without a sealed spec starts with an empty one.
-            sealed = self.sealer.seal(sandbox_id, Spec(env=dict(spec.env), secrets={}))
-        return SandboxRecord(
-            id=sandbox_id,
-            tenant_id=tenant_id,
-            template=spec.template,
-            memory_mb=memory_mb,
-            cpus=cpus,
-            stateful=stateful,
-            name=spec.name,
-            metadata=dict(spec.metadata),
-            expires_at=now + spec.ttl_seconds if spec.ttl_seconds else None,
-            failover=failover,
-            sealed_spec=sealed,
-            owner=self.config.replica_id,
-        )
+            return self.sealer.seal(sandbox_id, spec.contents())
+        return None
 
     async def new_record(
         self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None, request_hash: str | None = None
@@ -242,7 +273,7 @@ class CreateFlow:
             self.observe_success(placed, started, tenant_id, idempotency_key)
             return placed, False
         try:
-            placed = await self.placement.place(Start(record, dict(spec.env), spec.secrets, key))
+            placed = await self.placement.place(Start.of(record, spec.contents(), key))
         except BaseException as exc:
             if not (isinstance(exc, Unavailable) and spec.wait_s is not None and self.waiting is not None):
                 await self.forget_failed(record)

@@ -137,5 +137,5 @@ class Failover:
         one, older copies fenced) before the new copy starts from its unsealed spec."""
         spec = await open_spec(self.store, self.sealer, rec.id)
         exclude = {rec.host_id} if rec.host_id else set()
-        placed = await self.placement.place(Start(rec, spec.env, spec.secrets), exclude)
+        placed = await self.placement.place(Start.of(rec, spec), exclude)
         log.warning("sandbox %s recreated on %s (epoch %d)", rec.id, placed.host_id, placed.epoch)

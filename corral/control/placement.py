@@ -26,6 +26,7 @@ from corral.control.explain import Attempt, Explanation
 from corral.control.metrics import Metrics
 from corral.control.ports import AgentLookup, FailoverPort
 from corral.control.retry import RetryAfter
+from corral.control.seal import Spec
 from corral.control.templates import Templates
 from corral.control.view import FleetSnapshot, ViewCache
 from corral.core import (
@@ -58,11 +59,6 @@ from corral.store import (
 # Below the agents' default starts limit (8), so one batch does not saturate a host by itself.
 PER_HOST_STARTS = 4
 SATURATED_RETRIES = 5
-
-
-def request_of(record: SandboxRecord) -> CreateRequest:
-    """What a sandbox asks of a host, as its record says."""
-    return CreateRequest(memory_mb=record.memory_mb, cpu=record.cpus, stateful=record.stateful)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +117,11 @@ class Start:
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     # A create's Idempotency-Key and request fingerprint (to write a settled record again under it).
     key: tuple[str, str] | None = None
+
+    @classmethod
+    def of(cls, record: SandboxRecord, spec: Spec, key: tuple[str, str] | None = None) -> Start:
+        """``record`` started with ``spec``'s env and secrets: the two travel together, never one alone."""
+        return cls(record, spec.env, spec.secrets, key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +211,7 @@ class Placement:
         """Decide and apply until a host takes it: a host that says no is excluded and the next is
         tried; nothing left that fits is refused (after one fresh read: a cached absence is not a
         death), with why."""
-        req = request_of(start.record)
+        req = start.record.request()
         excluded = set(exclude)
         elsewhere: Counter[str] = Counter()  # why hosts that were tried did not take it
         reread = False

@@ -138,7 +138,7 @@ class WaitingCreates:
     async def _place_one(self, rec: SandboxRecord) -> bool:
         spec = await open_spec(self.placement.store, self.sealer, rec.id)
         try:
-            placed = await self.placement.place(Start(rec, spec.env, spec.secrets))
+            placed = await self.placement.place(Start.of(rec, spec))
         except Unavailable:
             return False
         except Exception as exc:

@@ -208,7 +208,7 @@ class RealFleet:
             for s in self.states[host_id].sandboxes.values():
                 hs = s.handle.spec
                 await self.store.create_sandbox(
-                    _record(hs.id, self.tenant, hs.memory_mb, hs.cpus),
+                    _record(hs, self.tenant),
                 )
                 await self.store.set_sandbox_state(hs.id, SandboxState.RUNNING, host_id=host_id)
             agent = sim_agent(
@@ -341,5 +341,8 @@ class RealFleet:
         return total, n
 
 
-def _record(sid: str, tenant: str, memory_mb: int, cpus: float) -> SandboxRecord:
-    return SandboxRecord(id=sid, tenant_id=tenant, template="default", memory_mb=memory_mb, cpus=cpus)
+def _record(spec: SandboxSpec, tenant: str) -> SandboxRecord:
+    """The record of a sandbox its host already runs: what it was started with."""
+    return SandboxRecord(
+        id=spec.id, tenant_id=tenant, template=spec.template, memory_mb=spec.memory_mb, cpus=spec.cpus
+    )

@@ -11,6 +11,7 @@ from corral.core.types import (
     DEFAULT_SANDBOX_PIDS,
     MAX_SANDBOX_PIDS,
     MIN_SANDBOX_PIDS,
+    CreateRequest,
     HostFacts,
     HostView,
     Pending,
@@ -242,6 +243,11 @@ class SandboxRecord:
     # The replica (a lease holder) whose create wrote it: while it is ``reserved``, that create is in
     # flight there, and once that replica's lease lapses nothing will place it (the leader settles it).
     owner: str | None = None
+
+    def request(self) -> CreateRequest:
+        """What the sandbox asks of a host, as placement weighs it. Its template is not asked of the
+        host's filter yet: a host without it refuses the start, and the create is tried elsewhere."""
+        return CreateRequest(memory_mb=self.memory_mb, cpu=self.cpus, stateful=self.stateful)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from corral.control.retry import RetryAfter
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.core import AdmissionMode, ManualClock
+from corral.core.types import DEFAULT_CPUS, DEFAULT_TEMPLATE
 from corral.exec_result import ExecResult
 from corral.store import (
     CreateOutcome,
@@ -321,9 +322,9 @@ class PlacementHarness:
         rec = SandboxRecord(
             id=f"sb-{next(self._ids)}",
             tenant_id="t",
-            template="default",
+            template=DEFAULT_TEMPLATE,
             memory_mb=memory_mb,
-            cpus=1.0,
+            cpus=DEFAULT_CPUS,
             state=state,
             **kw,  # type: ignore[arg-type]
         )

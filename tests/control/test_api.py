@@ -231,6 +231,21 @@ async def test_batch_is_all_or_nothing(tmp_path: Path) -> None:
         await c.plane.store.close()
 
 
+async def test_a_batch_s_members_start_with_its_env_and_secrets(cluster: Cluster) -> None:
+    spec = {"memory_mb": 512, "env": {"PLAIN": "p"}, "secrets": {"TOKEN": "batch-secret-7c1d"}}
+    r = await cluster.http.post(
+        "/v1/sandboxes/batch", json={"count": 3, "spec": spec}, headers=cluster.as_(ADMIN)
+    )
+    assert r.status_code == 201, r.text
+    for box in r.json()["sandboxes"]:
+        out = await cluster.http.post(
+            f"/v1/sandboxes/{box['id']}/exec", json={"command": ["env"]}, headers=cluster.as_(ADMIN)
+        )
+        assert out.status_code == 200
+        assert "PLAIN=p" in out.json()["stdout"] and "TOKEN=batch-secret-7c1d" in out.json()["stdout"]
+        assert "batch-secret" not in str(box)  # delivered, never echoed
+
+
 async def test_drained_host_gets_nothing(cluster: Cluster) -> None:
     r = await cluster.http.post("/v1/hosts/host-03/drain", headers=cluster.as_(ADMIN))
     assert r.status_code == 200 and r.json()["state"] == "draining"

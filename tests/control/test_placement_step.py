@@ -9,7 +9,7 @@ from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
 from corral.control.errors import Unavailable
 from corral.control.explain import Explanation
-from corral.control.placement import Snapshot, Start, request_of
+from corral.control.placement import Snapshot, Start
 from corral.core import CreateRequest, NoCapacity, Strategy
 from corral.core.filters import Reason, no_pending
 from corral.store import SandboxState
@@ -186,7 +186,7 @@ async def _batch(h: PlacementHarness, n: int):  # type: ignore[no-untyped-def]
     snapshot = h.placement.snapshot(fleet)
     plans = []
     for _ in records:
-        plans.append(h.placement.decide(snapshot.including(plans), request_of(records[0])))
+        plans.append(h.placement.decide(snapshot.including(plans), records[0].request()))
     explains = [Explanation(REQ) for _ in records]
     for e, p in zip(explains, plans, strict=True):
         e.tried(p.attempt)

@@ -22,11 +22,11 @@ from corral.agent.envd import ENVD_VERSION
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.api.auth import as_user, owner, scope
 from corral.api.e2b.access import access_token
-from corral.api.hot import spec_of
 from corral.api.schemas import MAX_TTL_S, SandboxSpecBody
 from corral.codes import ErrorCode
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
+from corral.core.types import DEFAULT_TEMPLATE
 from corral.store import Principal, SandboxRecord, SandboxState
 from corral.store.rows import encode_cursor
 
@@ -66,7 +66,7 @@ async def caller(request: Request) -> tuple[ControlPlane, Principal]:
 
 async def _template(plane: ControlPlane, name: str) -> str:
     if name == BASE_TEMPLATE and await plane.store.get_template(name) is None:
-        return "default"
+        return DEFAULT_TEMPLATE
     return name
 
 
@@ -144,7 +144,7 @@ async def create(request: Request, body: dict[str, Any], idempotency_key: str | 
         first = exc.errors()[0]
         raise InvalidRequest(".".join(map(str, first["loc"])) or "body", first["msg"]) from None
     record, _replayed = await plane.creates.create(
-        owner(p, plane), spec_of(spec), idempotency_key=idempotency_key
+        owner(p, plane), spec.create_spec(), idempotency_key=idempotency_key
     )
     await plane.sandboxes.remember(record)
     return JSONResponse(
