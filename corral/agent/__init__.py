@@ -2,7 +2,7 @@
 fast and retryably when it must. The HTTP app and the CLI command live in ``corral.agent.http`` and
 ``corral.agent.cli``."""
 
-from corral.agent.agent import Agent, HeartbeatSink
+from corral.agent.agent import Agent
 from corral.agent.client import AgentClient, HttpAgentClient, LocalAgentClient
 from corral.agent.errors import (
     AgentConflict,
@@ -14,7 +14,6 @@ from corral.agent.errors import (
     AgentUnauthorized,
     AgentUnavailable,
 )
-from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.metrics import AgentCollector
 from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage_ratio_signal
@@ -25,6 +24,7 @@ from corral.agent.protocol import (
     SandboxInfo,
     StartSandbox,
 )
+from corral.agent.sinks import HeartbeatRejected, HeartbeatSink, HttpHeartbeatSink, http_heartbeat_sink
 from corral.exec_result import ExecResult
 
 __all__ = [

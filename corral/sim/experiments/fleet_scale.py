@@ -11,7 +11,6 @@ sandboxes present at the start have the same remaining-lifetime law and the flee
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 import statistics
@@ -19,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.listing import ListingTracker, Outgoing
 from corral.agent.protocol import AgentHeartbeat, Capacity
 from corral.control.heartbeats import to_store
@@ -29,7 +28,7 @@ from corral.store.records import Listing
 from corral.store.rows import json_list
 
 # The agent's own default: what a fleet heartbeats at unless told otherwise.
-DEFAULT_HEARTBEAT_S: float = inspect.signature(Agent.__init__).parameters["heartbeat_interval_s"].default
+DEFAULT_HEARTBEAT_S: float = AgentConfig.heartbeat_interval_s
 # Agents seed seq from wall-clock milliseconds; a realistic one keeps the wire size honest.
 _SEQ0 = 1_764_547_200_000
 _SENT0 = 1_764_547_200.0
