@@ -500,7 +500,7 @@ class ProcessRuntime:
 
         async def wait() -> int:
             # asyncio's wait also waits for EOF on the pipes, which never comes while a reader holds
-            # back (a full pipe left unread, see corral.agent.envd): the exit is what is waited for.
+            # back (a full pipe left unread, see corral.agent.envd.processes): the exit is what is waited for.
             while not exited.done() and proc.returncode is None:
                 await asyncio.wait({exited}, timeout=_EXIT_POLL_S)
             assert proc.returncode is not None
