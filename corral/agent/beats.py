@@ -98,7 +98,7 @@ class HeartbeatBuilder:
     def acknowledge_listing(self, listed_seq: int | None) -> None:
         out, self._outgoing = self._outgoing, None
         if out is not None:
-            self.listing.settle(out, listed_seq)
+            self.listing.acknowledged(out, listed_seq)
 
 
 class EarlyBeat:

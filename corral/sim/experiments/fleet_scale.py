@@ -208,7 +208,7 @@ class _Host:
         self.seq = 1
         # The store's copy of this host's listing, and its digest; acknowledged as a whole at the start.
         first = self.tracker.next(self.seq, owned, set(), set())
-        self.tracker.settle(first, self.seq)
+        self.tracker.acknowledged(first, self.seq)
         self.held = dict(owned)
         self.held_digest = first.digest
         self.outstanding: set[str] = set()  # sandboxes whose reservation no heartbeat confirmed yet
@@ -314,7 +314,7 @@ def run(scn: FleetScenario, seed: int = 1) -> FleetResult:
         if measure and confirmed:
             tally["confirming_beats"] += 1
         tally["gone_rows"] += len(gone)
-        host.tracker.settle(out, host.seq)
+        host.tracker.acknowledged(out, host.seq)
 
     at_event = 0
     for k in range(math.ceil(horizon / scn.heartbeat_s)):
