@@ -4,6 +4,7 @@ fast and retryably when it must. The HTTP app and the CLI command live in ``corr
 
 from corral.agent.agent import Agent
 from corral.agent.client import AgentClient, HttpAgentClient, LocalAgentClient
+from corral.agent.config import AgentConfig
 from corral.agent.errors import (
     AgentConflict,
     AgentError,
@@ -31,6 +32,7 @@ __all__ = [
     "Agent",
     "AgentClient",
     "AgentCollector",
+    "AgentConfig",
     "AgentConflict",
     "AgentError",
     "AgentHeartbeat",

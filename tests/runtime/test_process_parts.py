@@ -93,7 +93,7 @@ def test_invalid_ids(bad: str) -> None:
     assert not valid_id(bad)
 
 
-def test_records_round_trip_and_claim_once(tmp_path: Path) -> None:
+def test_the_state_directory_round_trips_and_claims_once(tmp_path: Path) -> None:
     statedir = StateDir(tmp_path / "root")
     me = procfs.identify(os.getpid())
     assert me is not None
