@@ -89,9 +89,17 @@ class Calls:
         except AgentBusy as exc:
             raise RpcBusy(exc.message, exc.retry_after_s) from None
         try:
-            spawned = await self._spawn_in(sandbox_id, command, env=env, cwd=cwd, stdin=stdin)
-        except BaseException:
+            spawned = await self.agent.runtime.spawn(sandbox_id, command, env=env, cwd=cwd, stdin=stdin)
+        except BaseException as exc:
             self.agent.leave(sandbox_id)
+            if isinstance(exc, SandboxNotFound):
+                raise RpcError("not_found", f"sandbox {sandbox_id} was not found") from None
+            if isinstance(exc, SandboxPaused):
+                raise RpcError("failed_precondition", str(exc)) from None
+            if isinstance(exc, InvalidSandbox):
+                raise RpcError("invalid_argument", f"{exc.field}: {exc}") from None
+            if isinstance(exc, RuntimeFailure):
+                raise RpcError("unavailable", str(exc)) from None
             raise
         task = asyncio.get_running_loop().create_task(self._leave_at_exit(sandbox_id, spawned))
         self._slots.add(task)
@@ -103,26 +111,6 @@ class Calls:
             await spawned.wait()
         finally:
             self.agent.leave(sandbox_id)
-
-    async def _spawn_in(
-        self,
-        sandbox_id: str,
-        command: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bool = False,
-    ) -> Spawned:
-        try:
-            return await self.agent.runtime.spawn(sandbox_id, command, env=env, cwd=cwd, stdin=stdin)
-        except SandboxNotFound:
-            raise RpcError("not_found", f"sandbox {sandbox_id} was not found") from None
-        except SandboxPaused as exc:
-            raise RpcError("failed_precondition", str(exc)) from None
-        except InvalidSandbox as exc:
-            raise RpcError("invalid_argument", f"{exc.field}: {exc}") from None
-        except RuntimeFailure as exc:
-            raise RpcError("unavailable", str(exc)) from None
 
 
 def _basic_user(header: str) -> str | None:
