@@ -22,7 +22,7 @@ from corral.runtime import procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.cgroups import detect
 from corral.runtime.process import ProcessRuntime, unavailable_reason
-from corral.runtime.records import Running
+from corral.runtime.statedir import Running
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -57,7 +57,7 @@ def _pss_mb(runtime: ProcessRuntime, sandbox_id: str) -> float:
     """User-space memory of every process of the sandbox (bubblewrap's monitor included), shared
     pages split among their users: what the host pays per sandbox, read directly rather than as a
     host-wide difference that neighbours' activity would swamp."""
-    record = runtime.records.load(sandbox_id)
+    record = runtime.statedir.load(sandbox_id)
     if not isinstance(record, Running) or record.cgroup is None:
         return 0.0
     pids = [int(pid) for pid in (Path(record.cgroup) / "cgroup.procs").read_text().split()]

@@ -302,3 +302,32 @@ def test_a_replica_is_built_in_one_place() -> None:
                         f"{f.relative_to(ROOT)}:{node.lineno} builds a ControlPlane past build_replica"
                     )
     assert not bad, "\n".join(bad)
+
+
+# The agent's rooms that hold one concept each and sit below its lifecycle: the live set, heartbeat
+# building, its config, its sinks, the heartbeat's schema and its listing. None of them reaches up to
+# the agent itself or to the data plane served on top of it.
+AGENT_BELOW_LIFECYCLE = ("live", "beats", "config", "sinks", "protocol", "listing")
+
+
+def test_the_agents_rooms_below_its_lifecycle_import_neither_it_nor_the_data_plane() -> None:
+    bad = []
+    for room in AGENT_BELOW_LIFECYCLE:
+        path = PACKAGE / "agent" / f"{room}.py"
+        for imp in imports_of(path):
+            if imp.module == "corral.agent.agent" or imp.module.startswith("corral.agent.envd"):
+                bad.append(imp.where())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_e2b_data_plane_is_served_on_top_of_the_agent() -> None:
+    """``agent/envd/`` (E2B's in-sandbox API) uses the agent; within the agent only its HTTP app serves
+    it, and above the agent only ``api`` forwards to it."""
+    bad = []
+    for imp in _all_imports():
+        name = _module_name(imp.file)
+        if not imp.module.startswith("corral.agent.envd") or name.startswith("corral.agent.envd"):
+            continue
+        if name != "corral.agent.http" and _part(name) not in ("api", "testing", "cli"):
+            bad.append(imp.where())
+    assert not bad, "\n".join(bad)

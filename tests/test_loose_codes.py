@@ -15,7 +15,13 @@ CODES = {c.value for c in ErrorCode}
 
 # These speak the Connect protocol of the sandbox data plane: its codes ("not_found", "internal") are
 # that protocol's own vocabulary, which shares a few words with ours and must not change with it.
-CONNECT_PROTOCOL = {"corral/agent/connect.py", "corral/agent/envd.py", "corral/agent/envd_helper.py"}
+CONNECT_PROTOCOL = {
+    "corral/agent/envd/connect.py",
+    "corral/agent/envd/calls.py",
+    "corral/agent/envd/processes.py",
+    "corral/agent/envd/files.py",
+    "corral/agent/envd/helper.py",
+}
 
 
 def _not_values(tree: ast.AST) -> set[int]:

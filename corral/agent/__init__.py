@@ -2,8 +2,9 @@
 fast and retryably when it must. The HTTP app and the CLI command live in ``corral.agent.http`` and
 ``corral.agent.cli``."""
 
-from corral.agent.agent import Agent, HeartbeatSink
+from corral.agent.agent import Agent
 from corral.agent.client import AgentClient, HttpAgentClient, LocalAgentClient
+from corral.agent.config import AgentConfig
 from corral.agent.errors import (
     AgentConflict,
     AgentError,
@@ -14,7 +15,6 @@ from corral.agent.errors import (
     AgentUnauthorized,
     AgentUnavailable,
 )
-from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink, http_heartbeat_sink
 from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.metrics import AgentCollector
 from corral.agent.pressure import PressureSignal, host_signal, psi_signal, usage_ratio_signal
@@ -25,12 +25,14 @@ from corral.agent.protocol import (
     SandboxInfo,
     StartSandbox,
 )
+from corral.agent.sinks import HeartbeatRejected, HeartbeatSink, HttpHeartbeatSink, http_heartbeat_sink
 from corral.exec_result import ExecResult
 
 __all__ = [
     "Agent",
     "AgentClient",
     "AgentCollector",
+    "AgentConfig",
     "AgentConflict",
     "AgentError",
     "AgentHeartbeat",

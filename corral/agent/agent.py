@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import heapq
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
+from corral.agent.beats import SETTLE_SAMPLE_S, EarlyBeat, HeartbeatBuilder, ReadingTurns
+from corral.agent.config import AgentConfig
 from corral.agent.errors import (
     AgentBusy,
     AgentConflict,
@@ -27,11 +29,10 @@ from corral.agent.errors import (
 )
 from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
-from corral.agent.listing import ListingTracker, Outgoing
+from corral.agent.live import Live, LiveSet
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
     ROLE_OWNED,
-    ROLE_WARM,
     AgentHeartbeat,
     Capacity,
     ClaimWarm,
@@ -41,19 +42,13 @@ from corral.agent.protocol import (
     StartSandbox,
     WarmTarget,
 )
+from corral.agent.sinks import HeartbeatSink
 from corral.agent.warm import WarmBook
 from corral.clock import SystemClock
 from corral.codes import ErrorCode
-from corral.core.admission import (
-    DEFAULT_POLICY,
-    AdmissionBook,
-    AdmissionPolicy,
-    charge_mb,
-    fits,
-    request_charge_mb,
-)
+from corral.core.admission import AdmissionBook, charge_mb, fits, request_charge_mb
 from corral.core.clock import Clock
-from corral.core.inflight import BUSY_RETRY_S, DEFAULT_EXECS_PER_SANDBOX, InFlight
+from corral.core.inflight import BUSY_RETRY_S, InFlight
 from corral.core.pressure import PressureGate
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
@@ -69,156 +64,19 @@ from corral.runtime.base import (
 
 log = logging.getLogger("corral.agent")
 
-# A sink may answer with the control plane's reply (warm targets); None leaves them as they are.
-HeartbeatSink = Callable[[AgentHeartbeat], Awaitable[HeartbeatReply | None]]
-
 # Honest Retry-After estimates, per reason.
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
 PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
-# How often sandboxes that are settling are read between heartbeats.
-SETTLE_SAMPLE_S = 0.25
-# Settled readings send the next heartbeat before its time only when they grow the room the last one
-# published by this fraction, or once that one is this old: a fleet creating steadily would otherwise
-# have every host beating at the sampling rate, while a host with long intervals still tells its gains
-# (and the memory it uses) within seconds.
-EARLY_BEAT_GAIN = 0.25
-EARLY_BEAT_AFTER_S = 5.0
-
-
-class _Live:
-    """A sandbox the agent accounts for."""
-
-    __slots__ = ("observed_mb", "oom_kills", "paused", "spec", "started_at", "trusted", "usage")
-
-    def __init__(self, spec: SandboxSpec, started_at: float) -> None:
-        self.spec = spec
-        self.started_at = started_at
-        # What the gate charges, kept ready: the gate runs over every live sandbox at every start.
-        # resident_mb stays None (charged the reserve) until a measurement sees it settled.
-        self.usage = SandboxUsage(spec.memory_mb, None, spec.stateful)
-        # The latest reading of any age, for the host's memory_mb_used.
-        self.observed_mb: int | None = None
-        self.oom_kills = 0  # processes the kernel's OOM killer killed in it, as last read
-        # Whether readings have replaced the reserve (see ``SettleRule``); once true, it stays.
-        self.trusted = False
-        self.paused = False  # frozen by pause(); the runtime holds the truth, this its latest word
-
-    @property
-    def resident_mb(self) -> int | None:
-        return self.usage.resident_mb
-
-    def settled_at(self, resident_mb: int) -> None:
-        if resident_mb != self.usage.resident_mb:
-            self.usage = SandboxUsage(self.spec.memory_mb, resident_mb, self.spec.stateful)
-
-
-class _LiveSet(Mapping[str, _Live]):
-    """The live sandboxes, with the host's admission book and observed total kept in step, so the
-    gate at every start costs O(1) however many sandboxes the host runs. A read-only mapping plus
-    the few writes below: nothing can change the set without the book hearing of it."""
-
-    def __init__(self, book: AdmissionBook) -> None:
-        self._items: dict[str, _Live] = {}
-        self.book = book
-        self.observed_mb = 0
-        # Still charged their reserve. Those old enough to settle are what the sampling between
-        # heartbeats reads: found through a heap by start time, so a burst of young sandboxes costs
-        # that sampling nothing until they come of age.
-        self._young: list[tuple[float, str]] = []
-        self._of_age: set[str] = set()
-        # Added or removed, and removed, since the last heartbeat was built: what its listing checks.
-        self.touched: set[str] = set()
-        self.dropped: set[str] = set()
-        self.cpus = 0.0  # their CPUs, summed as they come and go
-
-    def __getitem__(self, key: str) -> _Live:
-        return self._items[key]
-
-    def get(self, key: str, default: _Live | None = None) -> _Live | None:  # type: ignore[override]
-        # The mapping's own, not the mixin's: a miss (every start) would raise and catch a KeyError.
-        return self._items.get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __setitem__(self, key: str, value: _Live) -> None:
-        self.pop(key, None)
-        self._items[key] = value
-        self.book.put(key, value.usage)
-        self.observed_mb += value.observed_mb or 0
-        self.cpus += value.spec.cpus
-        self.touched.add(key)
-        if not value.trusted:
-            heapq.heappush(self._young, (value.started_at, key))
-
-    def __delitem__(self, key: str) -> None:
-        if self.pop(key, None) is None:
-            raise KeyError(key)
-
-    def pop(self, key: str, default: _Live | None = None) -> _Live | None:
-        old = self._items.pop(key, None)
-        if old is None:
-            return default
-        self.book.remove(key)
-        self.observed_mb -= old.observed_mb or 0
-        self.cpus -= old.spec.cpus
-        self._of_age.discard(key)
-        self.touched.add(key)
-        self.dropped.add(key)
-        return old
-
-    def take_changes(self) -> tuple[set[str], set[str]]:
-        """(touched, dropped) since the last call, handed over and forgotten here."""
-        touched, dropped = self.touched, self.dropped
-        self.touched, self.dropped = set(), set()
-        return touched, dropped
-
-    @property
-    def untrusted(self) -> set[str]:
-        """Those still charged their reserve (derived: only a test asks)."""
-        return {k for k, v in self._items.items() if not v.trusted}
-
-    def settling(self, started_by: float) -> set[str]:
-        """The untrusted sandboxes started at or before ``started_by`` (the caller must not keep the
-        set: it changes as they settle)."""
-        while self._young and self._young[0][0] <= started_by:
-            started_at, key = heapq.heappop(self._young)
-            live = self._items.get(key)
-            # An entry of a sandbox since trusted, gone or replaced is dropped here.
-            if live is not None and not live.trusted and live.started_at == started_at:
-                self._of_age.add(key)
-        return self._of_age
-
-    def measured(self, key: str, observed_mb: int, rule: SettleRule, now: float) -> bool:
-        """Record a reading; returns whether this reading is the one that made the sandbox trusted."""
-        live = self._items[key]
-        newly = not live.trusted and rule.trusted(now - live.started_at, observed_mb, live.observed_mb)
-        self.observed_mb += observed_mb - (live.observed_mb or 0)
-        live.observed_mb = observed_mb
-        if newly:
-            live.trusted = True
-            self._of_age.discard(key)
-        if live.trusted:
-            live.settled_at(observed_mb)
-            self.book.put(key, live.usage)
-        return newly
 
 
 class Agent:
-    """One host's agent.
+    """One host's agent: the host's size, what it is wired to, and how it is tuned.
 
-    ``admission`` is the host's mode (stateful sandboxes are charged in full in either); ``pressure`` is
-    a :class:`PressureSignal` or a bare callable read on the usage-ratio scale (None: the sandboxes'
-    measured memory over the host's); ``settle_s`` is how old a sandbox must be before a stable
-    measurement of it replaces its reserve (default: what the runtime declares as its
-    ``memory_settle_s``); ``sink`` receives every heartbeat.
+    ``config`` holds the bounds and the policy (:class:`AgentConfig`); any of its fields may be given as
+    a keyword instead (``Agent(..., admission=AdmissionMode.COMMITTED)``), over ``config``'s value.
+    ``pressure`` is a :class:`PressureSignal` or a bare callable read on the usage-ratio scale (None:
+    the sandboxes' measured memory over the host's); ``sink`` receives every heartbeat.
 
     Every state change happens on the event loop without an ``await`` between the check and the commit,
     so the gate needs no lock.
@@ -230,61 +88,44 @@ class Agent:
         runtime: Runtime,
         memory_mb_total: int,
         cpu_total: float,
+        config: AgentConfig | None = None,
         *,
-        admission: AdmissionMode = AdmissionMode.WORKING_SET,
-        policy: AdmissionPolicy = DEFAULT_POLICY,
-        max_concurrent_starts: int = 8,
-        start_wait_s: float = 0.15,
         clock: Clock | None = None,
         pressure: PressureSignal | PressureSource | None = None,
         pressure_gate: PressureGate | None = None,
-        templates: Iterable[str] | None = None,
-        heartbeat_interval_s: float = 2.0,
         sink: HeartbeatSink | None = None,
-        address: str = "",
-        # None: the runtime's own ``memory_settle_s``. For a guest, longer than it takes to touch its
-        # working set (the touch model ramps over ~5 s): a measurement taken earlier reads low, the
-        # host looks emptier than it is, and a burst that outlasts the settle piles onto whichever
-        # host was measured first.
-        settle_s: float | None = None,
-        gpu: str | None = None,
-        role: str = "worker",
-        stream_restore: bool = False,
-        warm_starts_per_round: int = 2,
-        warm_fill_interval_s: float = 0.05,
-        # Commands in flight per sandbox, through exec and the E2B data plane alike (see ``enter``).
-        max_execs_per_sandbox: int = DEFAULT_EXECS_PER_SANDBOX,
+        **settings: Any,
     ) -> None:
         if memory_mb_total <= 0 or cpu_total <= 0:
             raise ValueError("memory_mb_total and cpu_total must be positive")
-        if heartbeat_interval_s <= 0:
-            raise ValueError("heartbeat_interval_s must be positive")
-        if settle_s is None:
-            settle_s = float(getattr(runtime, "memory_settle_s", DEFAULT_SETTLE_S))
-        if settle_s < 0:
-            raise ValueError("settle_s must not be negative")
+        config = (config or AgentConfig()).but(**settings)
+        self.config = config
         self.id = id
         self.runtime = runtime
         self.memory_mb_total = memory_mb_total
         self.cpu_total = cpu_total
-        self.admission = AdmissionMode(admission)
-        self.policy = policy
+        self.admission = AdmissionMode(config.admission)
+        self.policy = config.policy
         self.clock: Clock = clock or SystemClock()
-        self.templates = None if templates is None else frozenset(templates)
-        self.heartbeat_interval_s = heartbeat_interval_s
+        self.templates = None if config.templates is None else frozenset(config.templates)
+        self.heartbeat_interval_s = config.heartbeat_interval_s
         self.sink = sink
-        self.address = address
-        self.settle_s = settle_s
-        self.settle = SettleRule(settle_s)
-        self.gpu = gpu
-        self.role = role
-        self.stream_restore = stream_restore
-        self.limiter = StartsLimiter(max_concurrent_starts, start_wait_s)
-        self.execs = InFlight("sandbox", max_execs_per_sandbox)
+        self.address = config.address
+        self.settle_s = (
+            float(getattr(runtime, "memory_settle_s", DEFAULT_SETTLE_S))
+            if config.settle_s is None
+            else config.settle_s
+        )
+        self.settle_rule = SettleRule(self.settle_s)
+        self.gpu = config.gpu
+        self.role = config.role
+        self.stream_restore = config.stream_restore
+        self.limiter = StartsLimiter(config.max_concurrent_starts, config.start_wait_s)
+        self.execs = InFlight("sandbox", config.max_execs_per_sandbox)
         self.signal = self._signal(pressure)
         self.gate = pressure_gate or self.signal.gate()
 
-        self._live = _LiveSet(AdmissionBook(memory_mb_total, self.admission, policy))
+        self._live = LiveSet(AdmissionBook(memory_mb_total, self.admission, self.policy))
         # Each sandbox's secrets, in memory only: never in the runtime's records on disk.
         self._secrets: dict[str, dict[str, str]] = {}
         # Adopted sandboxes whose secrets the control plane has not sent again yet.
@@ -292,28 +133,22 @@ class Agent:
         self._starting: dict[str, int] = {}  # id -> memory charged while its start is in flight
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
-        # Seeded from the clock so that a restarted agent's sequence still moves forward.
-        self._seq = int(self.clock.now() * 1000)
-        self.listing = ListingTracker()
-        # What the host runs for records (id -> epoch), kept in step with the live set and the warm
-        # book at each heartbeat, from what changed only.
-        self._owned: dict[str, int] = {}
-        self._warm_ids: set[str] = set()
         self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
-        self._outgoing: Outgoing | None = None  # the last heartbeat's listing, until its reply
-        # What the last heartbeat published: the admittable memory, and whether intake was open.
-        self._advertised_mb = 0
-        self._advertised_open = True
-        self._advertised_at = 0.0  # by the clock
-        # The order settled sandboxes take turns being read in, and where the next turn starts.
-        self._reading_turns: builtins.list[str] = []
-        self._reading_at = 0
+        # Seeded from the clock so that a restarted agent's sequence still moves forward.
+        self.beats = HeartbeatBuilder(id, int(self.clock.now() * 1000))
+        self.early = EarlyBeat()
+        self._turns = ReadingTurns()
         self.refusals: dict[str, int] = {}
         self.warm = WarmBook()
-        self.keeper = WarmKeeper(self, warm_starts_per_round, warm_fill_interval_s)
+        self.keeper = WarmKeeper(self, config.warm_starts_per_round, config.warm_fill_interval_s)
         self.heartbeats_sent = 0
         self.heartbeat_failures = 0
         self.oom_kills_total = 0  # over every sandbox this agent has run, gone ones included
+
+    @property
+    def _seq(self) -> int:
+        """The last heartbeat's sequence number."""
+        return self.beats.seq
 
     def _signal(self, pressure: PressureSignal | PressureSource | None) -> PressureSignal:
         if isinstance(pressure, PressureSignal):
@@ -483,7 +318,7 @@ class Agent:
             raise
         finally:
             del self._starting[req.id]
-        live = self._live[req.id] = _Live(handle.spec, handle.started_at)
+        live = self._live[req.id] = Live(handle.spec, handle.started_at)
         if req.secrets:
             self._secrets[req.id] = dict(req.secrets)
         return self._info(req.id, live)
@@ -597,7 +432,7 @@ class Agent:
         live.paused = False
         return self._info(sandbox_id, live)
 
-    def _require(self, sandbox_id: str) -> _Live:
+    def _require(self, sandbox_id: str) -> Live:
         live = self._live.get(sandbox_id)
         if live is None:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
@@ -630,7 +465,7 @@ class Agent:
     def sandbox_ids(self) -> builtins.list[str]:
         return sorted(self._live)
 
-    def _info(self, sandbox_id: str, s: _Live) -> SandboxInfo:
+    def _info(self, sandbox_id: str, s: Live) -> SandboxInfo:
         spec = s.spec
         return SandboxInfo(
             id=sandbox_id,
@@ -664,7 +499,7 @@ class Agent:
         adopted = 0
         for h in handles:
             if h.id not in self._live and h.id not in self._starting:
-                live = _Live(h.spec, h.started_at)
+                live = Live(h.spec, h.started_at)
                 live.paused = self._paused(h.id)  # a sandbox paused before the restart stays paused
                 self._live[h.id] = live
                 # Its secrets were never on disk: the control plane sends them again.
@@ -699,11 +534,11 @@ class Agent:
             await self._count_oom_kills(sandbox_id, s)
             if mb is None:
                 continue
-            newly += self._live.measured(sandbox_id, mb, self.settle, now)
+            newly += self._live.measured(sandbox_id, mb, self.settle_rule, now)
         self.observe_pressure()
         return newly
 
-    async def _count_oom_kills(self, sandbox_id: str, s: _Live) -> None:
+    async def _count_oom_kills(self, sandbox_id: str, s: Live) -> None:
         try:
             kills = await self.runtime.oom_kills(sandbox_id)
         except RuntimeFailure:
@@ -743,83 +578,34 @@ class Agent:
     def heartbeat(self) -> AgentHeartbeat:
         """Build the next heartbeat from the current accounting (no I/O). Its listing is the whole set
         or the changes since the last acknowledged one: hand the reply to :meth:`acknowledge`."""
-        if self._outgoing is not None:
-            # The previous heartbeat's reply never came to acknowledge(): the changes it took are
-            # not known to have arrived, so this one carries the whole set.
-            self.acknowledge_listing(None)
-        self._seq += 1
         cap = self.capacity()
-        self._advertised_mb, self._advertised_open = cap.memory_mb_admittable, cap.intake_open
-        self._advertised_at = self.clock.now()
-        roles = self.warm.roles()
-        warm_ids = {i for i, r in roles.items() if r == ROLE_WARM}
-        touched, dropped = self._live.take_changes()
-        touched |= warm_ids ^ self._warm_ids
-        self._warm_ids = warm_ids
-        owned = self._owned
-        for i in touched:
-            live = self._live.get(i)
-            if live is None or i in warm_ids:
-                owned.pop(i, None)
-            else:
-                owned[i] = live.spec.epoch
-        out = self.listing.next(self._seq, owned, touched, dropped)
-        restore = sorted(i for i in self._restore if i in self._live)
-        whole = out.base is None
-        if whole:
-            epochs = {i: s.spec.epoch for i, s in self._live.items() if s.spec.epoch}
-        else:
-            epochs = {i: e for i, e in out.added.items() if e}
-            epochs.update((i, owned[i]) for i in restore if owned.get(i))
-        hb = AgentHeartbeat(
-            **cap.model_dump(),
-            agent_id=self.id,
-            seq=self._seq,
-            address=self.address,
-            sent_at=self.clock.now(),
-            sandbox_ids=self.sandbox_ids() if whole else [],
-            roles=roles if whole else {},
-            epochs=epochs,
-            base=out.base,
-            added=[] if whole else sorted(out.added),
-            removed=sorted(out.gone),
-            digest=out.digest,
+        now = self.clock.now()
+        self.early.published(cap, now)
+        return self.beats.build(
+            cap,
+            self._live,
+            roles=self.warm.roles(),
+            restore=sorted(i for i in self._restore if i in self._live),
             oom_kills=self.oom_kills(),
-            restore=restore,
             warm=self.warm.counts(),
+            address=self.address,
+            now=now,
         )
-        self._outgoing = out
-        return hb
 
     def acknowledge(self, hb: AgentHeartbeat, reply: HeartbeatReply | None) -> None:
         """Take the control plane's reply to ``hb``, the last heartbeat built (None: none came)."""
-        if self._outgoing is not None and self._outgoing.seq == hb.seq:
-            self.acknowledge_listing(reply.listed_seq if reply is not None else None)
+        self.beats.acknowledge(hb.seq, reply.listed_seq if reply is not None else None)
         if reply is not None:
             self.set_warm_targets(reply.warm_targets)
             if reply.accepted:
                 self._restore_secrets(hb.restore, reply.secrets)
 
-    def acknowledge_listing(self, listed_seq: int | None) -> None:
-        out, self._outgoing = self._outgoing, None
-        if out is not None:
-            self.listing.settle(out, listed_seq)
-
     def _due_readings(self) -> builtins.list[str] | None:
-        """Which sandboxes a heartbeat's measurement reads (None: all). A runtime whose settled
-        readings hold (``settled_readings_per_beat``) has the sandboxes old enough to settle read
-        every time and at most that many of the rest, taken in turn, so a heartbeat's readings grow
-        neither with the host nor with the rate it starts sandboxes at, while each sandbox is still
-        read now and then."""
+        """Which sandboxes a heartbeat's measurement reads (None: all; see :class:`ReadingTurns`)."""
         share = int(getattr(self.runtime, "settled_readings_per_beat", 0))
         if share <= 0:
             return None
-        if self._reading_at >= len(self._reading_turns):
-            self._reading_turns, self._reading_at = builtins.list(self._live), 0
-        turn = self._reading_turns[self._reading_at : self._reading_at + share]
-        self._reading_at += share
-        settling = self._settling()
-        return builtins.list(settling) + [i for i in turn if i not in settling]
+        return self._turns.due(share, self._live, self._settling())
 
     def _settling(self) -> set[str]:
         # From just before the settle time: that reading is the "previous" the first trusted one needs.
@@ -874,26 +660,19 @@ class Agent:
 
     async def until_next_beat(self) -> None:
         """Wait one heartbeat interval. Meanwhile, sandboxes still charged their reserve and old enough
-        to settle are read every ``SETTLE_SAMPLE_S``. The next heartbeat goes at once, rather than at
-        the interval, when the pressure gate opened or closed since the last one said (creates sent
-        to a closed host are refused until the control plane hears), or when sandboxes that became
-        trusted let the host admit more than it said: much more (``EARLY_BEAT_GAIN``), or any more
-        once the last heartbeat is ``EARLY_BEAT_AFTER_S`` old."""
+        to settle are read every ``SETTLE_SAMPLE_S``; the next heartbeat goes at once when
+        :class:`EarlyBeat` says what changed is news."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.heartbeat_interval_s
         while (left := end - loop.time()) > 0:
             await asyncio.sleep(min(left, SETTLE_SAMPLE_S))
             due = builtins.list(self._settling())
             settled = bool(due) and await self.measure(due) > 0
-            if self.gate.is_open != self._advertised_open or (settled and self._roomier()):
+            if self.early.gate_moved(self.gate.is_open) or (settled and self._roomier()):
                 return
 
     def _roomier(self) -> bool:
-        gained = self.capacity().memory_mb_admittable - self._advertised_mb
-        return gained > 0 and (
-            gained >= EARLY_BEAT_GAIN * self._advertised_mb
-            or self.clock.now() - self._advertised_at >= EARLY_BEAT_AFTER_S
-        )
+        return self.early.roomier(self.capacity().memory_mb_admittable, self.clock.now())
 
 
 def _same(spec: SandboxSpec, req: StartSandbox) -> bool:

@@ -18,9 +18,10 @@ import typer
 from corral import listen_options as lo
 from corral.agent import credentials
 from corral.agent.agent import Agent
-from corral.agent.heartbeat import HttpHeartbeatSink, http_heartbeat_sink
+from corral.agent.config import AgentConfig
 from corral.agent.http import create_app
 from corral.agent.pressure import PressureSignal, host_signal, sim_signal
+from corral.agent.sinks import HttpHeartbeatSink, http_heartbeat_sink
 from corral.aio import loop_factory
 from corral.clock import SystemClock
 from corral.core.admission import AdmissionPolicy
@@ -197,21 +198,16 @@ def agent_command(
     if not urls:
         raise typer.BadParameter("at least one control-plane URL", param_hint="--control-plane")
     sink = http_heartbeat_sink(urls, agent_token)
-    agent = Agent(
-        id,
-        rt,
-        total_mb,
-        total_cpus,
+    config = AgentConfig(
         admission=admission,
         policy=AdmissionPolicy(headroom_mb=headroom_mb),
         max_concurrent_starts=max_concurrent_starts,
         max_execs_per_sandbox=max_execs_per_sandbox,
-        pressure=signal,
         templates=template or None,
         heartbeat_interval_s=heartbeat_interval,
-        sink=sink,
         address=address,
     )
+    agent = Agent(id, rt, total_mb, total_cpus, config, pressure=signal, sink=sink)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(agent, host_key, host, port, advertise, bounds))

@@ -57,7 +57,7 @@ class ListingTracker:
         gone = frozenset(removed.keys() | {i for i in dropped if i not in owned})
         return Outgoing(seq, self._acked_seq, added, removed, gone, digest)
 
-    def settle(self, sent: Outgoing, listed_seq: int | None) -> None:
+    def acknowledged(self, sent: Outgoing, listed_seq: int | None) -> None:
         """The reply to ``sent`` said the control plane holds heartbeat ``listed_seq``'s listing (None:
         no reply, or a control plane that takes whole sets only)."""
         if listed_seq != sent.seq:

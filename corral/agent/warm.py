@@ -126,9 +126,6 @@ class WarmBook:
 
     # -- what a heartbeat says ----------------------------------------------------------------------
 
-    def is_ready(self, sandbox_id: str) -> bool:
-        return sandbox_id in self._template_of
-
     def env(self, sandbox_id: str) -> Mapping[str, str]:
         return self._claimed.get(sandbox_id, {})
 

@@ -349,7 +349,7 @@ class CreateFlow:
             )
         return current
 
-    async def spec_of(self, rec: SandboxRecord) -> Spec:
+    async def unsealed_spec(self, rec: SandboxRecord) -> Spec:
         """The sandbox's env and secrets, unsealed (empty when it has no sealed spec)."""
         return await open_spec(self.store, self.sealer, rec.id)
 
@@ -368,7 +368,7 @@ class CreateFlow:
     async def forget(self, record: SandboxRecord, expect: SandboxState | None = None) -> None:
         """Remove a record that was never placed, and its idempotency key with it, so that a retry
         with the same key creates anew; with ``expect``, only if it is still in that state. Best
-        effort: the store may be the thing that failed (the reconciler settles a record left behind)."""
+        effort: the store may be the thing that failed (the reconciler resolves a record left behind)."""
         with contextlib.suppress(Exception):
             await self.store.delete_sandbox(record.id, forget_idempotency=True, expect=expect)
 
@@ -376,7 +376,7 @@ class CreateFlow:
         """After a create failed: its record goes while unplaced, or while running as this create's own
         commit wrote it (the failure came after that write landed: a cancelled request, or a lost reply
         when the store could not be asked again; placement already stopped the copy). A record the
-        leader settled as running on a host, this replica's lease having lapsed, stays: the client's
+        leader resolved as running on a host, this replica's lease having lapsed, stays: the client's
         retry gets that sandbox."""
         with contextlib.suppress(Exception):
             current = await self.store.get_sandbox(record.id)

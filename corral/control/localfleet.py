@@ -12,6 +12,7 @@ from pathlib import Path
 
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
+from corral.agent.config import AgentConfig
 from corral.agent.metrics import AgentCollector
 from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.control.agents import LocalAgents
@@ -94,23 +95,19 @@ def build_local_fleet(
 
     root = state_root or Path(os.environ.get("CORRAL_STATE_DIR", "/run/corral"))
     base_seed = random.Random(seed).randrange(1 << 30)
+    config = AgentConfig(
+        admission=admission,
+        policy=policy,
+        max_concurrent_starts=max_concurrent_starts,
+        heartbeat_interval_s=heartbeat_interval_s,
+        settle_s=settle_s,
+        max_execs_per_sandbox=max_execs_per_sandbox,
+    )
     agents = []
     for i in range(hosts):
         host_id = f"host-{i + 1:02d}"
-        agent = Agent(
-            host_id,
-            build_runtime(runtime, host_id, plane.clock, base_seed + i, root),
-            memory_mb,
-            cpus,
-            admission=admission,
-            policy=policy,
-            max_concurrent_starts=max_concurrent_starts,
-            clock=plane.clock,
-            heartbeat_interval_s=heartbeat_interval_s,
-            sink=sink,
-            settle_s=settle_s,
-            max_execs_per_sandbox=max_execs_per_sandbox,
-        )
+        rt = build_runtime(runtime, host_id, plane.clock, base_seed + i, root)
+        agent = Agent(host_id, rt, memory_mb, cpus, config, clock=plane.clock, sink=sink)
         agents.append(agent)
         directory.add(host_id, LocalAgentClient(agent))
     # The agents live in this process: their own metrics (OOM kills in their sandboxes, refusals by

@@ -115,7 +115,7 @@ class Start:
     record: SandboxRecord
     env: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
-    # A create's Idempotency-Key and request fingerprint (to write a settled record again under it).
+    # A create's Idempotency-Key and request fingerprint (to write a resolved record again under it).
     key: tuple[str, str] | None = None
 
     @classmethod
@@ -368,12 +368,12 @@ class Placement:
         except (StateConflict, RecordNotFound):
             if record.state is not SandboxState.RESERVED:
                 raise
-            return await self.settled_meanwhile(record, res, start.key)
+            return await self.resolved_meanwhile(record, res, start.key)
 
-    async def settled_meanwhile(
+    async def resolved_meanwhile(
         self, record: SandboxRecord, res: ReservationRecord, key: tuple[str, str] | None
     ) -> SandboxRecord:
-        """The record moved while this replica was starting it on ``res``'s host: the leader settled
+        """The record moved while this replica was starting it on ``res``'s host: the leader resolved
         it, this replica's lease having lapsed (a store out of reach, a process too busy to renew).
         Settled as running there at this epoch, the copy just started is the one it names. Settled as
         never made (no host listed it yet), it is written again as placed, unless the client's retry
@@ -407,7 +407,7 @@ class Placement:
 
     async def _named_there(self, record: SandboxRecord, host_id: str) -> SandboxRecord | None:
         """After a bind that may have started the copy on ``host_id`` failed without an answer (a
-        timeout, a lost reply): the record, if it now names that copy as running. The leader settled
+        timeout, a lost reply): the record, if it now names that copy as running. The leader resolved
         it so while this replica's lease had lapsed, or this create's own last write landed
         unanswered: the copy is the sandbox, and stopping it to place again would lose it. None
         otherwise, or when the store cannot be asked."""

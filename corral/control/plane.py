@@ -29,12 +29,12 @@ from corral.control.errors import (
 )
 from corral.control.failover import Failover
 from corral.control.heartbeats import HeartbeatIntake
+from corral.control.locations import LocationCache
 from corral.control.metrics import Metrics
 from corral.control.placement import Placement
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
-from corral.control.routes import RouteCache
 from corral.control.sandboxes import Sandboxes
 from corral.control.seal import Sealer
 from corral.control.templates import Templates
@@ -98,7 +98,7 @@ class ControlPlane:
         self.retry_after = RetryAfter(
             self.clock, t, self.config.retry_after_min_s, self.config.retry_after_max_s
         )
-        self.routes = RouteCache()
+        self.locations = LocationCache()
         # The create path, each part built with what it uses: templates, placement, warm claims,
         # parked creates, then the create flow and batch over them.
         self.templates = Templates(store, self.clock)
@@ -138,7 +138,7 @@ class ControlPlane:
             waiting=self.waiting,
         )
         self.batches = BatchCreate(self.creates, self.placement)
-        self.sandboxes = Sandboxes(store, self.view, agents, self.routes, self.config.max_execs_per_tenant)
+        self.sandboxes = Sandboxes(store, self.view, agents, self.locations, self.config.max_execs_per_tenant)
         self.heartbeats = HeartbeatIntake(store, self.metrics)
         self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t)
         self.reconciler = Reconciler(
@@ -149,7 +149,7 @@ class ControlPlane:
             self.clock,
             self.metrics,
             self.retry_after,
-            self.routes,
+            self.locations,
             self.failover,
         )
         self.pools = Pools(
@@ -362,7 +362,7 @@ class ControlPlane:
                 continue
             if rec.state not in (SandboxState.RUNNING, SandboxState.ORPHANED):
                 continue
-            spec = await self.creates.spec_of(rec)
+            spec = await self.creates.unsealed_spec(rec)
             if spec.secrets:
                 out[sandbox_id] = dict(spec.secrets)
         return out

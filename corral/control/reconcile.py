@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.control.config import ControlConfig
 from corral.control.failover import Failover
+from corral.control.locations import LocationCache
 from corral.control.metrics import Metrics
 from corral.control.ports import AgentLookup, ReconcilePort
 from corral.control.retry import RetryAfter
-from corral.control.routes import RouteCache
 from corral.control.view import ViewCache
 from corral.core import Clock
 from corral.store import ListingChange, SandboxRecord, SandboxState, StoreError, disputed
@@ -43,7 +43,7 @@ class Reconciler:
         clock: Clock,
         metrics: Metrics,
         retry_after: RetryAfter,
-        routes: RouteCache,
+        locations: LocationCache,
         failover: Failover,
     ) -> None:
         self.store = store
@@ -53,7 +53,7 @@ class Reconciler:
         self.clock = clock
         self.metrics = metrics
         self.retry_after = retry_after
-        self.routes = routes
+        self.locations = locations
         self.failover = failover
         self.is_leader = False
         # Until when (this replica's clock) the leader lease it last took or renewed holds.
@@ -87,8 +87,8 @@ class Reconciler:
         steps: list[Callable[[], Awaitable[object]]] = [
             self.store.expire_replicas,
             self.store.sweep_expired,
-            # Right after the lapsed replicas are known: their in-flight creates are settled first.
-            self._settle_unbound,
+            # Right after the lapsed replicas are known: their in-flight creates are resolved first.
+            self._resolve_unbound,
             self._reap_expired,
             self.failover.fail_dead_hosts,
             self.failover.recreate_all,
@@ -145,12 +145,12 @@ class Reconciler:
     async def _reap_expired(self) -> None:
         for sb in await self.store.expired_sandboxes():
             if sb.state is SandboxState.RESERVED:
-                continue  # its create is still placing it (or left it: _settle_unbound's business)
+                continue  # its create is still placing it (or left it: _resolve_unbound's business)
             if sb.host_id and sb.state is SandboxState.RUNNING and not await self._stop(sb.host_id, sb.id):
                 await self.store.set_sandbox_state(sb.id, SandboxState.DELETED)
                 continue
             await self.store.delete_sandbox(sb.id)
-            self.routes.drop(sb.id)
+            self.locations.drop(sb.id)
 
     async def _reclaim_orphans(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)
@@ -193,7 +193,7 @@ class Reconciler:
             log.warning("orphan %s did not come back with its host; marking it stopped", sid)
             with contextlib.suppress(StoreError):
                 await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.ORPHANED)
-            self.routes.drop(sid)
+            self.locations.drop(sid)
         self._gone_orphans = {
             sid: self._gone_orphans.get(sid, seq) for sid, seq in gone.items() if sid not in ended
         }
@@ -204,7 +204,7 @@ class Reconciler:
             if not sb.host_id or await self._stop(sb.host_id, sb.id):
                 await self.store.delete_sandbox(sb.id)
 
-    async def _settle_unbound(self) -> None:
+    async def _resolve_unbound(self) -> None:
         """Records left ``reserved`` by a create that died with its replica: as soon as that replica's
         lease has lapsed (the record names it), or, for a record naming none, once the longest create a
         live replica could make is over. If a host runs the sandbox, it is that host's; otherwise the
@@ -286,7 +286,7 @@ class Reconciler:
             log.warning("sandbox %s is no longer running on its host; marking it stopped", sid)
             with contextlib.suppress(StoreError):
                 await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.RUNNING)
-            self.routes.drop(sid)
+            self.locations.drop(sid)
         self._watch = {(h, sid) for h, sid in watch if sid not in confirmed}
         self._strays = strays - self._strays
         self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in confirmed}
@@ -295,7 +295,7 @@ class Reconciler:
         """Renew this replica's lease, and the leader lease while it leads, on their own schedule, not
         only as a round starts: a leader's round can outlast either (failover binding sandbox after
         sandbox). A live replica whose lease lapses has its in-flight reservations ended and its
-        in-flight creates settled under it; a leader whose lease lapses mid-round would share the rest
+        in-flight creates resolved under it; a leader whose lease lapses mid-round would share the rest
         of its round with the next leader."""
         cfg = self.config
         while True:

@@ -26,8 +26,8 @@ from corral.control.errors import (
     TooManyConcurrent,
     Unavailable,
 )
+from corral.control.locations import Location, LocationCache
 from corral.control.ports import AgentLookup, CreatePort
-from corral.control.routes import Route, RouteCache
 from corral.control.view import ViewCache
 from corral.core.inflight import BUSY_RETRY_S, DEFAULT_EXECS_PER_TENANT, InFlight
 from corral.exec_result import ExecResult
@@ -46,13 +46,13 @@ class Sandboxes:
         store: CreatePort,
         view: ViewCache,
         agents: AgentLookup,
-        routes: RouteCache,
+        locations: LocationCache,
         calls_per_tenant: int = DEFAULT_EXECS_PER_TENANT,
     ) -> None:
         self.store = store
         self.view = view
         self.agents = agents
-        self.routes = routes
+        self.locations = locations
         self.calls = InFlight("tenant", calls_per_tenant)
 
     @contextmanager
@@ -86,9 +86,9 @@ class Sandboxes:
 
     async def remember(self, record: SandboxRecord) -> None:
         if record.host_id and record.state is SandboxState.RUNNING:
-            self.routes.put(
+            self.locations.put(
                 record.id,
-                Route(record.tenant_id, record.host_id, await self._address(record.host_id), record.epoch),
+                Location(record.tenant_id, record.host_id, await self._address(record.host_id), record.epoch),
             )
 
     async def get(self, sandbox_id: str, tenant_id: str | None) -> SandboxRecord:
@@ -110,23 +110,23 @@ class Sandboxes:
             tenant_id=tenant_id, host_id=host_id, state=state, limit=limit, cursor=cursor
         )
 
-    async def _route(self, sandbox_id: str, tenant_id: str | None) -> Route:
+    async def _locate(self, sandbox_id: str, tenant_id: str | None) -> Location:
         """From the store when it answers; from this replica's memory when it does not."""
         try:
             rec = await self.get(sandbox_id, tenant_id)
         except StoreUnavailable:
-            route = self.routes.get(sandbox_id)
-            if route is None or (tenant_id is not None and route.tenant_id != tenant_id):
+            loc = self.locations.get(sandbox_id)
+            if loc is None or (tenant_id is not None and loc.tenant_id != tenant_id):
                 raise
-            return route
+            return loc
         if rec.state is SandboxState.ORPHANED:
             raise Gone(f"sandbox {sandbox_id}'s host is gone; it is orphaned until the host returns")
         if rec.state is not SandboxState.RUNNING or rec.host_id is None:
             # Recreating: its new copy is not started yet, and its old one is never called.
             raise NotRunning(f"sandbox {sandbox_id} is {rec.state.value}")
-        route = Route(rec.tenant_id, rec.host_id, await self._address(rec.host_id), rec.epoch)
-        self.routes.put(sandbox_id, route)
-        return route
+        loc = Location(rec.tenant_id, rec.host_id, await self._address(rec.host_id), rec.epoch)
+        self.locations.put(sandbox_id, loc)
+        return loc
 
     async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
         # Counted before the store is read: a refused call costs this replica next to nothing.
@@ -134,16 +134,16 @@ class Sandboxes:
             return await self._exec(sandbox_id, tenant_id, req)
 
     async def _exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
-        route = await self._route(sandbox_id, tenant_id)
+        loc = await self._locate(sandbox_id, tenant_id)
         try:
-            return await self.agents.client(route.host_id, route.address).exec(sandbox_id, req, route.epoch)
+            return await self.agents.client(loc.host_id, loc.address).exec(sandbox_id, req, loc.epoch)
         except AgentBusy as e:
             raise TooManyConcurrent(e.message, retry_after_s=e.retry_after_s, details=e.details) from e
         except AgentSandboxNotFound as e:
             raise ResourceNotFound(f"sandbox {sandbox_id} is not running on its host") from e
         except AgentUnavailable as e:
             raise Unavailable(
-                f"host {route.host_id} is unreachable", code=ErrorCode.HOST_UNREACHABLE, retry_after_s=2
+                f"host {loc.host_id} is unreachable", code=ErrorCode.HOST_UNREACHABLE, retry_after_s=2
             ) from e
         except AgentInvalid as e:
             # The host's runtime refused the input itself (what execve would refuse): the caller's.
@@ -160,12 +160,12 @@ class Sandboxes:
         rec = await self.get(sandbox_id, tenant_id)
         if rec.state is SandboxState.RESERVED:
             # Still being placed: a tombstone (the leader removes it), not a removal, so the create
-            # binding it learns it was deleted rather than settled as never made.
+            # binding it learns it was deleted rather than resolved as never made.
             try:
                 await self.store.set_sandbox_state(
                     sandbox_id, SandboxState.DELETED, expect=SandboxState.RESERVED
                 )
-                self.routes.drop(sandbox_id)
+                self.locations.drop(sandbox_id)
                 return
             except StateConflict:
                 rec = await self.get(sandbox_id, tenant_id)  # placed meanwhile: deleted as placed
@@ -178,10 +178,10 @@ class Sandboxes:
             except AgentError:
                 # The host cannot be told now: leave a tombstone the reconciler finishes later.
                 await self.store.set_sandbox_state(sandbox_id, SandboxState.DELETED)
-                self.routes.drop(sandbox_id)
+                self.locations.drop(sandbox_id)
                 return
         await self.store.delete_sandbox(sandbox_id)
-        self.routes.drop(sandbox_id)
+        self.locations.drop(sandbox_id)
         if rec.reservation_id:
             # Deleted before a heartbeat showed it: no heartbeat ever will, so end its claim now.
             await self.store.cancel(rec.reservation_id)

@@ -17,7 +17,7 @@ A sandbox is made of:
   a pipe, read only when a start fails and closed once the sandbox is ready.
 
 Sandboxes deliberately outlive the agent that starts them (no ``--die-with-parent``): a restarted agent
-re-adopts them from their records, after checking that the recorded pid is still that sandbox's init
+re-adopts them from their state directory, after checking that the recorded pid is still that sandbox's init
 (same start time, same pid namespace), never a recycled pid.
 """
 
@@ -52,7 +52,7 @@ from corral.runtime.base import (
 )
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
-from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
+from corral.runtime.statedir import Corrupt, Running, Starting, StateDir, valid_id
 from corral.runtime.stream import Spawned
 from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS, UidAllocator, UidsExhausted
 
@@ -122,7 +122,7 @@ class ProcessRuntime:
         clock: Clock | None = None,
         cgroup_prefix: str = "",
     ) -> None:
-        self.records = Records(root or DEFAULT_ROOT)
+        self.statedir = StateDir(root or DEFAULT_ROOT)
         # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
         self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
         # Hosts on one machine share its cgroup root, and one id may run on two of them (the old copy
@@ -130,7 +130,7 @@ class ProcessRuntime:
         self._cgroup_tag = cgroup_prefix
         privileged = os.geteuid() == 0
         # Only root can hand a sandbox to a host user of its own; otherwise it runs as ourselves.
-        self._uids = UidAllocator(uid_lease_dir, uids, self.records.root) if privileged else None
+        self._uids = UidAllocator(uid_lease_dir, uids, self.statedir.root) if privileged else None
         self._privileged = privileged
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
@@ -155,12 +155,12 @@ class ProcessRuntime:
             cgroup_extra=tuple(str(p) for p in cgroup.extra) if cgroup else (),
         )
         try:
-            self.records.claim(spec.id, starting)
+            self.statedir.claim(spec.id, starting)
         except FileExistsError:
             raise SandboxExists(f"sandbox {spec.id!r} already exists") from None
         except OSError as exc:
             raise RuntimeFailure(
-                f"cannot record sandbox {spec.id!r} under {self.records.root}: {exc}"
+                f"cannot record sandbox {spec.id!r} under {self.statedir.root}: {exc}"
             ) from exc
         self._starting.add(spec.id)
         running: Running | None = None
@@ -174,7 +174,7 @@ class ProcessRuntime:
                 cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
                 created = cgroup
             running = await self._launch(spec, cgroup, uid)
-            self.records.commit(spec.id, running)
+            self.statedir.commit(spec.id, running)
         except BaseException as exc:
             # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
             init = running.init if running else None
@@ -320,7 +320,7 @@ class ProcessRuntime:
     # -- stop -----------------------------------------------------------------------------------
 
     async def stop(self, sandbox_id: str) -> None:
-        record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
+        record = self.statedir.load(sandbox_id) if valid_id(sandbox_id) else None
         if record is None or sandbox_id in self._starting:
             raise SandboxNotFound(sandbox_id)
         await asyncio.to_thread(self._teardown_record, sandbox_id, record)
@@ -381,7 +381,7 @@ class ProcessRuntime:
             _reap(monitor.pid)
         if uid is not None and self._uids is not None:
             self._uids.release(uid, sandbox_id)  # before the record goes, so it is never reclaimed early
-        self.records.discard(sandbox_id)
+        self.statedir.discard(sandbox_id)
 
     def _guess_cgroup(self, sandbox_id: str) -> SandboxCgroup | None:
         if self.cgroups is None:
@@ -500,7 +500,7 @@ class ProcessRuntime:
 
         async def wait() -> int:
             # asyncio's wait also waits for EOF on the pipes, which never comes while a reader holds
-            # back (a full pipe left unread, see corral.agent.envd): the exit is what is waited for.
+            # back (a full pipe left unread, see corral.agent.envd.processes): the exit is what is waited for.
             while not exited.done() and proc.returncode is None:
                 await asyncio.wait({exited}, timeout=_EXIT_POLL_S)
             assert proc.returncode is not None
@@ -561,10 +561,10 @@ class ProcessRuntime:
         """Live sandboxes under this root, including those another runtime object (or an agent that
         has since restarted) started. Leftovers of dead sandboxes and of crashed starts are removed."""
         handles: list[SandboxHandle] = []
-        for sandbox_id in self.records.ids():
+        for sandbox_id in self.statedir.ids():
             if sandbox_id in self._starting:
                 continue
-            record = self.records.load(sandbox_id)
+            record = self.statedir.load(sandbox_id)
             if isinstance(record, Running) and self._is_live(record):
                 handles.append(self._handle(record))
             elif isinstance(record, Running | Corrupt) or (
@@ -574,7 +574,7 @@ class ProcessRuntime:
         return handles
 
     def _live(self, sandbox_id: str) -> Running:
-        record = self.records.load(sandbox_id) if valid_id(sandbox_id) else None
+        record = self.statedir.load(sandbox_id) if valid_id(sandbox_id) else None
         if not isinstance(record, Running) or not self._is_live(record):
             raise SandboxNotFound(sandbox_id)
         return record

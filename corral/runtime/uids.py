@@ -2,7 +2,7 @@
 across the whole machine however many runtimes share it (``corral serve`` runs many agents in one
 process; several ``corral agent`` processes may run side by side).
 
-A uid is held by a lease file, ``<directory>/<uid>``, created with O_EXCL and naming the records root
+A uid is held by a lease file, ``<directory>/<uid>``, created with O_EXCL and naming the state directory root
 and sandbox id that own it. A lease whose sandbox record no longer exists is stale (its owner crashed
 between tearing the sandbox down and releasing it) and is reclaimed by the next allocator that meets
 it. Allocation and reclaim hold an exclusive ``flock`` on the directory's lock file, so two allocators
@@ -32,7 +32,7 @@ class UidsExhausted(Exception):
 @dataclass(frozen=True, slots=True)
 class Lease:
     uid: int
-    root: str  # the records root of the runtime that holds it
+    root: str  # the state directory root of the runtime that holds it
     sandbox_id: str
 
     def owner_exists(self) -> bool:
@@ -51,17 +51,17 @@ def parse_range(text: str) -> range:
 
 
 class UidAllocator:
-    """Leases uids from ``uids`` in ``directory`` for the sandboxes recorded under ``records_root``."""
+    """Leases uids from ``uids`` in ``directory`` for the sandboxes recorded under ``statedir_root``."""
 
-    def __init__(self, directory: Path, uids: range, records_root: Path) -> None:
+    def __init__(self, directory: Path, uids: range, statedir_root: Path) -> None:
         if not uids:
             raise ValueError("the uid range is empty")
         self.directory = directory
         self.uids = uids
-        self.records_root = str(records_root.resolve())
+        self.statedir_root = str(statedir_root.resolve())
         # Where the next search starts: spreads allocators over the range instead of having all of
         # them probe the same first leases.
-        self._cursor = abs(hash(self.records_root)) % len(uids)
+        self._cursor = abs(hash(self.statedir_root)) % len(uids)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     @contextlib.contextmanager
@@ -75,8 +75,8 @@ class UidAllocator:
 
     def acquire(self, sandbox_id: str) -> int:
         """A uid no other sandbox on this machine holds, leased to ``sandbox_id``, whose record must
-        already exist under the records root (or the lease would look stale at once)."""
-        body = json.dumps({"root": self.records_root, "sandbox_id": sandbox_id}).encode()
+        already exist under the state directory root (or the lease would look stale at once)."""
+        body = json.dumps({"root": self.statedir_root, "sandbox_id": sandbox_id}).encode()
         with self._locked():
             for step in range(len(self.uids)):
                 index = (self._cursor + step) % len(self.uids)
@@ -120,6 +120,6 @@ class UidAllocator:
     def release(self, uid: int, sandbox_id: str) -> None:
         """Give ``uid`` back, if it is still leased to this sandbox of ours."""
         with self._locked():
-            if self.holder(uid) == Lease(uid, self.records_root, sandbox_id):
+            if self.holder(uid) == Lease(uid, self.statedir_root, sandbox_id):
                 with contextlib.suppress(FileNotFoundError):
                     (self.directory / str(uid)).unlink()

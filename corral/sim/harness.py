@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from corral import ids
-from corral.agent.agent import Agent, HeartbeatSink
+from corral.agent.agent import Agent
 from corral.agent.pressure import sim_signal
+from corral.agent.sinks import HeartbeatSink
 from corral.client.errors import CorralError, Unreachable
 from corral.codes import ErrorCode
 from corral.control.errors import ControlError

@@ -247,7 +247,7 @@ class Leases(Protocol):
     async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]:
         """Of ``sandbox_ids``, the records still ``reserved`` whose ``owner`` holds no live lease (it
         lapsed, or was ended or released): the create that was placing each died with its replica.
-        A record with no owner is never among them (only the create deadline settles it)."""
+        A record with no owner is never among them (only the create deadline resolves it)."""
 
     @abstractmethod
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:

@@ -241,7 +241,7 @@ class SandboxRecord:
     # Its spec (env, secrets) sealed; written with the record, read only to start it. Never listed.
     sealed_spec: str | None = field(default=None, repr=False)
     # The replica (a lease holder) whose create wrote it: while it is ``reserved``, that create is in
-    # flight there, and once that replica's lease lapses nothing will place it (the leader settles it).
+    # flight there, and once that replica's lease lapses nothing will place it (the leader resolves it).
     owner: str | None = None
 
     def request(self) -> CreateRequest:

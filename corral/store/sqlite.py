@@ -83,7 +83,7 @@ _Pending = tuple[Callable[[Tx], Awaitable[Any]], "asyncio.Future[Any]"]
 _Outcome = tuple[bool, Any]
 
 
-def _settle(batch: list[_Pending], outcomes: list[_Outcome]) -> None:
+def _deliver(batch: list[_Pending], outcomes: list[_Outcome]) -> None:
     for (_, fut), (ok, value) in zip(batch, outcomes, strict=True):
         if fut.done():
             continue
@@ -287,10 +287,10 @@ class SqliteStore(SqlStore):
             batch, self._queue = self._queue, []
             try:
                 async with self._write_lock:
-                    _settle(batch, await self._commit_batch(batch))
+                    _deliver(batch, await self._commit_batch(batch))
             finally:
                 # Whatever happened above, no caller is left waiting for an answer that never comes.
-                _settle(
+                _deliver(
                     batch, [(False, StoreUnavailable("sqlite: the write was not committed"))] * len(batch)
                 )
             self._checkpoint_soon()

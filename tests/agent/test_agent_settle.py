@@ -11,7 +11,7 @@ import pytest
 from agent_doubles import POLICY
 
 from corral.agent import Agent
-from corral.agent.agent import EARLY_BEAT_AFTER_S
+from corral.agent.beats import EARLY_BEAT_AFTER_S
 from corral.agent.protocol import AgentHeartbeat, StartSandbox
 from corral.core import AdmissionMode, ManualClock
 from corral.core.admission import reserve_mb

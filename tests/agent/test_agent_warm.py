@@ -12,9 +12,9 @@ import pytest
 from corral.agent.agent import Agent
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.errors import AgentWarmEmpty
-from corral.agent.heartbeat import HttpHeartbeatSink
 from corral.agent.http import create_app
 from corral.agent.protocol import ROLE_CLAIMED, ROLE_WARM, ClaimWarm, HeartbeatReply, WarmTarget
+from corral.agent.sinks import HttpHeartbeatSink
 
 TOKEN = "agent-token-warm"
 

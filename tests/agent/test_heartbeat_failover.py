@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from corral.agent.heartbeat import HeartbeatRejected, HttpHeartbeatSink
 from corral.agent.protocol import AgentHeartbeat
+from corral.agent.sinks import HeartbeatRejected, HttpHeartbeatSink
 from corral.core.types import AdmissionMode
 
 HB = AgentHeartbeat(

@@ -138,7 +138,7 @@ async def test_every_host_refusing_the_bind_is_refused_with_the_reasons() -> Non
     assert h.store.reservations == {}  # every claim ended
 
 
-async def test_a_lost_reply_to_the_bind_is_settled_by_reading_the_record() -> None:
+async def test_a_lost_reply_to_the_bind_is_resolved_by_reading_the_record() -> None:
     # The running write landed and its answer was lost: the record names the copy, which is kept.
     h = PlacementHarness([host("h1", memory_mb=32_768), host("h2")])
     h.store.lose_write_reply = True

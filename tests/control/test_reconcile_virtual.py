@@ -17,11 +17,11 @@ from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
 from corral.control.failover import Failover
 from corral.control.heartbeats import to_store
+from corral.control.locations import LocationCache
 from corral.control.metrics import Metrics
 from corral.control.placement import Placement
 from corral.control.reconcile import LEADER_LEASE, Reconciler
 from corral.control.retry import RetryAfter
-from corral.control.routes import RouteCache
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.runtime.sim import SimRuntime
@@ -36,12 +36,12 @@ def _reconciler(
     config = ControlConfig(replica_id=replica_id, replica_lease_s=3.0, reconcile_interval_s=1.0)
     t = config.timeouts
     view = ViewCache(store, clock, t.view_ttl_s, t.heartbeat_interval_s)
-    metrics, routes = Metrics(), RouteCache()
+    metrics, locations = Metrics(), LocationCache()
     retry = RetryAfter(clock, t, config.retry_after_min_s, config.retry_after_max_s)
     templates = Templates(store, clock)
     placement = Placement(store, view, agents, templates, config, clock, random.Random(0), metrics, retry)
     failover = Failover(store, view, placement, None, clock, t)
-    return Reconciler(store, view, agents, config, clock, metrics, retry, routes, failover)
+    return Reconciler(store, view, agents, config, clock, metrics, retry, locations, failover)
 
 
 async def _lapses_during_a_long_round(round_s: float) -> list[float]:

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from corral.agent.agent import Agent
-from corral.agent.connect import envelope
 from corral.agent.envd import Envd
+from corral.agent.envd.connect import envelope
 from corral.agent.protocol import StartSandbox
 from corral.runtime.process import ProcessRuntime
 from tests.runtime.conftest import cgroup_root, make_process_runtime, process_runtime  # noqa: F401

@@ -12,7 +12,7 @@ import pytest
 from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import NotFoundException, SandboxNotFoundException
 
-from corral.agent.connect import envelope
+from corral.agent.envd.connect import envelope
 from tests.e2b.conftest import Corral
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ from corral.runtime import launcher
 from corral.runtime.base import SandboxSpec
 from corral.runtime.cgroups import SandboxCgroup
 from corral.runtime.process import InvalidSandbox, ProcessRuntime
-from corral.runtime.records import Running
+from corral.runtime.statedir import Running
 from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS
 
 pytestmark = pytest.mark.process
@@ -27,7 +27,7 @@ def _status(text: str) -> dict[str, str]:
 
 
 def _record(runtime: ProcessRuntime, sandbox_id: str) -> Running:
-    record = runtime.records.load(sandbox_id)
+    record = runtime.statedir.load(sandbox_id)
     assert isinstance(record, Running)
     return record
 
@@ -88,7 +88,7 @@ async def test_each_sandbox_is_its_own_host_uid(make_process_runtime: Callable[.
         host_uid = int(status["Uid"].split()[0])
         assert host_uid == record.uid and host_uid in DEFAULT_UIDS
         lease = (DEFAULT_LEASE_DIR / str(host_uid)).read_text()
-        assert sandbox_id in lease and str(runtime.records.root.resolve()) in lease
+        assert sandbox_id in lease and str(runtime.statedir.root.resolve()) in lease
         uids.append(host_uid)
     assert uids[0] != uids[1]
     # A runtime that re-adopts the sandbox keeps its uid; stopping it gives the uid back.
@@ -179,9 +179,9 @@ async def test_the_host_side_launcher_carries_no_tenant_input(process_runtime: P
 
 async def test_state_is_private(process_runtime: ProcessRuntime) -> None:
     await process_runtime.start(SandboxSpec(id="private", memory_mb=64, env={"TOKEN": "secret"}))
-    root = process_runtime.records.root
+    root = process_runtime.statedir.root
     assert root.stat().st_mode & 0o777 == 0o700
-    directory = process_runtime.records.dir("private")
+    directory = process_runtime.statedir.dir("private")
     assert directory.stat().st_mode & 0o777 == 0o700
     files = list(directory.iterdir())
     assert {f.name for f in files} == {"sandbox.json"}  # no log: bubblewrap's stderr is a pipe

@@ -8,7 +8,7 @@ import pytest
 
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import InvalidSandbox, ProcessRuntime
-from corral.runtime.records import Running
+from corral.runtime.statedir import Running
 
 pytestmark = pytest.mark.process
 
@@ -48,7 +48,7 @@ async def test_cwd(box: ProcessRuntime) -> None:
 
 
 async def test_exec_runs_in_the_sandbox_cgroup_and_namespaces(box: ProcessRuntime) -> None:
-    record = box.records.load("box")
+    record = box.statedir.load("box")
     assert isinstance(record, Running)
     result = await box.exec("box", ["sh", "-c", "cat /proc/self/cgroup; stat -L -c %i /proc/self/ns/pid"])
     memory_line = next(line for line in result.stdout.splitlines() if ":memory:" in line)

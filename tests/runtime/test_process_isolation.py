@@ -12,7 +12,7 @@ import pytest
 from corral.runtime import bwrap
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime, available, unavailable_reason
-from corral.runtime.records import Running
+from corral.runtime.statedir import Running
 
 pytestmark = pytest.mark.process
 
@@ -140,7 +140,7 @@ async def test_sandboxes_do_not_share_files(process_runtime: ProcessRuntime) -> 
 
 async def test_spec_env_is_not_on_any_command_line(process_runtime: ProcessRuntime) -> None:
     await process_runtime.start(SandboxSpec(id="secret", memory_mb=64, env={"API_KEY": "s3cr3t-value"}))
-    record = process_runtime.records.load("secret")
+    record = process_runtime.statedir.load("secret")
     assert isinstance(record, Running)
     for pid in (record.monitor.pid, record.init.pid):
         assert b"s3cr3t-value" not in Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -16,7 +16,7 @@ from corral.runtime import procfs
 from corral.runtime.base import RuntimeFailure, SandboxNotFound, SandboxSpec
 from corral.runtime.cgroups import CgroupRoot
 from corral.runtime.process import InvalidSandbox, ProcessRuntime, SandboxExists
-from corral.runtime.records import Running, Starting
+from corral.runtime.statedir import Running, Starting
 
 pytestmark = pytest.mark.process
 
@@ -42,7 +42,7 @@ async def test_stop_leaves_no_process_no_cgroup_no_state(process_runtime: Proces
     await process_runtime.start(SandboxSpec(id="doomed", memory_mb=128))
     # Something long-running inside, started by exec, must die with the sandbox too.
     await process_runtime.exec("doomed", ["sh", "-c", "sleep 600 >/dev/null 2>&1 &"])
-    record = process_runtime.records.load("doomed")
+    record = process_runtime.statedir.load("doomed")
     assert isinstance(record, Running) and record.cgroup is not None
     cgroup = Path(record.cgroup)
     members = [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()]
@@ -52,7 +52,7 @@ async def test_stop_leaves_no_process_no_cgroup_no_state(process_runtime: Proces
 
     assert not cgroup.exists()
     assert all(_gone(pid) for pid in [*members, record.init.pid, record.monitor.pid])
-    assert not process_runtime.records.dir("doomed").exists()
+    assert not process_runtime.statedir.dir("doomed").exists()
     assert await process_runtime.list() == []
     with pytest.raises(SandboxNotFound):
         await process_runtime.stop("doomed")
@@ -86,7 +86,7 @@ async def test_a_recycled_pid_is_not_adopted_and_not_killed(
 ) -> None:
     process_runtime = make_process_runtime()
     await process_runtime.start(SandboxSpec(id="real", memory_mb=96))
-    real = process_runtime.records.load("real")
+    real = process_runtime.statedir.load("real")
     assert isinstance(real, Running)
     # A record whose init pid now belongs to an unrelated process (same pid, another start time).
     stranger = subprocess.Popen(["sleep", "600"])
@@ -101,12 +101,12 @@ async def test_a_recycled_pid_is_not_adopted_and_not_killed(
             cgroup=None,
             cgroup_version=None,
         )
-        process_runtime.records.dir("ghost").mkdir()
-        (process_runtime.records.dir("ghost") / "sandbox.json").write_text(json.dumps(forged.to_dict()))
+        process_runtime.statedir.dir("ghost").mkdir()
+        (process_runtime.statedir.dir("ghost") / "sandbox.json").write_text(json.dumps(forged.to_dict()))
 
         assert [h.id for h in await process_runtime.list()] == ["real"]
         assert stranger.poll() is None  # left alone
-        assert not process_runtime.records.dir("ghost").exists()  # the stale record is cleaned up
+        assert not process_runtime.statedir.dir("ghost").exists()  # the stale record is cleaned up
         with pytest.raises(SandboxNotFound):
             await process_runtime.exec("ghost", ["true"])
     finally:
@@ -118,7 +118,7 @@ async def test_a_dead_sandbox_is_cleaned_up_by_list(
     process_runtime: ProcessRuntime, eventually: Callable[..., Awaitable[bool]]
 ) -> None:
     await process_runtime.start(SandboxSpec(id="dies", memory_mb=96))
-    record = process_runtime.records.load("dies")
+    record = process_runtime.statedir.load("dies")
     assert isinstance(record, Running) and record.cgroup is not None
     os.kill(record.init.pid, 9)  # the sandbox dies behind the runtime's back
 
@@ -127,7 +127,7 @@ async def test_a_dead_sandbox_is_cleaned_up_by_list(
 
     assert await eventually(forgotten)
     assert not Path(record.cgroup).exists()
-    assert not process_runtime.records.dir("dies").exists()
+    assert not process_runtime.statedir.dir("dies").exists()
 
 
 async def test_a_crash_mid_start_is_cleaned_up(
@@ -141,7 +141,7 @@ async def test_a_crash_mid_start_is_cleaned_up(
         assert orphan.poll() is None
         await asyncio.sleep(0.005)
     dead_agent = procfs.ProcessIdentity(pid=orphan.pid, start_ticks=1, pid_ns=0)  # not alive as recorded
-    process_runtime.records.claim(
+    process_runtime.statedir.claim(
         "half",
         Starting(
             starter=dead_agent,
@@ -153,17 +153,17 @@ async def test_a_crash_mid_start_is_cleaned_up(
     assert await process_runtime.list() == []
     assert orphan.wait(timeout=10) == -9
     assert not cgroup.exists() and not any(p.exists() for p in cgroup.extra)
-    assert not process_runtime.records.dir("half").exists()
+    assert not process_runtime.statedir.dir("half").exists()
 
 
 async def test_a_start_in_progress_elsewhere_is_left_alone(process_runtime: ProcessRuntime) -> None:
     me = procfs.identify(os.getpid())
     assert me is not None
-    process_runtime.records.claim("busy", Starting(starter=me, cgroup=None, cgroup_version=None))
+    process_runtime.statedir.claim("busy", Starting(starter=me, cgroup=None, cgroup_version=None))
     assert await process_runtime.list() == []
-    assert process_runtime.records.dir("busy").exists()
+    assert process_runtime.statedir.dir("busy").exists()
     await process_runtime.stop("busy")  # an operator may still remove it
-    assert not process_runtime.records.dir("busy").exists()
+    assert not process_runtime.statedir.dir("busy").exists()
 
 
 async def test_eight_concurrent_starts(process_runtime: ProcessRuntime) -> None:
@@ -193,7 +193,7 @@ async def test_invalid_specs_are_refused_and_leave_nothing(
     with pytest.raises(InvalidSandbox, match=message) as refused:
         await process_runtime.start(spec)
     assert refused.value.code == "invalid_request"
-    assert list(process_runtime.records.ids()) == []
+    assert list(process_runtime.statedir.ids()) == []
 
 
 async def test_duplicate_id_is_refused_and_the_first_keeps_running(process_runtime: ProcessRuntime) -> None:
@@ -211,13 +211,13 @@ async def test_a_failed_start_leaves_nothing(make_process_runtime: Factory, cgro
     with pytest.raises(RuntimeFailure, match="did not start") as failed:
         await process_runtime.start(SandboxSpec(id="broken", memory_mb=64))
     assert "execvp" in str(failed.value)
-    assert list(process_runtime.records.ids()) == []
+    assert list(process_runtime.statedir.ids()) == []
     assert not cgroup_root.child("broken").exists()
 
 
 async def test_the_init_reaps_orphans_and_only_the_host_ends_it(process_runtime: ProcessRuntime) -> None:
     await process_runtime.start(SandboxSpec(id="keeper", memory_mb=64))
-    record = process_runtime.records.load("keeper")
+    record = process_runtime.statedir.load("keeper")
     assert isinstance(record, Running)
     # Orphans (double-forked children that exit) become the init's, and it reaps them.
     await process_runtime.exec("keeper", ["sh", "-c", "for i in 1 2 3 4 5; do (true &) ; done; sleep 0.2"])
@@ -254,7 +254,7 @@ async def test_a_cancelled_start_leaves_nothing(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert list(process_runtime.records.ids()) == []
+    assert list(process_runtime.statedir.ids()) == []
     assert not cgroup_root.child("cancelled").exists()
     # The id is free again.
     await process_runtime.start(SandboxSpec(id="cancelled", memory_mb=64))
@@ -289,7 +289,7 @@ async def test_sandboxes_survive_the_agent_process_and_are_readopted(
     assert [h.id for h in await process_runtime.list()] == ["survivor"]
     result = await process_runtime.exec("survivor", ["hostname"])
     assert result.stdout == "before-restart\n"
-    record = process_runtime.records.load("survivor")
+    record = process_runtime.statedir.load("survivor")
     assert isinstance(record, Running)
     await process_runtime.stop("survivor")
     assert _gone(record.init.pid) and _gone(record.monitor.pid)
@@ -304,7 +304,7 @@ async def test_an_agent_cleans_up_a_sandbox_that_died_on_its_own(
 
     agent = Agent("h", process_runtime, 4096, 2.0)
     await agent.start(StartSandbox(id="killed", memory_mb=96))
-    record = process_runtime.records.load("killed")
+    record = process_runtime.statedir.load("killed")
     assert isinstance(record, Running) and record.cgroup is not None
     os.kill(record.init.pid, 9)  # as `kill -KILL -1` inside it does, or the OOM killer
 
@@ -314,6 +314,6 @@ async def test_an_agent_cleans_up_a_sandbox_that_died_on_its_own(
 
     assert await eventually(measured_gone)
     # Its record, cgroups and host uid went with it, with no listing or delete to ask for them.
-    assert not process_runtime.records.dir("killed").exists()
+    assert not process_runtime.statedir.dir("killed").exists()
     assert not Path(record.cgroup).exists()
     assert not any(Path(p).exists() for p in record.cgroup_extra)

@@ -1,4 +1,4 @@
-"""The pure parts of the process runtime: command lines, records, bounded capture, cgroup arithmetic.
+"""The pure parts of the process runtime: command lines, the state directory, bounded capture, cgroup arithmetic.
 No sandbox is started here."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from corral.runtime import bwrap, procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.capture import BoundedBuffer
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, _under
-from corral.runtime.records import Corrupt, Records, Running, Starting, valid_id
+from corral.runtime.statedir import Corrupt, Running, Starting, StateDir, valid_id
 
 
 def _layout(**kwargs: object) -> bwrap.Layout:
@@ -93,14 +93,14 @@ def test_invalid_ids(bad: str) -> None:
     assert not valid_id(bad)
 
 
-def test_records_round_trip_and_claim_once(tmp_path: Path) -> None:
-    records = Records(tmp_path / "root")
+def test_the_state_directory_round_trips_and_claims_once(tmp_path: Path) -> None:
+    statedir = StateDir(tmp_path / "root")
     me = procfs.identify(os.getpid())
     assert me is not None
-    records.claim("s1", Starting(starter=me, cgroup="/cg/s1", cgroup_version=1))
+    statedir.claim("s1", Starting(starter=me, cgroup="/cg/s1", cgroup_version=1))
     with pytest.raises(FileExistsError):
-        records.claim("s1", Starting(starter=me, cgroup=None, cgroup_version=None))
-    assert records.load("s1") == Starting(starter=me, cgroup="/cg/s1", cgroup_version=1)
+        statedir.claim("s1", Starting(starter=me, cgroup=None, cgroup_version=None))
+    assert statedir.load("s1") == Starting(starter=me, cgroup="/cg/s1", cgroup_version=1)
     running = Running(
         spec=SandboxSpec(id="s1", memory_mb=64, hostname="h", env={"A": "1"}, network=True, stateful=True),
         started_at=12.5,
@@ -109,14 +109,14 @@ def test_records_round_trip_and_claim_once(tmp_path: Path) -> None:
         cgroup="/cg/s1",
         cgroup_version=2,
     )
-    records.commit("s1", running)
-    assert records.load("s1") == running
-    assert not (records.dir("s1") / "starting.json").exists()
-    assert list(records.ids()) == ["s1"]  # staging directories are never listed
-    (records.dir("s1") / "sandbox.json").write_text("{torn")
-    assert isinstance(records.load("s1"), Corrupt)
-    records.discard("s1")
-    assert records.load("s1") is None and list(records.ids()) == []
+    statedir.commit("s1", running)
+    assert statedir.load("s1") == running
+    assert not (statedir.dir("s1") / "starting.json").exists()
+    assert list(statedir.ids()) == ["s1"]  # staging directories are never listed
+    (statedir.dir("s1") / "sandbox.json").write_text("{torn")
+    assert isinstance(statedir.load("s1"), Corrupt)
+    statedir.discard("s1")
+    assert statedir.load("s1") is None and list(statedir.ids()) == []
 
 
 @given(chunks=st.lists(st.binary(max_size=300), max_size=20), limit=st.integers(min_value=0, max_value=1000))

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.agent.connect import envelope
+from corral.agent.envd.connect import envelope
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 from tests.security.runtime_serve import Serve, running_serve
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from corral.agent.agent import Agent
-from corral.agent.connect import envelope
 from corral.agent.envd import SANDBOX_HEADER, UNHEARD_BYTES, Envd
+from corral.agent.envd.connect import envelope
 from corral.agent.protocol import StartSandbox
 from corral.runtime.base import SandboxSpec
 from corral.runtime.capture import DEFAULT_LIMIT, DROP_BUDGET

@@ -15,7 +15,7 @@ from corral.client import AsyncCorral, SandboxPaused
 from corral.exec_result import ExecResult
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime
-from corral.runtime.records import Running
+from corral.runtime.statedir import Running
 from tests.runtime.conftest import (  # noqa: F401
     _eventually,
     cgroup_root,
@@ -31,7 +31,7 @@ MARK = "sleep 7777"
 
 
 def _procs(rt: ProcessRuntime, sid: str) -> set[int]:
-    record = rt.records.load(sid)
+    record = rt.statedir.load(sid)
     assert isinstance(record, Running) and record.cgroup is not None
     return set(map(int, (Path(record.cgroup) / "cgroup.procs").read_text().split()))
 
@@ -85,7 +85,7 @@ async def test_stop_while_paused_during_exec_leaves_nothing(
     process_runtime: ProcessRuntime,  # noqa: F811
 ) -> None:
     exec_, frozen = await _paused_mid_exec(process_runtime, "stopped-exec")
-    record = process_runtime.records.load("stopped-exec")
+    record = process_runtime.statedir.load("stopped-exec")
     assert isinstance(record, Running) and record.cgroup is not None
     await _ends_at_its_timeout(exec_)
     await process_runtime.stop("stopped-exec")

@@ -81,7 +81,7 @@ async def test_the_rows_counted_are_the_rows_sqlite_writes(tmp_path: Path) -> No
         tracker = ListingTracker()
         owned = {"sb-a": 0, "sb-b": 0, "sb-c": 0}
         out, hb = _report("h1", 1, tracker, owned, set(), set())
-        tracker.settle(out, (await store.upsert_heartbeat(hb)).listed_seq)
+        tracker.acknowledged(out, (await store.upsert_heartbeat(hb)).listed_seq)
         assert tracker.acked_seq == 1
 
         # (created, deleted, epoch bumped): a create with a reservation, a delete, a move to a new
@@ -123,7 +123,7 @@ async def test_the_rows_counted_are_the_rows_sqlite_writes(tmp_path: Path) -> No
             assert rows.listed_sandboxes == sum(
                 1 for ch in await store.listing_changes(clock.now()) if ch.changed_at == clock.now()
             )
-            tracker.settle(out, result.listed_seq)
+            tracker.acknowledged(out, result.listed_seq)
         assert await store.listed("h1", set(owned) | {"sb-a", "sb-c"}) == owned
     finally:
         await store.close()

@@ -85,7 +85,7 @@ class DataPlane:
             return
         sandbox_id = headers.get(SANDBOX_HEADER, "")
         try:
-            tenant_id, host_id, address = await self._route(sandbox_id, headers)
+            tenant_id, host_id, address = await self._locate(sandbox_id, headers)
         except ControlError as exc:
             retry = {"Retry-After": str(int(exc.retry_after_s or 1))} if exc.status == 503 else None
             status = 502 if exc.status == 404 else exc.status  # what E2B's proxy answers for a gone sandbox
@@ -113,10 +113,10 @@ class DataPlane:
         else:
             await _reply(send, 502, {"code": 502, "message": f"host {host_id} has no data plane"})
 
-    async def _route(self, sandbox_id: str, headers: dict[str, str]) -> tuple[str, str, str]:
+    async def _locate(self, sandbox_id: str, headers: dict[str, str]) -> tuple[str, str, str]:
         """The sandbox's tenant and host, once the caller has shown it may reach it. Every refusal looks the same
         as a sandbox that does not exist, so a caller learns nothing about other tenants' sandboxes.
-        While the store is unreachable, the route this replica remembers serves (running sandboxes
+        While the store is unreachable, the location this replica remembers serves (running sandboxes
         keep serving)."""
         missing = ResourceNotFound(f"sandbox {sandbox_id} was not found")
         if not sandbox_id:
@@ -124,10 +124,10 @@ class DataPlane:
         try:
             record = await self.plane.store.get_sandbox(sandbox_id)
         except StoreUnavailable:
-            route = self.plane.sandboxes.routes.get(sandbox_id)
-            if route is None or not await self._allowed(sandbox_id, route.tenant_id, headers):
+            loc = self.plane.sandboxes.locations.get(sandbox_id)
+            if loc is None or not await self._allowed(sandbox_id, loc.tenant_id, headers):
                 raise
-            return route.tenant_id, route.host_id, route.address
+            return loc.tenant_id, loc.host_id, loc.address
         if record is None or not await self._allowed(sandbox_id, record.tenant_id, headers):
             raise missing
         if record.state is not SandboxState.RUNNING or record.host_id is None:

@@ -11,7 +11,6 @@ sandboxes present at the start have the same remaining-lifetime law and the flee
 
 from __future__ import annotations
 
-import inspect
 import math
 import random
 import statistics
@@ -19,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.listing import ListingTracker, Outgoing
 from corral.agent.protocol import AgentHeartbeat, Capacity
 from corral.control.heartbeats import to_store
@@ -29,7 +28,7 @@ from corral.store.records import Listing
 from corral.store.rows import json_list
 
 # The agent's own default: what a fleet heartbeats at unless told otherwise.
-DEFAULT_HEARTBEAT_S: float = inspect.signature(Agent.__init__).parameters["heartbeat_interval_s"].default
+DEFAULT_HEARTBEAT_S: float = AgentConfig.heartbeat_interval_s
 # Agents seed seq from wall-clock milliseconds; a realistic one keeps the wire size honest.
 _SEQ0 = 1_764_547_200_000
 _SENT0 = 1_764_547_200.0
@@ -209,7 +208,7 @@ class _Host:
         self.seq = 1
         # The store's copy of this host's listing, and its digest; acknowledged as a whole at the start.
         first = self.tracker.next(self.seq, owned, set(), set())
-        self.tracker.settle(first, self.seq)
+        self.tracker.acknowledged(first, self.seq)
         self.held = dict(owned)
         self.held_digest = first.digest
         self.outstanding: set[str] = set()  # sandboxes whose reservation no heartbeat confirmed yet
@@ -315,7 +314,7 @@ def run(scn: FleetScenario, seed: int = 1) -> FleetResult:
         if measure and confirmed:
             tally["confirming_beats"] += 1
         tally["gone_rows"] += len(gone)
-        host.tracker.settle(out, host.seq)
+        host.tracker.acknowledged(out, host.seq)
 
     at_event = 0
     for k in range(math.ceil(horizon / scn.heartbeat_s)):

@@ -1,5 +1,5 @@
-"""The on-disk record of each sandbox, so a runtime object (or a restarted agent) can find, verify and
-re-adopt the sandboxes an earlier one started.
+"""The runtime's state directory: each sandbox's state on disk, so a runtime object (or a restarted agent) can find,
+verify and re-adopt the sandboxes an earlier one started.
 
 Layout under the runtime's root, one directory per sandbox::
 
@@ -149,19 +149,19 @@ Record = Starting | Running | Corrupt
 
 def _write_atomically(path: Path, data: dict[str, Any]) -> None:
     # Atomic against an agent crash (a reader sees the old file or the new one, never half of one).
-    # No fsync: the records describe processes, which a host crash ends anyway.
+    # No fsync: the state files describe processes, which a host crash ends anyway.
     tmp = path.with_name(path.name + ".tmp")
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as fh:
         json.dump(data, fh)
     os.replace(tmp, path)
 
 
-class Records:
+class StateDir:
     """The sandbox directories under one root."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        # Private: records hold each sandbox's environment, which may carry its secrets.
+        # Private: its files hold each sandbox's environment, which may carry its secrets.
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(root, 0o700)  # also when it existed, made by an older version or by hand
 

@@ -8,26 +8,26 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class Location:
     tenant_id: str
     host_id: str
     address: str
     epoch: int = 0
 
 
-class RouteCache:
+class LocationCache:
     def __init__(self, capacity: int = 100_000) -> None:
         self._capacity = capacity
-        self._routes: OrderedDict[str, Route] = OrderedDict()
+        self._locations: OrderedDict[str, Location] = OrderedDict()
 
-    def put(self, sandbox_id: str, route: Route) -> None:
-        self._routes[sandbox_id] = route
-        self._routes.move_to_end(sandbox_id)
-        while len(self._routes) > self._capacity:
-            self._routes.popitem(last=False)
+    def put(self, sandbox_id: str, loc: Location) -> None:
+        self._locations[sandbox_id] = loc
+        self._locations.move_to_end(sandbox_id)
+        while len(self._locations) > self._capacity:
+            self._locations.popitem(last=False)
 
-    def get(self, sandbox_id: str) -> Route | None:
-        return self._routes.get(sandbox_id)
+    def get(self, sandbox_id: str) -> Location | None:
+        return self._locations.get(sandbox_id)
 
     def drop(self, sandbox_id: str) -> None:
-        self._routes.pop(sandbox_id, None)
+        self._locations.pop(sandbox_id, None)

@@ -1,16 +1,20 @@
-"""Heartbeat sinks: where an agent's heartbeats go. The agent sends through any
-``async def sink(hb: AgentHeartbeat) -> None``; ``corral serve`` passes an in-process callable, a remote agent
-uses :class:`HttpHeartbeatSink` against the control plane's agent-facing route."""
+"""Heartbeat sinks: how an agent's heartbeats travel (what one holds is
+:class:`~corral.agent.protocol.AgentHeartbeat`, how it is built :mod:`corral.agent.beats`). The agent sends
+through any :data:`HeartbeatSink`; ``corral serve`` passes an in-process callable, a remote agent uses
+:class:`HttpHeartbeatSink` against the control plane's agent-facing route."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 
 from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
+
+# A sink may answer with the control plane's reply (warm targets); None leaves them as they are.
+HeartbeatSink = Callable[[AgentHeartbeat], Awaitable[HeartbeatReply | None]]
 
 
 class HeartbeatRejected(Exception):

@@ -1,8 +1,8 @@
 """A create whose replica died (or lost its lease) between writing its record and binding it, on an
-injected clock over both stores: the leader settles the record as soon as the replica's lease has
+injected clock over both stores: the leader resolves the record as soon as the replica's lease has
 lapsed, not after the longest create. A client's retry with the same Idempotency-Key then gets the
 sandbox a host runs, or a fresh placement; never two copies, never a reservation left behind. A record
-that names no replica is settled only at the create deadline."""
+that names no replica is resolved only at the create deadline."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'corral.db'}"
         return
-    base, schema = require_pg(), new_schema_name("corral_settle")
+    base, schema = require_pg(), new_schema_name("corral_unbound")
     try:
         yield with_schema(base, schema)
     finally:
@@ -163,8 +163,8 @@ async def test_a_create_a_host_runs_is_that_hosts_once_the_lease_lapses(w: World
     await _in_progress(leader, w.tenant)
     await w.later(LEASE_S, leader)
     await leader.reconciler.tick()
-    settled = await w.store.get_sandbox(sid)
-    assert settled is not None and (settled.state, settled.host_id) == (SandboxState.RUNNING, "h1")
+    resolved = await w.store.get_sandbox(sid)
+    assert resolved is not None and (resolved.state, resolved.host_id) == (SandboxState.RUNNING, "h1")
     got, replayed = await leader.creates.create(w.tenant, SPEC, idempotency_key="key-1")
     assert replayed and (got.id, got.host_id) == (sid, "h1")
     assert w.copies(sid) == ["h1"]
@@ -214,7 +214,7 @@ async def _lapsed_while_held(w: World, call: Coroutine[Any, Any, T]) -> asyncio.
 async def _slow_create(
     w: World, *, listed_before_settled: bool, retried_meanwhile: bool = False
 ) -> tuple[ControlPlane, asyncio.Task[tuple[SandboxRecord, bool]], SandboxRecord | None]:
-    """A live replica whose lease lapses while its start's reply is held; the leader settles its
+    """A live replica whose lease lapses while its start's reply is held; the leader resolves its
     record meanwhile (as running, when a heartbeat listed the sandbox first), and the client may
     retry on the leader with the same key before the reply comes."""
     slow, leader, release = await _held_replies(w)
@@ -242,7 +242,7 @@ async def test_a_slow_create_settled_as_running_keeps_its_copy(w: World) -> None
 
 async def test_a_start_that_timed_out_where_the_leader_settled_it_keeps_that_copy(w: World) -> None:
     # The host started it, but its answer never came: the bind times out (in real time, 2 s) after
-    # this replica's lease lapsed and the leader, seeing a heartbeat list it, settled it as running there.
+    # this replica's lease lapsed and the leader, seeing a heartbeat list it, resolved it as running there.
     held = LocalAgents()
     for h, a in w.agents.items():
         held.add(h, HeldReply(a, asyncio.Event()))
@@ -307,7 +307,7 @@ async def test_a_slow_batch_settled_as_never_made_is_written_again_as_placed(w: 
 
 async def test_a_sandbox_deleted_while_it_is_placed_stays_deleted(w: World) -> None:
     # Its client (or an admin) deletes it while its start's reply is held: no lease lapses, nothing is
-    # settled, and the create must not write it back as placed.
+    # resolved, and the create must not write it back as placed.
     slow, leader, release = await _held_replies(w)
     create = asyncio.get_running_loop().create_task(slow.creates.create(w.tenant, SPEC))
     while not any(a.sandbox_ids() for a in w.agents.values()):

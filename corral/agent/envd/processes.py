@@ -1,0 +1,316 @@
+"""The data plane's processes service (``process.Process``): a command started in the sandbox, its
+output streamed back, reattached to, signalled and fed input.
+
+A streamed command's output waits in a short queue, so a reader that does not read stops the command's
+output (backpressure) instead of growing memory. A command whose stream is closed keeps running, its
+output discarded, until it ends or the sandbox does (``Connect`` reattaches); but at most
+``UNHEARD_BYTES`` of its output are read while nobody listens (reading is the host's CPU, outside every
+sandbox's limit): past that its pipes are left full, so the command blocks on its next write, costing
+nothing, until a client attaches again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from corral.agent.envd.calls import CHUNK, QUEUE, Calls
+from corral.agent.envd.connect import STREAM_CONTENT_TYPE, RpcError, end_stream, envelope, unwrap
+from corral.runtime.capture import close_reader
+from corral.runtime.stream import Spawned
+
+MAX_PROCESSES = 256  # tracked per sandbox
+# Output a command may write while no client listens, per detached spell, read and dropped; then
+# reading stops until a client attaches (Connect).
+UNHEARD_BYTES = 1024 * 1024
+_KEEPALIVE_DEFAULT_S = 50.0
+_SIGNALS = {
+    "SIGNAL_SIGKILL": signal.SIGKILL,
+    "SIGNAL_SIGTERM": signal.SIGTERM,
+    9: signal.SIGKILL,
+    15: signal.SIGTERM,
+}
+
+
+@dataclass(eq=False)
+class Run:
+    """A command started through Process/Start, while it is tracked."""
+
+    pid: int
+    config: dict[str, Any]
+    tag: str | None
+    spawned: Spawned
+    listener: asyncio.Queue[tuple[str, Any]] | None = None
+    exit_code: int | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    unheard: int = 0  # output bytes dropped since the last listener left
+    exited: bool = False
+    # Set whenever a pump held back by the unheard bound may look again: a listener came, or the end.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def emit(self, event: tuple[str, Any]) -> None:
+        queue = self.listener
+        if queue is not None:
+            await queue.put(event)  # blocks while the reader is behind: backpressure
+        elif event[0] != "end":
+            self.unheard += len(event[1])
+
+    async def may_read(self) -> bool:
+        """Whether a pump may read on: at once while someone listens or the unheard bound is not
+        reached; else once a listener attaches (True) or the command has ended (False: what is left
+        in the pipe is nobody's)."""
+        while self.listener is None and self.unheard >= UNHEARD_BYTES:
+            if self.exited:
+                return False
+            self.wake.clear()
+            await self.wake.wait()
+        return True
+
+    def exit(self) -> None:
+        self.exited = True
+        self.wake.set()
+
+    def attach(self) -> asyncio.Queue[tuple[str, Any]]:
+        self.detach()
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(QUEUE)
+        self.listener = queue
+        self.unheard = 0
+        self.wake.set()
+        return queue
+
+    def detach(self, queue: asyncio.Queue[tuple[str, Any]] | None = None) -> None:
+        old = self.listener
+        if old is None or (queue is not None and old is not queue):
+            return
+        self.listener = None
+        while not old.empty():  # frees a pump blocked on the abandoned queue
+            old.get_nowait()
+
+
+class Processes:
+    def __init__(self, calls: Calls) -> None:
+        self.calls = calls
+        self.runs: dict[str, dict[int, Run]] = {}
+        self._next_pid: dict[str, int] = {}
+        # Every byte read from a streamed command's output, heard or not: what draining cost the host.
+        self.output_bytes_read = 0
+
+    def routes(self) -> list[Route]:
+        rpc = self.calls.rpc
+        return [
+            Route("/process.Process/Start", self.start, methods=["POST"]),
+            Route("/process.Process/Connect", self.connect, methods=["POST"]),
+            Route("/process.Process/List", rpc(self.list_processes), methods=["POST"]),
+            Route("/process.Process/SendSignal", rpc(self.send_signal), methods=["POST"]),
+            Route("/process.Process/SendInput", rpc(self.send_input), methods=["POST"]),
+            Route("/process.Process/CloseStdin", rpc(self.close_stdin), methods=["POST"]),
+        ]
+
+    async def start(self, request: Request) -> Response:
+        try:
+            sandbox_id = self.calls.sandbox(request)
+            req = unwrap(await self.calls.message(request))
+            run = await self._start(sandbox_id, req)
+        except RpcError as exc:
+            return _stream_error(exc)
+        return self._stream(request, run)
+
+    async def _start(self, sandbox_id: str, req: dict[str, Any]) -> Run:
+        process = req.get("process")
+        if not isinstance(process, dict) or not isinstance(process.get("cmd"), str) or not process["cmd"]:
+            raise RpcError("invalid_argument", "process.cmd must be a non-empty string")
+        args, envs, cwd = process.get("args") or [], process.get("envs") or {}, process.get("cwd") or None
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise RpcError("invalid_argument", "process.args must be a list of strings")
+        if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
+            raise RpcError("invalid_argument", "process.envs must map names to strings")
+        if cwd is not None and not isinstance(cwd, str):
+            raise RpcError("invalid_argument", "process.cwd must be a string")
+        if req.get("pty"):
+            raise RpcError("unimplemented", "terminals (pty) are not supported")
+        tag = req.get("tag") if isinstance(req.get("tag"), str) else None
+        runs = self.runs.setdefault(sandbox_id, {})
+        if len(runs) >= MAX_PROCESSES:
+            raise RpcError("resource_exhausted", f"at most {MAX_PROCESSES} commands run at once")
+        spawned = await self.calls.spawn(
+            sandbox_id, [process["cmd"], *args], env=envs, cwd=cwd, stdin=bool(req.get("stdin"))
+        )
+        pid = self._next_pid.get(sandbox_id, 1)
+        self._next_pid[sandbox_id] = pid + 1
+        config = {"cmd": process["cmd"], "args": args, "envs": envs, **({"cwd": cwd} if cwd else {})}
+        run = Run(pid, config, tag, spawned)
+        runs[pid] = run
+        run.attach()
+        run.tasks = [
+            asyncio.create_task(self._pump(run, spawned.stdout, "stdout")),
+            asyncio.create_task(self._pump(run, spawned.stderr, "stderr")),
+        ]
+        run.tasks.append(asyncio.create_task(self._finish(sandbox_id, run)))
+        return run
+
+    async def _pump(self, run: Run, stream: asyncio.StreamReader, name: str) -> None:
+        while await run.may_read():
+            chunk = await stream.read(CHUNK)
+            if not chunk:
+                return
+            self.output_bytes_read += len(chunk)
+            await run.emit((name, chunk))
+        close_reader(stream)  # ended unheard: a child that kept the pipe gets EPIPE, not a drain
+
+    async def _finish(self, sandbox_id: str, run: Run) -> None:
+        code = await run.spawned.wait()
+        run.exit()
+        await asyncio.gather(*run.tasks[:2], return_exceptions=True)
+        run.exit_code = code
+        await run.emit(("end", code))
+        run.ended.set()
+        self.runs.get(sandbox_id, {}).pop(run.pid, None)
+        if sandbox_id not in self.calls.agent.sandbox_ids():  # the sandbox is gone: forget it wholly
+            self.runs.pop(sandbox_id, None)
+            self._next_pid.pop(sandbox_id, None)
+
+    def _stream(self, request: Request, run: Run) -> Response:
+        queue = run.listener
+        assert queue is not None
+        deadline = _deadline(request.headers.get("connect-timeout-ms"))
+        keepalive = _keepalive(request.headers.get("keepalive-ping-interval"))
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield envelope({"event": {"start": {"pid": run.pid}}})
+                if run.exit_code is not None and queue.empty():
+                    yield envelope({"event": _end(run.exit_code)})
+                    yield end_stream()
+                    return
+                while True:
+                    wait = keepalive if deadline is None else min(keepalive, deadline - time.monotonic())
+                    if wait <= 0:
+                        yield end_stream(RpcError("deadline_exceeded", "the stream's deadline passed"))
+                        return
+                    try:
+                        kind, value = await asyncio.wait_for(queue.get(), wait)
+                    except TimeoutError:
+                        yield envelope({"event": {"keepalive": {}}})
+                        continue
+                    if kind == "end":
+                        yield envelope({"event": _end(value)})
+                        break
+                    data = base64.b64encode(value).decode()
+                    yield envelope({"event": {"data": {kind: data}}})
+                yield end_stream()
+            finally:
+                run.detach(queue)  # the command runs on; its output now goes nowhere
+
+        return _Detaching(events(), lambda: run.detach(queue))
+
+    def _find(self, sandbox_id: str, selector: Any) -> Run:
+        runs = self.runs.get(sandbox_id, {})
+        if isinstance(selector, dict):
+            if "pid" in selector and isinstance(selector["pid"], int) and selector["pid"] in runs:
+                return runs[selector["pid"]]
+            if "tag" in selector:
+                for run in runs.values():
+                    if run.tag is not None and run.tag == selector["tag"]:
+                        return run
+        raise RpcError("not_found", f"process {selector!r} not found")
+
+    async def connect(self, request: Request) -> Response:
+        try:
+            sandbox_id = self.calls.sandbox(request)
+            req = unwrap(await self.calls.message(request))
+            run = self._find(sandbox_id, req.get("process"))
+        except RpcError as exc:
+            return _stream_error(exc)
+        run.attach()
+        return self._stream(request, run)
+
+    async def list_processes(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "processes": [
+                {"config": r.config, "pid": r.pid, **({"tag": r.tag} if r.tag else {})}
+                for r in self.runs.get(sandbox_id, {}).values()
+                if r.exit_code is None
+            ]
+        }
+
+    async def send_signal(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
+        sig = _SIGNALS.get(req.get("signal"))
+        if sig is None:
+            raise RpcError("invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM")
+        self._find(sandbox_id, req.get("process")).spawned.signal(sig)
+        return {}
+
+    async def send_input(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
+        run = self._find(sandbox_id, req.get("process"))
+        data = (req.get("input") or {}).get("stdin")
+        if run.spawned.stdin is None:
+            raise RpcError("failed_precondition", "the process was started without stdin")
+        try:
+            run.spawned.stdin.write(base64.b64decode(data or "", validate=True))
+            await run.spawned.stdin.drain()
+        except (binascii.Error, TypeError):
+            raise RpcError("invalid_argument", "input.stdin must be base64") from None
+        except (BrokenPipeError, ConnectionResetError):
+            raise RpcError("failed_precondition", "the process no longer reads its stdin") from None
+        return {}
+
+    async def close_stdin(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
+        run = self._find(sandbox_id, req.get("process"))
+        if run.spawned.stdin is not None:
+            run.spawned.stdin.close()
+        return {}
+
+
+class _Detaching(StreamingResponse):
+    """A command's stream that lets go of the command however the response ends: a client gone
+    while its stream was blocked leaves the generator suspended, its ``finally`` never run."""
+
+    def __init__(self, content: AsyncIterator[bytes], detach: Callable[[], None]) -> None:
+        super().__init__(content, media_type=STREAM_CONTENT_TYPE)
+        self._detach = detach
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._detach()
+
+
+def _end(code: int) -> dict[str, Any]:
+    status = f"exit status {code}"
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            status = f"signal: {signal.Signals(code - 128).name}"
+    return {"end": {"exitCode": code, "exited": code < 128, "status": status}}
+
+
+def _deadline(header: str | None) -> float | None:
+    try:
+        return time.monotonic() + int(header or "") / 1000.0
+    except ValueError:
+        return None
+
+
+def _keepalive(header: str | None) -> float:
+    try:
+        return max(1.0, min(float(header or _KEEPALIVE_DEFAULT_S), 300.0))
+    except ValueError:
+        return _KEEPALIVE_DEFAULT_S
+
+
+def _stream_error(exc: RpcError) -> Response:
+    # A stream's errors travel in its end envelope, under HTTP 200.
+    return Response(end_stream(exc), media_type=STREAM_CONTENT_TYPE)
