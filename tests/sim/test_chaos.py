@@ -15,9 +15,9 @@ import pytest
 from corral.control.waiting import WaitingCreates
 from corral.sim import chaos
 from corral.sim.vtime import Deadlock, VirtualLoop, run_virtual
+from corral.store import Page, SandboxRecord, SandboxState
 from corral.testing import store as model_store
 from corral.testing.store import reservations as model_reservations
-from corral.store import Page, SandboxRecord, SandboxState
 
 CI_SEEDS = 200
 FAULTS = {
