@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 
 from corral.control.waiting import WaitingCreates
-from corral.sim import chaos
-from corral.sim.vtime import Deadlock, VirtualLoop, run_virtual
+from corral.sim.flow import chaos
+from corral.sim.flow.vtime import Deadlock, VirtualLoop, run_virtual
 from corral.store import Page, SandboxRecord, SandboxState
 from corral.testing import store as model_store
 from corral.testing.store import reservations as model_reservations

@@ -48,7 +48,7 @@ from corral.core.listing import digest_of
 from corral.core.timeouts import Timeouts
 from corral.core.types import AdmissionMode
 from corral.runtime.sim import SimState
-from corral.sim.harness import (
+from corral.sim.flow.harness import (
     START,
     Guarded,
     Process,
@@ -56,7 +56,7 @@ from corral.sim.harness import (
     run_seeded,
     sim_agent,
 )
-from corral.sim.vtime import VirtualClock
+from corral.sim.flow.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
     FAILOVER_RECREATE,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.core import reserve_mb
-from corral.sim import plots
+from corral.sim.baselines.policies import BURST_POLICIES, POLICIES
 from corral.sim.experiments import (
     BurstResult,
     BurstScenario,
@@ -34,8 +34,8 @@ from corral.sim.experiments import staleness as staleness_exp
 from corral.sim.experiments import warm as warm_exp
 from corral.sim.experiments.burst import real_config
 from corral.sim.experiments.leak import LeakRun
-from corral.sim.fleet import ClientBackoff
-from corral.sim.policies import BURST_POLICIES, POLICIES
+from corral.sim.report import plots
+from corral.sim.scenario import ClientBackoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -709,14 +709,10 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
     return path
 
 
-def _main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m corral.sim.report DOCS_DIR", file=sys.stderr)
         return 2
     path = generate(Path(argv[0]))
     print(f"wrote {path} and its charts in {path.parent / 'sim'}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
