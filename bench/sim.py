@@ -10,9 +10,9 @@ import json
 import time
 
 from corral.core import CreateRequest
-from corral.sim.fleet import Fleet, FleetConfig
-from corral.sim.host import HostSpec
-from corral.sim.policies import policy
+from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.policies import policy
+from corral.sim.scenario import HostSpec
 
 
 def bench(name: str, hosts: int, creates: int, rate_per_s: float, seed: int) -> dict[str, object]:

@@ -9,7 +9,8 @@ module imports only from its own layer or below. ``core`` is pure policy: the st
 codes and itself, no I/O, no event loop, no reading of the time. ``client`` is the SDK, shipped without
 the server's dependencies: it imports nothing of corral but itself and the wire's shared vocabulary
 (``codes``, ``exec_result``, ``shapes``), which import nothing of corral but one another.
-``testing`` helps tests and may use anything below ``api``.
+``testing`` helps tests and may use anything below ``api``. Inside ``sim``, rooms rank too
+(``SIM_ROOM``): the harness over the real flows and the baselines' model fleet never import each other.
 """
 
 from __future__ import annotations
@@ -256,6 +257,43 @@ def _import_cycle(part: str) -> list[str] | None:
         if found:
             return found
     return None
+
+
+# The simulator's rooms, lowest first: what a scenario is made of; the harness over the real flows and
+# the baselines' model fleet beside it (neither imports the other: both engines read one scenario);
+# the experiments, which run both; their report; the command line.
+SIM_ROOM = {
+    "": 0,  # corral/sim/__init__.py: the map
+    "scenario": 0,
+    "flow": 1,
+    "baselines": 1,
+    "experiments": 2,
+    "report": 3,
+    "cli": 4,
+}
+
+
+def _sim_room(module: str) -> str:
+    """``corral.sim.flow.chaos`` -> ``flow``; ``corral.sim`` -> ``""``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def test_every_room_of_the_simulator_has_a_rank() -> None:
+    rooms = {_sim_room(_module_name(f)) for f in source_files() if _part(_module_name(f)) == "sim"}
+    assert rooms <= set(SIM_ROOM), f"new room(s) of sim with no rank: {rooms - set(SIM_ROOM)}"
+
+
+def test_the_simulator_rooms_import_one_way() -> None:
+    bad = []
+    for imp in _all_imports():
+        own = _module_name(imp.file)
+        if _part(own) != "sim" or _part(imp.module) != "sim" or not imp.module.startswith("corral.sim"):
+            continue
+        here, there = _sim_room(own), _sim_room(imp.module)
+        if here != there and SIM_ROOM[there] >= SIM_ROOM[here]:
+            bad.append(f"{imp.where()}: sim's {there} is not below its {here}")
+    assert not bad, "\n".join(bad)
 
 
 def test_the_control_plane_has_no_import_cycle() -> None:

@@ -19,7 +19,15 @@ from corral.control.ports import AgentLookup, ReconcilePort
 from corral.control.retry import RetryAfter
 from corral.control.view import ViewCache
 from corral.core import Clock
-from corral.store import ListingChange, SandboxRecord, SandboxState, StoreError, disputed
+from corral.store import (
+    ListingChange,
+    RecordNotFound,
+    SandboxRecord,
+    SandboxState,
+    StateConflict,
+    StoreError,
+    disputed,
+)
 
 log = logging.getLogger("corral.reconcile")
 
@@ -274,22 +282,34 @@ class Reconciler:
                     strays.add((host_id, sid))
                 elif rec is not None and host.listed_at > rec.updated_at:
                     lost[sid] = host.listed_seq
+        stopped: set[tuple[str, str]] = set()
         for host_id, sid in strays & self._strays:
             log.warning("stopping stray sandbox %s on %s: no record claims it", sid, host_id)
-            await self._stop(host_id, sid)
-            watch.discard((host_id, sid))
+            if await self._stop(host_id, sid):
+                stopped.add((host_id, sid))
+                watch.discard((host_id, sid))
         # Lost only when two different listings, both received after the sandbox was placed, lack
         # it: one built just before its start (and received just after) would lack it too, and two
         # rounds can read that same listing when they come faster than heartbeats do.
         confirmed = {sid for sid, seq in lost.items() if sid in self._lost and seq > self._lost[sid]}
+        marked: set[str] = set()
         for sid in confirmed:
             log.warning("sandbox %s is no longer running on its host; marking it stopped", sid)
-            with contextlib.suppress(StoreError):
+            try:
                 await self.store.set_sandbox_state(sid, SandboxState.STOPPED, expect=SandboxState.RUNNING)
+            except (StateConflict, RecordNotFound):
+                pass  # its record moved on meanwhile: nothing left to correct
+            except StoreError as exc:
+                # Kept under watch, with its evidence: its listing entry will not change again, so
+                # nothing but this sweep's memory brings it back to be marked.
+                log.info("marking sandbox %s stopped failed; the next sweep tries again: %r", sid, exc)
+                continue
+            marked.add(sid)
             self.locations.drop(sid)
-        self._watch = {(h, sid) for h, sid in watch if sid not in confirmed}
-        self._strays = strays - self._strays
-        self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in confirmed}
+        # Only what was acted on is forgotten: a stop or a write that failed is tried again next sweep.
+        self._watch = {(h, sid) for h, sid in watch if sid not in marked}
+        self._strays = strays - stopped
+        self._lost = {sid: self._lost.get(sid, seq) for sid, seq in lost.items() if sid not in marked}
 
     async def keep_lease(self) -> None:
         """Renew this replica's lease, and the leader lease while it leads, on their own schedule, not

@@ -1,48 +1,17 @@
-"""A deterministic discrete-event simulator of a corral fleet, driving the core's own filters, scoring,
-selection, admission arithmetic and ledger on a virtual clock. A run is a pure function of its
-configuration and seed: a failing seed replays exactly.
+"""The simulator: corral on virtual time, deterministic from a seed (a failing seed replays exactly).
 
-    fleet = Fleet(FleetConfig(hosts=12, policy=policy("corral"), replicas=4), seed=1)
-    fleet.burst(CreateRequest(memory_mb=4096), n=50, start=40.0, window_s=0.2)
-    fleet.run(until=200.0)
-    fleet.metrics.placements  # creates per host
+Its rooms, each importing only those listed before it:
 
-The experiments behind ``corral sim ...`` live in :mod:`corral.sim.experiments`; charts in
-:mod:`corral.sim.plots`; the report in :mod:`corral.sim.report`. ``corral sim chaos``
-(:mod:`corral.sim.chaos`) runs the control plane's real flows instead, on an event loop with a virtual
-clock (:mod:`corral.sim.vtime`) over an in-memory model of the store (:mod:`corral.testing.store`).
+- :mod:`corral.sim.scenario`: what a scenario is made of, whichever engine runs it (hosts, the load
+  balancer, the clients' backoff).
+- :mod:`corral.sim.flow`: a harness over corral's real flows (replicas built as the server builds
+  them, real agents on the ``sim`` runtime, the store model), on an event loop with a virtual clock;
+  the fleet the experiments run through the real create flow, and the fault simulation
+  (``corral sim chaos``).
+- :mod:`corral.sim.baselines`: a discrete-event model fleet over the core, for the policies of other
+  schedulers corral is compared with.
+- :mod:`corral.sim.experiments`: the experiments behind ``corral sim ...``, each run on the real flows
+  and on the baselines side by side.
+- :mod:`corral.sim.report`: terminal tables, charts, and ``docs/simulation.md``
+  (``python -m corral.sim.report docs``).
 """
-
-from corral.sim.events import EventLoop
-from corral.sim.fleet import (
-    ClientBackoff,
-    Create,
-    Fleet,
-    FleetConfig,
-    HostTable,
-    Metrics,
-    Outcome,
-    SimReplica,
-)
-from corral.sim.host import HostSpec, SimHost, SimSandbox
-from corral.sim.policies import BURST_POLICIES, POLICIES, LedgerScope, Policy, policy
-
-__all__ = [
-    "BURST_POLICIES",
-    "POLICIES",
-    "ClientBackoff",
-    "Create",
-    "EventLoop",
-    "Fleet",
-    "FleetConfig",
-    "HostSpec",
-    "HostTable",
-    "LedgerScope",
-    "Metrics",
-    "Outcome",
-    "Policy",
-    "SimHost",
-    "SimReplica",
-    "SimSandbox",
-    "policy",
-]

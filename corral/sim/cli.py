@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from corral.codes import ErrorCode
-from corral.sim import plots, render
+from corral.sim.baselines.policies import BURST_POLICIES
 from corral.sim.experiments import (
     BurstScenario,
     DensityScenario,
@@ -33,7 +33,7 @@ from corral.sim.experiments import leak as leak_exp
 from corral.sim.experiments import scale as scale_exp
 from corral.sim.experiments import staleness as staleness_exp
 from corral.sim.experiments import warm as warm_exp
-from corral.sim.policies import BURST_POLICIES
+from corral.sim.report import plots, render
 
 sim_app = typer.Typer(
     no_args_is_help=True,
@@ -348,7 +348,7 @@ def chaos(
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         done = subprocess.run([sys.executable, "-m", "corral", "sim", "chaos", *args], env=env, check=False)
         raise typer.Exit(done.returncode)
-    from corral.sim import chaos as chaos_mod
+    from corral.sim.flow import chaos as chaos_mod
 
     if seed is not None:
         result = chaos_mod.run_seed(seed)

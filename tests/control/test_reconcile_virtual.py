@@ -25,7 +25,7 @@ from corral.control.retry import RetryAfter
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.runtime.sim import SimRuntime
-from corral.sim.vtime import VirtualClock, run_virtual
+from corral.sim.flow.vtime import VirtualClock, run_virtual
 from corral.store import SandboxRecord, SandboxState, StoreUnavailable
 from corral.testing.store import ModelStore
 

@@ -12,8 +12,10 @@ from collections import Counter
 
 import pytest
 
-from corral.sim import chaos
-from corral.sim.vtime import Deadlock, VirtualLoop, run_virtual
+from corral.control.waiting import WaitingCreates
+from corral.sim.flow import chaos
+from corral.sim.flow.vtime import Deadlock, VirtualLoop, run_virtual
+from corral.store import Page, SandboxRecord, SandboxState
 from corral.testing import store as model_store
 from corral.testing.store import reservations as model_reservations
 
@@ -43,6 +45,11 @@ def test_the_ci_budget_of_seeds_holds_every_invariant() -> None:
     assert out["outcomes"]["create_acked"] >= CI_SEEDS and out["outcomes"]["batch_acked"] >= CI_SEEDS // 4
     # The listing protocol ran both ways: changes applied on their base, and whole sets after a doubt.
     assert out["outcomes"]["listing_changes_applied"] > out["outcomes"]["listing_whole_applied"] > 0
+    # Creates were parked, and parked creates were placed by a leader as well as ended at their deadline.
+    assert (
+        out["outcomes"]["parked_placed"] >= CI_SEEDS // 4
+        and out["outcomes"]["parked_expired"] >= CI_SEEDS // 4
+    )
 
 
 def test_a_seed_is_a_pure_function_of_its_inputs() -> None:
@@ -166,3 +173,38 @@ def test_a_leader_that_waits_out_the_create_deadline_is_caught(monkeypatch: pyte
 
     monkeypatch.setattr(model_store.ModelStore, "abandoned", none_abandoned)
     assert _first_failure().violations[0].invariant == "abandoned_create_unsettled"
+
+
+def test_a_leader_that_places_the_newest_waiting_create_first_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = model_store.ModelStore.list_sandboxes
+
+    async def newest_first(self: model_store.ModelStore, **kw: object) -> Page:
+        page = await real(self, **kw)  # type: ignore[arg-type]
+        if kw.get("state") is SandboxState.WAITING_CAPACITY:
+            return page._replace(items=page.items[::-1])
+        return page
+
+    monkeypatch.setattr(model_store.ModelStore, "list_sandboxes", newest_first)
+    assert _first_failure().violations[0].invariant == "waiting_order"
+
+
+def test_a_leader_that_ends_parked_creates_before_their_deadline_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def end_them_all(self: WaitingCreates) -> None:
+        page = await self.store.list_sandboxes(state=SandboxState.WAITING_CAPACITY, limit=1000)
+        for rec in page.items:
+            await self.cancel(rec)
+
+    monkeypatch.setattr(WaitingCreates, "place_waiting", end_them_all)
+    assert _first_failure().violations[0].invariant == "parked_create_ended_early"
+
+
+def test_a_parked_create_refused_but_left_in_the_queue_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def forget_to_end(self: WaitingCreates, rec: SandboxRecord) -> bool:
+        return True
+
+    monkeypatch.setattr(WaitingCreates, "cancel", forget_to_end)
+    assert _first_failure().violations[0].invariant == "parked_create_unsettled"

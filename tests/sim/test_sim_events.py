@@ -1,4 +1,4 @@
-from corral.sim.events import EventLoop
+from corral.sim.baselines.events import EventLoop
 
 
 def test_events_run_in_time_then_insertion_order() -> None:

@@ -1,7 +1,7 @@
 from corral.core import CreateRequest
-from corral.sim.fleet import Fleet, FleetConfig
-from corral.sim.host import HostSpec
-from corral.sim.policies import policy
+from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.policies import policy
+from corral.sim.scenario import HostSpec
 
 
 def _fleet(seed: int = 3) -> Fleet:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from corral.sim.harness import Process
-from corral.sim.vtime import run_virtual
+from corral.sim.flow.harness import Process
+from corral.sim.flow.vtime import run_virtual
 
 
 def test_a_crash_cancels_a_processs_tasks_in_the_order_they_were_spawned() -> None:

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from corral.codes import ErrorCode
 from corral.core import AdmissionMode, CreateRequest, TouchModel, admittable_mb, reserve_mb
-from corral.sim.host import HostSpec, SimHost
+from corral.sim.baselines.host import SimHost
+from corral.sim.scenario import HostSpec
 
 
 def make_host(**spec: object) -> SimHost:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from corral.sim.experiments import DensityScenario, ScaleScenario, StalenessScenario
 from corral.sim.experiments.density import run as run_density
-from corral.sim.report import ReportConfig, generate
+from corral.sim.report.document import ReportConfig, generate
 
 
 def test_the_report_is_written_from_the_run(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core import CreateRequest
-from corral.sim.fleet import Fleet, FleetConfig, counts_for
-from corral.sim.harness import run_seeded
-from corral.sim.host import HostSpec
-from corral.sim.policies import policy as policy_named
-from corral.sim.real_fleet import RealFleet, RealFleetConfig
+from corral.sim.baselines.fleet import Fleet, FleetConfig, counts_for
+from corral.sim.baselines.policies import policy as policy_named
+from corral.sim.flow.harness import run_seeded
+from corral.sim.flow.real_fleet import RealFleet, RealFleetConfig
+from corral.sim.scenario import HostSpec
 
 PRELOAD_SANDBOXES = 4  # the fleet's existing load on each host, already measured
 

@@ -20,11 +20,12 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core import AdmissionMode, CreateRequest, TouchModel
-from corral.sim.fleet import ClientBackoff, Fleet, FleetConfig
-from corral.sim.harness import run_seeded
-from corral.sim.host import HostSpec
-from corral.sim.policies import policy as policy_named
-from corral.sim.real_fleet import RealFleet, RealFleetConfig
+from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.policies import policy as policy_named
+from corral.sim.experiments.engines import real_fleet_config
+from corral.sim.flow.harness import run_seeded
+from corral.sim.flow.real_fleet import RealFleet
+from corral.sim.scenario import ClientBackoff, HostSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +130,7 @@ def touch_model(scn: DensityScenario) -> TouchModel:
 
 def run_real_mode(scn: DensityScenario, mode: AdmissionMode, seed: int) -> ModeResult:
     """Through corral's own create flow, agents and ``sim`` runtime (a policy that is corral's)."""
-    cfg = RealFleetConfig.of_policy(
+    cfg = real_fleet_config(
         policy_named(scn.policy),
         scn.hosts,
         host_spec(scn, mode),

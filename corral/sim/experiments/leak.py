@@ -14,10 +14,10 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core import CreateRequest
+from corral.sim.baselines.policies import policy as policy_named
 from corral.sim.experiments.burst import BurstScenario, build, build_real, burst_times, real_config
-from corral.sim.harness import run_seeded
-from corral.sim.policies import policy as policy_named
-from corral.sim.real_fleet import RealFleet
+from corral.sim.flow.harness import run_seeded
+from corral.sim.flow.real_fleet import RealFleet
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from corral.core import CreateRequest, HostView, Ledger, ManualClock, Placer, Scheduler
-from corral.sim.policies import policy as policy_named
+from corral.sim.baselines.policies import policy as policy_named
 
 SCALE_POLICIES = ("random", "power_of_2", "full_scan")
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core import CreateRequest
-from corral.sim.fleet import Fleet, FleetConfig
-from corral.sim.harness import run_seeded
-from corral.sim.host import HostSpec
-from corral.sim.policies import policy as policy_named
-from corral.sim.real_fleet import RealFleet, RealFleetConfig
+from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.policies import policy as policy_named
+from corral.sim.flow.harness import run_seeded
+from corral.sim.flow.real_fleet import RealFleet, RealFleetConfig
+from corral.sim.scenario import HostSpec
 
 STALENESS_POLICIES = ("naive", "random", "power_of_2", "reservations", "corral")
 

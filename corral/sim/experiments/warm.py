@@ -29,10 +29,11 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core.warm import CLAIM_TRIES, pick_warm
-from corral.sim.harness import run_seeded
-from corral.sim.host import HostSpec
-from corral.sim.policies import policy as policy_named
-from corral.sim.real_fleet import RealFleet, RealFleetConfig
+from corral.sim.baselines.policies import policy as policy_named
+from corral.sim.experiments.engines import real_fleet_config
+from corral.sim.flow.harness import run_seeded
+from corral.sim.flow.real_fleet import RealFleet
+from corral.sim.scenario import HostSpec
 from corral.store import TemplateRecord
 
 WARM_POLICIES = ("argmax", "power_of_2", "corral")
@@ -177,7 +178,7 @@ def _outcome(
 def run_real(s: WarmScenario, start: dict[str, int], seed: int) -> WarmOutcome:
     """corral's claim path through its own create flow, pools, agents and store model."""
     spec = HostSpec(memory_mb=s.host_memory_mb, heartbeat_s=s.heartbeat_s)
-    cfg = RealFleetConfig.of_policy(policy_named("corral"), s.hosts, spec, s.refresh_s, replicas=s.replicas)
+    cfg = real_fleet_config(policy_named("corral"), s.hosts, spec, s.refresh_s, replicas=s.replicas)
 
     async def main() -> WarmOutcome:
         fleet = RealFleet(cfg, seed)

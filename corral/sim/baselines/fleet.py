@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import TypeVar
 
-from corral.client.retry import RetryPolicy
 from corral.core import (
     CreateRequest,
     HostView,
@@ -31,9 +30,10 @@ from corral.core import (
     Scheduler,
     TouchModel,
 )
-from corral.sim.events import EventLoop
-from corral.sim.host import HostSpec, SimHost
-from corral.sim.policies import LedgerScope, Policy
+from corral.sim.baselines.events import EventLoop
+from corral.sim.baselines.host import SimHost
+from corral.sim.baselines.policies import LedgerScope, Policy
+from corral.sim.scenario import ClientBackoff, HostSpec, Router, check_split
 
 T = TypeVar("T")
 
@@ -44,11 +44,6 @@ class Outcome:
     REPLICA_CRASHED = "replica_crashed"
     GAVE_UP = "gave_up"
     NO_REPLICA = "no_replica"
-
-
-# The client's half of an honest refusal is the SDK's own: full-jitter exponential backoff under a
-# deadline.
-ClientBackoff = RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,28 +76,6 @@ class FleetConfig:
         if self.stale_after_s is not None:
             return self.stale_after_s
         return self.view_ttl_s + 3 * self.host.heartbeat_s * (1 + self.host.heartbeat_jitter)
-
-
-def check_split(split: str) -> None:
-    if split not in ("round_robin", "random"):
-        raise ValueError("split must be 'round_robin' or 'random'")
-
-
-class Router(Generic[T]):
-    """The load balancer in front of the replicas: round-robin over the live ones, or uniform."""
-
-    def __init__(self, split: str, rng: random.Random) -> None:
-        self.split = split
-        self.rng = rng
-        self._rr = 0
-
-    def pick(self, alive: Sequence[T]) -> T | None:
-        if not alive:
-            return None
-        if self.split == "random":
-            return alive[int(self.rng.random() * len(alive))]
-        self._rr += 1
-        return alive[(self._rr - 1) % len(alive)]
 
 
 class HostTable:

@@ -24,7 +24,7 @@ from corral.core.clock import Clock
 from corral.core.touch import TouchModel
 from corral.core.types import AdmissionMode
 from corral.runtime.sim import SimRuntime, SimState
-from corral.sim.vtime import run_virtual
+from corral.sim.flow.vtime import run_virtual
 from corral.store import StoreError
 
 START = 1_000_000.0  # virtual epoch seconds: far from 0, where a never-heard-from host sits

@@ -18,7 +18,7 @@ import contextlib
 import random
 from collections import Counter
 from collections.abc import Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from corral.agent.agent import Agent
@@ -35,17 +35,15 @@ from corral.core.timeouts import Timeouts
 from corral.core.touch import TouchModel
 from corral.runtime.base import SandboxHandle, SandboxSpec
 from corral.runtime.sim import SimSandbox, SimState
-from corral.sim.fleet import ClientBackoff, FleetConfig, Router, check_split
-from corral.sim.harness import (
+from corral.sim.flow.harness import (
     START,
     Guarded,
     Process,
     request,
     sim_agent,
 )
-from corral.sim.host import HostSpec, fixed_profile
-from corral.sim.policies import Policy
-from corral.sim.vtime import VirtualClock
+from corral.sim.flow.vtime import VirtualClock
+from corral.sim.scenario import ClientBackoff, HostSpec, Router, check_split, fixed_profile
 from corral.store import SandboxRecord, SandboxState, Store
 from corral.testing.agents import InMemoryAgentClient
 from corral.testing.store import ModelStore
@@ -76,23 +74,6 @@ class RealFleetConfig:
         if self.hosts < 1 or self.replicas < 1:
             raise ValueError("a fleet needs at least one host and one replica")
         check_split(self.split)
-
-    @classmethod
-    def of_policy(
-        cls, pol: Policy, hosts: int, host: HostSpec, view_ttl_s: float, **changes: Any
-    ) -> RealFleetConfig:
-        """corral's configuration ``pol`` over ``hosts`` hosts like ``host``: its agents' gate and starts
-        limiter, its K, and the fleet model's stale cutoff for the view's TTL."""
-        spec = replace(host, gate=pol.agent_gate, starts_limit=pol.starts_limit)
-        model = FleetConfig(hosts=hosts, policy=pol, host=spec, view_ttl_s=view_ttl_s)
-        return cls(
-            hosts=hosts,
-            host=spec,
-            view_ttl_s=view_ttl_s,
-            stale_after_s=model.stale_after,
-            k=pol.control_k,
-            **changes,
-        )
 
     def timeouts(self) -> Timeouts:
         """The control plane's timeouts (a host is declared dead only far beyond a stale view)."""

@@ -1,12 +1,14 @@
-"""Deterministic simulation with faults: corral's real create flow, batch creates, reconciler and
-failover, on virtual time, over the in-memory store model and real agents on the ``sim`` runtime,
+"""Deterministic simulation with faults: corral's real create flow, batch creates, parked creates,
+heartbeat intake, reconciler and failover, on virtual time, over the in-memory store model and real agents on the ``sim`` runtime,
 while hosts crash and return, heartbeats are lost, late or lose their reply (the agent's listing
 falls back from changes to its whole set), replicas die mid-create, the store goes away for a while,
 binds are slow or fail, and replicas' clocks disagree.
 
-Several replicas each run a :class:`CreateFlow` (and :class:`BatchCreate`, deletes) and the real
-:class:`Reconciler` loop; the store lease makes one of them the leader. Clients create and delete with
-the SDK's retry policy, honouring Retry-After. Invariants are checked after every store and agent
+Several replicas, each built as the server builds one (:func:`~corral.control.plane.build_replica`),
+run the real :class:`Reconciler` loop; the store lease makes one of them the leader, which also places
+parked creates. Agents heartbeat through a live replica's intake. Clients create (some with ``wait_s``,
+so that what fits nowhere is parked), create in batches and delete with the SDK's retry policy,
+honouring Retry-After. Invariants are checked after every store and agent
 call; a run is a pure function of (config, seed): every random draw comes from a ``random.Random``
 seeded from the seed and the drawing component's name, and every event lands in a trace whose digest
 identifies the run.
@@ -46,7 +48,7 @@ from corral.core.listing import digest_of
 from corral.core.timeouts import Timeouts
 from corral.core.types import AdmissionMode
 from corral.runtime.sim import SimState
-from corral.sim.harness import (
+from corral.sim.flow.harness import (
     START,
     Guarded,
     Process,
@@ -54,11 +56,12 @@ from corral.sim.harness import (
     run_seeded,
     sim_agent,
 )
-from corral.sim.vtime import VirtualClock
+from corral.sim.flow.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
     FAILOVER_RECREATE,
     ReservationRecord,
+    SandboxRecord,
     SandboxState,
     Store,
     StoreError,
@@ -75,6 +78,9 @@ READS = frozenset(
     | {"list_pools", "list_templates"}
 )
 ENDED = frozenset({SandboxState.STOPPED, SandboxState.DELETED})
+# Two replicas' clocks may each be this far off (``_faults``' clock skew): a deadline one of them wrote
+# may be judged by the other this much early or late.
+SKEW_S = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +112,19 @@ class ChaosConfig:
     )
     replica_lease_s: float = 3.0
     reconcile_interval_s: float = 1.0
+    # Of single creates, the share that may wait for capacity, and how long they wait (``wait_s``).
+    wait_share: float = 0.4
+    waits_s: tuple[float, ...] = (1.0, 3.0)
+
+
+@dataclass(slots=True)
+class Parked:
+    """A create parked in ``waiting_capacity``, as the fault simulation follows it."""
+
+    tenant: str
+    order: tuple[float, str]  # its place in its tenant's queue, as the store lists it
+    parked_at: float  # loop time
+    wait_until: float  # by the parking replica's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +179,8 @@ class World:
         self.delete_requested: set[str] = set()
         self.died: dict[str, float] = {}  # replica id -> when it crashed
         self.calming = False  # faults have stopped
+        self.parked: dict[str, Parked] = {}  # parked creates not yet seen to leave the queue
+        self.waits_in_flight: dict[str, float] = {}  # a waiting create's key -> when it was asked
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}/{name}")
@@ -215,6 +236,7 @@ class World:
                     "abandoned_create_unsettled",
                     f"{sid} still reserved {now - (died or 0.0):.3f}s after its replica {rec.owner} died",
                 )
+        self.check_parked(settle_s)
         # A new epoch is written to the record before its copy starts, so no copy is ever ahead of
         # it. Copies behind it, or a second copy of its epoch left by a start whose reply was lost,
         # are fenced or stopped as strays later: ``check_final`` holds that none is left.
@@ -227,6 +249,42 @@ class World:
                         f"{sid} runs on {host.id} at epoch {copy.handle.spec.epoch}; "
                         f"its record names {rec.host_id} at epoch {rec.epoch}",
                     )
+
+    def check_parked(self, settle_s: float) -> None:
+        """A parked create is never lost: it leaves the queue placed (running) or ended (deleted) at its
+        deadline, never before it, and a leader ends it within a few rounds after; it never leaves its
+        tenant's queue placed ahead of one parked before it that still waits (first come, first
+        served within a tenant)."""
+        store, now = self.store, self.loop.time()
+        for sid, p in list(self.parked.items()):
+            rec = store.sandboxes.get(sid)
+            if rec is not None and rec.state is SandboxState.WAITING_CAPACITY:
+                due = max(p.wait_until + 2 * SKEW_S, self.outage_until) + settle_s
+                if now > due:
+                    self.violate(
+                        "parked_create_unsettled",
+                        f"{sid} still waits {now - p.wait_until:.3f}s past its deadline",
+                    )
+                continue
+            del self.parked[sid]
+            if rec is None or rec.state is SandboxState.DELETED:
+                self.outcomes["parked_expired"] += 1
+                if now < p.wait_until - 2 * SKEW_S:
+                    self.violate(
+                        "parked_create_ended_early",
+                        f"{sid} ended {p.wait_until - now:.3f}s before its deadline",
+                    )
+            elif rec.state is SandboxState.RUNNING:
+                self.outcomes["parked_placed"] += 1
+                for other, q in self.parked.items():
+                    ahead = q.tenant == p.tenant and q.parked_at < p.parked_at and q.order < p.order
+                    waits = store.sandboxes.get(other)
+                    if ahead and waits is not None and waits.state is SandboxState.WAITING_CAPACITY:
+                        self.violate(
+                            "waiting_order", f"{sid} was placed while {other}, parked before it, waits"
+                        )
+            else:
+                self.violate("parked_create_lost", f"{sid} left the queue {rec.state.value}")
 
     def check_listing(self, host_id: str, hb: AgentHeartbeat) -> None:
         """A heartbeat whose listing the store says it now holds: the store's copy is the set the agent
@@ -307,10 +365,18 @@ class World:
                 self.violate("two_live_copies", f"{sid} runs on {', '.join(sorted(on))}")
         if store.reservations:
             self.violate("reservation_leak", f"{len(store.reservations)} reservations outlive the run")
+        now = self.loop.time()
+        for key, asked in sorted(self.waits_in_flight.items()):
+            self.violate("parked_create_unanswered", f"{key}, asked {now - asked:.3f}s ago, has no answer")
 
     def after(self, name: str, result: object) -> None:
         if name in READS:
             return
+        if name == "park_sandbox" and isinstance(result, SandboxRecord):
+            assert result.wait_until is not None
+            self.parked[result.id] = Parked(
+                result.tenant_id, (result.created_at, result.id), self.loop.time(), result.wait_until
+            )
         if name in RESERVE_CALLS and result:
             self.check_grant(result)
         self.check()
@@ -538,12 +604,13 @@ class Client:
                     return None
                 await asyncio.sleep(delay)
 
-    def _spec(self) -> CreateSpec:
+    def _spec(self, wait_s: float | None = None) -> CreateSpec:
         r = self.rng
         return CreateSpec(
             memory_mb=r.choice((256, 512, 1024)),
             cpus=0.5,
             failover=r.choice((FAILOVER_RECREATE, FAILOVER_ORPHAN)),
+            wait_s=wait_s,
         )
 
     def _acked(self, sid: str) -> None:
@@ -556,11 +623,22 @@ class Client:
     async def create(self) -> None:
         self.creates += 1
         key = f"{self.name}-{self.creates}"
-        spec = self._spec()
-        tenant = self.world.tenant
-        got = await self._with_retries(
-            "create", lambda rep: rep.plane.creates.create(tenant, spec, idempotency_key=key)
-        )
+        cfg, w = self.world.cfg, self.world
+        wait_s = self.rng.choice(cfg.waits_s) if self.rng.random() < cfg.wait_share else None
+        spec = self._spec(wait_s)
+        tenant = w.tenant
+        if wait_s is not None:
+            w.waits_in_flight[key] = w.loop.time()
+        try:
+            got = await self._with_retries(
+                "create", lambda rep: rep.plane.creates.create(tenant, spec, idempotency_key=key)
+            )
+        except Exception as exc:
+            # Every answer a client gets is one of the API's: a waiting create's too.
+            w.violate("create_answered_dishonestly", f"{key}: {exc!r}")
+            raise
+        finally:
+            w.waits_in_flight.pop(key, None)
         if got is not None:
             self.world.outcomes["create_acked"] += 1
             self._acked(got[0].id)

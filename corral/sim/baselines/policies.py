@@ -2,8 +2,8 @@
 what the agent enforces on its own side. Each is a composition of core parts, never a copy of one.
 
 A policy that is a configuration corral itself runs (``flow_k`` set) is run through corral's real
-create flow, store model and agents (:mod:`corral.sim.real_fleet`); the others are models of other
-schedulers (no ledger, per-replica ledgers, an agent without a gate), run by :mod:`corral.sim.fleet`."""
+create flow, store model and agents (:mod:`corral.sim.flow.real_fleet`); the others are models of other
+schedulers (no ledger, per-replica ledgers, an agent without a gate), run by :mod:`corral.sim.baselines.fleet`."""
 
 from __future__ import annotations
 

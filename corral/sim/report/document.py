@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.core import reserve_mb
-from corral.sim import plots
+from corral.sim.baselines.policies import BURST_POLICIES, POLICIES
 from corral.sim.experiments import (
     BurstResult,
     BurstScenario,
@@ -34,8 +34,8 @@ from corral.sim.experiments import staleness as staleness_exp
 from corral.sim.experiments import warm as warm_exp
 from corral.sim.experiments.burst import real_config
 from corral.sim.experiments.leak import LeakRun
-from corral.sim.fleet import ClientBackoff
-from corral.sim.policies import BURST_POLICIES, POLICIES
+from corral.sim.report import plots
+from corral.sim.scenario import ClientBackoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -674,10 +674,13 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
         "",
         "`corral.sim` runs a corral fleet on virtual time. The `corral` policy (burst, leak, staleness) runs "
         "through "
-        "corral's own create flow: scheduler replicas each with its own `ViewCache` over an in-memory model "
+        "corral's own create flow: scheduler replicas, each built as the server builds one "
+        "(`build_replica`: the same wiring as `corral serve` and `corral api`), each with its own "
+        "`ViewCache` over an in-memory model "
         "of the store (held to SQLite and PostgreSQL by the store-model tests: `reserve_best` ranks the "
         "sampled candidates by live totals with the same tie-break), real agents with their own gates and "
-        "starts limiters on the `sim` runtime, heartbeats into the store, the real reconciler, and clients "
+        "starts limiters on the `sim` runtime, heartbeats through a replica's heartbeat intake, the real "
+        "reconciler, and clients "
         "that retry with the SDK's policy and honour Retry-After. The other policies are models of other "
         "schedulers (no ledger, per-replica ledgers, agents without a gate), run by a discrete-event fleet "
         "model over corral's core (filters, scoring, selection, admission, ledger); each result says which "
@@ -706,14 +709,10 @@ def generate(docs: Path, cfg: ReportConfig | None = None) -> Path:
     return path
 
 
-def _main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m corral.sim.report DOCS_DIR", file=sys.stderr)
         return 2
     path = generate(Path(argv[0]))
     print(f"wrote {path} and its charts in {path.parent / 'sim'}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
