@@ -142,7 +142,11 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
     policy = AdmissionPolicy(headroom_mb=opts.headroom_mb)
     timeouts = _timeouts(opts.heartbeat_interval_s, opts.stale_after_s, opts.dead_after_s)
     config = ControlConfig(
-        timeouts=timeouts, policy=policy, k=opts.k, max_execs_per_tenant=opts.max_execs_per_tenant
+        timeouts=timeouts,
+        policy=policy,
+        k=opts.k,
+        max_execs_per_tenant=opts.max_execs_per_tenant,
+        max_execs_per_sandbox=opts.max_execs_per_sandbox,  # the same as this process's agents'
     )
     # The first start makes the key file (0600); every later one, and every replica, reads it.
     sealer = sealer_for(opts.seal_key_file or default_seal_key_file(opts.store), create=True)

@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 
 from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
-from corral.core.inflight import DEFAULT_EXECS_PER_TENANT
+from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 from corral.runtime.process import MIN_MEMORY_MB
 
 
@@ -47,6 +47,10 @@ class ControlConfig:
     # Data-plane calls (execs, E2B commands and file operations) one tenant may have in flight through
     # this replica; each sandbox's own bound is its agent's.
     max_execs_per_tenant: int = DEFAULT_EXECS_PER_TENANT
+    # A tenant's execs in flight on one sandbox through this replica, counted before the store is read
+    # so that a flood's excess costs the replica almost nothing; the agents' own bound (the one that
+    # holds across replicas) is the same by default. None: only the agents count.
+    max_execs_per_sandbox: int | None = DEFAULT_EXECS_PER_SANDBOX
 
     @property
     def create_deadline_s(self) -> float:
@@ -60,6 +64,8 @@ class ControlConfig:
             raise ConfigError("k must be >= 0 (0 = full scan)")
         if self.max_execs_per_tenant < 1:
             raise ConfigError("max_execs_per_tenant must be >= 1")
+        if self.max_execs_per_sandbox is not None and self.max_execs_per_sandbox < 1:
+            raise ConfigError("max_execs_per_sandbox must be >= 1")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be >= 1")
         if self.replica_lease_s <= self.reconcile_interval_s:

@@ -138,7 +138,14 @@ class ControlPlane:
             waiting=self.waiting,
         )
         self.batches = BatchCreate(self.creates, self.placement)
-        self.sandboxes = Sandboxes(store, self.view, agents, self.locations, self.config.max_execs_per_tenant)
+        self.sandboxes = Sandboxes(
+            store,
+            self.view,
+            agents,
+            self.locations,
+            self.config.max_execs_per_tenant,
+            self.config.max_execs_per_sandbox,
+        )
         self.heartbeats = HeartbeatIntake(store, self.metrics)
         self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t)
         self.reconciler = Reconciler(

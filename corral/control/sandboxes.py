@@ -48,12 +48,25 @@ class Sandboxes:
         agents: AgentLookup,
         locations: LocationCache,
         calls_per_tenant: int = DEFAULT_EXECS_PER_TENANT,
+        execs_per_sandbox: int | None = None,
     ) -> None:
         self.store = store
         self.view = view
         self.agents = agents
         self.locations = locations
         self.calls = InFlight("tenant", calls_per_tenant)
+        # Keyed by tenant and the id it named: one tenant naming another's sandbox holds only its own.
+        self.sandbox_calls = InFlight("sandbox", execs_per_sandbox) if execs_per_sandbox else None
+
+    @contextmanager
+    def _slot(self, bound: InFlight, key: str) -> Iterator[None]:
+        busy = bound.enter(key)
+        if busy is not None:
+            raise TooManyConcurrent(busy.message, retry_after_s=BUSY_RETRY_S, details=busy.details())
+        try:
+            yield
+        finally:
+            bound.leave(key)
 
     @contextmanager
     def tenant_slot(self, tenant_id: str | None) -> Iterator[None]:
@@ -62,13 +75,8 @@ class Sandboxes:
         if tenant_id is None:
             yield
             return
-        busy = self.calls.enter(tenant_id)
-        if busy is not None:
-            raise TooManyConcurrent(busy.message, retry_after_s=BUSY_RETRY_S, details=busy.details())
-        try:
+        with self._slot(self.calls, tenant_id):
             yield
-        finally:
-            self.calls.leave(tenant_id)
 
     async def _address(self, host_id: str) -> str:
         try:
@@ -131,7 +139,10 @@ class Sandboxes:
     async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
         # Counted before the store is read: a refused call costs this replica next to nothing.
         with self.tenant_slot(tenant_id):
-            return await self._exec(sandbox_id, tenant_id, req)
+            if tenant_id is None or self.sandbox_calls is None:
+                return await self._exec(sandbox_id, tenant_id, req)
+            with self._slot(self.sandbox_calls, f"{tenant_id}/{sandbox_id}"):
+                return await self._exec(sandbox_id, tenant_id, req)
 
     async def _exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
         loc = await self._locate(sandbox_id, tenant_id)
