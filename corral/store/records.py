@@ -359,6 +359,16 @@ def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozense
     return frozenset(SandboxState(v) for v in value)
 
 
+def check_state_change(
+    state: SandboxState, expect: SandboxState | Collection[SandboxState] | None
+) -> tuple[SandboxState, frozenset[SandboxState] | None]:
+    """A state change's target and expected states, as the stores take them (a bad one is refused)."""
+    try:
+        return SandboxState(state), as_states(expect)
+    except ValueError as exc:
+        raise InvalidRecord(f"state: {exc}") from exc
+
+
 def check_quota(tenant: TenantRecord, used: Usage, memory_mb: int, cpus: float) -> None:
     """One more live sandbox of ``memory_mb`` and ``cpus`` within a tenant's limits, on what it uses
     now. CPU is compared in millicores, as the stores count it."""

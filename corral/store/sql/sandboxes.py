@@ -25,6 +25,7 @@ from corral.store.records import (
     as_states,
     check_quota,
     check_sandbox,
+    check_state_change,
     from_millicores,
     metadata_dict,
     to_millicores,
@@ -232,11 +233,7 @@ class SandboxesSql(SqlBase):
         reservation_id: str | _Unset | None = UNSET,
         placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord:
-        try:
-            new_state = SandboxState(state)
-            expected = as_states(expect)
-        except ValueError as exc:
-            raise InvalidRecord(f"state: {exc}") from exc
+        new_state, expected = check_state_change(state, expect)
         now = self._now()
         sets = ["state = :state", "updated_at = :now", "version = version + 1"]
         params: dict[str, Any] = {"id": sandbox_id, "state": new_state.value, "now": now}

@@ -25,6 +25,7 @@ from corral.store.records import (
     as_states,
     check_quota,
     check_sandbox,
+    check_state_change,
     metadata_dict,
 )
 from corral.testing.store.base import MAX_PAGE, ModelBase
@@ -131,11 +132,7 @@ class SandboxesModel(ModelBase):
         reservation_id: str | _Unset | None = UNSET,
         placement: str | _Unset | None = UNSET,
     ) -> SandboxRecord:
-        try:
-            new_state = SandboxState(state)
-            expected = as_states(expect)
-        except ValueError as exc:
-            raise InvalidRecord(f"state: {exc}") from exc
+        new_state, expected = check_state_change(state, expect)
         await self._enter()
         sb = self.sandboxes.get(sandbox_id)
         if sb is None:
