@@ -4,11 +4,13 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test unasync lint typecheck pytest fuzz chaos bench bench-deps sim-report system-deps clean
+.PHONY: serve test unasync lint typecheck pytest fuzz chaos fence-trials bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
+	@echo "corral: making the virtual environment in $(VENV) (once; a minute or two on a fresh machine)"
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@echo "corral: installing corral and its dependencies into $(VENV)"
 	$(BIN)/pip install -q -e '.[server,sim,dev]'
 	touch $(STAMP)
 
@@ -16,21 +18,28 @@ $(STAMP): pyproject.toml
 apt = @missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  if [ "$$(id -u)" = 0 ]; then echo "corral: installing$$missing ($(2))"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else echo "missing:$$missing: install them (apt-get install$$missing) for $(2)"; fi; fi
 
-# Host packages: bubblewrap, and gcc with libseccomp's headers to build the sandbox launcher (corral
-# builds it on first use), for the process runtime; chromium for the dashboard's browser test.
+# Host packages: bubblewrap, iproute2, nftables and conntrack (sandboxes' network slots), and gcc with libseccomp's headers to build the sandbox launcher (corral
+# builds it on first use), for the process runtime; chromium for the dashboard's browser test; the image
+# tools (mmdebstrap builds bases, mkfs.erofs packs them, umoci unpacks OCI layouts, mkfs.ext4 makes disks).
 system-deps:
 	$(call apt,bubblewrap gcc libc6-dev libseccomp-dev,the process runtime)
 	$(call apt,chromium,the dashboard's browser test)
+	$(call apt,iproute2 nftables conntrack,network slots: namespaces and veth pairs, their filters, scrubbing their connections)
+	$(call apt,mmdebstrap erofs-utils umoci e2fsprogs,images: bases from Debian's archive, packing, OCI import, the writable layer)
+	$(call apt,runsc,the gvisor runtime)
 
 # What the benchmarks add: wrk (bench/api.py's load generator).
 bench-deps:
 	$(call apt,wrk,bench/api.py)
 
+# Flags for corral serve: make serve ARGS='--port 9000 --hosts 4'
+ARGS ?=
 serve: $(STAMP) system-deps
-	$(BIN)/corral serve
+	$(BIN)/corral serve $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check corral tests bench scripts
@@ -59,6 +68,12 @@ CHAOS_SEEDS ?= 10000
 CHAOS_JOBS ?= 2
 chaos: $(STAMP)
 	$(BIN)/corral sim chaos --seeds $(CHAOS_SEEDS) --jobs $(CHAOS_JOBS)
+
+# The cut-off agent's self-fencing (its copies frozen before they run elsewhere), 20 trials. Not part
+# of `make test`, which runs one.
+FENCE_TRIALS ?= 20
+fence-trials: $(STAMP)
+	CORRAL_FENCE_TRIALS=$(FENCE_TRIALS) $(BIN)/pytest -q tests/e2e/test_failover.py -k cut_off
 
 # Every benchmark in bench/, then docs/benchmarks.md from their JSON lines. Not part of `make test`.
 bench: $(STAMP) system-deps bench-deps

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from corral.agent import Agent, AgentRefusal, HttpAgentClient, LocalAgentClient, StartSandbox
+from corral.agent import Agent, AgentConfig, AgentRefusal, HttpAgentClient, LocalAgentClient, StartSandbox
 from corral.agent.client import AgentClient
 from corral.agent.http import create_app
 from corral.core.clock import ManualClock
@@ -42,14 +42,10 @@ def pct(samples: list[float], q: float) -> float:
 
 
 def make_agent(clock: ManualClock, seed: int = 0, **kwargs: Any) -> Agent:
+    """An agent over a sim runtime (``runtime_kwargs``); the other ``kwargs`` are its settings."""
+    runtime = SimRuntime(clock, random.Random(seed), **kwargs.pop("runtime_kwargs", {}))
     return Agent(
-        f"h{seed}",
-        SimRuntime(clock, random.Random(seed), **kwargs.pop("runtime_kwargs", {})),
-        1 << 22,
-        256.0,
-        clock=clock,
-        pressure=lambda: 0.0,
-        **kwargs,
+        AgentConfig(f"h{seed}", 1 << 22, 256.0, **kwargs), runtime, clock=clock, pressure=lambda: 0.0
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.http import create_app as agent_app
 from corral.agent.protocol import ClaimWarm, WarmTarget
 from corral.api.app import create_app
@@ -71,7 +72,7 @@ async def fill(agents: list[Agent], targets: list[WarmTarget]) -> None:
 
 
 async def agent_claim(n: int) -> None:
-    agent = Agent("bench", SimRuntime(), 1 << 30, 1 << 20, max_concurrent_starts=100_000)
+    agent = Agent(AgentConfig("bench", 1 << 30, 1 << 20, max_concurrent_starts=100_000), SimRuntime())
     await fill([agent], [WarmTarget(template="py", target=2 * n + 10, memory_mb=256)])
     direct = []
     for _ in range(n):

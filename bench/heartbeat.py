@@ -30,6 +30,7 @@ from seed import record_running, sandbox_id  # bench/ is the script's directory
 
 from corral.agent import protocol
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
 from corral.control.config import ControlConfig
@@ -56,12 +57,14 @@ async def measure(store_url: str, size: int, beats: int) -> dict[str, object]:
         host_id = f"hb-{size}"
         runtime = SimRuntime(clock=clock, rng=random.Random(size))
         agent = Agent(
-            host_id,
+            AgentConfig(
+                host_id,
+                64 * 1024 * 1024,
+                1_000_000.0,
+                admission=AdmissionMode.WORKING_SET,
+                policy=AdmissionPolicy(),
+            ),
             runtime,
-            64 * 1024 * 1024,
-            1_000_000.0,
-            admission=AdmissionMode.WORKING_SET,
-            policy=AdmissionPolicy(),
             clock=clock,
         )
         tenant = await store.create_tenant(

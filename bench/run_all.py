@@ -32,7 +32,9 @@ BENCHES: dict[str, list[str]] = {
     "api": ["--duration", "5"],
     "heartbeat": [],
     "first_run": [],
+    "cli_start": [],
     "isolation": ["--samples", "100"],
+    "fairness": [],
 }
 WHAT = {
     "placement": "one placement decision in process, by fleet size and policy; `bare_p2` is the floor",
@@ -44,9 +46,12 @@ WHAT = {
     "api": "creates/s over HTTP (wrk) beside a bare FastAPI endpoint on the same server settings, "
     "with 0, 20,000 and 100,000 live sandboxes already recorded",
     "heartbeat": "the control plane's CPU per heartbeat for a host of 10, 1,000 and 10,000 sandboxes",
-    "first_run": "`corral serve` + `corral burst -n 50`, beside the same with a 10 s memory settle",
+    "first_run": "`corral serve` + `corral burst -n 50`, beside the same with the previous 512 MiB reserve floor",
+    "cli_start": "a CLI call's wall time (`corral version`, `corral ps`) beside `python -c pass` and every command imported",
     "isolation": "tenant B's GET and exec p50/p99 alone and under tenant A's 800 concurrent execs "
     "(re-sent as each is answered); the bar is B's p99 under the flood <= 3x alone",
+    "fairness": "tenant B's create p50/p99 (one per 100 ms) alone, under tenant A's 48 create-and-delete "
+    "loops, and under them with A's create rate; the bar is B's p99 under the limited flood <= 2x alone",
 }
 
 

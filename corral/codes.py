@@ -4,7 +4,8 @@ The API, the host agent, the store, the runtimes, the SDK and the simulator impo
 writing the strings. A code is a ``str`` (a ``StrEnum``), so it goes on the wire and into JSON as itself.
 
 ``retryable`` means the same request may succeed later unchanged: "not now", never "not this". Every
-retryable answer is a 503 with Retry-After. ``status`` is None for the codes the SDK makes up itself
+retryable answer is a 503 with Retry-After, but one: a tenant asking faster than its create rate
+(429 ``tenant_rate_limited``, its Retry-After computed from the tenant's bucket). ``status`` is None for the codes the SDK makes up itself
 when no usable answer came back (the request may or may not have reached the server).
 
 Standard library only: the SDK imports this module without any server dependency.
@@ -39,6 +40,7 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized", 401
     FORBIDDEN = "forbidden", 403
     NOT_FOUND = "not_found", 404
+    IMAGE_NOT_FOUND = "image_not_found", 404  # no blob of that digest in the control plane's store
     NO_PLACEMENT_RECORD = "no_placement_record", 404
     METHOD_NOT_ALLOWED = "method_not_allowed", 405
     NAME_CONFLICT = "name_conflict", 409
@@ -57,8 +59,18 @@ class ErrorCode(StrEnum):
     # token's open connections. 429 with Retry-After: the same call succeeds once one of its own ends.
     TOO_MANY_CONCURRENT = "too_many_concurrent", 429
     TOO_MANY_CONNECTIONS = "too_many_connections", 429
+    # The Kubernetes surface: a label or field selector it cannot read; a watch from a version the
+    # change feed's history no longer holds; a body in a media type it does not take.
+    BAD_SELECTOR = "bad_selector", 400
+    RESOURCE_VERSION_EXPIRED = "resource_version_expired", 410
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", 415
+    # A tenant's creates past its create rate (a token bucket per tenant, summed over the replicas).
+    # Retryable: the same create succeeds once its bucket refills, which the Retry-After says.
+    TENANT_RATE_LIMITED = "tenant_rate_limited", 429, True
     # Any other HTTP error the framework raises keeps its own status; 400 is the usual one.
     HTTP_ERROR = "http_error", 400
+    # A create option corral does not honour (E2B's mcp, volumes, auto-pause...): refused, not dropped.
+    UNSUPPORTED_OPTION = "unsupported_option", 400
 
     # -- the server's own failures ----------------------------------------------------------------------
     INTERNAL = "internal", 500
@@ -71,13 +83,27 @@ class ErrorCode(StrEnum):
     START_FAILED = "start_failed", 503, True
     SANDBOX_STARTING = "sandbox_starting", 503, True
     AGENT_UNAVAILABLE = "agent_unavailable", 503, True
+    # The host could not fetch the sandbox's image (or what came did not hash to it): another may.
+    IMAGE_UNAVAILABLE = "image_unavailable", 503, True
     SANDBOX_EXISTS = "sandbox_exists", 409
     SANDBOX_PAUSED = "sandbox_paused", 409
     SANDBOX_NOT_PAUSED = "sandbox_not_paused", 409
     WARM_EMPTY = "warm_empty", 409
     STALE_EPOCH = "stale_epoch", 409
     TEMPLATE_MISSING = "template_missing", 422
+    # An egress policy naming hostnames: an IP filter cannot hold a name to its addresses, and a policy
+    # that pretended to would be a silent "allow".
+    NETWORK_HOSTNAMES_UNSUPPORTED = "network_hostnames_unsupported", 422
+    # A policy with an interface, for a running sandbox created without one (mode "none"): its network
+    # namespace has only loopback, and a running sandbox is not moved into another.
+    NETWORK_NOT_ATTACHED = "network_not_attached", 409
     RUNTIME_FAILED = "runtime_failed", 502
+    # Ports: nothing listens on the port inside the sandbox (or it refused the connection); a
+    # token-guarded sandbox's port asked without its traffic token, or with a wrong one; a custom
+    # domain another sandbox already holds (one name, one sandbox, fleet-wide).
+    PORT_CLOSED = "port_closed", 502
+    TRAFFIC_TOKEN_INVALID = "traffic_token_invalid", 403
+    DOMAIN_TAKEN = "domain_taken", 409
 
     # -- made up by the SDK or a command, with no HTTP answer behind them -------------------------------
     ERROR = "error", None

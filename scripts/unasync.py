@@ -37,14 +37,16 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\baclose\b", "close"),
+    (r"\baread\b", "read"),
+    (r"\baiter_lines\b", "iter_lines"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncBaseTransport\b", "BaseTransport"),
     (r"\bAsyncClient\b", "Client"),
-    (r"\bAsync(Corral|Sandboxes|Sandbox|Hosts|Tokens|Pools)\b", r"\1"),
+    (r"\bAsync(Corral|Sandboxes|Sandbox|Hosts|Tokens|Tenants|Pools)\b", r"\1"),
     (r"\bAn asyncio connection\b", "A connection"),
     (r"\bthe asyncio client\b", "the blocking client"),
     # An async generator cannot delegate with ``yield from``; a plain one can.
-    (r"for (\w+) in (\w+):\n\s+yield \1\n", r"yield from \2\n"),
+    (r"for (\w+) in ([\w.]+(?:\(\))?):\n\s+yield \1\n", r"yield from \2\n"),
 ]
 
 

@@ -54,9 +54,11 @@ def test_core_refusals_are_retryable_503s() -> None:
         assert ErrorCode(cls.code) in RETRYABLE and ErrorCode(cls.code).status == 503
 
 
-def test_every_retryable_code_is_a_503() -> None:
-    assert RETRYABLE and all(c.status == 503 for c in RETRYABLE)
-    assert all(not c.retryable for c in ErrorCode if c.status != 503)
+def test_every_retryable_code_is_a_503_but_the_tenant_rate() -> None:
+    pace = {ErrorCode.TENANT_RATE_LIMITED}
+    assert RETRYABLE and all(c.status == 503 for c in RETRYABLE - pace)
+    assert all(not c.retryable for c in ErrorCode if c.status != 503 and c not in pace)
+    assert all(c.retryable and c.status == 429 for c in pace)
 
 
 def _loose_codes(path: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """The package's layering, read from the source with ``ast`` (nothing is imported), so a violation names
 its file and line.
 
-Layers, lowest first: ``core`` < ``store``, ``runtime`` (and the edge utilities ``clock``, ``ids``,
+Layers, lowest first: ``core`` < ``store``, ``runtime``, ``images`` (and the edge utilities ``clock``, ``ids``,
 ``logs``, ``jsontext``, ``aio``, ``listener``, ``listen_options``) < ``agent``, ``control`` < ``api``,
 ``sim`` < ``cli``. The simulator sits above the control plane because it runs the real flows, and it
 plays the SDK's clients (their retry policy), so it may import ``client`` as the command line does. A
@@ -31,13 +31,16 @@ LAYER = {
     "core": 0,
     "store": 1,
     "runtime": 1,
+    "images": 1,  # image digests, configs, the blob store and the host's resolver: beside the runtime
     "clock": 1,
     "ids": 1,
     "logs": 1,
     "jsontext": 1,
+    "tls": 1,  # the listener's certificate
     "aio": 1,
     "listener": 1,  # uvicorn under the listening bounds
     "listen_options": 1,
+    "extras": 1,  # which optional extras are installed, and the message naming a missing one
     "agent": 2,
     "control": 2,
     "testing": 2,

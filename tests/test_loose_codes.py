@@ -21,11 +21,13 @@ CONNECT_PROTOCOL = {
     "corral/agent/envd/processes.py",
     "corral/agent/envd/files.py",
     "corral/agent/envd/helper.py",
+    # E2B's template build API: a build's status and its log levels ("error") are E2B's words.
+    "corral/api/e2b/builds.py",
 }
 
 
 def _not_values(tree: ast.AST) -> set[int]:
-    """Strings that are names, not values: docstrings, dict keys, subscripts and ``.get`` keys (the
+    """Strings that are names, not values: docstrings, dict keys, subscripts, ``in`` tests and ``.get`` keys (the
     error body's ``"error"`` field shares its word with ``ErrorCode.ERROR``)."""
     skip: set[int] = set()
     for node in ast.walk(tree):
@@ -38,6 +40,8 @@ def _not_values(tree: ast.AST) -> set[int]:
             skip |= {id(k) for k in node.keys if k is not None}
         elif isinstance(node, ast.Subscript):
             skip.add(id(node.slice))
+        elif isinstance(node, ast.Compare) and isinstance(node.ops[0], ast.In | ast.NotIn):
+            skip.add(id(node.left))  # ``"error" in body``: a key looked for
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

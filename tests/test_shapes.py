@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import corral
-from corral.agent.protocol import StartSandbox
+from corral.agent.protocol import EgressPolicyBody, StartSandbox
 from corral.api.pools import PoolBody
 from corral.api.schemas import MAX_CPUS, MAX_MEMORY_MB, MAX_TTL_S, SandboxSpecBody, sandbox_json
 from corral.client.models import Host, SandboxRecord
 from corral.client.retry import RetryPolicy
 from corral.control.create import CreateSpec
+from corral.control.network import checked, network_text
 from corral.control.seal import Spec
 from corral.core.types import (
     DEFAULT_CPUS,
@@ -32,12 +33,14 @@ from corral.core.types import (
     CreateRequest,
 )
 from corral.ids import new_sandbox_id
+from corral.images import digest_file
+from corral.images.config import ImageConfig
 from corral.runtime.base import SandboxSpec
 from corral.shapes.hosts import Host as SharedHost
 from corral.shapes.sandboxes import SandboxRecord as SharedSandboxRecord
 from corral.shapes.tokens import TokenInfo
 from corral.store.records import SandboxRecord as StoreSandboxRecord
-from corral.store.records import SandboxState, TokenRecord
+from corral.store.records import SandboxState, TemplateRecord, TokenRecord
 from tests.control.conftest import ADMIN, make_cluster
 
 # What both import (tests/test_layers.py holds them to importing nothing else of corral).
@@ -163,7 +166,10 @@ class Hop:
 
 
 BODY_TO_SPEC = Hop(  # SandboxSpecBody.create_spec
-    SandboxSpecBody, CreateSpec, passes={f: f for f in CreateSpec.__dataclass_fields__}
+    SandboxSpecBody,
+    CreateSpec,
+    passes={f: f for f in CreateSpec.__dataclass_fields__ if f != "lifecycle"},
+    fills={"lifecycle": "E2B's create (api/e2b/control.py): corral's own body has none yet"},
 )
 # What a record gets after it is first written.
 _LATER = (
@@ -177,6 +183,7 @@ _LATER = (
     "warm",
     "recreated_at",
     "wait_until",
+    "paused",
 )
 SPEC_TO_RECORD = Hop(  # CreateSpec.record
     CreateSpec,
@@ -187,6 +194,9 @@ SPEC_TO_RECORD = Hop(  # CreateSpec.record
         "cpus": "cpus",
         "stateful": "stateful",
         "failover": "failover",
+        "disk_mb": "disk_mb",  # for an image's sandbox: the template's, else the default
+        "network": "network",  # checked, in its canonical text (None: mode none)
+        "lifecycle": "lifecycle",
         "ttl_seconds": "expires_at",
         "name": "name",
         "metadata": "metadata",
@@ -201,6 +211,7 @@ SPEC_TO_RECORD = Hop(  # CreateSpec.record
         "tenant_id": "the caller's tenant",
         "owner": "the replica writing it",
         "sealed_spec": "CreateSpec.contents, sealed",
+        "image": "the template's image",
         **dict.fromkeys((*_LATER, "epoch"), "the store, placement, failover or a heartbeat, later"),
     },
 )
@@ -214,16 +225,19 @@ _RECORD_ONLY = (
     "failover",
     "sealed_spec",
     "owner",
+    "lifecycle",
     *_LATER,
 )
 RECORD_TO_REQUEST = Hop(  # SandboxRecord.request
     StoreSandboxRecord,
     CreateRequest,
-    passes={"memory_mb": "memory_mb", "cpus": "cpu", "stateful": "stateful"},
+    passes={"memory_mb": "memory_mb", "cpus": "cpu", "stateful": "stateful", "image": "image"},
     stops={
         **dict.fromkeys(_RECORD_ONLY, "not weighed by placement"),
         "template": "not weighed yet: a host without it refuses the start, tried elsewhere",
         "epoch": "not weighed by placement",
+        "disk_mb": "not weighed by placement: a host's disks are not yet a dimension",
+        "network": "not weighed by placement: every host with the process runtime has slots",
     },
     fills=dict.fromkeys(("template", "runtime", "gpu", "tenant"), "not asked of the host's filters yet"),
 )
@@ -237,21 +251,31 @@ RECORD_TO_START = Hop(  # StartSandbox.of
         "stateful": "stateful",
         "template": "template",
         "epoch": "epoch",
+        "image": "image",
+        "disk_mb": "disk_mb",
+        "network": "egress",
     },
     stops=dict.fromkeys(set(_RECORD_ONLY) - {"id"}, "the control plane's, not the host's"),
     fills={
+        "user": "the image's config",
+        "workdir": "the image's config",
         "env": "the unsealed spec",
         "secrets": "the unsealed spec",
         "pids": "the template's limit",
         "hostname": "not asked by the control plane: the sandbox's id",
         "network": "not asked by the control plane: loopback only",
+        "leased": "from the record's failover: a recreate-policy copy runs under its host's run lease",
     },
 )
 START_TO_RUNTIME = Hop(  # StartSandbox.spec
     StartSandbox,
     SandboxSpec,
-    passes={f: f for f in SandboxSpec.__dataclass_fields__},
-    stops={"secrets": "held by the agent, in memory only: given to each exec, never to the runtime"},
+    passes={f: f for f in SandboxSpec.__dataclass_fields__ if f != "netns"},
+    stops={
+        "secrets": "held by the agent, in memory only: given to each exec, never to the runtime",
+        "egress": "enforced by the agent: the slot it takes for it is the runtime's netns",
+    },
+    fills={"netns": "the agent's network slot (Agent._start_attached), for an egress that needs one"},
 )
 HOPS = (BODY_TO_SPEC, SPEC_TO_RECORD, RECORD_TO_REQUEST, RECORD_TO_START, START_TO_RUNTIME)
 
@@ -285,9 +309,13 @@ bodies = st.builds(
     secrets=_env,
     failover=st.none() | st.sampled_from(["recreate", "orphan"]),
     wait_s=st.none() | st.floats(0.001, 3600),
+    network=st.none()
+    | st.sampled_from([EgressPolicyBody(), EgressPolicyBody(mode="internet", deny_out=["0.0.0.0/0"])]),
 )
 # What the template gives a spec that leaves a size out (CreateFlow resolves it so before the record).
-TEMPLATE = {"memory_mb": 512, "cpus": 1.0, "stateful": False, "failover": "orphan"}
+TEMPLATE = {"memory_mb": 512, "cpus": 1.0, "stateful": False, "failover": "orphan", "disk_mb": 1024}
+IMAGE = "sha256:" + "ab" * 32
+IMAGE_CONFIG = ImageConfig(user="builder", workdir="/srv")
 
 
 def arrived(hop: Hop, before: object, after: object, expect: dict[str, object] | None = None) -> None:
@@ -308,12 +336,15 @@ def test_a_body_s_fields_arrive_at_every_hop(
     body: SandboxSpecBody, now: float, epoch: int, pids: int | None
 ) -> None:
     spec = body.create_spec()
-    arrived(BODY_TO_SPEC, body, spec)
+    arrived(BODY_TO_SPEC, body, spec, {"network": body.network.wire() if body.network else None})
 
     resolved = {k: v if (v := getattr(spec, k)) is not None else TEMPLATE[k] for k in TEMPLATE}
-    record = spec.record(new_sandbox_id(now), "tn-1", **resolved, now=now, owner="replica-1")  # type: ignore[arg-type]
+    net = network_text(checked(spec.network))
+    record = spec.record(
+        new_sandbox_id(now), "tn-1", **resolved, now=now, owner="replica-1", image=IMAGE, network=net
+    )  # type: ignore[arg-type]
     expires = now + spec.ttl_seconds if spec.ttl_seconds else None
-    arrived(SPEC_TO_RECORD, spec, record, {**resolved, "ttl_seconds": expires})
+    arrived(SPEC_TO_RECORD, spec, record, {**resolved, "ttl_seconds": expires, "network": net})
     assert (record.tenant_id, record.owner, record.state) == ("tn-1", "replica-1", SandboxState.RESERVED)
     assert spec.contents() == Spec(env=body.env, secrets=body.secrets)
 
@@ -321,9 +352,11 @@ def test_a_body_s_fields_arrive_at_every_hop(
 
     record = dataclasses.replace(record, epoch=epoch)  # as a recreate leaves it
     contents = spec.contents()
-    start = StartSandbox.of(record, contents.env, contents.secrets, pids)
-    arrived(RECORD_TO_START, record, start)
+    start = StartSandbox.of(record, contents.env, contents.secrets, pids, IMAGE_CONFIG)
+    egress = None if net is None else EgressPolicyBody.model_validate_json(net)
+    arrived(RECORD_TO_START, record, start, {"network": egress})
     assert (start.env, start.secrets, start.pids) == (body.env, body.secrets, pids)
+    assert (start.user, start.workdir) == (IMAGE_CONFIG.user, IMAGE_CONFIG.workdir)
     # What the control plane sends, the agent reads back the same.
     assert StartSandbox.model_validate_json(start.model_dump_json()) == start
 
@@ -394,8 +427,48 @@ async def test_one_create_walks_from_the_route_to_the_runtime(tmp_path: Path) ->
             env={"PLAIN": "p"},
             pids=DEFAULT_SANDBOX_PIDS,
             epoch=rec.epoch,
+            leased=True,  # failover "recreate": it runs under its host's run lease
         )
         out = await c.http.post(f"/v1/sandboxes/{sid}/exec", json={"command": ["env"]}, headers=h)
         assert "PLAIN=p" in out.json()["stdout"] and "TOKEN=walk-secret-3e9a" in out.json()["stdout"]
+    finally:
+        await c.close()
+
+
+async def test_an_image_template_s_sandbox_starts_on_its_image_with_its_disk(tmp_path: Path) -> None:
+    """A template that names an image: its sandboxes keep that digest, start with its config (the
+    create's env over the image's), and take the template's disk unless the create names one."""
+    c = await make_cluster(tmp_path, hosts=2)
+    try:
+        h = c.as_(ADMIN)
+        # The hosts fetch the image from the control plane's blob store before they start it.
+        (tmp_path / "image").write_bytes(b"an image's bytes")
+        image = digest_file(tmp_path / "image")
+        assert c.plane.images.blobs is not None
+        await c.plane.images.blobs.put(image, tmp_path / "image")
+        config = ImageConfig(env={"LANG": "C.UTF-8", "PLAIN": "image"}, user="builder", workdir="/srv")
+        await c.plane.store.create_template(
+            TemplateRecord("py", 1.0, 512, image=image, image_config=config, disk_mb=256)
+        )
+        r = await c.http.post("/v1/sandboxes", json={"template": "py", "env": {"PLAIN": "p"}}, headers=h)
+        assert r.status_code == 201, r.text
+        assert (r.json()["image"], r.json()["disk_mb"]) == (image, 256)
+        sid = r.json()["id"]
+        rec = await c.plane.store.get_sandbox(sid)
+        assert rec is not None and (rec.image, rec.disk_mb) == (image, 256)
+        agent = next(a for a in c.fleet.agents if a.id == rec.host_id)
+        spec = next(x for x in await agent.runtime.list() if x.id == sid).spec
+        assert (spec.image, spec.disk_mb, spec.user, spec.workdir) == (image, 256, "builder", "/srv")
+        assert spec.env == {"LANG": "C.UTF-8", "PLAIN": "p"}
+
+        r = await c.http.post("/v1/sandboxes", json={"template": "py", "disk_mb": 2048}, headers=h)
+        assert r.status_code == 201 and r.json()["disk_mb"] == 2048, r.text
+        # No image, no disk to size: refused naming the field, nothing written.
+        before = len((await c.plane.store.list_sandboxes()).items)
+        r = await c.http.post("/v1/sandboxes", json={"template": "default", "disk_mb": 64}, headers=h)
+        assert r.status_code == 422 and "disk_mb" in r.text, r.text
+        assert len((await c.plane.store.list_sandboxes()).items) == before
+        r = await c.http.post("/v1/sandboxes", json={"template": "py", "disk_mb": 1}, headers=h)
+        assert r.status_code == 422, r.text
     finally:
         await c.close()

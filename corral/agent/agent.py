@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from corral.agent.beats import SETTLE_SAMPLE_S, EarlyBeat, HeartbeatBuilder, ReadingTurns
 from corral.agent.config import AgentConfig
@@ -27,15 +28,21 @@ from corral.agent.errors import (
     AgentRuntimeError,
     AgentSandboxNotFound,
 )
+from corral.agent.execstream import ExecStream, oom_verdict
+from corral.agent.fence import RunFence
+from corral.agent.inputs import MAX_IMAGES_PER_HOST
 from corral.agent.keeper import WarmKeeper
 from corral.agent.limiter import StartsLimiter, StartsSaturated
 from corral.agent.live import Live, LiveSet
+from corral.agent.netns import netns_path
+from corral.agent.netslots import SlotPool, SlotsUnavailable
 from corral.agent.pressure import PressureSignal, PressureSource, usage_ratio_signal
 from corral.agent.protocol import (
     ROLE_OWNED,
     AgentHeartbeat,
     Capacity,
     ClaimWarm,
+    EgressPolicyBody,
     ExecRequest,
     HeartbeatReply,
     SandboxInfo,
@@ -49,14 +56,18 @@ from corral.codes import ErrorCode
 from corral.core.admission import AdmissionBook, charge_mb, fits, request_charge_mb
 from corral.core.clock import Clock
 from corral.core.inflight import BUSY_RETRY_S, InFlight
+from corral.core.netpolicy import NO_NETWORK, EgressPolicy, PolicyError
 from corral.core.pressure import PressureGate
 from corral.core.settle import DEFAULT_SETTLE_S, SettleRule
 from corral.core.types import AdmissionMode, CreateRequest, SandboxUsage
 from corral.exec_result import ExecResult
+from corral.images.cache import ImageCache, ImageUnavailable
 from corral.runtime.base import (
     InvalidSandbox,
+    Reboots,
     Runtime,
     RuntimeFailure,
+    SandboxHandle,
     SandboxNotFound,
     SandboxPaused,
     SandboxSpec,
@@ -68,15 +79,15 @@ log = logging.getLogger("corral.agent")
 STARTS_SATURATED_RETRY_S = 1.0  # a start takes a fraction of a second: a slot frees up soon
 PRESSURE_RETRY_S = 10.0  # the PSI window the gate reads is ten seconds wide
 START_FAILED_RETRY_S = 1.0
+IMAGE_RETRY_S = 1.0  # another host may have it, or the next transfer may arrive whole
 
 
 class Agent:
-    """One host's agent: the host's size, what it is wired to, and how it is tuned.
-
-    ``config`` holds the bounds and the policy (:class:`AgentConfig`); any of its fields may be given as
-    a keyword instead (``Agent(..., admission=AdmissionMode.COMMITTED)``), over ``config``'s value.
+    """One host's agent: how it is set (``config``: the host's id and size, its bounds and its
+    policy, :class:`AgentConfig`) and what it is wired to (``runtime`` and the keywords).
     ``pressure`` is a :class:`PressureSignal` or a bare callable read on the usage-ratio scale (None:
-    the sandboxes' measured memory over the host's); ``sink`` receives every heartbeat.
+    the sandboxes' measured memory over the host's); ``sink`` receives every heartbeat; ``images`` is
+    the host's image cache (None: a start that names an image leaves it to the runtime).
 
     Every state change happens on the event loop without an ``await`` between the check and the commit,
     so the gate needs no lock.
@@ -84,32 +95,30 @@ class Agent:
 
     def __init__(
         self,
-        id: str,
+        config: AgentConfig,
         runtime: Runtime,
-        memory_mb_total: int,
-        cpu_total: float,
-        config: AgentConfig | None = None,
         *,
         clock: Clock | None = None,
         pressure: PressureSignal | PressureSource | None = None,
         pressure_gate: PressureGate | None = None,
         sink: HeartbeatSink | None = None,
-        **settings: Any,
+        images: ImageCache | None = None,
+        netslots: SlotPool | None = None,
+        lease_clock: Callable[[], float] | None = None,
     ) -> None:
-        if memory_mb_total <= 0 or cpu_total <= 0:
-            raise ValueError("memory_mb_total and cpu_total must be positive")
-        config = (config or AgentConfig()).but(**settings)
         self.config = config
-        self.id = id
+        self.id = config.id
         self.runtime = runtime
-        self.memory_mb_total = memory_mb_total
-        self.cpu_total = cpu_total
+        self.memory_mb_total = config.memory_mb_total
+        self.cpu_total = config.cpu_total
         self.admission = AdmissionMode(config.admission)
         self.policy = config.policy
         self.clock: Clock = clock or SystemClock()
         self.templates = None if config.templates is None else frozenset(config.templates)
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self.sink = sink
+        # Network slots for sandboxes whose egress policy needs an interface (None: this host has none).
+        self.netslots = netslots
         self.address = config.address
         self.settle_s = (
             float(getattr(runtime, "memory_settle_s", DEFAULT_SETTLE_S))
@@ -125,7 +134,11 @@ class Agent:
         self.signal = self._signal(pressure)
         self.gate = pressure_gate or self.signal.gate()
 
-        self._live = LiveSet(AdmissionBook(memory_mb_total, self.admission, self.policy))
+        self._live = LiveSet(AdmissionBook(config.memory_mb_total, self.admission, self.policy))
+        # Each live sandbox of an image holds it in the cache (no eviction) until it leaves the set.
+        self.images = images
+        self._image_holders: set[str] = set()
+        self._live.on_gone = self._image_gone
         # Each sandbox's secrets, in memory only: never in the runtime's records on disk.
         self._secrets: dict[str, dict[str, str]] = {}
         # Adopted sandboxes whose secrets the control plane has not sent again yet.
@@ -135,7 +148,11 @@ class Agent:
         self._background: set[asyncio.Task[None]] = set()  # held so they are not collected mid-flight
         self._oom_ids: set[str] = set()  # sandboxes with OOM kills: the heartbeat's sparse map
         # Seeded from the clock so that a restarted agent's sequence still moves forward.
-        self.beats = HeartbeatBuilder(id, int(self.clock.now() * 1000))
+        self.beats = HeartbeatBuilder(config.id, int(self.clock.now() * 1000))
+        # The run lease each reply renews, on a monotonic clock (``lease_clock``: a test's).
+        self.fence = RunFence(
+            config.id, runtime, self._live, self._fence_stop, self._paused, lease_clock or time.monotonic
+        )
         self.early = EarlyBeat()
         self._turns = ReadingTurns()
         self.refusals: dict[str, int] = {}
@@ -243,7 +260,9 @@ class Agent:
         task.add_done_callback(self._background.discard)
 
     def set_warm_targets(self, targets: Iterable[WarmTarget]) -> None:
+        targets = builtins.list(targets)
         self.warm.set_targets(targets)
+        self._prefetch_images(targets)
 
     def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
         """Hand over one ready warm sandbox (see :meth:`WarmKeeper.claim`)."""
@@ -276,6 +295,9 @@ class Agent:
             raise AgentConflict(ErrorCode.SANDBOX_EXISTS, f"sandbox {req.id!r} is already starting")
         creq = CreateRequest(memory_mb=req.memory_mb, cpu=req.cpus, stateful=req.stateful)
         self._check_pressure()
+        # A host that lacks the image fetches it before taking a start slot: a transfer waits on the
+        # network, and concurrent creates of the image wait on this one transfer, not on the slots.
+        await self._fetch_image(req.image)
         if self.limiter.saturated:
             # A refusal that is already certain must not wait for a slot first.
             self._check_fits(creq)
@@ -301,9 +323,16 @@ class Agent:
 
     async def _run_start(self, req: StartSandbox, creq: CreateRequest) -> SandboxInfo:
         spec = req.spec()
+        egress = _egress(req)
         self._starting[req.id] = request_charge_mb(creq, self.admission, self.policy)
+        held = False
         try:
-            handle = await self.runtime.start(spec)
+            held = await self._hold_image(req.image)
+            handle = await self._start_attached(spec, egress)
+        except SlotsUnavailable as exc:
+            if held and req.image is not None and self.images is not None:
+                self.images.release(req.image)
+            raise self._refuse(ErrorCode.START_FAILED, str(exc), START_FAILED_RETRY_S) from exc
         except InvalidSandbox as exc:
             raise AgentInvalid(ErrorCode.INVALID_REQUEST, str(exc), details={"field": exc.field}) from exc
         except RuntimeFailure as exc:
@@ -316,17 +345,116 @@ class Agent:
             self._background.add(reaper)
             reaper.add_done_callback(self._background.discard)
             raise
+        except BaseException:
+            if held and req.image is not None and self.images is not None:
+                self.images.release(req.image)
+            raise
         finally:
             del self._starting[req.id]
         live = self._live[req.id] = Live(handle.spec, handle.started_at)
+        if held:
+            self._image_holders.add(req.id)
         if req.secrets:
             self._secrets[req.id] = dict(req.secrets)
         return self._info(req.id, live)
+
+    # -- images ------------------------------------------------------------------------------------
+
+    async def _fetch_image(self, digest: str | None) -> None:
+        if digest is None or self.images is None:
+            return
+        try:
+            await self.images.fetch(digest)
+        except ImageUnavailable as exc:
+            raise self._refuse(ErrorCode.IMAGE_UNAVAILABLE, str(exc), IMAGE_RETRY_S, image=digest) from exc
+
+    async def _hold_image(self, digest: str | None) -> bool:
+        """Count the starting sandbox as a user of its image (fetched now when it is not here yet, as
+        for a warm start). False when there is nothing to hold."""
+        if digest is None or self.images is None:
+            return False
+        try:
+            await self.images.local_path(digest)
+        except ImageUnavailable as exc:
+            raise self._refuse(ErrorCode.IMAGE_UNAVAILABLE, str(exc), IMAGE_RETRY_S, image=digest) from exc
+        return True
+
+    def _image_gone(self, sandbox_id: str, live: Live) -> None:
+        if sandbox_id in self._image_holders:
+            self._image_holders.discard(sandbox_id)
+            if live.spec.image is not None and self.images is not None:
+                self.images.release(live.spec.image)
+
+    def held_images(self) -> builtins.list[str]:
+        """The digests a heartbeat names: the images on this host's disk, most recently used first."""
+        return [] if self.images is None else self.images.held(MAX_IMAGES_PER_HOST)
+
+    def _prefetch_images(self, targets: Iterable[WarmTarget]) -> None:
+        """Warm targets' images the host lacks are fetched ahead, before their first warm start."""
+        if self.images is None:
+            return
+        for digest in {t.image for t in targets if t.image is not None and t.target > 0}:
+            if not self.images.has(digest):
+                self._in_background(self._prefetch(digest))
+
+    async def _prefetch(self, digest: str) -> None:
+        assert self.images is not None
+        await self.images.prefetch(digest)
+
+    async def _start_attached(self, spec: SandboxSpec, egress: EgressPolicy) -> SandboxHandle:
+        """The runtime's start, in a network slot of its own when ``egress`` needs an interface."""
+        if egress.attached and self.netslots is not None:
+            slot = await self.netslots.take(spec.id, egress)
+            spec = dataclasses.replace(spec, netns=netns_path(slot))
+        elif egress.attached and self.runtime.name != "sim":  # the simulator runs nothing to attach
+            raise SlotsUnavailable(f"host {self.id} has no network slots (egress {egress.mode!r})")
+        try:
+            return await self.runtime.start(spec)
+        except asyncio.CancelledError:
+            raise  # the reaper gives its slot back once the runtime has torn it down
+        except BaseException:
+            await asyncio.shield(self._detach(spec.id))
+            raise
+
+    async def _detach(self, sandbox_id: str) -> None:
+        """Return a gone sandbox's network slot (scrubbed) to the pool, if it had one."""
+        if self.netslots is not None:
+            await self.netslots.give_back(sandbox_id)
+
+    async def set_egress(self, sandbox_id: str, body: EgressPolicyBody, epoch: int | None = None) -> None:
+        """Replace a running sandbox's egress policy in one transaction. Mode "none" on a sandbox with
+        a slot closes it (the interface stays, nothing passes); a policy that needs an interface, for a
+        sandbox started without one, is refused: a running sandbox is not moved to another namespace."""
+        self._check_epoch(sandbox_id, epoch)
+        self._require(sandbox_id)
+        egress = _parse_egress(body)
+        if self.netslots is not None and self.netslots.slot_of(sandbox_id) is not None:
+            await self.netslots.apply(sandbox_id, egress)
+        elif egress.attached and self.runtime.name != "sim":
+            raise AgentConflict(
+                ErrorCode.NETWORK_NOT_ATTACHED,
+                f"sandbox {sandbox_id!r} was started without a network interface (egress 'none')",
+            )
+
+    def port_address(self, sandbox_id: str, epoch: int | None = None) -> str:
+        """The address a running sandbox's ports are reached at from this host: its slot's. A
+        sandbox without a slot (egress "none": loopback only) has no port anyone can reach."""
+        self._check_epoch(sandbox_id, epoch)
+        self._require(sandbox_id)
+        slot = self.netslots.slot_of(sandbox_id) if self.netslots is not None else None
+        if slot is None:
+            raise AgentConflict(
+                ErrorCode.NETWORK_NOT_ATTACHED,
+                f"sandbox {sandbox_id!r} has no network interface (egress 'none'): its ports are "
+                "reached only with a network policy of mode 'internet' (deny_out 0.0.0.0/0 keeps it offline)",
+            )
+        return str(slot.sandbox_ip)
 
     async def _reap(self, sandbox_id: str) -> None:
         # Never started, or already gone: either way nothing is left.
         with contextlib.suppress(RuntimeFailure):
             await self.runtime.stop(sandbox_id)
+        await self._detach(sandbox_id)
 
     def _check_epoch(self, sandbox_id: str, epoch: int | None) -> None:
         """A call routed to another epoch of this id than the copy here is refused: one of the two is
@@ -369,6 +497,7 @@ class Agent:
         self._live.pop(sandbox_id, None)
         self._secrets.pop(sandbox_id, None)
         self.warm.forget(sandbox_id)
+        await self._detach(sandbox_id)
 
     def enter(self, sandbox_id: str) -> None:
         """Take one of the sandbox's command slots, or refuse with 429 ``too_many_concurrent``. Every
@@ -393,16 +522,17 @@ class Agent:
         finally:
             self.leave(sandbox_id)
 
-    async def _exec(self, sandbox_id: str, req: ExecRequest) -> ExecResult:
+    def _exec_env(self, sandbox_id: str, req: ExecRequest) -> Mapping[str, str]:
         claimed_env = self.warm.env(sandbox_id)
         secrets = self._secrets.get(sandbox_id)
         env = {**claimed_env, **req.env} if claimed_env else req.env
-        if secrets:
-            env = {**secrets, **env}
+        return {**secrets, **env} if secrets else env
+
+    @contextlib.contextmanager
+    def _runtime_errors(self, sandbox_id: str) -> Iterator[None]:
+        """The runtime's refusals of a command, as the agent answers them."""
         try:
-            r = await self.runtime.exec(
-                sandbox_id, req.command, timeout_s=req.timeout_s, env=env, cwd=req.cwd
-            )
+            yield
         except SandboxNotFound:
             self._live.pop(sandbox_id, None)  # it died under us; stop accounting for it
             raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
@@ -413,24 +543,75 @@ class Agent:
             raise AgentConflict(ErrorCode.SANDBOX_PAUSED, str(exc)) from exc
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
-        return r
 
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
-        """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start."""
+    async def oom_kills_of(self, sandbox_id: str) -> int:
+        """The sandbox's OOM kills so far, read now (0 when the runtime cannot tell)."""
+        try:
+            return await self.runtime.oom_kills(sandbox_id)
+        except (RuntimeFailure, OSError):
+            return 0
+
+    async def _exec(self, sandbox_id: str, req: ExecRequest) -> ExecResult:
+        env = self._exec_env(sandbox_id, req)
+        before = await self.oom_kills_of(sandbox_id)
+        with self._runtime_errors(sandbox_id):
+            r = await self.runtime.exec(
+                sandbox_id, req.command, timeout_s=req.timeout_s, env=env, cwd=req.cwd
+            )
+        return oom_verdict(r, before, await self.oom_kills_of(sandbox_id))
+
+    async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecStream:
+        """Start a command whose output is read as it comes; it holds one of the sandbox's command
+        slots until it has ended or been killed (``ExecStream.aclose``)."""
+        if sandbox_id not in self._live:
+            raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
+        self._check_epoch(sandbox_id, epoch)
+        self.enter(sandbox_id)
+        try:
+            env = self._exec_env(sandbox_id, req)
+            before = await self.oom_kills_of(sandbox_id)
+            with self._runtime_errors(sandbox_id):
+                spawned = await self.runtime.spawn(sandbox_id, req.command, env=env, cwd=req.cwd)
+        except BaseException:
+            self.leave(sandbox_id)
+            raise
+        return ExecStream(
+            spawned,
+            req.timeout_s,
+            oom_kills=lambda: self.oom_kills_of(sandbox_id),
+            oom_kills_before=before,
+            release=lambda: self.leave(sandbox_id),
+        )
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start.
+        Without ``memory``, its processes are ended first (its files kept): its resume is a reboot."""
         live = self._require(sandbox_id)
         if self._paused(sandbox_id):
             raise AgentConflict(ErrorCode.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
+        if not memory:
+            await self._call_runtime(self._reboot, sandbox_id)
         await self._call_runtime(self.runtime.pause, sandbox_id)
         live.paused = True
         return self._info(sandbox_id, live)
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
+    async def resume(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        """Thaw the sandbox; without ``memory``, as a boot from its files: its processes end first."""
         live = self._require(sandbox_id)
         if not self._paused(sandbox_id):
             raise AgentConflict(ErrorCode.SANDBOX_NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
+        if not memory:
+            await self._call_runtime(self._reboot, sandbox_id)
         await self._call_runtime(self.runtime.resume, sandbox_id)
         live.paused = False
         return self._info(sandbox_id, live)
+
+    async def _reboot(self, sandbox_id: str) -> None:
+        if not isinstance(self.runtime, Reboots):
+            raise RuntimeFailure(
+                f"the {self.runtime.name} runtime cannot end a sandbox's processes and keep its files"
+            )
+        await self.runtime.reboot(sandbox_id)
 
     def _require(self, sandbox_id: str) -> Live:
         live = self._live.get(sandbox_id)
@@ -453,6 +634,10 @@ class Agent:
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
 
+    def spec_of(self, sandbox_id: str) -> SandboxSpec:
+        """What the sandbox was started as (its image, its user...)."""
+        return self._require(sandbox_id).spec
+
     def get(self, sandbox_id: str) -> SandboxInfo:
         live = self._live.get(sandbox_id)
         if live is None:
@@ -467,20 +652,14 @@ class Agent:
 
     def _info(self, sandbox_id: str, s: Live) -> SandboxInfo:
         spec = s.spec
-        return SandboxInfo(
-            id=sandbox_id,
-            memory_mb=spec.memory_mb,
-            cpus=spec.cpus,
-            stateful=spec.stateful,
-            template=spec.template,
-            hostname=spec.hostname or sandbox_id,
+        return SandboxInfo.of(
+            spec,
             started_at=s.started_at,
             resident_mb=s.resident_mb,
             oom_kills=s.oom_kills,
             paused=s.paused,
             charged_mb=charge_mb(spec.memory_mb, spec.stateful, self.admission, s.resident_mb, self.policy),
             role=self.warm.role(sandbox_id) or ROLE_OWNED,
-            epoch=spec.epoch,
         )
 
     # -- restart, measurement, heartbeats --------------------------------------------------------------
@@ -501,7 +680,12 @@ class Agent:
             if h.id not in self._live and h.id not in self._starting:
                 live = Live(h.spec, h.started_at)
                 live.paused = self._paused(h.id)  # a sandbox paused before the restart stays paused
+                if h.spec.netns is not None and self.netslots is not None:
+                    self.netslots.adopt(h.id, h.spec.netns)
                 self._live[h.id] = live
+                # It still runs from the image file it was started from: no eviction under it.
+                if h.spec.image is not None and self.images is not None and self.images.hold(h.spec.image):
+                    self._image_holders.add(h.id)
                 # Its secrets were never on disk: the control plane sends them again.
                 self._restore.add(h.id)
                 adopted += 1
@@ -528,6 +712,7 @@ class Agent:
                     # later listing: nothing else will ever ask the runtime about this id again.
                     with contextlib.suppress(RuntimeFailure):
                         await self.runtime.stop(sandbox_id)
+                    await self._detach(sandbox_id)
                 continue
             except RuntimeFailure:
                 continue  # no reading this round; keep the last one
@@ -570,6 +755,7 @@ class Agent:
             gpu=self.gpu,
             role=self.role,
             stream_restore=self.stream_restore,
+            images=self.held_images(),
             intake_open=self.gate.is_open,
             starts_in_flight=self.limiter.in_flight,
             max_concurrent_starts=self.limiter.limit,
@@ -617,6 +803,7 @@ class Agent:
         hb = self.heartbeat()
         if self.sink is not None:
             reply = None
+            sent_at = self.fence.now()
             try:
                 reply = await self.sink(hb)
             finally:
@@ -625,7 +812,15 @@ class Agent:
             self.heartbeats_sent += 1
             if reply is not None:
                 await self._stop_fenced(reply.stop)
+                if reply.accepted:
+                    # Renewed: what it did not say to stop is still this host's at its epoch.
+                    self.fence.renewed(sent_at, reply.run_lease_s, reply.dead_after_s)
+                    await self.fence.check(stopped=set(reply.stop))
         return hb
+
+    async def _fence_stop(self, sandbox_id: str) -> None:
+        with contextlib.suppress(AgentError):
+            await self.stop(sandbox_id)
 
     def _restore_secrets(self, asked: Iterable[str], secrets: Mapping[str, Mapping[str, str]]) -> None:
         for sandbox_id in asked:
@@ -647,16 +842,23 @@ class Agent:
         control plane as one burst). A control plane that is down is logged and tried again next
         interval; starts never wait on this loop."""
         budget = max(1.0, 2 * self.heartbeat_interval_s)
-        if phase_s > 0:
-            await asyncio.sleep(phase_s)
-        while True:
-            try:
-                async with asyncio.timeout(budget):
-                    await self.beat()
-            except Exception as exc:
-                self.heartbeat_failures += 1
-                log.warning("agent %s: heartbeat failed: %r", self.id, exc)
-            await self.until_next_beat()
+        # The fence watches the lease on its own schedule: a heartbeat stuck in a dead connection
+        # must not delay the freeze.
+        fence = asyncio.get_running_loop().create_task(self.fence.run(), name=f"fence-{self.id}")
+        try:
+            if phase_s > 0:
+                await asyncio.sleep(phase_s)
+            while True:
+                try:
+                    async with asyncio.timeout(budget):
+                        await self.beat()
+                except Exception as exc:
+                    self.heartbeat_failures += 1
+                    log.warning("agent %s: heartbeat failed: %r", self.id, exc)
+                await self.until_next_beat()
+        finally:
+            fence.cancel()
+            await asyncio.gather(fence, return_exceptions=True)
 
     async def until_next_beat(self) -> None:
         """Wait one heartbeat interval. Meanwhile, sandboxes still charged their reserve and old enough
@@ -673,6 +875,18 @@ class Agent:
 
     def _roomier(self) -> bool:
         return self.early.roomier(self.capacity().memory_mb_admittable, self.clock.now())
+
+
+def _parse_egress(body: EgressPolicyBody | None) -> EgressPolicy:
+    try:
+        return NO_NETWORK if body is None else body.policy()
+    except PolicyError as exc:
+        code = ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED if exc.hostname else ErrorCode.INVALID_REQUEST
+        raise AgentInvalid(code, str(exc), details={"field": f"egress.{exc.field}"}) from None
+
+
+def _egress(req: StartSandbox) -> EgressPolicy:
+    return _parse_egress(req.egress)
 
 
 def _same(spec: SandboxSpec, req: StartSandbox) -> bool:

@@ -20,6 +20,8 @@ from corral.agent import credentials
 from corral.agent.agent import Agent
 from corral.agent.config import AgentConfig
 from corral.agent.http import create_app
+from corral.agent.images import HttpImageSource
+from corral.agent.netslots import DEFAULT_POOL_SIZE, pool_for
 from corral.agent.pressure import PressureSignal, host_signal, sim_signal
 from corral.agent.sinks import HttpHeartbeatSink, http_heartbeat_sink
 from corral.aio import loop_factory
@@ -28,6 +30,8 @@ from corral.core.admission import AdmissionPolicy
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX
 from corral.core.listen import ListenBounds
 from corral.core.types import AdmissionMode
+from corral.images.cache import DEFAULT_IMAGE_CACHE_MB, ImageCache
+from corral.images.resolver import ImageResolver
 from corral.runtime.base import Runtime
 from corral.runtime.sim import SimRuntime
 
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.agent")
 
-RUNTIMES = ("sim", "process")
+RUNTIMES = ("sim", "process", "gvisor")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -48,9 +52,14 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 def build_runtime(
-    name: str, sandbox_uids: str | None = None, state_dir: Path | None = None, memory_mb: int | None = None
+    name: str,
+    sandbox_uids: str | None = None,
+    state_dir: Path | None = None,
+    memory_mb: int | None = None,
+    images: ImageResolver | None = None,
 ) -> Runtime:
-    """``memory_mb``: a sim host's physical memory, which its OOM killer guards."""
+    """``memory_mb``: a sim host's physical memory, which its OOM killer guards; ``images``: where the
+    process runtime gets its images' files (the agent's cache: one count of what sandboxes hold)."""
     if name == "sim":
         return SimRuntime(SystemClock(), random.Random(), memory_mb=memory_mb)
     if name == "process":
@@ -67,16 +76,25 @@ def build_runtime(
             uids = parse_range(sandbox_uids) if sandbox_uids else DEFAULT_UIDS
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--sandbox-uids") from exc
-        # A state directory of its own marks one of several hosts on this machine: so do its cgroups.
-        prefix = (
-            ""
-            if state_dir is None
-            else hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8] + "-"
+        runtime: Runtime = ProcessRuntime(
+            root=state_dir, uids=uids, cgroup_prefix=_state_prefix(state_dir), images=images
         )
-        runtime: Runtime = ProcessRuntime(root=state_dir, uids=uids, cgroup_prefix=prefix)
         return runtime
+    if name == "gvisor":
+        from corral.runtime.gvisor import GvisorRuntime, unavailable_reason
+
+        if (why := unavailable_reason()) is not None:
+            raise typer.BadParameter(f"the gvisor runtime is not available: {why}", param_hint="--runtime")
+        return GvisorRuntime(root=state_dir, cgroup_prefix=_state_prefix(state_dir))
     raise typer.BadParameter(
         f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})", param_hint="--runtime"
+    )
+
+
+def _state_prefix(state_dir: Path | None) -> str:
+    """A state directory of its own marks one of several hosts on this machine: so do its cgroups."""
+    return (
+        "" if state_dir is None else hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8] + "-"
     )
 
 
@@ -168,6 +186,31 @@ def agent_command(
             "agents sharing a machine must not share it).",
         ),
     ] = None,
+    image_cache: Annotated[
+        Path | None,
+        typer.Option(
+            "--image-cache",
+            help="Where this host keeps the images it fetched from the control plane (default: "
+            "images/ under --state-dir, else ./corral-images-ID).",
+        ),
+    ] = None,
+    image_cache_mb: Annotated[
+        int,
+        typer.Option(
+            "--image-cache-mb",
+            min=0,
+            help="Disk the image cache keeps within: past it, the least recently used images no "
+            "sandbox uses are deleted.",
+        ),
+    ] = DEFAULT_IMAGE_CACHE_MB,
+    network_slots: Annotated[
+        int,
+        typer.Option(
+            "--network-slots",
+            min=0,
+            help="Network slots built ahead for sandboxes with egress (a drained pool builds on demand).",
+        ),
+    ] = DEFAULT_POOL_SIZE,
     header_timeout: lo.HeaderTimeout = lo.DEFAULTS.header_timeout_s,
     body_timeout: lo.BodyTimeout = lo.DEFAULTS.body_timeout_s,
     keep_alive_timeout: lo.KeepAliveTimeout = lo.DEFAULTS.keep_alive_s,
@@ -181,7 +224,13 @@ def agent_command(
         header_timeout, body_timeout, keep_alive_timeout, max_connections, max_connections_per_peer
     )
     total_mb = memory_mb or host_memory_mb() or 4096
-    rt = build_runtime(runtime, sandbox_uids, state_dir, total_mb)
+    urls = [u.strip() for item in control_plane for u in item.split(",") if u.strip()]
+    if not urls:
+        raise typer.BadParameter("at least one control-plane URL", param_hint="--control-plane")
+    # Images come through the control plane's image route, with this host's own agent token.
+    cache_root = image_cache or (state_dir / "images" if state_dir else Path(f"corral-images-{id}"))
+    images = ImageCache(cache_root, HttpImageSource(urls, agent_token), image_cache_mb << 20)
+    rt = build_runtime(runtime, sandbox_uids, state_dir, total_mb, images)
     total_cpus = cpus or float(os.cpu_count() or 1)
     if headroom_mb >= total_mb:
         raise typer.BadParameter(
@@ -189,16 +238,16 @@ def agent_command(
             param_hint="--headroom-mb",
         )
     signal: PressureSignal | None = None
-    if runtime == "process":
+    if runtime in ("process", "gvisor"):
         signal = host_signal()
     elif isinstance(rt, SimRuntime):
         signal = sim_signal(rt.memory_used_ratio)
     address = advertise or _url(host, port)
-    urls = [u.strip() for item in control_plane for u in item.split(",") if u.strip()]
-    if not urls:
-        raise typer.BadParameter("at least one control-plane URL", param_hint="--control-plane")
     sink = http_heartbeat_sink(urls, agent_token)
     config = AgentConfig(
+        id,
+        total_mb,
+        total_cpus,
         admission=admission,
         policy=AdmissionPolicy(headroom_mb=headroom_mb),
         max_concurrent_starts=max_concurrent_starts,
@@ -207,7 +256,12 @@ def agent_command(
         heartbeat_interval_s=heartbeat_interval,
         address=address,
     )
-    agent = Agent(id, rt, total_mb, total_cpus, config, pressure=signal, sink=sink)
+    slots = None
+    if runtime == "process":
+        from corral.runtime.process import DEFAULT_ROOT
+
+        slots = pool_for(rt, state_dir or DEFAULT_ROOT, network_slots)
+    agent = Agent(config, rt, pressure=signal, sink=sink, images=images, netslots=slots)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(agent, host_key, host, port, advertise, bounds))
@@ -284,12 +338,16 @@ async def _serve(
     )
     beats = asyncio.create_task(agent.run_heartbeats())
     warm = asyncio.create_task(agent.run_warm())
+    if agent.netslots is not None:
+        agent.netslots.refill()
     try:
         await serving
     finally:
         beats.cancel()
         warm.cancel()
         await asyncio.gather(beats, warm, return_exceptions=True)
+        if agent.netslots is not None:
+            await agent.netslots.close()
         sink = agent.sink
         if isinstance(sink, HttpHeartbeatSink):
             await sink.aclose()

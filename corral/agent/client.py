@@ -9,7 +9,7 @@ with the agent's stable code.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -25,16 +25,18 @@ from corral.agent.errors import (
     AgentWarmEmpty,
     error_from_response,
 )
+from corral.agent.execstream import ExecEvents
 from corral.agent.protocol import (
     EPOCH_HEADER,
     Capacity,
     ClaimWarm,
+    EgressPolicyBody,
     ExecRequest,
     SandboxInfo,
     StartSandbox,
 )
 from corral.codes import ErrorCode
-from corral.exec_result import ExecResult
+from corral.exec_result import ANSWER_MARGIN_S, ExecEvent, ExecResult, ExecStreamError, decode_event
 
 __all__ = [
     "AgentClient",
@@ -59,13 +61,19 @@ class AgentClient(ABC):
     async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         """Run a command in it; with ``epoch``, only in the copy of that epoch."""
 
+    async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecEvents:
+        """Start a command whose output comes as it is written; closing the stream kills it."""
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot stream a command")
+
     @abstractmethod
     async def list(self) -> list[SandboxInfo]: ...
 
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        """Freeze it in place (``memory``), or end its processes and keep its files (not ``memory``)."""
         raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot pause sandboxes")
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
+    async def resume(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        """Thaw it; not ``memory``: as a reboot, its processes ended first, its files kept."""
         raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot resume sandboxes")
 
     @abstractmethod
@@ -74,6 +82,10 @@ class AgentClient(ABC):
     async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
         """Take one ready warm sandbox of ``template``; raises ``AgentWarmEmpty`` when none is left."""
         raise AgentWarmEmpty(message="this agent keeps no warm sandboxes")
+
+    async def set_egress(self, sandbox_id: str, body: EgressPolicyBody, epoch: int | None = None) -> None:
+        """Replace a running sandbox's egress policy, atomically."""
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot change egress policies")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook; most clients hold nothing
         """Release what the client holds (connections)."""
@@ -94,20 +106,26 @@ class LocalAgentClient(AgentClient):
     async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         return await self.agent.exec(sandbox_id, req, epoch)
 
+    async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecEvents:
+        return await self.agent.exec_stream(sandbox_id, req, epoch)
+
     async def list(self) -> list[SandboxInfo]:
         return self.agent.list()
 
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
-        return await self.agent.pause(sandbox_id)
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        return await self.agent.pause(sandbox_id, memory=memory)
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
-        return await self.agent.resume(sandbox_id)
+    async def resume(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        return await self.agent.resume(sandbox_id, memory=memory)
 
     async def capacity(self) -> Capacity:
         return self.agent.capacity()
 
     async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
         return self.agent.claim(template, req)
+
+    async def set_egress(self, sandbox_id: str, body: EgressPolicyBody, epoch: int | None = None) -> None:
+        await self.agent.set_egress(sandbox_id, body, epoch)
 
 
 _INFOS = TypeAdapter(list[SandboxInfo])
@@ -138,7 +156,14 @@ class HttpAgentClient(AgentClient):
         return {"Authorization": f"Bearer {token}"}
 
     async def _send(
-        self, method: str, path: str, body: Any, timeout_s: float | None, epoch: int | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        timeout_s: float | httpx.Timeout | None,
+        epoch: int | None = None,
+        *,
+        stream: bool = False,
     ) -> httpx.Response:
         kwargs: dict[str, Any] = {}
         headers = await self._auth()
@@ -151,7 +176,8 @@ class HttpAgentClient(AgentClient):
         if timeout_s is not None:
             kwargs["timeout"] = timeout_s
         try:
-            return await self._client.request(method, path, **kwargs)
+            request = self._client.build_request(method, path, **kwargs)
+            return await self._client.send(request, stream=stream)
         except httpx.HTTPError as exc:
             raise AgentUnavailable(message=f"agent unreachable: {exc!r}") from exc
 
@@ -176,11 +202,7 @@ class HttpAgentClient(AgentClient):
                 return resp.json()
             except ValueError as exc:
                 raise AgentUnavailable(message="agent answered with something that is not JSON") from exc
-        try:
-            payload = resp.json()
-        except ValueError:
-            payload = None
-        raise error_from_response(resp.status_code, payload)
+        raise _refusal(resp)
 
     @staticmethod
     def _parse(model: Any, data: Any) -> Any:
@@ -201,9 +223,28 @@ class HttpAgentClient(AgentClient):
     async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/exec"
         # The command may legitimately run for its whole timeout: give the HTTP call a little more.
-        data = await self._call("POST", path, req, timeout_s=req.timeout_s + 10.0, epoch=epoch)
+        data = await self._call("POST", path, req, timeout_s=req.timeout_s + ANSWER_MARGIN_S, epoch=epoch)
         result: ExecResult = self._parse(ExecResult, data)
         return result
+
+    async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecEvents:
+        path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/exec/stream"
+        # Silence between lines lasts at most a keepalive; the whole answer, the command's timeout.
+        timeout = httpx.Timeout(10.0, read=req.timeout_s + ANSWER_MARGIN_S)
+        resp = await self._send("POST", path, req, timeout, epoch, stream=True)
+        if resp.status_code == 401 and self._on_refused is not None:
+            await resp.aclose()
+            self._on_refused()
+            resp = await self._send("POST", path, req, timeout, epoch, stream=True)
+        if not resp.is_success:
+            try:
+                await resp.aread()
+            except httpx.HTTPError as exc:
+                raise AgentUnavailable(message=f"agent unreachable: {exc!r}") from exc
+            finally:
+                await resp.aclose()
+            raise _refusal(resp)
+        return _RemoteExec(resp)
 
     async def list(self) -> list[SandboxInfo]:
         result: list[SandboxInfo] = self._parse(_INFOS, await self._call("GET", "/v1/sandboxes"))
@@ -218,16 +259,20 @@ class HttpAgentClient(AgentClient):
         result: SandboxInfo = self._parse(SandboxInfo, await self._call("POST", path, req))
         return result
 
-    async def _sandbox_op(self, sandbox_id: str, op: str) -> SandboxInfo:
-        data = await self._call("POST", f"/v1/sandboxes/{quote(sandbox_id, safe='')}/{op}")
+    async def set_egress(self, sandbox_id: str, body: EgressPolicyBody, epoch: int | None = None) -> None:
+        await self._call("PUT", f"/v1/sandboxes/{quote(sandbox_id, safe='')}/egress", body, epoch=epoch)
+
+    async def _sandbox_op(self, sandbox_id: str, op: str, memory: bool) -> SandboxInfo:
+        query = "" if memory else "?memory=false"
+        data = await self._call("POST", f"/v1/sandboxes/{quote(sandbox_id, safe='')}/{op}{query}")
         result: SandboxInfo = self._parse(SandboxInfo, data)
         return result
 
-    async def pause(self, sandbox_id: str) -> SandboxInfo:
-        return await self._sandbox_op(sandbox_id, "pause")
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        return await self._sandbox_op(sandbox_id, "pause", memory)
 
-    async def resume(self, sandbox_id: str) -> SandboxInfo:
-        return await self._sandbox_op(sandbox_id, "resume")
+    async def resume(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
+        return await self._sandbox_op(sandbox_id, "resume", memory)
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -241,3 +286,42 @@ class HttpAgentClient(AgentClient):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _refusal(resp: httpx.Response) -> AgentError:
+    try:
+        payload = resp.json()
+    except ValueError:
+        payload = None
+    return error_from_response(resp.status_code, payload)
+
+
+class _RemoteExec:
+    """A command streamed from an agent over HTTP; closing the answer is what kills it there."""
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+
+    async def events(self) -> AsyncIterator[ExecEvent | None]:
+        ended = False
+        try:
+            async for line in self._resp.aiter_lines():
+                if not line:
+                    continue
+                event = decode_event(line)
+                ended = isinstance(event, ExecResult | ExecStreamError)
+                yield event
+                if ended:
+                    return
+        except (httpx.HTTPError, ValueError) as exc:
+            yield ExecStreamError(
+                code=ErrorCode.HOST_UNREACHABLE, message=f"the sandbox's host went away: {exc!r}"
+            )
+            return
+        if not ended:
+            yield ExecStreamError(
+                code=ErrorCode.HOST_UNREACHABLE, message="the sandbox's host ended the answer early"
+            )
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()

@@ -1,13 +1,11 @@
-"""What an operator sets on a host's agent: its bounds, its admission policy, its heartbeat's pace and
-what the host advertises beyond its size. One frozen value, so the agent's constructor takes the
-things it is wired to (runtime, clock, pressure, sink) apart from the numbers it is tuned with."""
+"""What an operator sets on a host's agent: the host's id and size, its bounds, its admission policy,
+its heartbeat's pace and what the host advertises beyond its size. One frozen value, so the agent's
+constructor takes it and the things it is wired to (runtime, clock, pressure, sink), nothing else."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from corral.core.admission import DEFAULT_POLICY, AdmissionPolicy
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX
@@ -20,6 +18,10 @@ class AgentConfig:
     ``settle_s`` is how old a sandbox must be before a stable measurement of it replaces its reserve
     (None: what the runtime declares as its ``memory_settle_s``)."""
 
+    id: str
+    # The host's size: what its sandboxes may be given, in all.
+    memory_mb_total: int
+    cpu_total: float
     admission: AdmissionMode = AdmissionMode.WORKING_SET
     policy: AdmissionPolicy = DEFAULT_POLICY
     max_concurrent_starts: int = 8
@@ -41,11 +43,9 @@ class AgentConfig:
     address: str = ""
 
     def __post_init__(self) -> None:
+        if self.memory_mb_total <= 0 or self.cpu_total <= 0:
+            raise ValueError("memory_mb_total and cpu_total must be positive")
         if self.heartbeat_interval_s <= 0:
             raise ValueError("heartbeat_interval_s must be positive")
         if self.settle_s is not None and self.settle_s < 0:
             raise ValueError("settle_s must not be negative")
-
-    def but(self, **changes: Any) -> AgentConfig:
-        """This config with ``changes`` (field names; an unknown one is a ``TypeError``)."""
-        return dataclasses.replace(self, **changes) if changes else self

@@ -19,16 +19,21 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral.agent.agent import Agent
 from corral.agent.envd import ENVD_PREFIX, Envd
 from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized
+from corral.agent.execstream import ExecResponse, unless_caller_goes
 from corral.agent.metrics import AgentCollector
+from corral.agent.portrelay import refuse
+from corral.agent.ports import AgentPorts
 from corral.agent.protocol import (
     EPOCH_HEADER,
     Capacity,
     ClaimWarm,
+    EgressPolicyBody,
     ExecRequest,
     SandboxInfo,
     StartSandbox,
@@ -111,6 +116,10 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         err.status = exc.status_code
         return error_response(err)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=400)  # nobody reads it; nothing to log
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("agent %s: unexpected error on %s %s", agent.id, request.method, request.url.path)
@@ -142,16 +151,27 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         return Response(status_code=204)
 
     @api.post("/v1/sandboxes/{sandbox_id}/exec")
-    async def exec_(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> ExecResult:
-        return await agent.exec(sandbox_id, body, epoch)
+    async def exec_(
+        sandbox_id: str, body: ExecRequest, request: Request, epoch: EpochHeader = None
+    ) -> ExecResult:
+        return await unless_caller_goes(request, agent.exec(sandbox_id, body, epoch))
+
+    @api.post("/v1/sandboxes/{sandbox_id}/exec/stream")
+    async def exec_stream(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> Response:
+        return ExecResponse(await agent.exec_stream(sandbox_id, body, epoch))
+
+    @api.put("/v1/sandboxes/{sandbox_id}/egress", status_code=204)
+    async def set_egress(sandbox_id: str, body: EgressPolicyBody, epoch: EpochHeader = None) -> Response:
+        await agent.set_egress(sandbox_id, body, epoch)
+        return Response(status_code=204)
 
     @api.post("/v1/sandboxes/{sandbox_id}/pause")
-    async def pause(sandbox_id: str) -> SandboxInfo:
-        return await agent.pause(sandbox_id)
+    async def pause(sandbox_id: str, memory: bool = True) -> SandboxInfo:
+        return await agent.pause(sandbox_id, memory=memory)
 
     @api.post("/v1/sandboxes/{sandbox_id}/resume")
-    async def resume(sandbox_id: str) -> SandboxInfo:
-        return await agent.resume(sandbox_id)
+    async def resume(sandbox_id: str, memory: bool = True) -> SandboxInfo:
+        return await agent.resume(sandbox_id, memory=memory)
 
     @api.get("/v1/capacity")
     async def capacity() -> Capacity:
@@ -165,6 +185,7 @@ def create_app(agent: Agent, token: str) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(api)
+    app.add_middleware(AgentPorts, agent=agent)
     app.add_middleware(_KeyGate, key_presented=key_presented)
 
     envd = Envd(agent)
@@ -190,9 +211,13 @@ class _KeyGate:
         self.key_presented = key_presented
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/healthz":
+        if scope["type"] in ("http", "websocket") and scope["path"] != "/healthz":
             header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
             if not self.key_presented(header.decode("latin-1")):
+                if scope["type"] == "websocket":  # a port's WebSocket, relayed by a replica
+                    err = AgentUnauthorized(message="missing or invalid bearer token")
+                    await refuse(scope, send, err.status, err.code, err.message)
+                    return
                 response = error_response(AgentUnauthorized(message="missing or invalid bearer token"))
                 await response(scope, receive, send)
                 return

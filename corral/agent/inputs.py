@@ -15,6 +15,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from corral.images.digest import DIGEST_PATTERN
+
 MAX_ARGS = 4096
 MAX_ARGV_BYTES = 256 * 1024
 MAX_ENV_ENTRIES = 256
@@ -85,6 +87,9 @@ MAX_SEQ = (1 << 63) - 1
 # At least 10,000 sandboxes per host, within one statement's parameter limits of both stores.
 MAX_SANDBOXES_PER_HOST = 16_384
 MAX_TEMPLATES_PER_HOST = 1024
+# The images a heartbeat names (the host's most recently used, when its disk holds more): O(images),
+# never O(sandboxes).
+MAX_IMAGES_PER_HOST = 256
 # An agent's base URL: http(s), a host (no credentials in it), an optional port and path; empty for
 # an agent in the control plane's own process.
 ADDRESS_PATTERN = r"^(https?://[A-Za-z0-9._~\-\[\]:%]+(/[A-Za-z0-9._~\-/%]*)?)?$"
@@ -98,3 +103,4 @@ Seq = Annotated[int, Field(ge=1, le=MAX_SEQ)]
 Timestamp = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
 Address = Annotated[str, Field(max_length=2048, pattern=ADDRESS_PATTERN)]
 Word = Annotated[str, Field(min_length=1, max_length=128)]
+Digest = Annotated[str, Field(pattern=DIGEST_PATTERN)]

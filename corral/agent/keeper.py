@@ -126,6 +126,10 @@ class WarmKeeper:
                     cpus=target.cpus,
                     stateful=target.stateful,
                     template=target.template,
+                    image=target.image,
+                    disk_mb=target.disk_mb,
+                    user=target.user,
+                    workdir=target.workdir,
                 )
                 await a._run_start(req, creq)
                 started = req.id

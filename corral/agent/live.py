@@ -4,7 +4,7 @@ charges at every start, the heartbeat lists and the sampling between heartbeats 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from corral.core.admission import AdmissionBook
 from corral.core.settle import SettleRule
@@ -57,6 +57,8 @@ class LiveSet(Mapping[str, Live]):
         self.touched: set[str] = set()
         self.dropped: set[str] = set()
         self.cpus = 0.0  # their CPUs, summed as they come and go
+        # Told of every entry that leaves (whatever removed it): what it held goes with it.
+        self.on_gone: Callable[[str, Live], None] | None = None
 
     def __getitem__(self, key: str) -> Live:
         return self._items[key]
@@ -98,6 +100,8 @@ class LiveSet(Mapping[str, Live]):
         self._of_age.discard(key)
         self.touched.add(key)
         self.dropped.add(key)
+        if self.on_gone is not None:
+            self.on_gone(key, old)
         return old
 
     def take_changes(self) -> tuple[set[str], set[str]]:

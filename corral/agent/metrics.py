@@ -89,6 +89,27 @@ class AgentCollector(Collector):
             oom_kills,
         )
         yield from self._warm()
+        yield from self._slots()
+
+    def _slots(self) -> Iterator[Metric]:
+        slots = GaugeMetricFamily(
+            "corral_agent_network_slots",
+            "Network slots by state: free (built ahead, in the pool) or in use (held by a sandbox).",
+            labels=["agent", "state"],
+        )
+        on_demand = CounterMetricFamily(
+            "corral_agent_network_slots_built_on_demand",
+            "Slots built for a start because the pool was drained (it never refuses).",
+            labels=["agent"],
+        )
+        for agent in self._current():
+            if agent.netslots is None:
+                continue
+            counts = agent.netslots.counts()
+            slots.add_metric([agent.id, "free"], counts["free"])
+            slots.add_metric([agent.id, "in_use"], counts["in_use"])
+            on_demand.add_metric([agent.id], counts["on_demand"])
+        yield from (slots, on_demand)
 
     def _warm(self) -> Iterator[Metric]:
         label = ["agent"]

@@ -8,11 +8,12 @@ is the agent's own verdict, computed with :func:`corral.core.admission.admittabl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from corral.agent.inputs import (
+    MAX_IMAGES_PER_HOST,
     MAX_SANDBOXES_PER_HOST,
     MAX_TEMPLATES_PER_HOST,
     AbsPath,
@@ -21,23 +22,30 @@ from corral.agent.inputs import (
     Argv,
     Count,
     Cpus,
+    Digest,
     Env,
     MemoryMb,
     Seq,
     Timestamp,
     Word,
 )
+from corral.core.netpolicy import MAX_RULES, EgressPolicy, parse_policy
 from corral.core.types import (
     DEFAULT_CPUS,
     DEFAULT_TEMPLATE,
     HOST_FACTS,
+    MAX_SANDBOX_DISK_MB,
     MAX_SANDBOX_PIDS,
+    MIN_SANDBOX_DISK_MB,
     MIN_SANDBOX_PIDS,
     AdmissionMode,
     HostFacts,
     HostState,
     HostView,
 )
+from corral.exec_result import DEFAULT_EXEC_TIMEOUT_S, MAX_EXEC_TIMEOUT_S
+from corral.images.config import USER_PATTERN, ImageConfig
+from corral.images.digest import DIGEST_PATTERN
 from corral.runtime.base import DEFAULT_PIDS, SandboxSpec
 from corral.shapes import ID_PATTERN
 
@@ -48,13 +56,18 @@ if TYPE_CHECKING:
 HOSTNAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$"
 MAX_MEMORY_MB = 16 * 1024 * 1024  # 16 TiB: anything larger is a typo, not a sandbox
 MAX_CPUS = 1024.0
-MAX_EXEC_TIMEOUT_S = 3600.0
 
 
 SandboxId = Annotated[str, Field(pattern=ID_PATTERN)]
 Epoch = Annotated[int, Field(ge=0, lt=2**63, strict=True)]
 # The header a control plane sends with every call about one sandbox: the epoch it routes to.
 EPOCH_HEADER = "X-Corral-Epoch"
+# On a call a replica relayed to an agent (the E2B data plane, a sandbox's port): a replica that
+# receives one would relay it a second time, and refuses it (421) so that no routing loop forms.
+HOP_HEADER = "corral-forwarded"
+# A relayed call's own Authorization (it names the sandbox user, or is meant for the sandbox's
+# server), moved aside for the host key the agent checks.
+CALLER_AUTH_HEADER = "corral-caller-authorization"
 
 
 class _Model(BaseModel):
@@ -64,6 +77,27 @@ class _Model(BaseModel):
 class _Lenient(BaseModel):
     # What the agent publishes: a newer agent may add fields an older control plane ignores.
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class EgressPolicyBody(_Model):
+    # Left out: "internet" when a list is given, else "none" (corral.core.netpolicy.parse_policy).
+    mode: Literal["none", "internet"] | None = None
+    allow_out: list[str] = Field(default_factory=list, max_length=MAX_RULES)
+    deny_out: list[str] = Field(default_factory=list, max_length=MAX_RULES)
+    # Inbound: false, a sandbox's ports answer only requests carrying its traffic token.
+    allow_public_traffic: bool | None = Field(default=None, strict=True)
+
+    @classmethod
+    def of(cls, policy: EgressPolicy) -> EgressPolicyBody:
+        return cls.model_validate(policy.to_dict())
+
+    def wire(self) -> dict[str, object]:
+        """What was asked, as the core's parser reads it (a mode left out stays out)."""
+        return self.model_dump(exclude_none=True)
+
+    def policy(self) -> EgressPolicy:
+        """The core's policy; :class:`corral.core.netpolicy.PolicyError` when it cannot be enforced."""
+        return parse_policy(self.wire())
 
 
 # What the control plane asks a host to start (``of`` a record), and what the host's runtime is then
@@ -79,12 +113,24 @@ class StartSandbox(_Model):
     env: Env = Field(default_factory=dict)
     hostname: str | None = Field(default=None, pattern=HOSTNAME_PATTERN)
     network: bool = Field(default=False, strict=True)  # loopback only unless asked
+    # Its egress policy (corral.core.netpolicy's wire form; None: mode "none", loopback only). One
+    # that needs an interface takes a network slot of the host's.
+    egress: EgressPolicyBody | None = None
     # Its pids limit; None: the runtime's default.
     pids: int | None = Field(default=None, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
     # Delivered to every exec like env, held in the agent's memory only (never on its disk).
     secrets: Env = Field(default_factory=dict, repr=False)
     # Which owner of this id this copy is: a copy whose epoch is not the record's is fenced.
     epoch: Epoch = 0
+    # The image its root is made of (a digest; None: the host's own system directories), its own disk
+    # over it (MiB), and who its commands run as and where by default (the image's config).
+    image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    disk_mb: int | None = Field(default=None, ge=MIN_SANDBOX_DISK_MB, le=MAX_SANDBOX_DISK_MB, strict=True)
+    user: str | None = Field(default=None, pattern=USER_PATTERN)
+    workdir: AbsPath | None = None
+    # It runs only while its host holds a run lease: a recreate-policy sandbox, which the control plane
+    # starts elsewhere once the host is dead (the host freezes it first).
+    leased: bool = Field(default=False, strict=True)
 
     @classmethod
     def of(
@@ -93,19 +139,26 @@ class StartSandbox(_Model):
         env: Mapping[str, str],
         secrets: Mapping[str, str],
         pids: int | None = None,
+        image: ImageConfig | None = None,
     ) -> StartSandbox:
         """The start of ``record``'s sandbox at its epoch, with its env and secrets (``pids``: its
-        template's limit)."""
+        template's limit; ``image``: how its image says to run, whose env the create's env overrides)."""
         return cls(
             id=record.id,
             memory_mb=record.memory_mb,
             cpus=record.cpus,
             stateful=record.stateful,
             template=record.template,
-            env=dict(env),
+            env={**(image.env if image is not None else {}), **env},
             pids=pids,
             secrets=dict(secrets),
             epoch=record.epoch,
+            image=record.image,
+            disk_mb=record.disk_mb,
+            user=image.user if image is not None else None,
+            workdir=image.workdir if image is not None else None,
+            egress=None if record.network is None else EgressPolicyBody.model_validate_json(record.network),
+            leased=record.leased,
         )
 
     def spec(self) -> SandboxSpec:
@@ -122,6 +175,11 @@ class StartSandbox(_Model):
             network=self.network,
             pids=self.pids if self.pids is not None else DEFAULT_PIDS,
             epoch=self.epoch,
+            image=self.image,
+            disk_mb=self.disk_mb,
+            user=self.user,
+            workdir=self.workdir,
+            leased=self.leased,
         )
 
 
@@ -150,6 +208,36 @@ class SandboxInfo(_Lenient):
     epoch: int = 0
     paused: bool = False  # frozen in place: nothing runs until it is resumed
 
+    @classmethod
+    def of(
+        cls,
+        spec: SandboxSpec,
+        *,
+        started_at: float,
+        charged_mb: int,
+        resident_mb: int | None = None,
+        oom_kills: int = 0,
+        paused: bool = False,
+        role: str = ROLE_OWNED,
+    ) -> SandboxInfo:
+        """What a host says of the sandbox it runs from ``spec``: the spec's shape, and what it knows
+        of it as it runs."""
+        return cls(
+            id=spec.id,
+            memory_mb=spec.memory_mb,
+            cpus=spec.cpus,
+            stateful=spec.stateful,
+            template=spec.template,
+            hostname=spec.hostname or spec.id,
+            started_at=started_at,
+            resident_mb=resident_mb,
+            oom_kills=oom_kills,
+            paused=paused,
+            charged_mb=charged_mb,
+            role=role,
+            epoch=spec.epoch,
+        )
+
 
 class ClaimWarm(_Model):
     """Take one ready warm sandbox of a template: the environment is kept for every later exec."""
@@ -165,6 +253,11 @@ class WarmTarget(_Model):
     memory_mb: int = Field(gt=0, le=MAX_MEMORY_MB, strict=True)
     cpus: float = Field(default=DEFAULT_CPUS, gt=0, le=MAX_CPUS)
     stateful: bool = Field(default=False, strict=True)
+    # The template's image (fetched ahead by the host when it lacks it), disk and who runs in it.
+    image: str | None = Field(default=None, pattern=DIGEST_PATTERN)
+    disk_mb: int | None = Field(default=None, ge=MIN_SANDBOX_DISK_MB, le=MAX_SANDBOX_DISK_MB, strict=True)
+    user: str | None = Field(default=None, pattern=USER_PATTERN)
+    workdir: AbsPath | None = None
 
 
 class WarmCount(_Lenient):
@@ -174,7 +267,7 @@ class WarmCount(_Lenient):
 
 class ExecRequest(_Model):
     command: Argv
-    timeout_s: float = Field(default=30.0, gt=0, le=MAX_EXEC_TIMEOUT_S)
+    timeout_s: float = Field(default=DEFAULT_EXEC_TIMEOUT_S, gt=0, le=MAX_EXEC_TIMEOUT_S)
     env: Env = Field(default_factory=dict)
     cwd: AbsPath | None = None
 
@@ -193,6 +286,8 @@ class Capacity(_Lenient):
     gpu: Word | None = None
     role: Word = "worker"
     stream_restore: bool = False
+    # The images on the host's disk (see ImageCache.held), most recently used first.
+    images: list[Digest] = Field(default_factory=list, max_length=MAX_IMAGES_PER_HOST)
     # Informational: the control plane's filters do not need them, operators do.
     intake_open: bool = True
     starts_in_flight: Count = 0
@@ -202,6 +297,7 @@ class Capacity(_Lenient):
         """The host's facts as the core declares them (the fields above are their wire form)."""
         values = {f: getattr(self, f) for f in HOST_FACTS}
         values["templates"] = None if self.templates is None else frozenset(self.templates)
+        values["images"] = frozenset(self.images)
         return HostFacts(**values)
 
 
@@ -286,3 +382,8 @@ class HeartbeatReply(_Lenient):
     stop: list[SandboxId] = Field(default_factory=list, max_length=MAX_SANDBOXES_PER_HOST)
     # For the sandboxes a heartbeat asked to ``restore`` that this host owns at that epoch: their secrets.
     secrets: dict[SandboxId, Env] = Field(default_factory=dict, max_length=MAX_SANDBOXES_PER_HOST, repr=False)
+    # The run lease this reply grants, from when the agent sent the heartbeat: how long it may run its
+    # leased (recreate-policy) sandboxes without another reply, and when it is declared dead (it stops
+    # them then). None: a control plane that grants none (nothing is fenced).
+    run_lease_s: float | None = Field(default=None, gt=0)
+    dead_after_s: float | None = Field(default=None, gt=0)

@@ -10,9 +10,11 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral import __version__
-from corral.api import dashboard, e2b, errors, pools
+from corral.api import dashboard, domains, e2b, errors, kube, pools
+from corral.api.e2b.builds import E2BBuilds
 from corral.api.hot import HotRoutes, route
 from corral.api.limits import BodyLimit
+from corral.api.ports import Ports
 from corral.api.requestlog import RequestLog
 from corral.api.routes import router
 from corral.control.plane import ControlPlane
@@ -23,8 +25,16 @@ class CorralApp(FastAPI):
     log and the body cap around :class:`HotRoutes`), which costs more than the rest of a create."""
 
     hot: ASGIApp | None = None
+    # In front of everything: requests to sandboxes' ports (by Host, by path, by custom domain).
+    ports: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.ports is not None:
+            await self.ports(scope, receive, send)
+        else:
+            await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.hot is not None and scope["type"] == "http" and route(scope["method"], scope["path"]):
             scope["app"] = self
             await self.hot(scope, receive, send)
@@ -41,13 +51,15 @@ def create_app(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     hot_routes: bool = True,
     metrics_open: bool = False,
+    e2b_builds: E2BBuilds | None = None,
 ) -> CorralApp:
     """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
     the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
     process (code after ``Server.serve()`` returns may never run). ``hot_routes``: answer the create,
     get and delete of a sandbox in front of FastAPI's middleware stack (off, the declared routes serve
     them: the reference the fast layer is tested against). ``metrics_open``: /metrics without a token,
-    for a listener that only the scraper can reach."""
+    for a listener that only the scraper can reach. ``e2b_builds``: where E2B's Template SDK builds run
+    (None: refused)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -67,9 +79,12 @@ def create_app(
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
     app.include_router(pools.router)
+    app.include_router(domains.router)
     app.add_middleware(BodyLimit)
     # In front of the body cap: E2B's data plane streams files under caps of its own.
-    e2b.install(app, plane)
+    e2b.install(app, plane, e2b_builds)
+    app.ports = Ports(app.dispatch, plane, app.state.e2b_access)
+    kube.install(app, plane)
     app.include_router(dashboard.router)
     app.state.dashboard_key = dashboard.session_key(admin_token)
     errors.document_errors(app)

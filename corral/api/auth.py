@@ -36,7 +36,7 @@ Caller = Annotated[Principal, Depends(principal)]
 def as_user(p: Principal) -> Principal:
     """A tenant or an admin: who may own sandboxes (agent and metrics tokens have one route each)."""
     if p.role is Role.AGENT:
-        raise Forbidden("agent tokens may only heartbeat")
+        raise Forbidden("agent tokens may only heartbeat and fetch images")
     if p.role is Role.METRICS:
         raise Forbidden("metrics tokens may only read /metrics")
     return p

@@ -3,7 +3,11 @@
 An admin token opens it: the login form trades the token for a cookie (HttpOnly, SameSite=Strict,
 scoped to ``/dashboard``) that only these read-only routes accept; no other route reads cookies, so
 the cookie can never create, delete or drain anything. The cookie is an expiry signed with a key
-derived from the admin token, so every replica started with the same token accepts it. Every asset
+derived from the admin token, so every replica started with the same token accepts it. A sign-in link
+(``corral dashboard``, ``POST /dashboard/link`` with an admin token) carries a short-lived expiry
+signed for that purpose alone; opening it sets the cookie, so a browser with no way to type a token
+(or a headless one) gets in. A tool reads ``/dashboard/data.json`` with the admin token in its
+Authorization header, no cookie needed. Every asset
 ships in the package (uPlot is vendored): the page works with no network beyond this server.
 """
 
@@ -30,6 +34,8 @@ router = APIRouter(include_in_schema=False)
 
 COOKIE = "corral_dashboard"
 SESSION_S = 12 * 3600
+LINK_S = 300  # a sign-in link opens the dashboard for this long after it was made
+_SESSION, _LINK = "dashboard", "dashboard-link"
 MAX_FORM_BYTES = 4096
 ASSETS = {
     "dashboard.js": "text/javascript",
@@ -60,18 +66,19 @@ def session_key(admin_token: str | None) -> bytes:
     return hashlib.sha256(b"corral-dashboard-session\0" + admin_token.encode()).digest()
 
 
-def _sign(key: bytes, expires: int) -> str:
-    mac = hmac.new(key, f"dashboard:{expires}".encode(), hashlib.sha256).hexdigest()
+def _sign(key: bytes, expires: int, purpose: str = _SESSION) -> str:
+    """An expiry signed for one purpose: a session's cookie, or a sign-in link (neither is the other)."""
+    mac = hmac.new(key, f"{purpose}:{expires}".encode(), hashlib.sha256).hexdigest()
     return f"{expires}.{mac}"
 
 
-def _valid(key: bytes, value: str | None, now: float) -> bool:
+def _valid(key: bytes, value: str | None, now: float, purpose: str = _SESSION) -> bool:
     if not value or len(value) > 128:
         return False
     expires, _, _mac = value.partition(".")
     if not expires.isdigit() or int(expires) < now:
         return False
-    return hmac.compare_digest(_sign(key, int(expires)), value)
+    return hmac.compare_digest(_sign(key, int(expires), purpose), value)
 
 
 async def _authorized(request: Request, plane: Plane) -> bool:
@@ -111,6 +118,11 @@ async def login(request: Request, plane: Plane) -> Response:
     p = await plane.store.resolve_token(token) if token else None
     if p is None or p.role is not Role.ADMIN:
         return _page("login.html", 401, "An admin token is needed.")
+    return _signed_in(request)
+
+
+def _signed_in(request: Request) -> Response:
+    """To the dashboard, with a session's cookie."""
     response = RedirectResponse("/dashboard", status_code=303, headers=_HEADERS)
     expires = int(time.time()) + SESSION_S
     response.set_cookie(
@@ -123,6 +135,26 @@ async def login(request: Request, plane: Plane) -> Response:
         secure=request.url.scheme == "https",
     )
     return response
+
+
+@router.post("/dashboard/link")
+async def link(request: Request, plane: Plane) -> Response:
+    """A sign-in link, for an admin token in the Authorization header (never for a cookie)."""
+    token = _bearer(request)
+    p = await plane.store.resolve_token(token) if token else None
+    if p is None or p.role is not Role.ADMIN:
+        return error_response(401, ErrorCode.UNAUTHORIZED, "a sign-in link needs an admin token")
+    expires = int(time.time()) + LINK_S
+    signed = _sign(request.app.state.dashboard_key, expires, _LINK)
+    url = str(request.base_url).rstrip("/") + f"/dashboard/open?link={signed}"
+    return JSONResponse({"url": url, "expires_in_s": LINK_S}, headers={"Cache-Control": "no-store"})
+
+
+@router.get("/dashboard/open")
+async def open_link(request: Request, link: str = "") -> Response:
+    if not _valid(request.app.state.dashboard_key, link, time.time(), _LINK):
+        return _page("login.html", 401, "That sign-in link is not valid (or is over five minutes old).")
+    return _signed_in(request)
 
 
 @router.post("/dashboard/logout")

@@ -99,6 +99,22 @@ def _field(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "body"
 
 
+def _words(error: Any) -> str:
+    """A validation error in a user's words rather than the validator's ("at most 256 entries, got
+    5000", not "Dictionary should have at most 256 items after validation")."""
+    kind, ctx, msg = error.get("type"), error.get("ctx") or {}, str(error.get("msg", "invalid"))
+    if kind == "too_long" and "max_length" in ctx:
+        got = f", got {ctx['actual_length']}" if ctx.get("actual_length") is not None else ""
+        return f"at most {ctx['max_length']} entries{got}"
+    if kind == "string_too_long" and "max_length" in ctx:
+        return f"at most {ctx['max_length']} characters"
+    if kind == "missing":
+        return "required"
+    if kind == "extra_forbidden":
+        return "not a field of this request"
+    return msg
+
+
 def invalid_request(errors: Sequence[Any]) -> JSONResponse:
     """422 for a request that failed validation: the first error's field leads, up to 20 listed."""
     first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
@@ -106,12 +122,10 @@ def invalid_request(errors: Sequence[Any]) -> JSONResponse:
     return error_response(
         422,
         ErrorCode.INVALID_REQUEST,
-        f"{field}: {first.get('msg', 'invalid')}",
+        f"{field}: {_words(first)}",
         details={
             "field": field,
-            "errors": [
-                {"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in errors[:20]
-            ],
+            "errors": [{"field": _field(tuple(e.get("loc", ()))), "message": _words(e)} for e in errors[:20]],
         },
     )
 
@@ -169,6 +183,7 @@ def install(app: FastAPI, store_unavailable_retry: Any) -> None:
         StoreError,
         AgentError,
         StarletteHTTPException,
+        ClientDisconnect,  # answered where it is raised, not re-raised to the server as a crash
         Exception,
     ):
         app.add_exception_handler(kind, handle)

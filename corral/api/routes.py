@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from corral.agent.protocol import AgentHeartbeat, ExecRequest, HeartbeatReply
+from corral.agent.execstream import ExecResponse, unless_caller_goes
+from corral.agent.protocol import AgentHeartbeat, EgressPolicyBody, HeartbeatReply
 from corral.api import hot
 from corral.api.auth import Admin, Agent, MetricsReader, Plane, User, owner, scope
 from corral.api.schemas import (
@@ -21,21 +22,24 @@ from corral.api.schemas import (
     TemplateBody,
     TemplateOut,
     TenantBody,
-    TenantOut,
     host_out,
     sandbox_json,
     sandbox_out,
+    tenant_out,
     token_info,
 )
+from corral.control import network
 from corral.control.errors import InvalidRequest
 from corral.control.explain import explained
-from corral.exec_result import ExecResult
+from corral.exec_result import STREAM_MEDIA_TYPE, ExecResult
+from corral.images import DIGEST_PATTERN
 from corral.shapes import ID_PATTERN
 from corral.shapes.hosts import Host, HostCredentials, HostList
 from corral.shapes.sandboxes import BatchCreated, SandboxPage
 from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
+from corral.shapes.tenants import Tenant, TenantList
 from corral.shapes.tokens import IssuedToken, TokenList
-from corral.store import SandboxState, TemplateRecord
+from corral.store import SandboxState
 
 router = APIRouter()
 
@@ -98,9 +102,33 @@ async def delete_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
 
 
 @router.post("/v1/sandboxes/{sandbox_id}/exec", response_model=ExecResult)
-async def exec_in_sandbox(sandbox_id: str, body: ExecBody, p: User, plane: Plane) -> ExecResult:
-    req = ExecRequest(command=body.argv(), timeout_s=body.timeout_s, env=body.env, cwd=body.cwd)
-    return await plane.sandboxes.exec(sandbox_id, scope(p), req)
+async def exec_in_sandbox(
+    sandbox_id: str, body: ExecBody, p: User, plane: Plane, request: Request
+) -> ExecResult:
+    """Run a command; its result once it has ended. A caller that goes away first kills it."""
+    return await unless_caller_goes(request, plane.sandboxes.exec(sandbox_id, scope(p), body.request()))
+
+
+@router.post(
+    "/v1/sandboxes/{sandbox_id}/exec/stream",
+    status_code=200,
+    response_class=ExecResponse,
+    responses={200: {"content": {STREAM_MEDIA_TYPE: {}}}},
+)
+async def exec_streamed(sandbox_id: str, body: ExecBody, p: User, plane: Plane) -> ExecResponse:
+    """The command's output as it is written, one JSON object a line: ``{"stdout": TEXT}``,
+    ``{"stderr": TEXT}``, ``{}`` while it is silent, and last ``{"result": EXEC_RESULT}`` (or
+    ``{"error": {"code", "message"}}``). A caller that goes away before the end kills the command."""
+    return ExecResponse(await plane.sandboxes.exec_stream(sandbox_id, scope(p), body.request()))
+
+
+@router.put("/v1/sandboxes/{sandbox_id}/network", response_model=SandboxOut)
+async def set_sandbox_network(sandbox_id: str, body: EgressPolicyBody, p: User, plane: Plane) -> SandboxOut:
+    """Replace a running sandbox's egress policy, atomically on its host (``allow_public_traffic``
+    left out: the sandbox keeps its own)."""
+    policy = network.checked(body.wire())
+    keep = body.allow_public_traffic is None
+    return sandbox_out(await plane.sandboxes.set_network(sandbox_id, scope(p), policy, keep_public=keep))
 
 
 @router.get("/v1/hosts", response_model=HostList)
@@ -175,17 +203,7 @@ async def revoke_token(
 
 @router.post("/v1/templates", status_code=201, response_model=TemplateOut)
 async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> TemplateOut:
-    tpl = await plane.create_template(
-        TemplateRecord(
-            name=body.name,
-            cpus=body.cpus,
-            memory_mb=body.memory_mb,
-            stateful=body.stateful,
-            description=body.description,
-            pids=body.pids,
-            failover=body.failover,
-        )
-    )
+    tpl = await plane.create_template(body.record())
     return TemplateOut.of(tpl)
 
 
@@ -194,34 +212,49 @@ async def list_templates(_: User, plane: Plane) -> dict[str, list[TemplateOut]]:
     return {"templates": [TemplateOut.of(t) for t in await plane.store.list_templates()]}
 
 
-@router.post("/v1/tenants", status_code=201, response_model=TenantOut)
-async def create_tenant(body: TenantBody, _: Admin, plane: Plane) -> TenantOut:
+@router.post("/v1/tenants", status_code=201, response_model=Tenant)
+async def create_tenant(body: TenantBody, _: Admin, plane: Plane) -> Tenant:
     tenant, token = await plane.create_tenant(
         body.name, body.max_sandboxes, body.max_memory_mb, body.max_cpus
     )
-    return TenantOut.of(tenant, token)
+    return tenant_out(tenant, token)
 
 
-@router.patch("/v1/tenants/{name}", response_model=TenantOut)
+@router.patch("/v1/tenants/{name}", response_model=Tenant)
 async def set_quota(
     name: Annotated[str, Path(pattern=NAME_PATTERN)], body: QuotaBody, _: Admin, plane: Plane
-) -> TenantOut:
-    """Change a tenant's limits; a field left out stays as it is."""
-    return TenantOut.of(
-        await plane.set_quota(
-            name, max_sandboxes=body.max_sandboxes, max_memory_mb=body.max_memory_mb, max_cpus=body.max_cpus
-        )
+) -> Tenant:
+    """Change a tenant's limits; a field left out stays as it is (a create rate given as null goes
+    back to the configured default)."""
+    tenant = await plane.set_quota(
+        name, max_sandboxes=body.max_sandboxes, max_memory_mb=body.max_memory_mb, max_cpus=body.max_cpus
     )
+    rates = body.rate_changes()
+    if rates:
+        tenant = await plane.set_create_rate(name, **rates)
+    return tenant_out(tenant)
 
 
-@router.get("/v1/tenants")
-async def list_tenants(_: Admin, plane: Plane) -> dict[str, list[TenantOut]]:
-    return {"tenants": [TenantOut.of(t) for t in await plane.store.list_tenants()]}
+@router.get("/v1/tenants", response_model=TenantList)
+async def list_tenants(_: Admin, plane: Plane) -> TenantList:
+    return TenantList(tenants=[tenant_out(t) for t in await plane.store.list_tenants()])
 
 
 @router.post("/v1/agent/heartbeat")
 async def heartbeat(hb: AgentHeartbeat, sender: Agent, plane: Plane) -> HeartbeatReply:
     return await plane.heartbeat_reply(hb, sender)
+
+
+@router.get("/v1/agent/images/{digest}", response_class=StreamingResponse)
+async def fetch_image(
+    digest: Annotated[str, Path(pattern=DIGEST_PATTERN, max_length=71)], _: Agent, plane: Plane
+) -> StreamingResponse:
+    """An image's bytes, for a host about to start a sandbox of it (agent tokens only), streamed from
+    the blob store every replica shares. The host checks them against the digest before it keeps them."""
+    image = await plane.images.open(digest)
+    return StreamingResponse(
+        image.chunks, media_type="application/octet-stream", headers={"Content-Length": str(image.size)}
+    )
 
 
 @router.get("/healthz")

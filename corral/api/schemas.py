@@ -4,16 +4,28 @@ from the records."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corral.agent.inputs import AbsPath, Env, check_argv
+from corral.agent.protocol import EgressPolicyBody, ExecRequest
 from corral.control.create import CreateSpec
-from corral.core.types import DEFAULT_SANDBOX_PIDS, DEFAULT_TEMPLATE, MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
-from corral.shapes.hosts import Host
+from corral.core.netpolicy import NO_NETWORK
+from corral.core.types import (
+    DEFAULT_SANDBOX_PIDS,
+    DEFAULT_TEMPLATE,
+    MAX_SANDBOX_DISK_MB,
+    MAX_SANDBOX_PIDS,
+    MIN_SANDBOX_DISK_MB,
+    MIN_SANDBOX_PIDS,
+)
+from corral.exec_result import DEFAULT_EXEC_TIMEOUT_S, MAX_EXEC_TIMEOUT_S
+from corral.shapes.hosts import JOINING, Host
 from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
+from corral.shapes.tenants import Tenant
 from corral.shapes.tokens import TokenInfo
 from corral.store import (
     DEFAULT_MAX_CPUS,
@@ -57,6 +69,11 @@ class SandboxSpecBody(_Body):
     failover: Failover | None = None  # None: the template's (orphan unless it says otherwise)
     # Wait up to this long for capacity (parked in waiting_capacity) instead of a 503 now.
     wait_s: float | None = Field(default=None, gt=0, le=3600)
+    # Its own disk (the writable layer over its template's image), MiB; None: the template's.
+    disk_mb: int | None = Field(default=None, ge=MIN_SANDBOX_DISK_MB, le=MAX_SANDBOX_DISK_MB, strict=True)
+    # Its egress policy; None: mode "none" (no interface but loopback, the default: see
+    # corral.core.netpolicy for why).
+    network: EgressPolicyBody | None = None
 
     @field_validator("metadata")
     @classmethod
@@ -82,6 +99,8 @@ class SandboxSpecBody(_Body):
             secrets=self.secrets,
             failover=self.failover,
             wait_s=self.wait_s,
+            disk_mb=self.disk_mb,
+            network=self.network.wire() if self.network is not None else None,
         )
 
 
@@ -93,7 +112,7 @@ class BatchBody(_Body):
 class ExecBody(_Body):
     # A list is the argv; a string is a shell command line.
     command: list[str] | str = Field(min_length=1)
-    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    timeout_s: float = Field(default=DEFAULT_EXEC_TIMEOUT_S, gt=0, le=MAX_EXEC_TIMEOUT_S)
     env: Env = Field(default_factory=dict)
     cwd: AbsPath | None = None
 
@@ -106,6 +125,9 @@ class ExecBody(_Body):
     def argv(self) -> list[str]:
         return ["/bin/sh", "-c", self.command] if isinstance(self.command, str) else list(self.command)
 
+    def request(self) -> ExecRequest:
+        return ExecRequest(command=self.argv(), timeout_s=self.timeout_s, env=self.env, cwd=self.cwd)
+
 
 class TemplateBody(_Body):
     name: str = Field(pattern=TEMPLATE_PATTERN)
@@ -115,6 +137,19 @@ class TemplateBody(_Body):
     description: str = Field(default="", max_length=1024)
     pids: int = Field(default=DEFAULT_SANDBOX_PIDS, ge=MIN_SANDBOX_PIDS, le=MAX_SANDBOX_PIDS, strict=True)
     failover: Failover = "orphan"
+    disk_mb: int | None = Field(default=None, ge=MIN_SANDBOX_DISK_MB, le=MAX_SANDBOX_DISK_MB, strict=True)
+
+    def record(self) -> TemplateRecord:
+        return TemplateRecord(
+            name=self.name,
+            cpus=self.cpus,
+            memory_mb=self.memory_mb,
+            stateful=self.stateful,
+            description=self.description,
+            pids=self.pids,
+            failover=self.failover,
+            disk_mb=self.disk_mb,
+        )
 
 
 # The most CPUs a tenant's quota may name: far beyond any fleet, yet exact in the store's millicores.
@@ -130,12 +165,28 @@ class TenantBody(_Body):
     max_cpus: TenantCpus = DEFAULT_MAX_CPUS
 
 
+# The fastest create rate a tenant may be given (creates a second, summed over the replicas), and the
+# largest burst: far beyond what a fleet can place, so the bounds only keep out nonsense.
+MAX_CREATE_RATE_PER_S = 1e6
+MAX_CREATE_BURST = 1_000_000
+
+
 class QuotaBody(_Body):
-    """A tenant's limits changed; a field left out stays as it is."""
+    """A tenant's limits changed; a field left out stays as it is. ``create_rate_per_s`` and
+    ``create_burst`` given as null go back to the control plane's configured default."""
 
     max_sandboxes: int | None = Field(default=None, ge=0, le=10_000_000, strict=True)
     max_memory_mb: int | None = Field(default=None, ge=0, le=1 << 40, strict=True)
     max_cpus: TenantCpus | None = None
+    create_rate_per_s: float | None = Field(
+        default=None, gt=0, le=MAX_CREATE_RATE_PER_S, allow_inf_nan=False, strict=True
+    )
+    create_burst: int | None = Field(default=None, ge=1, le=MAX_CREATE_BURST, strict=True)
+
+    def rate_changes(self) -> dict[str, float | int | None]:
+        """The create-rate fields the body names (null included), as ``set_create_rate`` takes them."""
+        named = {"create_rate_per_s": "rate_per_s", "create_burst": "burst"}
+        return {arg: getattr(self, f) for f, arg in named.items() if f in self.model_fields_set}
 
 
 def sandbox_out(r: SandboxRecord) -> SandboxOut:
@@ -163,14 +214,17 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "failover": r.failover,
         "epoch": r.epoch,
         "recreated_at": iso(r.recreated_at),
+        "image": r.image,
+        "disk_mb": r.disk_mb,
+        "network": json.loads(r.network) if r.network is not None else NO_NETWORK.to_dict(),
     }
 
 
 def host_out(r: HostRecord, age: float) -> Host:
     return Host(
         id=r.id,
-        state=r.state.value,
-        heartbeat_age_s=round(age, 3),
+        state=r.state.value if r.heard_from else JOINING,
+        heartbeat_age_s=round(age, 3) if r.heard_from else None,
         cpu_total=r.cpu_total,
         cpu_used=r.cpu_used,
         memory_mb_total=r.memory_mb_total,
@@ -204,6 +258,8 @@ class TemplateOut(BaseModel):
     description: str
     pids: int
     failover: str = FAILOVER_ORPHAN
+    image: str | None = None
+    disk_mb: int | None = None
 
     @classmethod
     def of(cls, t: TemplateRecord) -> TemplateOut:
@@ -215,24 +271,19 @@ class TemplateOut(BaseModel):
             description=t.description,
             pids=t.pids,
             failover=t.failover,
+            image=t.image,
+            disk_mb=t.disk_mb,
         )
 
 
-class TenantOut(BaseModel):
-    id: str
-    name: str
-    max_sandboxes: int
-    max_memory_mb: int
-    max_cpus: float
-    token: str | None = None
-
-    @classmethod
-    def of(cls, t: TenantRecord, token: str | None = None) -> TenantOut:
-        return cls(
-            id=t.id,
-            name=t.name,
-            max_sandboxes=t.max_sandboxes,
-            max_memory_mb=t.max_memory_mb,
-            max_cpus=t.max_cpus,
-            token=token,
-        )
+def tenant_out(t: TenantRecord, token: str | None = None) -> Tenant:
+    return Tenant(
+        id=t.id,
+        name=t.name,
+        max_sandboxes=t.max_sandboxes,
+        max_memory_mb=t.max_memory_mb,
+        max_cpus=t.max_cpus,
+        create_rate_per_s=t.create_rate_per_s,
+        create_burst=t.create_burst,
+        token=token,
+    )

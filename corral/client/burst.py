@@ -32,6 +32,7 @@ class BurstCreate:
     sandbox_id: str | None = None
     error_code: str | None = None
     retried: Mapping[str, int] = field(default_factory=dict)
+    error_message: str | None = None  # the refusal's message, in the server's words
 
     @property
     def placed(self) -> bool:
@@ -59,6 +60,8 @@ class BurstSummary:
     retried: dict[str, int]
     p50_ms: float | None
     p99_ms: float | None
+    # One message for each refusal code: what the server said, so a refusal says why in words.
+    reasons: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +78,7 @@ class BurstSummary:
             "retried": dict(self.retried),
             "p50_ms": self.p50_ms,
             "p99_ms": self.p99_ms,
+            "reasons": dict(self.reasons),
         }
 
 
@@ -95,6 +99,7 @@ def summarize(outcomes: Iterable[BurstCreate], hosts: Iterable[str] | None = Non
     results = list(outcomes)
     per_host: Counter[str] = Counter({h: 0 for h in hosts or ()})
     refusals: Counter[str] = Counter()
+    reasons: dict[str, str] = {}
     retried: Counter[str] = Counter()
     latencies_ms: list[float] = []
     for outcome in results:
@@ -103,7 +108,10 @@ def summarize(outcomes: Iterable[BurstCreate], hosts: Iterable[str] | None = Non
             per_host[outcome.host_id or "(unknown)"] += 1
             latencies_ms.append(outcome.latency_s * 1000.0)
         else:
-            refusals[outcome.error_code or ErrorCode.ERROR] += 1
+            code = outcome.error_code or ErrorCode.ERROR
+            refusals[code] += 1
+            if outcome.error_message:
+                reasons.setdefault(code, outcome.error_message)
 
     counts = list(per_host.values())
     top = max(counts, default=0)
@@ -122,6 +130,7 @@ def summarize(outcomes: Iterable[BurstCreate], hosts: Iterable[str] | None = Non
         retried=dict(retried.most_common()),
         p50_ms=percentile(latencies_ms, 50),
         p99_ms=percentile(latencies_ms, 99),
+        reasons=reasons,
     )
 
 
@@ -189,7 +198,12 @@ async def run_burst(
             # The final refusal is reported under refusals; count only the ones that were retried.
             absorbed = Counter(retried)
             absorbed[exc.code] -= 1
-            return BurstCreate(latency_s=timer() - started, error_code=exc.code, retried=dict(+absorbed))
+            return BurstCreate(
+                latency_s=timer() - started,
+                error_code=exc.code,
+                retried=dict(+absorbed),
+                error_message=exc.message,
+            )
         created.append(sandbox)
         stats = sandbox.create_stats
         return BurstCreate(

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TextIO
 
 import httpx
 import typer
@@ -30,10 +31,11 @@ from corral.client.async_client import AsyncCorral
 from corral.client.burst import BurstReport, run_burst
 from corral.client.client import Corral
 from corral.client.credentials import write_private
-from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unreachable
+from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unauthorized, Unreachable
 from corral.client.retry import RetryPolicy
 from corral.client.top import DATA_PATH as TOP_DATA_PATH
 from corral.client.top import render as render_top
+from corral.exec_result import MAX_EXEC_TIMEOUT_S
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 2
@@ -81,9 +83,26 @@ def _factory(ctx: typer.Context) -> ClientFactory:
 
 def _fail(err: CorralError) -> NoReturn:
     typer.echo(f"error: {err}", err=True)
+    if isinstance(err, Unauthorized):
+        typer.echo(
+            "hint: set CORRAL_TOKEN (or pass --token): `corral serve` keeps its admin token in "
+            "corral.admin-token beside its store, and printed where",
+            err=True,
+        )
     if isinstance(err, Unreachable) or (isinstance(err, CapacityUnavailable) and not err.reached_server):
         raise typer.Exit(EXIT_UNREACHABLE)
     raise typer.Exit(EXIT_REFUSED)
+
+
+DASHBOARD_LINK_PATH = "/dashboard/link"
+
+# Piped, a table prints whole (rich would otherwise cut it to 80 columns); on a terminal it fits it.
+PIPED_WIDTH = 4096
+
+
+def console() -> Console:
+    found = Console()
+    return found if found.is_terminal else Console(width=PIPED_WIDTH)
 
 
 def _print_json(obj: Any) -> None:
@@ -139,9 +158,9 @@ def burst_command(
     if as_json:
         _print_json(report.to_json())
     else:
-        _render_burst(report, Console())
-    if report.summary.placed == 0:
-        # Nothing placed at all: say so through the exit code too, so scripts notice.
+        _render_burst(report, console())
+    if report.summary.refusals:
+        # A create refused: say so through the exit code too, so scripts notice.
         codes = set(report.summary.refusals)
         raise typer.Exit(EXIT_UNREACHABLE if codes == {Unreachable.code} else EXIT_REFUSED)
 
@@ -161,10 +180,9 @@ def _render_burst(report: BurstReport, console: Console) -> None:
     console.print(f"max {s.max}  median {s.median:g}  max/median {ratio}  mean {s.mean:.2f}", highlight=False)
     if s.p50_ms is not None:
         console.print(f"latency p50 {s.p50_ms:.1f} ms  p99 {s.p99_ms:.1f} ms", highlight=False)
-    if s.refusals:
-        console.print(
-            "refused: " + ", ".join(f"{n} {code}" for code, n in s.refusals.items()), highlight=False
-        )
+    for code, n in s.refusals.items():
+        why = s.reasons.get(code)
+        console.print(f"refused: {n} {code}" + (f": {why}" if why else ""), highlight=False, markup=False)
     if s.retried:
         console.print(
             "retried after: " + ", ".join(f"{n} {code}" for code, n in s.retried.items()), highlight=False
@@ -205,7 +223,7 @@ def ps_command(
             "" if s.memory_mb is None else str(s.memory_mb),
             s.created_at.isoformat(timespec="seconds") if s.created_at else "",
         )
-    Console().print(table)
+    console().print(table)
 
 
 def hosts_command(
@@ -252,7 +270,7 @@ def hosts_command(
             str(h.sandboxes),
             str(sum(w.get("ready", 0) for w in h.warm.values())),
         )
-    Console().print(table)
+    console().print(table)
 
 
 def _host_action(
@@ -316,7 +334,7 @@ def tokens_command(
                 for t in tokens:
                     created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
                     table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
-                Console().print(table)
+                console().print(table)
                 return
             if action == "admin":
                 issued = client.tokens.issue_admin()
@@ -335,22 +353,94 @@ def exec_command(
     command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="Command and arguments.")],
     url: UrlOption = None,
     token: TokenOption = None,
-    timeout_s: Annotated[float | None, typer.Option("--timeout", min=0, help="Seconds.")] = None,
+    timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.001,
+            max=MAX_EXEC_TIMEOUT_S,
+            help="Seconds before the command is killed (typed at a terminal, a command runs until it "
+            "ends, an hour at most, or Ctrl-C).",
+        ),
+    ] = MAX_EXEC_TIMEOUT_S,
     cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run a command in a sandbox; exit with its exit code."""
+    """Run a command in a sandbox, its output printed as it is written; exit with its exit code.
+    Interrupting it (Ctrl-C) kills the command."""
     try:
         with _factory(ctx).sync_client(url, token) as client:
-            result = client.sandboxes.exec(sandbox_id, command, timeout_s=timeout_s, cwd=cwd)
+            if as_json:
+                result = client.sandboxes.exec(sandbox_id, command, timeout_s=timeout_s, cwd=cwd)
+                _print_json(result.model_dump(mode="json"))
+                raise typer.Exit(result.exit_code)
+            result = client.sandboxes.exec(
+                sandbox_id,
+                command,
+                timeout_s=timeout_s,
+                cwd=cwd,
+                on_stdout=lambda text: _write(sys.stdout, text),
+                on_stderr=lambda text: _write(sys.stderr, text),
+            )
+    except CorralError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the command was killed", err=True)
+        raise typer.Exit(130) from None
+    if result.timed_out:
+        typer.echo(
+            f"corral: the command timed out after {result.duration_ms / 1000:.1f} s and was killed", err=True
+        )
+    elif result.note:
+        typer.echo(f"corral: {result.note}", err=True)
+    raise typer.Exit(result.exit_code)
+
+
+def _write(stream: TextIO, text: str) -> None:
+    stream.write(text)
+    stream.flush()
+
+
+def create_command(
+    ctx: typer.Context,
+    template: Annotated[str, typer.Option("--template", help="Template to create.")] = "default",
+    memory_mb: Annotated[int | None, typer.Option("--memory-mb", min=1, help="Memory, MiB.")] = None,
+    cpus: Annotated[float | None, typer.Option("--cpus", min=0.01)] = None,
+    ttl_seconds: Annotated[int | None, typer.Option("--ttl", min=1, help="Seconds until it expires.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="A name unique among your sandboxes.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE in its environment (repeatable).")
+    ] = None,
+    wait_s: Annotated[
+        float | None,
+        typer.Option("--wait", min=0.001, help="Seconds it may wait on the server for capacity (parked)."),
+    ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a sandbox and print its id (then `corral exec ID -- CMD`, `corral explain ID`, `corral rm
+    ID`)."""
+    pairs = [e.partition("=") for e in env or []]
+    if any(not sep or not key for key, sep, _ in pairs):
+        raise typer.BadParameter("expected KEY=VALUE", param_hint="--env")
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            sandbox = client.sandboxes.create(
+                template,
+                memory_mb=memory_mb,
+                cpus=cpus,
+                ttl_seconds=ttl_seconds,
+                name=name,
+                env={key: value for key, _, value in pairs} or None,
+                wait=wait_s,
+            )
     except CorralError as err:
         _fail(err)
     if as_json:
-        _print_json(result.model_dump(mode="json"))
+        _print_json(sandbox.record.model_dump(mode="json"))
     else:
-        typer.echo(result.stdout, nl=False)
-        typer.echo(result.stderr, nl=False, err=True)
-    raise typer.Exit(result.exit_code)
+        typer.echo(sandbox.id)
 
 
 def kill_command(
@@ -388,7 +478,7 @@ def explain_command(
     if as_json:
         _print_json(doc)
         return
-    render_explanation(doc, Console())
+    render_explanation(doc, console())
 
 
 def render_explanation(doc: dict[str, Any], console: Console) -> None:
@@ -428,6 +518,25 @@ def render_explanation(doc: dict[str, Any], console: Console) -> None:
     console.print(f"store rule: {doc.get('store_rule', '')}")
 
 
+def dashboard_command(
+    ctx: typer.Context,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    open_it: Annotated[bool, typer.Option("--open", help="Open it in a browser too.")] = False,
+) -> None:
+    """Print a sign-in link to the dashboard (admin token), good for five minutes."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            link = str(client.request("POST", DASHBOARD_LINK_PATH)["url"])
+    except CorralError as err:
+        _fail(err)
+    typer.echo(link)
+    if open_it:
+        import webbrowser
+
+        webbrowser.open(link)
+
+
 def top_command(
     ctx: typer.Context,
     url: UrlOption = None,
@@ -442,9 +551,15 @@ def top_command(
             def frame() -> RenderableType:
                 return render_top(client.request("GET", TOP_DATA_PATH))
 
-            if once:
-                Console().print(frame())
-                return
+            out = console()
+            if once or not out.is_terminal:
+                # Not on a terminal (piped, logged): a plain frame after frame, nothing redrawn.
+                while True:
+                    out.print(frame())
+                    if once:
+                        return
+                    out.file.flush()
+                    time.sleep(interval)
             with Live(frame(), auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
@@ -462,6 +577,9 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "tokens": tokens_command,
     "exec": exec_command,
     "kill": kill_command,
+    "create": create_command,
+    "dashboard": dashboard_command,
+    "rm": kill_command,
     "explain": explain_command,
     "top": top_command,
 }

@@ -20,12 +20,15 @@ from corral.client import wire
 from corral.client.errors import CorralError, NotFound, Unreachable
 from corral.client.models import (
     BatchCreated,
+    E2bKey,
     Host,
     HostCredentials,
     HostList,
     IssuedToken,
     SandboxPage,
     SandboxRecord,
+    Tenant,
+    TenantList,
     TokenInfo,
     TokenList,
     parse,
@@ -33,7 +36,8 @@ from corral.client.models import (
 from corral.client.pools import Pool, PoolList, pool_path
 from corral.client.retry import CreateStats, RetryBudget, RetryPolicy, TimeSource, retryable_for_create
 from corral.client.sandbox import SandboxView
-from corral.exec_result import ExecResult
+from corral.client.wire import OutputCallback
+from corral.exec_result import ExecOutput, ExecResult
 
 
 class Corral:
@@ -57,6 +61,7 @@ class Corral:
         rng: random.Random | None = None,
     ) -> None:
         self.url = wire.resolve_url(url)
+        self.timeout_s = timeout_s
         self.retry = retry or RetryPolicy()
         self._clock = clock
         self._sleep = sleep
@@ -71,6 +76,7 @@ class Corral:
         self.hosts = Hosts(self)
         self.tokens = Tokens(self)
         self.pools = Pools(self)
+        self.tenants = Tenants(self)
 
     def close(self) -> None:
         self._http.close()
@@ -102,6 +108,23 @@ class Corral:
         except httpx.TransportError as exc:
             raise Unreachable.from_transport(exc, self.url) from exc
         return wire.body_of(response)
+
+    def stream_lines(
+        self, method: str, path: str, *, json: Any = None, timeout_s: float | None = None
+    ) -> Iterator[str]:
+        """One request whose answer is read a line at a time as it comes; a failed one raises its typed
+        ``CorralError`` before any line. Leaving the loop early closes the connection."""
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        try:
+            with self._http.stream(
+                method, path, json=json, headers=wire.with_request_id(None), **extra
+            ) as response:
+                if not response.is_success:
+                    response.read()
+                    wire.body_of(response)
+                yield from response.iter_lines()
+        except httpx.TransportError as exc:
+            raise Unreachable.from_transport(exc, self.url) from exc
 
     def create_with_retry(
         self,
@@ -151,6 +174,7 @@ class Sandboxes:
         secrets: Mapping[str, str] | None = None,
         failover: str | None = None,
         wait: float | None = None,
+        disk_mb: int | None = None,
     ) -> Sandbox:
         """Create a sandbox, retrying "not now" refusals until ``deadline_s`` (default: the client's
         policy). Raises ``CapacityUnavailable`` at the deadline (transient: park the work, do not record
@@ -159,7 +183,7 @@ class Sandboxes:
         ``wait``: seconds the server may hold the create, parked in ``waiting_capacity``, until room
         appears (one request, retried under the same idempotency key if the connection drops);
         ``secrets`` are delivered like ``env`` and never shown again; ``failover``: ``"recreate"``
-        or ``"orphan"`` when its host dies."""
+        or ``"orphan"`` when its host dies; ``disk_mb``: its own disk over its template's image, in MiB."""
         body = wire.create_body(
             template,
             memory_mb=memory_mb,
@@ -172,6 +196,7 @@ class Sandboxes:
             secrets=secrets,
             failover=failover,
             wait_s=wait,
+            disk_mb=disk_mb,
         )
         data, stats = self._client.create_with_retry(
             "/v1/sandboxes",
@@ -258,10 +283,46 @@ class Sandboxes:
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
     ) -> ExecResult:
+        """Run a command; its result once it has ended. With ``on_stdout`` or ``on_stderr`` its output
+        is streamed to them as it is written (and also kept in the result). The wait for the answer
+        follows ``timeout_s`` (the command's own timeout, 30 s when not given, at most 3,600 s)."""
         body = wire.exec_body(command, timeout_s=timeout_s, env=env, cwd=cwd)
-        data = self._client.request("POST", wire.sandbox_path(sandbox_id) + "/exec", json=body)
-        return parse(ExecResult, data)
+        wait_s = max(self._client.timeout_s, wire.exec_wait_s(timeout_s))
+        if on_stdout is None and on_stderr is None:
+            data = self._client.request(
+                "POST", wire.sandbox_path(sandbox_id) + "/exec", json=body, timeout_s=wait_s
+            )
+            return parse(ExecResult, data)
+        output = wire.ExecOutputs(on_stdout, on_stderr)
+        for event in self.exec_stream(sandbox_id, command, timeout_s=timeout_s, env=env, cwd=cwd):
+            output.take(event)
+        return output.result()
+
+    def exec_stream(
+        self,
+        sandbox_id: str,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Iterator[ExecOutput | ExecResult]:
+        """A command's output (``ExecOutput``: its stream and text) as it is written, and last its
+        ``ExecResult`` (which carries no output: it has all been yielded). Leaving the loop before the
+        result (``break``, an exception, Ctrl-C) closes the connection, and the command is killed."""
+        body = wire.exec_body(command, timeout_s=timeout_s, env=env, cwd=cwd)
+        wait_s = max(self._client.timeout_s, wire.exec_wait_s(timeout_s))
+        path = wire.sandbox_path(sandbox_id) + "/exec/stream"
+        for line in self._client.stream_lines("POST", path, json=body, timeout_s=wait_s):
+            event = wire.exec_event(line)
+            if event is not None:
+                yield event
+                if isinstance(event, ExecResult):
+                    return
+        raise wire.answer_cut_short(self._client.url)
 
     def _policy(self, deadline_s: float | None) -> RetryPolicy:
         policy = self._client.retry
@@ -317,6 +378,32 @@ class Tokens:
         self._client.request("DELETE", wire.token_path(token_id))
 
 
+class Tenants:
+    """``client.tenants``: tenants, their limits and their keys (admin token), each named by its name."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def create(
+        self,
+        name: str,
+        *,
+        max_sandboxes: int | None = None,
+        max_memory_mb: int | None = None,
+        max_cpus: float | None = None,
+    ) -> Tenant:
+        """A new tenant; its first token's secret is in ``token``, shown this once."""
+        body = wire.tenant_body(name, max_sandboxes, max_memory_mb, max_cpus)
+        return parse(Tenant, self._client.request("POST", wire.TENANTS_PATH, json=body))
+
+    def list(self) -> builtins.list[Tenant]:
+        return parse(TenantList, self._client.request("GET", wire.TENANTS_PATH)).tenants
+
+    def e2b_key(self, name: str) -> E2bKey:
+        """A key for the tenant in the form every e2b SDK version accepts (a tenant token like any other)."""
+        return parse(E2bKey, self._client.request("POST", wire.tenant_path(name) + "/e2b-keys"))
+
+
 class Pools:
     """``client.pools``: warm pools (admin token)."""
 
@@ -360,8 +447,22 @@ class Sandbox(SandboxView):
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
     ) -> ExecResult:
-        return self._api.exec(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
+        return self._api.exec(
+            self.id, command, timeout_s=timeout_s, env=env, cwd=cwd, on_stdout=on_stdout, on_stderr=on_stderr
+        )
+
+    def exec_stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Iterator[ExecOutput | ExecResult]:
+        return self._api.exec_stream(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
 
     def kill(self) -> None:
         self._api.delete(self.id)

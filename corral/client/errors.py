@@ -145,6 +145,14 @@ class TooManyConcurrent(CorralError):
         return scope if isinstance(scope, str) else None
 
 
+class RateLimited(CorralError):
+    """429 ``tenant_rate_limited``: the tenant asked for creates faster than its create rate. Not a
+    verdict: the same create succeeds once the tenant's bucket refills (``retry_after_s`` says when),
+    so the SDK retries it like a 503, with jittered backoff on top of that floor."""
+
+    code = ErrorCode.TENANT_RATE_LIMITED
+
+
 class Unreachable(CorralError):
     """The server could not be reached at all (connection refused, DNS, timeout, broken response)."""
 
@@ -164,8 +172,8 @@ class CapacityUnavailable(CorralError):
     seconds. Park the work as ``waiting_capacity`` and try again; never mark it ``error``/``failed``.
 
     ``code`` is the last refusal's code: ``no_capacity`` (come back in a moment), ``no_healthy_hosts``
-    (the fleet is gone: an operator should look), ``store_unavailable``, ``unreachable``, or a gateway
-    failure. ``refusals`` counts every refusal seen, by code; ``first_refusal_at`` is on the client's
+    (the fleet is gone: an operator should look), ``store_unavailable``, ``tenant_rate_limited`` (the
+    tenant's own pace), ``unreachable``, or a gateway failure. ``refusals`` counts every refusal seen, by code; ``first_refusal_at`` is on the client's
     clock, so ``clock() - first_refusal_at`` at the eventual success is "time from first refusal to
     success".
     """
@@ -221,9 +229,10 @@ _BY_CODE: dict[str, type[CorralError]] = {
         InvalidRequest,
         OverQuota,
         TooManyConcurrent,
+        RateLimited,
     )
 }
-_PERMANENT_CODES = frozenset(_BY_CODE)
+_PERMANENT_CODES = frozenset(_BY_CODE) - RETRYABLE
 
 _BY_STATUS: dict[int, type[CorralError]] = {
     401: Unauthorized,

@@ -12,16 +12,20 @@ from corral.client.errors import CorralError
 from corral.codes import ErrorCode
 from corral.shapes.hosts import Host, HostCredentials, HostList
 from corral.shapes.sandboxes import BatchCreated, SandboxPage, SandboxRecord
+from corral.shapes.tenants import E2bKey, Tenant, TenantList
 from corral.shapes.tokens import IssuedToken, TokenInfo, TokenList
 
 __all__ = [
     "BatchCreated",
+    "E2bKey",
     "Host",
     "HostCredentials",
     "HostList",
     "IssuedToken",
     "SandboxPage",
     "SandboxRecord",
+    "Tenant",
+    "TenantList",
     "TokenInfo",
     "TokenList",
     "parse",

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _print_json
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _print_json, console
 from corral.client.errors import CorralError
 
 pools_app = typer.Typer(help="Warm pools: sandboxes booted ahead of the creates that take them.")
@@ -62,7 +61,7 @@ def ls_command(
             str(p.hits),
             str(p.misses),
         )
-    Console().print(table)
+    console().print(table)
 
 
 @pools_app.command("rm")

@@ -104,8 +104,10 @@ class RetryBudget:
     def after_refusal(self, error: CorralError) -> float:
         """Record a retryable refusal; return how long to sleep before the next attempt.
 
-        Raises ``CapacityUnavailable`` (chained to ``error``) when the deadline has been reached. The
-        returned delay never reaches past the deadline: the last attempt is made at the deadline.
+        Raises ``CapacityUnavailable`` (chained to ``error``) when the deadline has been reached, or
+        ``Unreachable`` when its last attempt did not reach the server at all (a server that is down is
+        not a fleet that is full). The returned delay never reaches past the deadline: the last attempt
+        is made at the deadline.
         """
         now = self._clock()
         if self.first_refusal_at is None:
@@ -118,9 +120,15 @@ class RetryBudget:
         retry = self.attempts - 1
         return min(self.policy.delay(retry, error.retry_after_s, self._rng), remaining)
 
-    def exhausted(self, error: CorralError, elapsed: float) -> CapacityUnavailable:
+    def exhausted(self, error: CorralError, elapsed: float) -> CapacityUnavailable | Unreachable:
         first = self.first_refusal_at if self.first_refusal_at is not None else self.started_at
         seen = ", ".join(f"{n} {code}" for code, n in self.refusals.most_common())
+        if isinstance(error, Unreachable):
+            gone = Unreachable(
+                f"{error.message} (gave up after {self.attempts} attempts in {elapsed:.1f}s: {seen})"
+            )
+            gone.request_id = error.request_id
+            return gone
         out = CapacityUnavailable(
             f"not placed after {self.attempts} attempts in {elapsed:.1f}s ({seen}); last: {error.message}",
             code=error.code,

@@ -22,12 +22,17 @@ def render(doc: dict[str, Any]) -> RenderableType:
     f, r = doc["fleet"], doc["requests"]
     lat, r2s = r["create_latency"], r["refusal_to_success"]
     refusals = ", ".join(f"{k} {v}" for k, v in r["refusals"].items()) or "none"
+    by_tenant = "; ".join(
+        f"{t}: " + ", ".join(f"{k} {v}" for k, v in reasons.items())
+        for t, reasons in r.get("tenant_refusals", {}).items()
+    )
     head = Text.assemble(
         ("corral top", "bold"),
         f"  {f['hosts']} hosts, {f['sandboxes']} sandboxes, max/median {f['max']}/{_n(f['median'], 1)}",
         f", placed {f['placements_60s']} in {doc['window_s']:g} s, view age {_n(f['view_age_s'], 1)} s\n",
         f"replica {r['replica']}: create p50/p99 {_n(lat['p50_ms'], 1)}/{_n(lat['p99_ms'], 1)} ms",
         f", refusals {refusals}, refusal to success p50/p99 {_n(r2s['p50_ms'], 0)}/{_n(r2s['p99_ms'], 0)} ms",
+        f"\nrefused by tenant: {by_tenant}" if by_tenant else "",
     )
     table = Table(box=None, pad_edge=False)
     # heartbeat age s, sandboxes, placed in the window, then MiB: admittable, reserved, resident,

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from corral.client.errors import CorralError, InvalidRequest, error_from_response
+from corral.client.errors import CorralError, InvalidRequest, Unreachable, error_from_response
 from corral.codes import ErrorCode
+from corral.exec_result import (
+    ANSWER_MARGIN_S,
+    DEFAULT_EXEC_TIMEOUT_S,
+    ExecOutput,
+    ExecResult,
+    ExecStreamError,
+    decode_event,
+)
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 URL_ENV = "CORRAL_URL"
@@ -80,6 +88,7 @@ def create_body(
     secrets: Mapping[str, str] | None = None,
     failover: str | None = None,
     wait_s: float | None = None,
+    disk_mb: int | None = None,
 ) -> dict[str, Any]:
     """The create spec; absent options are omitted so the server's defaults apply."""
     body: dict[str, Any] = {"template": template}
@@ -94,9 +103,59 @@ def create_body(
         "secrets": dict(secrets) if secrets is not None else None,
         "failover": failover,
         "wait_s": wait_s,
+        "disk_mb": disk_mb,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
+
+
+def exec_wait_s(timeout_s: float | None) -> float:
+    """How long a client waits for an exec's answer: the command's own timeout, and the margins of
+    the two hops behind the API (the replica's wait on the agent, the agent's on the command)."""
+    return (DEFAULT_EXEC_TIMEOUT_S if timeout_s is None else timeout_s) + 2 * ANSWER_MARGIN_S
+
+
+OutputCallback = Callable[[str], object]
+
+
+class ExecOutputs:
+    """A streamed command's output, handed to its callbacks as it comes and kept for its result."""
+
+    def __init__(self, on_stdout: OutputCallback | None, on_stderr: OutputCallback | None) -> None:
+        self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self._kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._result: ExecResult | None = None
+
+    def take(self, event: ExecOutput | ExecResult) -> None:
+        if isinstance(event, ExecResult):
+            self._result = event
+            return
+        self._kept[event.stream].append(event.text)
+        callback = self._callbacks[event.stream]
+        if callback is not None:
+            callback(event.text)
+
+    def result(self) -> ExecResult:
+        assert self._result is not None  # the stream raises when it ends without one
+        kept = {name: "".join(parts) for name, parts in self._kept.items()}
+        return self._result.model_copy(update=kept)
+
+
+def exec_event(line: str) -> ExecOutput | ExecResult | None:
+    """One line of a streamed exec's answer; an error line is raised as the error it names."""
+    if not line:
+        return None
+    try:
+        event = decode_event(line)
+    except ValueError as exc:
+        raise CorralError(str(exc), code=ErrorCode.BAD_RESPONSE) from exc
+    if isinstance(event, ExecStreamError):
+        raise CorralError(event.message, code=event.code)
+    return event
+
+
+def answer_cut_short(url: str) -> CorralError:
+    return Unreachable(f"the connection to corral at {url} ended before the command's result")
 
 
 def exec_body(
@@ -153,5 +212,21 @@ def token_path(token_id: str) -> str:
     return f"{TOKENS_PATH}/{quote(token_id, safe='')}"
 
 
+TENANTS_PATH = "/v1/tenants"
+
+
+def tenant_path(tenant: str) -> str:
+    if not tenant or "/" in tenant:
+        raise InvalidRequest(f"invalid tenant name {tenant!r}", details={"field": "name"})
+    return f"{TENANTS_PATH}/{quote(tenant, safe='')}"
+
+
 def tenant_tokens_path(tenant: str) -> str:
-    return f"/v1/tenants/{quote(tenant, safe='')}/tokens"
+    return tenant_path(tenant) + "/tokens"
+
+
+def tenant_body(
+    name: str, max_sandboxes: int | None, max_memory_mb: int | None, max_cpus: float | None
+) -> dict[str, Any]:
+    limits = {"max_sandboxes": max_sandboxes, "max_memory_mb": max_memory_mb, "max_cpus": max_cpus}
+    return {"name": name, **{k: v for k, v in limits.items() if v is not None}}

@@ -30,15 +30,17 @@ class BatchCreate:
             raise InvalidRequest("spec.name", "a batch cannot share one name")
         creates = self.creates
         started = creates.clock.now()
+        creates.admit(tenant_id, count)
         records: list[SandboxRecord] = []
-        try:
-            for _ in range(count):
-                records.append((await creates.new_record(tenant_id, spec, None))[0])
-            placed = await self._place(records, spec.contents())
-        except BaseException:
-            for r in records:
-                await creates.forget(r)
-            raise
+        async with creates.gate.slot(tenant_id):
+            try:
+                for _ in range(count):
+                    records.append((await creates.new_record(tenant_id, spec, None))[0])
+                placed = await self._place(records, spec.contents())
+            except BaseException:
+                for r in records:
+                    await creates.forget(r)
+                raise
         for p in placed:
             creates.observe_success(p, started, tenant_id, None)
         return placed

@@ -12,6 +12,7 @@ from corral.codes import ErrorCode
 from corral.control.deadlines import Deadlines
 from corral.control.errors import BadGateway
 from corral.control.ports import AgentLookup
+from corral.images.config import ImageConfig
 from corral.store import SandboxRecord
 
 # Refusals that say "not this host" rather than "not now": another host may well take it.
@@ -52,8 +53,9 @@ class Binder:
         env: Mapping[str, str],
         pids: int | None = None,
         secrets: Mapping[str, str] | None = None,
+        image: ImageConfig | None = None,
     ) -> None:
-        start = StartSandbox.of(record, env, secrets or {}, pids)
+        start = StartSandbox.of(record, env, secrets or {}, pids, image)
         client = self.agents.client(host_id, address)
         with self._deadlines.watch():
             await client.start(start)

@@ -7,7 +7,9 @@ import socket
 from dataclasses import dataclass, field
 
 from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
+from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
+from corral.core.rates import Rate
 from corral.runtime.process import MIN_MEMORY_MB
 
 
@@ -51,6 +53,19 @@ class ControlConfig:
     # so that a flood's excess costs the replica almost nothing; the agents' own bound (the one that
     # holds across replicas) is the same by default. None: only the agents count.
     max_execs_per_sandbox: int | None = DEFAULT_EXECS_PER_SANDBOX
+    # A tenant's create rate when its record names none, summed over every replica (each enforces its
+    # share); None: unbounded. Set per tenant with PATCH /v1/tenants/{name}.
+    default_create_rate: Rate | None = None
+    # How often a replica reads the tenants' rates and counts the live replicas again.
+    rate_refresh_s: float = 5.0
+    # Creates this replica works on at once (record, claim, placement); the rest wait their turn,
+    # tenant by tenant round-robin, so one tenant's burst delays another's first create by one turn.
+    max_creates_in_flight: int = DEFAULT_CREATES_IN_FLIGHT
+    # Where sandboxes' ports are reached: ``{port}-{sandbox_id}.{domain}`` on any replica (a port
+    # after the name is ignored when matching). Returned on creates; None: ports by path only.
+    domain: str | None = None
+    # Requests to one sandbox's ports this replica relays at once (WebSockets included); more: 429.
+    max_port_requests_per_sandbox: int = 1024
 
     @property
     def create_deadline_s(self) -> float:
@@ -66,6 +81,10 @@ class ControlConfig:
             raise ConfigError("max_execs_per_tenant must be >= 1")
         if self.max_execs_per_sandbox is not None and self.max_execs_per_sandbox < 1:
             raise ConfigError("max_execs_per_sandbox must be >= 1")
+        if self.max_creates_in_flight < 1:
+            raise ConfigError("max_creates_in_flight must be >= 1")
+        if not self.rate_refresh_s > 0:
+            raise ConfigError("rate_refresh_s must be > 0")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be >= 1")
         if self.replica_lease_s <= self.reconcile_interval_s:

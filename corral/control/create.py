@@ -15,21 +15,24 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import KW_ONLY, asdict, dataclass, field, replace
 
 from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound, TenantOverQuota, Unavailable
+from corral.control.fairgate import CreateTurn, FairGate
 from corral.control.metrics import Metrics
+from corral.control.network import checked, network_text
 from corral.control.placement import Placement, Start
 from corral.control.pools import WarmClaims
 from corral.control.ports import CreatePort
+from corral.control.rates import TenantRates
 from corral.control.seal import Sealer, Spec, open_spec
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.control.waiting import WaitingCreates
 from corral.core import Clock, CreateRequest, oversize
-from corral.core.types import DEFAULT_TEMPLATE
+from corral.core.types import DEFAULT_SANDBOX_DISK_MB, DEFAULT_TEMPLATE
 from corral.ids import new_sandbox_id
 from corral.logs import note
 from corral.store import (
@@ -65,6 +68,11 @@ class CreateSpec:
     failover: str | None = None  # None: the template's
     # Seconds it may wait for capacity (parked in ``waiting_capacity``) instead of being refused.
     wait_s: float | None = None
+    disk_mb: int | None = None  # its own disk over its template's image; None: the template's
+    # Its egress policy's wire form (corral.core.netpolicy); None: mode "none", loopback only.
+    network: Mapping[str, object] | None = None
+    # What its timeout does (corral.core.lifecycle's text; None: it is killed). E2B's create sets it.
+    lifecycle: str | None = None
 
     def record(
         self,
@@ -77,6 +85,9 @@ class CreateSpec:
         failover: str,
         now: float,
         owner: str | None,
+        image: str | None = None,
+        disk_mb: int | None = None,
+        network: str | None = None,
     ) -> SandboxRecord:
         """The record this spec writes, its sizes and failover resolved against its template. Its env
         and secrets are not on the record: they are sealed into it (:meth:`contents`), and ``wait_s``
@@ -93,6 +104,10 @@ class CreateSpec:
             expires_at=now + self.ttl_seconds if self.ttl_seconds else None,
             failover=failover,
             owner=owner,
+            image=image,
+            disk_mb=disk_mb,
+            network=network,
+            lifecycle=self.lifecycle,
         )
 
     def contents(self) -> Spec:
@@ -105,43 +120,44 @@ class CreateSpec:
         body["metadata"] = dict(self.metadata)
         body["env"] = dict(self.env)
         body["secrets"] = sorted(self.secrets)
+        for later in (
+            "disk_mb",
+            "network",
+            "lifecycle",
+        ):  # keys given before these existed keep their fingerprint
+            if body[later] is None:
+                del body[later]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+@dataclass(eq=False, repr=False)
 class CreateFlow:
     """A create as the client asks it: its spec resolved against the template, its record written
     (quota, name, Idempotency-Key), a warm claim tried first, then the placement step; parked when
     nothing fits and the caller may wait."""
 
-    def __init__(
-        self,
-        store: CreatePort,
-        view: ViewCache,
-        placement: Placement,
-        templates: Templates,
-        config: ControlConfig,
-        clock: Clock,
-        metrics: Metrics,
-        *,
-        warm: WarmClaims | None = None,
-        sealer: Sealer | None = None,
-        waiting: WaitingCreates | None = None,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.placement = placement
-        self.templates = templates
-        self.config = config
-        self.clock = clock
-        self.metrics = metrics
-        # The warm-pool claim a create tries first.
-        self.warm = warm
-        # Seals each sandbox's spec into its record (when this control plane has a key).
-        self.sealer = sealer
-        # Parks a create that may wait for capacity.
-        self.waiting = waiting
-        # Idempotency keys refused at least once, with when: "time from first refusal to success".
-        self._first_refusal: dict[str, float] = {}
+    store: CreatePort
+    view: ViewCache
+    placement: Placement
+    templates: Templates
+    config: ControlConfig
+    clock: Clock
+    metrics: Metrics
+    _: KW_ONLY
+    # The warm-pool claim a create tries first.
+    warm: WarmClaims | None = None
+    # Seals each sandbox's spec into its record (when this control plane has a key).
+    sealer: Sealer | None = None
+    # Parks a create that may wait for capacity.
+    waiting: WaitingCreates | None = None
+    # Each tenant's create rate (None: unbounded), and the creates worked on at once, by turns.
+    rates: TenantRates | None = None
+    gate: FairGate = field(init=False)
+    # Idempotency keys refused at least once, with when: "time from first refusal to success".
+    _first_refusal: dict[str, float] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.gate = FairGate(self.config.max_creates_in_flight)
 
     # -- step 1: the record ----------------------------------------------------------------------
 
@@ -185,6 +201,8 @@ class CreateFlow:
         tpl = tpl or await self.templates.get(spec.template)
         memory_mb, cpus, stateful = await self._resolve(spec, tpl)
         failover = spec.failover or (tpl.failover if tpl is not None else FAILOVER_ORPHAN)
+        image, disk_mb = _disk(spec, tpl)
+        network = network_text(checked(spec.network))
         now = self.clock.now()
         record = spec.record(
             new_sandbox_id(now),
@@ -195,6 +213,9 @@ class CreateFlow:
             failover=failover,
             now=now,
             owner=self.config.replica_id,
+            image=image,
+            disk_mb=disk_mb,
+            network=network,
         )
         sealed = self._seal(record.id, spec, failover)
         return record if sealed is None else replace(record, sealed_spec=sealed)
@@ -238,6 +259,8 @@ class CreateFlow:
             ) from e
         except QuotaExceeded as e:
             self.metrics.refusals.labels(TenantOverQuota.code).inc()
+            if self.rates is not None:
+                self.rates.refused(tenant_id, TenantOverQuota.code)
             raise TenantOverQuota(
                 str(e),
                 details={"limit": e.limit, "allowed": e.allowed, "used": e.used, "requested": e.requested},
@@ -246,6 +269,11 @@ class CreateFlow:
             raise ResourceNotFound(f"unknown tenant {tenant_id}") from e
 
     # -- the whole flow ----------------------------------------------------------------------------
+
+    def admit(self, tenant_id: str, count: int = 1) -> None:
+        """The tenant's create rate, paid before anything is read or written (a refusal costs nothing)."""
+        if self.rates is not None:
+            self.rates.take(tenant_id, count)
 
     async def create(
         self, tenant_id: str, spec: CreateSpec, *, idempotency_key: str | None = None
@@ -256,8 +284,15 @@ class CreateFlow:
             if self.waiting is None or self.sealer is None:
                 raise InvalidRequest("wait_s", "wait_s: this control plane does not park creates")
             self.waiting.check(spec.wait_s)
+        self.admit(tenant_id)
+        async with self.gate.slot(tenant_id) as slot:
+            return await self._create(tenant_id, spec, idempotency_key, started, slot)
+
+    async def _create(
+        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None, started: float, slot: CreateTurn
+    ) -> tuple[SandboxRecord, bool]:
         if self.warm is not None:
-            claimed = await self._claim_warm(tenant_id, spec, idempotency_key)
+            claimed = await self._claim_warm(tenant_id, spec, idempotency_key, slot)
             if claimed is not None:
                 if not claimed[1]:
                     self.observe_success(claimed[0], started, tenant_id, idempotency_key)
@@ -266,10 +301,10 @@ class CreateFlow:
         record, replayed = await self.new_record(tenant_id, spec, idempotency_key, key[1] if key else None)
         if replayed:
             note(outcome="replayed", sandbox_id=record.id)
-            return await self._replay(record), True
+            return await self._replay(record, slot), True
         if spec.wait_s is not None and self.waiting is not None and await self.waiting.queued(tenant_id):
             # Creates of this tenant already wait: this one goes behind them, not past them.
-            placed = await self._park(record, spec.wait_s, idempotency_key)
+            placed = await self._park(record, spec.wait_s, idempotency_key, slot)
             self.observe_success(placed, started, tenant_id, idempotency_key)
             return placed, False
         try:
@@ -282,13 +317,16 @@ class CreateFlow:
                         del self._first_refusal[next(iter(self._first_refusal))]
                     self._first_refusal.setdefault(f"{tenant_id}/{idempotency_key}", started)
                 raise
-            placed = await self._park(record, spec.wait_s, idempotency_key)
+            placed = await self._park(record, spec.wait_s, idempotency_key, slot)
         self.observe_success(placed, started, tenant_id, idempotency_key)
         return placed, False
 
-    async def _park(self, record: SandboxRecord, wait_s: float, idempotency_key: str | None) -> SandboxRecord:
+    async def _park(
+        self, record: SandboxRecord, wait_s: float, idempotency_key: str | None, slot: CreateTurn
+    ) -> SandboxRecord:
         """Nothing fits now and the caller may wait: the record stays, parked, for the leader to place.
-        Once parked, only its deadline, or its client leaving without a key, ends it."""
+        Once parked, only its deadline, or its client leaving without a key, ends it. The wait holds
+        no create slot: the leader places it."""
         assert self.waiting is not None
         try:
             parked = await self.waiting.park(record, wait_s)
@@ -296,10 +334,11 @@ class CreateFlow:
             await self.forget(record)
             raise
         note(outcome="parked", sandbox_id=record.id)
+        slot.release()
         return await self.waiting.wait(parked, idempotency_key)
 
     async def _claim_warm(
-        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None
+        self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None, slot: CreateTurn
     ) -> tuple[SandboxRecord, bool] | None:
         """A create of a pooled template that asks for nothing its warm sandboxes were not admitted
         with takes one of them; None: place it cold."""
@@ -328,16 +367,18 @@ class CreateFlow:
         if claimed is None:
             return None
         if claimed.replayed:
-            return await self._replay(claimed.record), True
+            return await self._replay(claimed.record, slot), True
         return claimed.record, False
 
-    async def _replay(self, first: SandboxRecord) -> SandboxRecord:
+    async def _replay(self, first: SandboxRecord, slot: CreateTurn | None = None) -> SandboxRecord:
         """What a repeated Idempotency-Key answers: the sandbox the first call made, as it is now."""
         current = await self.store.get_sandbox(first.id, tenant_id=first.tenant_id)
         if current is None or current.state is SandboxState.DELETED:
             raise ResourceNotFound(f"the sandbox this Idempotency-Key created, {first.id}, has been deleted")
         if current.state is SandboxState.WAITING_CAPACITY and self.waiting is not None:
-            # Parked by the first call (on this replica or one that died): wait with it.
+            # Parked by the first call (on this replica or one that died): wait with it, slot given back.
+            if slot is not None:
+                slot.release()
             return await self.waiting.wait(current, "attached")
         if current.state is SandboxState.RESERVED:
             # The first call is still placing it: ask again in a moment, and get its outcome.
@@ -386,3 +427,16 @@ class CreateFlow:
                 await self.forget(record, SandboxState.RESERVED)
             elif current.state is SandboxState.RUNNING and current.reservation_id is not None:
                 await self.forget(record, SandboxState.RUNNING)
+
+
+def _disk(spec: CreateSpec, tpl: TemplateRecord | None) -> tuple[str | None, int | None]:
+    """The image a sandbox's root is made of and its own disk's size: a sandbox of an image always has
+    a disk (the template's size, the create's override, else the default); one without an image has
+    no writable layer to size (its writable places are memory, counted against its limit)."""
+    image = tpl.image if tpl is not None else None
+    if image is None:
+        if spec.disk_mb is not None:
+            raise InvalidRequest("disk_mb", "disk_mb: only for a template with an image")
+        return None, None
+    disk_mb = spec.disk_mb if spec.disk_mb is not None else tpl.disk_mb if tpl is not None else None
+    return image, disk_mb if disk_mb is not None else DEFAULT_SANDBOX_DISK_MB

@@ -45,6 +45,16 @@ class InvalidRequest(ControlError):
         super().__init__(message, details={"field": field})
 
 
+class UnsupportedOption(ControlError):
+    """400: a request asks for something this control plane does not do (rather than dropping it)."""
+
+    code = ErrorCode.UNSUPPORTED_OPTION
+    status = 400
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, details={"field": field})
+
+
 class Unauthorized(ControlError):
     code = ErrorCode.UNAUTHORIZED
     status = 401
@@ -58,6 +68,10 @@ class Forbidden(ControlError):
 class ResourceNotFound(ControlError):
     code = ErrorCode.NOT_FOUND
     status = 404
+
+
+class ImageNotFound(ResourceNotFound):
+    code = ErrorCode.IMAGE_NOT_FOUND
 
 
 class Conflict(ControlError):
@@ -86,6 +100,13 @@ class Gone(ControlError):
 
 class TenantOverQuota(ControlError):
     code = ErrorCode.TENANT_OVER_QUOTA
+    status = 429
+
+
+class TenantRateLimited(ControlError):
+    """A tenant's creates past its create rate: retry after the Retry-After its bucket computes."""
+
+    code = ErrorCode.TENANT_RATE_LIMITED
     status = 429
 
 

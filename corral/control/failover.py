@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass, field
 
 from corral.agent.errors import AgentConflict, AgentError
 from corral.codes import ErrorCode
@@ -39,25 +40,17 @@ log = logging.getLogger("corral.failover")
 RECREATE_BATCH = 200
 
 
+@dataclass(eq=False, repr=False)
 class Failover:
-    def __init__(
-        self,
-        store: FailoverPort,
-        view: ViewCache,
-        placement: Placement,
-        sealer: Sealer | None,
-        clock: Clock,
-        timeouts: Timeouts,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.placement = placement
-        self.sealer = sealer
-        self.clock = clock
-        self.timeouts = timeouts
-        # Host -> the last heartbeat it was failed at: a host that stays dead is failed once, not
-        # written to every round (a new leader does it once more, harmlessly).
-        self._failed: dict[str, float] = {}
+    store: FailoverPort
+    view: ViewCache
+    placement: Placement
+    sealer: Sealer | None
+    clock: Clock
+    timeouts: Timeouts
+    # Host -> the last heartbeat it was failed at: a host that stays dead is failed once, not
+    # written to every round (a new leader does it once more, harmlessly).
+    _failed: dict[str, float] = field(default_factory=dict, init=False)
 
     async def fail_dead_hosts(self) -> None:
         """Step 1 for every host silent past ``dead_after``."""
@@ -120,6 +113,7 @@ class Failover:
                 spec.env,
                 await self.placement.templates.pids(rec.template),
                 spec.secrets,
+                await self.placement.templates.image_config(rec),
             )
         except AgentConflict as exc:
             if exc.code != ErrorCode.SANDBOX_EXISTS:

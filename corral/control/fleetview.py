@@ -17,6 +17,7 @@ from typing import Any
 from prometheus_client import Counter, Histogram
 
 from corral.control.plane import ControlPlane, HostStatus
+from corral.shapes.hosts import JOINING
 
 WINDOW_S = 60.0
 QUANTILES = (0.5, 0.99)
@@ -52,6 +53,17 @@ def _histograms(metric: Histogram, label: str | None) -> dict[str, list[tuple[fl
     for v in out.values():
         v.sort()
     return out
+
+
+def _by_tenant(metric: Counter) -> dict[str, dict[str, int]]:
+    """A tenant's refusals by reason, per tenant."""
+    out: dict[str, dict[str, int]] = {}
+    for family in metric.collect():
+        for s in family.samples:
+            if s.name.endswith("_total") and s.value:
+                reasons = out.setdefault(s.labels.get("tenant", ""), {})
+                reasons[s.labels.get("reason", "")] = int(s.value)
+    return {t: dict(sorted(r.items())) for t, r in sorted(out.items())}
 
 
 def _counts(metric: Counter, label: str) -> dict[str, float]:
@@ -96,8 +108,8 @@ def build(
         rows.append(
             {
                 "id": r.id,
-                "state": r.state.value,
-                "heartbeat_age_s": round(h.heartbeat_age_s, 3),
+                "state": r.state.value if r.heard_from else JOINING,
+                "heartbeat_age_s": round(h.heartbeat_age_s, 3) if r.heard_from else None,
                 "sandboxes": r.sandbox_count,
                 "placements_60s": placed,
                 "memory_mb_total": r.memory_mb_total,
@@ -112,7 +124,7 @@ def build(
     loads: list[int] = [h.record.sandbox_count for h in hosts]
     median = float(statistics.median(loads)) if loads else 0.0
     biggest = max(loads) if loads else 0
-    ages: list[float] = [h.heartbeat_age_s for h in hosts]
+    ages: list[float] = [h.heartbeat_age_s for h in hosts if h.record.heard_from]
     view_age = _histograms(m.view_age, None).get("", [])
     return {
         "now": now,
@@ -137,6 +149,7 @@ def build(
             "replica": plane.config.replica_id,
             "create_latency": _summary(_merge(latency.values())),
             "refusals": {k: int(v) for k, v in sorted(_counts(m.refusals, "reason").items())},
+            "tenant_refusals": _by_tenant(m.tenant_refusals),
             "refusal_to_success": _summary(_histograms(m.refusal_to_success, None).get("", [])),
             "decision_view_age": _summary(view_age),
         },

@@ -66,6 +66,12 @@ class Metrics:
         r = self.registry
         self.placements = Counter("corral_placements", "Sandboxes placed, by host", ["host"], registry=r)
         self.refusals = Counter("corral_refusals", "Create refusals, by reason", ["reason"], registry=r)
+        self.tenant_refusals = Counter(
+            "corral_tenant_refusals",
+            "A tenant's creates refused, by tenant and reason",
+            ["tenant", "reason"],
+            registry=r,
+        )
         self.agent_refusals = Counter(
             "corral_bind_refusals", "Binds an agent refused, by host and code", ["host", "code"], registry=r
         )

@@ -15,7 +15,7 @@ import contextlib
 import random
 from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 
 from corral.agent.errors import AgentError, AgentRefusal
 from corral.codes import ErrorCode
@@ -140,29 +140,22 @@ def _names_copy(current: SandboxRecord, host_id: str | None, epoch: int) -> bool
     return current.state is SandboxState.RUNNING and current.host_id == host_id and current.epoch == epoch
 
 
+@dataclass(eq=False, repr=False)
 class Placement:
-    def __init__(
-        self,
-        store: FailoverPort,
-        view: ViewCache,
-        agents: AgentLookup,
-        templates: Templates,
-        config: ControlConfig,
-        clock: Clock,
-        rng: random.Random,
-        metrics: Metrics,
-        retry_after: RetryAfter,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.templates = templates
-        self.config = config
-        self.clock = clock
-        self.rng = rng
-        self.metrics = metrics
-        self.retry_after = retry_after
-        self.binder = Binder(agents, config.timeouts.bind_timeout_s)
-        self._placers: dict[int, Placer] = {}
+    store: FailoverPort
+    view: ViewCache
+    agents: InitVar[AgentLookup]
+    templates: Templates
+    config: ControlConfig
+    clock: Clock
+    rng: random.Random
+    metrics: Metrics
+    retry_after: RetryAfter
+    binder: Binder = field(init=False)
+    _placers: dict[int, Placer] = field(default_factory=dict, init=False)
+
+    def __post_init__(self, agents: AgentLookup) -> None:
+        self.binder = Binder(agents, self.config.timeouts.bind_timeout_s)
 
     def placer(self, n_hosts: int) -> Placer:
         """The placer for a fleet of ``n_hosts``: K is fixed by configuration or grows as log2 n."""
@@ -311,7 +304,12 @@ class Placement:
         if self.config.strategy is Strategy.PACK:
             res = await self.store.reserve(plan.host, memory_mb=plan.charge_mb, **kw)  # type: ignore[arg-type]
         else:
-            res = await self.store.reserve_best(list(plan.offered), memory_mb=plan.charge_mb, **kw)  # type: ignore[arg-type]
+            res = await self.store.reserve_best(
+                list(plan.offered),
+                memory_mb=plan.charge_mb,
+                image=plan.request.image,
+                **kw,  # type: ignore[arg-type]
+            )
         plan.attempt.offered(list(plan.offered))
         plan.attempt.took(res.host_id if res is not None else None)
         return res
@@ -343,9 +341,10 @@ class Placement:
         (a batch, whose reservation holds that host, waits; a single create tries another host)."""
         record = start.record
         pids = await self.templates.pids(record.template)
+        image = await self.templates.image_config(record)
         for attempt in range(saturated_retries + 1):
             try:
-                await self.binder.start(record, host_id, address, start.env, pids, start.secrets)
+                await self.binder.start(record, host_id, address, start.env, pids, start.secrets, image)
                 break
             except AgentRefusal as e:
                 if e.code != ErrorCode.HOST_STARTS_SATURATED or attempt == saturated_retries:

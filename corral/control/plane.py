@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import random
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
 from corral.clock import SystemClock
@@ -29,10 +30,12 @@ from corral.control.errors import (
 )
 from corral.control.failover import Failover
 from corral.control.heartbeats import HeartbeatIntake
+from corral.control.images import ImageBlobs
 from corral.control.locations import LocationCache
 from corral.control.metrics import Metrics
 from corral.control.placement import Placement
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
+from corral.control.rates import TenantRates
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.sandboxes import Sandboxes
@@ -41,9 +44,11 @@ from corral.control.templates import Templates
 from corral.control.view import ViewCache
 from corral.control.waiting import WaitingCreates
 from corral.core import Clock
+from corral.images import BlobStore
 from corral.shapes.hosts import HostCredentials
 from corral.store import (
     DEFAULT_MAX_CPUS,
+    UNSET,
     HeartbeatResult,
     HostHasSandboxes,
     HostRecord,
@@ -57,7 +62,10 @@ from corral.store import (
     TemplateRecord,
     TenantRecord,
     TokenRecord,
+    own_blobs,
 )
+
+T = TypeVar("T")
 
 DEFAULT_TENANT = "default"
 # How long a resolved token is trusted without asking the store again, unless a revocation comes first.
@@ -86,6 +94,7 @@ class ControlPlane:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         sealer: Sealer | None = None,
+        blobs: BlobStore | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -125,6 +134,7 @@ class ControlPlane:
             WarmMetrics(self.metrics.registry),
         )
         self.waiting = WaitingCreates(store, self.placement, sealer, self.clock, self.config, self.metrics)
+        self.rates = TenantRates(store, self.clock, self.config, self.metrics)
         self.creates = CreateFlow(
             store,
             self.view,
@@ -136,6 +146,7 @@ class ControlPlane:
             warm=self.warm,
             sealer=sealer,
             waiting=self.waiting,
+            rates=self.rates,
         )
         self.batches = BatchCreate(self.creates, self.placement)
         self.sandboxes = Sandboxes(
@@ -147,6 +158,7 @@ class ControlPlane:
             self.config.max_execs_per_sandbox,
         )
         self.heartbeats = HeartbeatIntake(store, self.metrics)
+        self.images = ImageBlobs(blobs)
         self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t)
         self.reconciler = Reconciler(
             store,
@@ -169,6 +181,7 @@ class ControlPlane:
             t.stale_after_s,
             self.config.policy,
         )
+        self.reconciler.replica_work.append(self.rates.refresh)
         self.reconciler.leader_work.append(self.pools.rebalance)
         self.reconciler.leader_work.append(self.waiting.place_waiting)
         self._task: asyncio.Task[None] | None = None
@@ -205,6 +218,7 @@ class ControlPlane:
             await self.store.ensure_token(agent_token, None, Role.AGENT)
             self.shared_agent_token = True
         await self.store.renew_replica(self.config.replica_id, self.config.replica_lease_s)
+        await self.rates.refresh()
         self._task = asyncio.create_task(self.reconciler.run(), name="corral-reconciler")
 
     async def stop(self) -> None:
@@ -357,6 +371,8 @@ class ControlPlane:
             warm_targets=await self.pool_book.targets_for(hb.agent_id),
             stop=sorted(result.fenced),
             secrets=await self._restored_secrets(hb) if hb.restore and result.accepted else {},
+            run_lease_s=self.config.timeouts.run_lease if result.accepted else None,
+            dead_after_s=self.config.timeouts.dead_after_s if result.accepted else None,
         )
 
     async def _restored_secrets(self, hb: AgentHeartbeat) -> dict[str, dict[str, str]]:
@@ -435,6 +451,25 @@ class ControlPlane:
         except RecordNotFound as e:
             raise ResourceNotFound(f"no tenant {name!r}") from e
 
+    async def set_create_rate(
+        self, name: str, *, rate_per_s: float | object | None = UNSET, burst: int | object | None = UNSET
+    ) -> TenantRecord:
+        """Change a tenant's create rate (left out: as it is; None: back to the configured default).
+        Here it holds at once, on the other replicas at their next read of the rates."""
+        tenant = await self.store.get_tenant_by_name(name)
+        if tenant is None:
+            raise ResourceNotFound(f"no tenant {name!r}")
+        try:
+            updated = await self.store.set_create_rate(
+                tenant.id,
+                rate_per_s=_given(rate_per_s, tenant.create_rate_per_s),
+                burst=_given(burst, tenant.create_burst),
+            )
+        except RecordNotFound as e:
+            raise ResourceNotFound(f"no tenant {name!r}") from e
+        self.rates.adopt(updated)
+        return updated
+
     def store_unavailable(self, exc: StoreUnavailable) -> Unavailable:
         self.metrics.refusals.labels(ErrorCode.STORE_UNAVAILABLE).inc()
         return Unavailable(
@@ -442,6 +477,11 @@ class ControlPlane:
             code=ErrorCode.STORE_UNAVAILABLE,
             retry_after_s=self.retry_after.estimate(ErrorCode.STORE_UNAVAILABLE, None),
         )
+
+
+def _given(value: object, current: T) -> T:
+    """``value`` where one was given, else ``current``."""
+    return current if value is UNSET else cast(T, value)
 
 
 def build_replica(
@@ -452,9 +492,12 @@ def build_replica(
     rng: random.Random,
     *,
     sealer: Sealer | None = None,
+    blobs: BlobStore | None = None,
 ) -> ControlPlane:
     """The one place a replica's control plane is built. ``clock`` and ``rng`` are the caller's: the
     wall clock and a fresh generator for a server, a manual or virtual clock and a seeded generator for
     a test or a simulated run. ``sealer``: None seals nothing (no secrets, recreate or parked creates).
+    ``blobs``: where images are kept (None: the store's own, when it keeps any: :func:`own_blobs`).
     """
-    return ControlPlane(store, agents, config, clock=clock, rng=rng, sealer=sealer)
+    blobs = blobs if blobs is not None else own_blobs(store)
+    return ControlPlane(store, agents, config, clock=clock, rng=rng, sealer=sealer, blobs=blobs)

@@ -15,7 +15,7 @@ import contextlib
 import random
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -167,6 +167,10 @@ class PoolBook:
                         memory_mb=tpl.memory_mb,
                         cpus=tpl.cpus,
                         stateful=tpl.stateful,
+                        image=tpl.image,
+                        disk_mb=tpl.disk_mb,
+                        user=tpl.image_config.user if tpl.image_config is not None else None,
+                        workdir=tpl.image_config.workdir if tpl.image_config is not None else None,
                     )
                 )
         return out
@@ -210,32 +214,22 @@ class Claimed:
     replayed: bool
 
 
+@dataclass(eq=False, repr=False)
 class WarmClaims:
     """The claim step of a create: pick a host by power-of-2 over advertised ready counts (minus this
     replica's claims), let its agent hand one over, write the record. None: go cold."""
 
-    def __init__(
-        self,
-        store: ClaimRecords,
-        view: ViewCache,
-        agents: AgentLookup,
-        book: PoolBook,
-        clock: Clock,
-        rng: random.Random,
-        stale_after_s: float,
-        metrics: WarmMetrics,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.agents = agents
-        self.book = book
-        self.clock = clock
-        self.rng = rng
-        self.stale_after_s = stale_after_s
-        self.metrics = metrics
-        self.seen = ClaimsSeen()
-        self.hits: dict[str, int] = {}
-        self.misses: dict[str, int] = {}
+    store: ClaimRecords
+    view: ViewCache
+    agents: AgentLookup
+    book: PoolBook
+    clock: Clock
+    rng: random.Random
+    stale_after_s: float
+    metrics: WarmMetrics
+    seen: ClaimsSeen = field(default_factory=ClaimsSeen, init=False)
+    hits: dict[str, int] = field(default_factory=dict, init=False)
+    misses: dict[str, int] = field(default_factory=dict, init=False)
 
     def miss(self, template: str, reason: str) -> None:
         self.misses[template] = self.misses.get(template, 0) + 1
@@ -340,26 +334,16 @@ class PoolStatus:
     misses: int
 
 
+@dataclass(eq=False, repr=False)
 class Pools:
-    def __init__(
-        self,
-        store: PoolStore,
-        view: ViewCache,
-        book: PoolBook,
-        claims: WarmClaims,
-        clock: Clock,
-        rng: random.Random,
-        stale_after_s: float,
-        policy: AdmissionPolicy,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.book = book
-        self.claims = claims
-        self.clock = clock
-        self.rng = rng
-        self.stale_after_s = stale_after_s
-        self.policy = policy
+    store: PoolStore
+    view: ViewCache
+    book: PoolBook
+    claims: WarmClaims
+    clock: Clock
+    rng: random.Random
+    stale_after_s: float
+    policy: AdmissionPolicy
 
     async def rebalance(self) -> int:
         """The leader's round: spread every pool, write the targets that changed. Returns how many

@@ -34,6 +34,7 @@ from corral.store.contract import (
     SealedSpecReader,
     SealedSpecs,
     TemplateReader,
+    TenantDirectory,
     TenantUsage,
 )
 
@@ -42,7 +43,7 @@ class SandboxRecords(RecordCreate, RecordReads, RecordStates, Protocol):
     """Sandbox records: written, read, moved between states, deleted."""
 
 
-class Lifecycle(Rehoming, RecordSweeps, Protocol):
+class SandboxLifecycle(Rehoming, RecordSweeps, Protocol):
     """What only the leader does to records: fail a dead host, give a sandbox a new host and epoch,
     find sandboxes past their TTL, forget old idempotency keys."""
 
@@ -63,7 +64,7 @@ class CreatePort(SandboxRecords, Reservations, Specs, Protocol):
     """What the create flow (and batch creates) write through."""
 
 
-class FailoverPort(CreatePort, Lifecycle, Protocol):
+class FailoverPort(CreatePort, SandboxLifecycle, Protocol):
     """What failover writes through: placement as a create gets it, plus the leader's lifecycle."""
 
 
@@ -85,19 +86,24 @@ __all__ = [
     "HeartbeatSink",
     "HostReader",
     "Leases",
-    "Lifecycle",
     "Listings",
     "Placements",
     "PoolReader",
     "PoolStore",
+    "RatesPort",
     "ReconcilePort",
     "RecordCreate",
     "RecordReads",
     "RecordStates",
     "Reservations",
+    "SandboxLifecycle",
     "SandboxRecords",
     "SealedSpecs",
     "Specs",
     "Tenants",
     "WaitingQueue",
 ]
+
+
+class RatesPort(TenantDirectory, Leases, Protocol):
+    """Where each replica reads its tenants' create rates, and how many replicas share each."""

@@ -9,8 +9,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from corral.agent.errors import AgentError, AgentSandboxNotFound
+from corral.control import lifecycle
 from corral.control.config import ControlConfig
 from corral.control.failover import Failover
 from corral.control.locations import LocationCache
@@ -19,6 +21,7 @@ from corral.control.ports import AgentLookup, ReconcilePort
 from corral.control.retry import RetryAfter
 from corral.control.view import ViewCache
 from corral.core import Clock
+from corral.core.lifecycle import ON_TIMEOUT_PAUSE, Lifecycle
 from corral.store import (
     ListingChange,
     RecordNotFound,
@@ -41,50 +44,44 @@ LISTING_KEEP_S = 300.0
 IDEMPOTENCY_KEY_TTL_S = 24 * 3600.0
 
 
+@dataclass(eq=False, repr=False)
 class Reconciler:
-    def __init__(
-        self,
-        store: ReconcilePort,
-        view: ViewCache,
-        agents: AgentLookup,
-        config: ControlConfig,
-        clock: Clock,
-        metrics: Metrics,
-        retry_after: RetryAfter,
-        locations: LocationCache,
-        failover: Failover,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.agents = agents
-        self.config = config
-        self.clock = clock
-        self.metrics = metrics
-        self.retry_after = retry_after
-        self.locations = locations
-        self.failover = failover
-        self.is_leader = False
-        # Until when (this replica's clock) the leader lease it last took or renewed holds.
-        self._lead_until = 0.0
-        self._ticks = 0
-        # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
-        self._strays: set[tuple[str, str]] = set()
-        # Running sandboxes their host's listing lacked, with that listing's heartbeat seq.
-        self._lost: dict[str, int] = {}
-        # Listing entries to compare with their records, (host, id): those that changed, kept until
-        # they agree or are acted on. Read from the changes since ``_listings_since`` (None: a new
-        # leader, which reads every entry once).
-        self._watch: set[tuple[str, str]] = set()
-        self._listings_since: float | None = None
-        # Orphans whose host came back without them, with the seq of the heartbeat that said so.
-        self._gone_orphans: dict[str, int] = {}
-        # More rounds only the leader runs (warm-pool spreading), each after the books are settled.
-        self.leader_work: list[Callable[[], Awaitable[object]]] = []
+    store: ReconcilePort
+    view: ViewCache
+    agents: AgentLookup
+    config: ControlConfig
+    clock: Clock
+    metrics: Metrics
+    retry_after: RetryAfter
+    locations: LocationCache
+    failover: Failover
+    is_leader: bool = field(default=False, init=False)
+    # Until when (this replica's clock) the leader lease it last took or renewed holds.
+    _lead_until: float = field(default=0.0, init=False)
+    _ticks: int = field(default=0, init=False)
+    # Sandboxes hosts run that no record claims, as of the previous sweep: (host, id).
+    _strays: set[tuple[str, str]] = field(default_factory=set, init=False)
+    # Running sandboxes their host's listing lacked, with that listing's heartbeat seq.
+    _lost: dict[str, int] = field(default_factory=dict, init=False)
+    # Listing entries to compare with their records, (host, id): those that changed, kept until
+    # they agree or are acted on. Read from the changes since ``_listings_since`` (None: a new
+    # leader, which reads every entry once).
+    _watch: set[tuple[str, str]] = field(default_factory=set, init=False)
+    _listings_since: float | None = field(default=None, init=False)
+    # Orphans whose host came back without them, with the seq of the heartbeat that said so.
+    _gone_orphans: dict[str, int] = field(default_factory=dict, init=False)
+    # More rounds only the leader runs (warm-pool spreading), each after the books are settled.
+    leader_work: list[Callable[[], Awaitable[object]]] = field(default_factory=list, init=False)
+    # Rounds every replica runs after renewing its lease (reading its tenants' rates); each of them
+    # never raises.
+    replica_work: list[Callable[[], Awaitable[object]]] = field(default_factory=list, init=False)
 
     async def tick(self) -> None:
         """One round. Safe to call concurrently from several replicas."""
         cfg = self.config
         await self.store.renew_replica(cfg.replica_id, cfg.replica_lease_s)
+        for work in self.replica_work:
+            await work()
         snap = await self.view.get()
         self.metrics.fleet.hosts = list(snap.records.values())
         self.retry_after.next_reservation_expiry = await self.store.next_expiry()
@@ -154,11 +151,30 @@ class Reconciler:
         for sb in await self.store.expired_sandboxes():
             if sb.state is SandboxState.RESERVED:
                 continue  # its create is still placing it (or left it: _resolve_unbound's business)
+            life = Lifecycle.parse(sb.lifecycle)
+            pauses = life.on_timeout == ON_TIMEOUT_PAUSE and sb.state is SandboxState.RUNNING
+            if pauses and sb.host_id and await self._pause_expired(sb.host_id, sb, life.keep_memory):
+                continue
             if sb.host_id and sb.state is SandboxState.RUNNING and not await self._stop(sb.host_id, sb.id):
                 await self.store.set_sandbox_state(sb.id, SandboxState.DELETED)
                 continue
             await self.store.delete_sandbox(sb.id)
             self.locations.drop(sb.id)
+
+    async def _pause_expired(self, host_id: str, sb: SandboxRecord, memory: bool) -> bool:
+        """A sandbox whose lifecycle pauses it at its timeout, paused. False: its host no longer has
+        it (it ends as any expired sandbox does); a host that cannot be told now is asked again at the
+        next round."""
+        rec = (await self.view.get()).records.get(host_id)
+        try:
+            await lifecycle.pause(
+                self.store, self.agents.client(host_id, rec.address if rec else ""), sb, memory=memory
+            )
+        except AgentSandboxNotFound:
+            return False
+        except (AgentError, StoreError) as exc:
+            log.warning("sandbox %s reached its timeout and could not be paused yet: %s", sb.id, exc)
+        return True
 
     async def _reclaim_orphans(self) -> None:
         page = await self.store.list_sandboxes(state=SandboxState.ORPHANED, limit=1000)

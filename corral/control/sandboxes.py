@@ -3,8 +3,11 @@ is simply not found."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import InitVar, dataclass, field
 
 from corral.agent.errors import (
     AgentBusy,
@@ -14,8 +17,10 @@ from corral.agent.errors import (
     AgentSandboxNotFound,
     AgentUnavailable,
 )
-from corral.agent.protocol import ExecRequest
+from corral.agent.execstream import ExecEvents
+from corral.agent.protocol import EgressPolicyBody, ExecRequest
 from corral.codes import ErrorCode
+from corral.control import network
 from corral.control.errors import (
     BadGateway,
     Gone,
@@ -30,32 +35,31 @@ from corral.control.locations import Location, LocationCache
 from corral.control.ports import AgentLookup, CreatePort
 from corral.control.view import ViewCache
 from corral.core.inflight import BUSY_RETRY_S, DEFAULT_EXECS_PER_TENANT, InFlight
-from corral.exec_result import ExecResult
+from corral.core.netpolicy import EgressPolicy
+from corral.exec_result import ExecEvent, ExecResult
 from corral.store import Page, SandboxRecord, SandboxState, StateConflict, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
 
 
+@dataclass(eq=False, repr=False)
 class Sandboxes:
     """``calls_per_tenant``: how many data-plane calls one tenant may have in flight through this
     replica (a replica's own count: N replicas let a tenant have N times as many, and each sandbox's
     agent bounds the sandbox's own whichever replica forwards)."""
 
-    def __init__(
-        self,
-        store: CreatePort,
-        view: ViewCache,
-        agents: AgentLookup,
-        locations: LocationCache,
-        calls_per_tenant: int = DEFAULT_EXECS_PER_TENANT,
-        execs_per_sandbox: int | None = None,
-    ) -> None:
-        self.store = store
-        self.view = view
-        self.agents = agents
-        self.locations = locations
+    store: CreatePort
+    view: ViewCache
+    agents: AgentLookup
+    locations: LocationCache
+    calls_per_tenant: InitVar[int] = DEFAULT_EXECS_PER_TENANT
+    execs_per_sandbox: InitVar[int | None] = None
+    calls: InFlight = field(init=False)
+    # Keyed by tenant and the id it named: one tenant naming another's sandbox holds only its own.
+    sandbox_calls: InFlight | None = field(init=False)
+
+    def __post_init__(self, calls_per_tenant: int, execs_per_sandbox: int | None) -> None:
         self.calls = InFlight("tenant", calls_per_tenant)
-        # Keyed by tenant and the id it named: one tenant naming another's sandbox holds only its own.
         self.sandbox_calls = InFlight("sandbox", execs_per_sandbox) if execs_per_sandbox else None
 
     @contextmanager
@@ -113,9 +117,15 @@ class Sandboxes:
         host_id: str | None,
         limit: int,
         cursor: str | None,
+        newest_first: bool = False,
     ) -> Page:
         return await self.store.list_sandboxes(
-            tenant_id=tenant_id, host_id=host_id, state=state, limit=limit, cursor=cursor
+            tenant_id=tenant_id,
+            host_id=host_id,
+            state=state,
+            limit=limit,
+            cursor=cursor,
+            newest_first=newest_first,
         )
 
     async def _locate(self, sandbox_id: str, tenant_id: str | None) -> Location:
@@ -138,34 +148,53 @@ class Sandboxes:
 
     async def exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
         # Counted before the store is read: a refused call costs this replica next to nothing.
+        with self._exec_slots(sandbox_id, tenant_id):
+            loc = await self._locate(sandbox_id, tenant_id)
+            with _agent_errors(sandbox_id, loc):
+                return await self.agents.client(loc.host_id, loc.address).exec(sandbox_id, req, loc.epoch)
+
+    async def exec_stream(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecEvents:
+        """A command whose output comes as it is written. The slots it holds are handed back, and the
+        command killed if it still runs, when the stream is closed (its caller gone)."""
+        slots = contextlib.ExitStack()
+        slots.enter_context(self._exec_slots(sandbox_id, tenant_id))
+        try:
+            loc = await self._locate(sandbox_id, tenant_id)
+            with _agent_errors(sandbox_id, loc):
+                stream = await self.agents.client(loc.host_id, loc.address).exec_stream(
+                    sandbox_id, req, loc.epoch
+                )
+        except BaseException:
+            slots.close()
+            raise
+        return _Held(stream, slots)
+
+    @contextmanager
+    def _exec_slots(self, sandbox_id: str, tenant_id: str | None) -> Iterator[None]:
         with self.tenant_slot(tenant_id):
             if tenant_id is None or self.sandbox_calls is None:
-                return await self._exec(sandbox_id, tenant_id, req)
+                yield
+                return
             with self._slot(self.sandbox_calls, f"{tenant_id}/{sandbox_id}"):
-                return await self._exec(sandbox_id, tenant_id, req)
+                yield
 
-    async def _exec(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> ExecResult:
+    async def set_network(
+        self, sandbox_id: str, tenant_id: str | None, policy: EgressPolicy, *, keep_public: bool = True
+    ) -> SandboxRecord:
+        """Replace a running sandbox's egress policy: on its host first (atomically there), then on
+        its record, so the record never names a policy its host refused. ``keep_public``: the
+        sandbox keeps whether its ports need its traffic token (E2B's updates do not say)."""
+        if keep_public and policy.attached:
+            policy = dataclasses.replace(
+                policy, public=network.policy_of(await self.get(sandbox_id, tenant_id)).public
+            )
         loc = await self._locate(sandbox_id, tenant_id)
         try:
-            return await self.agents.client(loc.host_id, loc.address).exec(sandbox_id, req, loc.epoch)
-        except AgentBusy as e:
-            raise TooManyConcurrent(e.message, retry_after_s=e.retry_after_s, details=e.details) from e
-        except AgentSandboxNotFound as e:
-            raise ResourceNotFound(f"sandbox {sandbox_id} is not running on its host") from e
-        except AgentUnavailable as e:
-            raise Unavailable(
-                f"host {loc.host_id} is unreachable", code=ErrorCode.HOST_UNREACHABLE, retry_after_s=2
-            ) from e
-        except AgentInvalid as e:
-            # The host's runtime refused the input itself (what execve would refuse): the caller's.
-            raise InvalidRequest(str(e.details.get("field", "body")), e.message) from e
-        except AgentConflict as e:
-            if e.code != ErrorCode.SANDBOX_PAUSED:
-                raise BadGateway(e.message, code=e.code) from e
-            # Auto-resume (a sandbox created to wake on use) belongs here: resume, then exec again.
-            raise SandboxIsPaused(e.message) from e
+            body = EgressPolicyBody.of(policy)
+            await self.agents.client(loc.host_id, loc.address).set_egress(sandbox_id, body, loc.epoch)
         except AgentError as e:
-            raise BadGateway(e.message, code=e.code) from e
+            raise network.agent_failure(sandbox_id, loc.host_id, e) from e
+        return await self.store.set_sandbox_network(sandbox_id, network.network_text(policy))
 
     async def delete(self, sandbox_id: str, tenant_id: str | None) -> None:
         rec = await self.get(sandbox_id, tenant_id)
@@ -196,3 +225,45 @@ class Sandboxes:
         if rec.reservation_id:
             # Deleted before a heartbeat showed it: no heartbeat ever will, so end its claim now.
             await self.store.cancel(rec.reservation_id)
+
+
+@contextmanager
+def _agent_errors(sandbox_id: str, loc: Location) -> Iterator[None]:
+    """An agent's refusal of a command, as the API answers it."""
+    try:
+        yield
+    except AgentBusy as e:
+        raise TooManyConcurrent(e.message, retry_after_s=e.retry_after_s, details=e.details) from e
+    except AgentSandboxNotFound as e:
+        raise ResourceNotFound(f"sandbox {sandbox_id} is not running on its host") from e
+    except AgentUnavailable as e:
+        raise Unavailable(
+            f"host {loc.host_id} is unreachable", code=ErrorCode.HOST_UNREACHABLE, retry_after_s=2
+        ) from e
+    except AgentInvalid as e:
+        # The host's runtime refused the input itself (what execve would refuse): the caller's.
+        raise InvalidRequest(str(e.details.get("field", "body")), e.message) from e
+    except AgentConflict as e:
+        if e.code != ErrorCode.SANDBOX_PAUSED:
+            raise BadGateway(e.message, code=e.code) from e
+        # Auto-resume (a sandbox created to wake on use) belongs here: resume, then exec again.
+        raise SandboxIsPaused(e.message) from e
+    except AgentError as e:
+        raise BadGateway(e.message, code=e.code) from e
+
+
+class _Held:
+    """A streamed command and the replica's slots it holds, handed back when it is closed."""
+
+    def __init__(self, stream: ExecEvents, slots: contextlib.ExitStack) -> None:
+        self._stream = stream
+        self._slots = slots
+
+    def events(self) -> AsyncIterator[ExecEvent | None]:
+        return self._stream.events()
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            self._slots.close()

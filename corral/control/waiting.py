@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import dataclass, field
 
 from corral.codes import ErrorCode
 from corral.control.config import ControlConfig
@@ -27,24 +28,19 @@ log = logging.getLogger("corral.waiting")
 WAITING_BATCH = 1000
 
 
+@dataclass(eq=False, repr=False)
 class WaitingCreates:
-    def __init__(
-        self,
-        store: WaitingQueue,
-        placement: Placement,
-        sealer: Sealer | None,
-        clock: Clock,
-        config: ControlConfig,
-        metrics: Metrics,
-    ) -> None:
-        self.store = store
-        self.placement = placement
-        self.sealer = sealer
-        self.clock = clock
-        self.config = config
-        self.metrics = metrics
-        # How often a waiting request looks at its record: well within one leader round.
-        self.poll_s = max(0.02, min(0.25, config.reconcile_interval_s / 4))
+    store: WaitingQueue
+    placement: Placement
+    sealer: Sealer | None
+    clock: Clock
+    config: ControlConfig
+    metrics: Metrics
+    # How often a waiting request looks at its record: well within one leader round.
+    poll_s: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.poll_s = max(0.02, min(0.25, self.config.reconcile_interval_s / 4))
 
     def check(self, wait_s: float) -> None:
         if not 0 < wait_s <= self.config.max_wait_s:

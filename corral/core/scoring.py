@@ -23,6 +23,11 @@ class ScoreWeights:
     # A soft preference, small next to memory and cpu: a host that can stream-restore boots without
     # first downloading the whole memory file.
     stream_restore: float = 0.05
+    # A host that holds the request's image starts it without fetching it first (the seeds' "restores
+    # faster" bonus). Smaller than one typical sandbox's share of a host, so it breaks near-ties toward
+    # the hosts that have the image without piling a burst onto them; a host without it still takes
+    # the create (at the cost of one fetch), never refused for it.
+    image: float = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,4 +55,6 @@ class Scorer:
         s = h if self.strategy is Strategy.SPREAD else -h
         if host.stream_restore:
             s += self.weights.stream_restore
+        if req.image is not None and req.image in host.images:
+            s += self.weights.image
         return s

@@ -202,7 +202,14 @@ class PowerOfK(Selector):
 
 @dataclass(frozen=True, slots=True)
 class FullScan(Selector):
+    """Every host filtered, the best scored chosen; its variants differ only in how ties and near-ties
+    fall (``random_ties``, ``amplitude``)."""
+
     name: str = "full_scan"
+    # Ties broken at random (False: the first of the best in the fleet's order wins).
+    random_ties: bool = True
+    # Multiplicative noise on each score (0: none).
+    amplitude: float = 0.0
 
     def select(
         self,
@@ -214,45 +221,25 @@ class FullScan(Selector):
         rng: random.Random,
     ) -> Choice:
         feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
-        return _choice(_best(feasible, req, ctx, scorer, rng), reasons, len(hosts), rejected)
+        best = _best(feasible, req, ctx, scorer, rng if self.random_ties else None, self.amplitude)
+        return _choice(best, reasons, len(hosts), rejected)
 
 
 @dataclass(frozen=True, slots=True)
-class Naive(Selector):
+class Naive(FullScan):
+    """The first of the best wins: every replica with the same view picks the same host."""
+
     name: str = "naive"
-
-    def select(
-        self,
-        hosts: Sequence[HostView],
-        req: CreateRequest,
-        ctx: FilterContext,
-        filters: Sequence[Filter],
-        scorer: Scorer,
-        rng: random.Random,
-    ) -> Choice:
-        feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
-        return _choice(_best(feasible, req, ctx, scorer, None), reasons, len(hosts), rejected)
+    random_ties: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Jitter(Selector):
-    # Multiplicative noise on each score. Small enough to keep the policy, so it rarely breaks a real
-    # gap between hosts (free memory differs by hundreds of MB, so scores rarely tie): a weak fix on
-    # its own, reproduced rather than hidden.
-    amplitude: float = 0.02
+class Jitter(FullScan):
+    # Small enough to keep the policy, so it rarely breaks a real gap between hosts (free memory
+    # differs by hundreds of MB, so scores rarely tie): a weak fix on its own, reproduced rather than
+    # hidden.
     name: str = "jitter"
-
-    def select(
-        self,
-        hosts: Sequence[HostView],
-        req: CreateRequest,
-        ctx: FilterContext,
-        filters: Sequence[Filter],
-        scorer: Scorer,
-        rng: random.Random,
-    ) -> Choice:
-        feasible, reasons, rejected = _scan(hosts, req, ctx, filters)
-        return _choice(_best(feasible, req, ctx, scorer, rng, self.amplitude), reasons, len(hosts), rejected)
+    amplitude: float = 0.02
 
 
 def candidate_limit(n: int) -> int:

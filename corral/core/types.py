@@ -16,6 +16,11 @@ MAX_SANDBOX_PIDS = 1 << 22
 # runtime's spec). A create that leaves ``cpus`` out takes its template's, not this.
 DEFAULT_TEMPLATE = "default"
 DEFAULT_CPUS = 1.0
+# A sandbox's own disk (the writable layer over its image), in MiB: below the minimum an ext4 disk
+# holds little more than its own journal; above the maximum it is a typo, not a sandbox.
+DEFAULT_SANDBOX_DISK_MB = 1024
+MIN_SANDBOX_DISK_MB = 16
+MAX_SANDBOX_DISK_MB = 1024 * 1024
 
 
 class AdmissionMode(StrEnum):
@@ -52,6 +57,8 @@ class HostFacts:
     gpu: str | None = None
     role: str = "worker"
     stream_restore: bool = False
+    # The images (digests) on the host's own disk: a create of one of them starts without a fetch.
+    images: frozenset[str] = frozenset()
 
     def facts(self) -> HostFacts:
         """Only the facts (a subclass's extra fields dropped)."""
@@ -82,6 +89,8 @@ class CreateRequest:
     runtime: str | None = None
     gpu: str | None = None
     tenant: str | None = None
+    # The image its root is made of (a digest): a host that holds it starts it without a fetch.
+    image: str | None = None
 
     def __post_init__(self) -> None:
         if self.memory_mb <= 0:

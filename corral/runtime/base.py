@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from corral.codes import ErrorCode
 from corral.core.types import DEFAULT_CPUS, DEFAULT_SANDBOX_PIDS, DEFAULT_TEMPLATE
@@ -24,8 +24,18 @@ class SandboxSpec:
     hostname: str | None = None  # defaults to the sandbox id
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = False  # loopback only unless asked
+    # The network namespace to join (a path: the agent's network slot, see corral.agent.netslots),
+    # whose interface and host-side filters the sandbox cannot touch; None: as ``network`` says.
+    netns: str | None = None
     pids: int = DEFAULT_PIDS
     epoch: int = 0  # which owner of this id this copy is (kept on disk: it is no secret)
+    # The image its root is made of (a digest, see corral.images); None: the host's own system
+    # directories, read-only, as before images. ``disk_mb`` sizes its own writable disk over it.
+    image: str | None = None
+    disk_mb: int | None = None
+    user: str | None = None  # who its commands run as by default (the image's config); None: "user"
+    workdir: str | None = None  # where they start; None: the user's home
+    leased: bool = False  # runs only while its host holds a run lease (recreate-policy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +72,17 @@ class InvalidSandbox(RuntimeFailure):
         self.field = field
 
 
+class SandboxExists(RuntimeFailure):
+    """A sandbox with this id is already on this host; the existing one is untouched."""
+
+    code = ErrorCode.NAME_CONFLICT
+
+
+def shell_exit_code(returncode: int) -> int:
+    """A host process's return code as a shell reports it: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 class Runtime(Protocol):
     name: str
 
@@ -87,8 +108,10 @@ class Runtime(Protocol):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bool = False,
+        user: str | None = None,
     ) -> Spawned:
-        """Start a command as the sandbox user, in the sandbox, and hand it back while it runs."""
+        """Start a command as the sandbox user (or ``user``: ``root``, in a sandbox of an image, where
+        root inside is an unprivileged uid outside), in the sandbox, and hand it back while it runs."""
         ...
 
     async def pause(self, sandbox_id: str) -> None:
@@ -110,3 +133,13 @@ class Runtime(Protocol):
     async def list(self) -> list[SandboxHandle]:
         """What is running now; an agent restarted while sandboxes run re-adopts these."""
         ...
+
+
+@runtime_checkable
+class Reboots(Protocol):
+    """A runtime that can end every process of a sandbox but its init and keep its files: what a
+    pause without memory and a resume as a reboot are made of."""
+
+    name: str
+
+    async def reboot(self, sandbox_id: str) -> None: ...

@@ -44,6 +44,15 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The sandbox's pid 1 (the launcher's ``init`` mode), a read-only copy handed to bubblewrap as data:
 # the launcher's own path is in the host's private cache, which the sandbox's uid may not reach.
 INIT_PATH = "/.corral/init"
+# In an image's sandbox, inside bubblewrap's own /dev tmpfs: nothing of the image decides where it goes.
+IMAGE_INIT_PATH = "/dev/.corral-init"
+# Where bubblewrap mounts into an image's root: made real directories and files first (see
+# corral.runtime.rootfs.prepare_mountpoints).
+IMAGE_MOUNT_DIRS: tuple[str, ...] = ("proc", "dev", "etc")
+IMAGE_MOUNT_FILES: tuple[str, ...] = ("etc/hosts",)
+IMAGE_NETWORK_FILES: tuple[str, ...] = ("etc/resolv.conf",)
+ROOT_USER = "root"
+ROOT_HOME = "/root"
 
 # /proc files that describe the host (its boot line, memory, load, disks, swap, build) and are
 # replaced by the sandbox's own view, as lxcfs does for containers; the rest of /proc is the
@@ -120,23 +129,28 @@ class Layout:
     network: bool = False
     system_paths: Sequence[str] = SYSTEM_PATHS
     host_etc: Sequence[str] = HOST_ETC
+    # An image's sandbox: its root (the overlay, see corral.runtime.rootfs) as a directory descriptor
+    # and its user namespace (the sandbox's uid range); the host's system directories stay out.
+    root_fd: int | None = None
+    userns_fd: int | None = None
 
 
-def sandbox_env(hostname: str, *layers: Mapping[str, str] | None) -> dict[str, str]:
+def sandbox_env(hostname: str, *layers: Mapping[str, str] | None, user: str = SANDBOX_USER) -> dict[str, str]:
     """The environment a command in the sandbox gets: defaults, then each layer in turn (the spec's,
     then an exec's). Applied by the launcher at the final execve inside, never to a host process."""
-    env = base_env(hostname)
+    env = base_env(hostname, user)
     for layer in layers:
         env.update(layer or {})
     return env
 
 
-def base_env(hostname: str) -> dict[str, str]:
+def base_env(hostname: str, user: str = SANDBOX_USER) -> dict[str, str]:
+    home = ROOT_HOME if user == ROOT_USER else SANDBOX_HOME
     return {
         "PATH": DEFAULT_PATH,
-        "HOME": SANDBOX_HOME,
-        "USER": SANDBOX_USER,
-        "LOGNAME": SANDBOX_USER,
+        "HOME": home,
+        "USER": user,
+        "LOGNAME": user,
         "HOSTNAME": hostname,
         "LANG": "C.UTF-8",
         "TMPDIR": "/tmp",
@@ -185,6 +199,8 @@ def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
     restarted agent can re-adopt it. ``--as-pid-1``: corral's init is pid 1 inside and reaps orphans
     there, so bubblewrap leaves no process of its own in the sandbox.
     """
+    if layout.root_fd is not None:
+        return _image_args(layout, info_fd=info_fd)
     argv = [
         "--as-pid-1",
         "--unshare-user",
@@ -241,10 +257,50 @@ def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
     return argv
 
 
-def init_command() -> list[str]:
+def _image_args(layout: Layout, *, info_fd: int) -> list[str]:
+    """An image's sandbox: the user namespace is the runtime's (made with the sandbox's uid range,
+    nested ones already forbidden in it), the root is the image's overlay, and home and /tmp are on
+    its disk. bubblewrap runs its init as uid 0 inside, without capabilities."""
+    assert layout.userns_fd is not None
+    argv = [
+        "--as-pid-1",
+        "--userns",
+        str(layout.userns_fd),
+        "--assert-userns-disabled",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--cap-drop",
+        "ALL",
+    ]
+    argv += ["--share-net"] if layout.network else ["--unshare-net"]
+    argv += ["--hostname", layout.hostname, "--bind-fd", str(layout.root_fd), "/"]
+    for name, fd in sorted(layout.etc_fds.items()):
+        # bubblewrap is root inside here: its files are root's, and must be readable by the user.
+        argv += ["--perms", "0644", "--ro-bind-data", str(fd), f"/etc/{name}"]
+    if layout.network and os.path.exists("/etc/resolv.conf"):
+        argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
+    size = ["--size", str(layout.tmpfs_bytes)] if layout.tmpfs_bytes is not None else []
+    argv += ["--proc", "/proc", *_proc_binds(layout), "--dev", "/dev"]
+    argv += ["--perms", "1777", *size, "--tmpfs", "/dev/shm", "--chdir", "/", "--new-session"]
+    if layout.init_fd is not None:
+        argv += ["--perms", "0555", "--ro-bind-data", str(layout.init_fd), IMAGE_INIT_PATH]
+    if layout.seccomp_fd is not None:
+        argv += ["--seccomp", str(layout.seccomp_fd)]
+    argv += ["--info-fd", str(info_fd)]
+    return argv
+
+
+def image_etc_files(hostname: str) -> dict[str, bytes]:
+    """What of an image's /etc the runtime writes: its hosts (the image keeps its own accounts)."""
+    return {"hosts": etc_files(hostname)["hosts"]}
+
+
+def init_command(image: bool = False) -> list[str]:
     """What follows bubblewrap's options on its own command line (``--args`` carries options only):
     the launcher's ``init``, which announces readiness on stdout, then holds the namespaces open."""
-    return ["--", INIT_PATH, "init"]
+    return ["--", IMAGE_INIT_PATH if image else INIT_PATH, "init"]
 
 
 def encode_args(args: Sequence[str]) -> bytes:

@@ -12,14 +12,30 @@
  *       of the sandbox's uid can ptrace it, take its descriptors or read its /proc entries; say
  *       "ready" on stdout, then hold only /dev/null, reap every orphan, and exit on a SIGTERM from
  *       outside the sandbox (SIGKILL from outside ends it too)
- *   launcher spawn UID GID PROCS... -- PROGRAM ARG...
- *       join the cgroups (write our pid to each PROCS file), drop every supplementary group and
- *       become UID/GID, then exec PROGRAM (bubblewrap) with the environment we were given
+ *   launcher spawn UID GID [--netns FD] PROCS... -- PROGRAM ARG...
+ *       join the cgroups (write our pid to each PROCS file), join the network namespace open on FD
+ *       if given (the sandbox's network slot, owned by the host's user namespace: nothing inside can
+ *       change its addresses, routes or filters), drop every supplementary group and become
+ *       UID/GID, then exec PROGRAM (bubblewrap, then told --share-net) with the environment we were given
  *   launcher exec INIT_PID PID_NS UID GID SPEC_FD PROCS...
  *       run the command described in SPEC_FD inside the namespaces of INIT_PID (whose pid namespace
  *       must still be inode PID_NS: a recycled pid is refused) as UID/GID (ids inside
  *       the sandbox's user namespace), in its cgroups, with an empty bounding set, no_new_privs and
  *       the seccomp filter; exit with its status (128+N when killed by signal N)
+ *   launcher exec-root INIT_PID PID_NS UID GID SPEC_FD PROCS...
+ *       the same, in a sandbox whose user namespace maps a whole range of host uids (an image's
+ *       sandbox): uid 0 inside is an unprivileged host uid, so the command keeps the bounding set of
+ *       a container's root (ROOT_CAPS) and may gain it through a setuid binary of its image (sudo);
+ *       no no_new_privs, the seccomp filter loaded while the launcher still holds capabilities there
+ *   launcher rootfs UID GID COUNT IMAGE DISK DISK_MNT USERNS LOWER MERGED
+ *       make an image sandbox's root: attach DISK (an ext4 file) to a loop device and mount it at
+ *       DISK_MNT with upper/ (owned by UID:GID, uid 0 inside) and work/; create a user namespace
+ *       mapping 0..COUNT-1 to UID.. and GID.., owned by UID, nested ones forbidden, pinned at USERNS;
+ *       clone the image's mount IMAGE read-only through that mapping at LOWER; mount the overlay of
+ *       LOWER and DISK_MNT/upper at MERGED (nodev); LOWER is detached again (the overlay holds it)
+ *   launcher allow-suid INIT_PID PID_NS
+ *       in the mount namespace of INIT_PID, lift the nosuid bubblewrap puts on every mount from the
+ *       sandbox's root mount alone (nodev stays): the image's sudo is setuid
  *   launcher check-spec
  *       decode a spec from stdin and print its fields, one per NUL-terminated string (for tests)
  *
@@ -30,6 +46,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/loop.h>
 #include <linux/sched.h>
 #include <sched.h>
 #include <seccomp.h>
@@ -37,11 +54,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/capability.h>
 
 #define SPEC_MAGIC "corral-exec-1"
 #define MAX_SPEC_BYTES (8u << 20)
@@ -247,10 +267,16 @@ static void become(uid_t uid, gid_t gid) {
 /* ---- spawn: bubblewrap as the sandbox's host user, already in its cgroups --------------------------- */
 
 static int spawn(int argc, char **argv) {
-    if (argc < 4) fail_msg("usage: spawn UID GID PROCS... -- PROGRAM ARG...");
+    if (argc < 4) fail_msg("usage: spawn UID GID [--netns FD] PROCS... -- PROGRAM ARG...");
     uid_t uid = (uid_t)parse_id(argv[0], "uid");
     gid_t gid = (gid_t)parse_id(argv[1], "gid");
     int i = 2;
+    if (i + 1 < argc && strcmp(argv[i], "--netns") == 0) {
+        int netns = (int)parse_id(argv[i + 1], "fd");
+        if (setns(netns, CLONE_NEWNET) != 0) fail("setns(net)");
+        close(netns);
+        i += 2;
+    }
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) join_cgroup(argv[i]);
     if (i + 1 >= argc) fail_msg("spawn: no program after --");
     if (geteuid() == 0) {
@@ -275,6 +301,23 @@ static const struct {
     {"user", CLONE_NEWUSER},
 };
 #define N_NS (sizeof NAMESPACES / sizeof *NAMESPACES)
+
+/* What root inside an image's sandbox keeps (a container runtime's default set): enough for package
+ * managers (ownership, modes, setuid to their own users), nothing that administers the kernel. All
+ * of it counts only in the sandbox's own user namespace. */
+static const int ROOT_CAPS[] = {
+    CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FSETID, CAP_FOWNER, CAP_SETGID, CAP_SETUID, CAP_SETPCAP,
+    CAP_SETFCAP, CAP_NET_BIND_SERVICE, CAP_KILL, CAP_AUDIT_WRITE,
+};
+
+static void keep_root_caps(void) {
+    for (int cap = 0; cap < 64; cap++) {
+        int keep = 0;
+        for (size_t i = 0; i < sizeof ROOT_CAPS / sizeof *ROOT_CAPS; i++) keep |= ROOT_CAPS[i] == cap;
+        if (!keep && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) fail("PR_CAPBSET_DROP");
+    }
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+}
 
 static void drop_bounding_set(void) {
     for (int cap = 0; cap < 64; cap++) {
@@ -305,7 +348,7 @@ static void close_other_fds(void) {
     for (int fd = 3; fd < 65536; fd++) close(fd);
 }
 
-static int exec_in(int argc, char **argv) {
+static int exec_in(int argc, char **argv, int root_inside) {
     if (argc < 5) fail_msg("usage: exec INIT_PID PID_NS UID GID SPEC_FD PROCS...");
     long init = parse_id(argv[0], "pid");
     char *end;
@@ -318,6 +361,10 @@ static int exec_in(int argc, char **argv) {
     struct spec s = parse_spec(spec_fd);
     close(spec_fd);
     scmp_filter_ctx filter = build_filter();
+    /* Without no_new_privs (root inside), the filter is loaded while we hold CAP_SYS_ADMIN in the
+     * sandbox's user namespace, before the uid changes. */
+    if (root_inside && seccomp_attr_set(filter, SCMP_FLTATR_CTL_NNP, 0) != 0)
+        fail_msg("cannot clear the filter's no_new_privs");
 
     /* Every namespace is opened before any is joined: once in the sandbox's mount namespace, /proc is
      * the sandbox's and the init's pid means something else. */
@@ -346,20 +393,29 @@ static int exec_in(int argc, char **argv) {
     pid_t child = fork();
     if (child < 0) fail("fork");
     if (child == 0) {
+        /* Not dumpable until the final execve: with the sandbox's user namespace joined, its root
+         * (an image's sandbox has one) would otherwise be allowed to ptrace us, still host root. */
+        if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
         /* In the sandbox's pid namespace now. Joining its user namespace gives every capability
          * there, CAP_SETPCAP included, which is what it takes to empty the bounding set. */
         if (root && setns(fds[N_NS - 1], CLONE_NEWUSER) != 0) fail("user");
         close(fds[N_NS - 1]);
-        drop_bounding_set();
         prefer_for_oom_kill();
-        become(uid, gid);
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS");
+        if (root_inside) {
+            keep_root_caps();
+            if (seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
+            become(uid, gid);
+        } else {
+            drop_bounding_set();
+            become(uid, gid);
+            if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS");
+        }
         close_other_fds();
         if (chdir(s.cwd) != 0) {
             fprintf(stderr, "%s: %s\n", s.cwd, strerror(errno));
             _exit(EXIT_SETUP);
         }
-        if (seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
+        if (!root_inside && seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
         /* From here on nothing may fail silently: errors are reported the way a shell does. */
         execvpe(s.argv[0], s.argv, s.envp);
         int err = errno;
@@ -374,6 +430,161 @@ static int exec_in(int argc, char **argv) {
     }
     if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
     return WEXITSTATUS(status);
+}
+
+/* ---- rootfs: an image sandbox's root, made by host root before bubblewrap runs ------------------------ */
+
+static void write_file(const char *path, const char *data) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) fail(path);
+    size_t n = strlen(data);
+    if (write(fd, data, n) != (ssize_t)n) fail(path);
+    close(fd);
+}
+
+/* Attach FILE to a free loop device that frees itself once its last user (the mount) is gone. */
+static void mount_disk(const char *file, const char *target) {
+    int backing = open(file, O_RDWR | O_CLOEXEC);
+    if (backing < 0) fail(file);
+    int control = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (control < 0) fail("/dev/loop-control");
+    char dev[64];
+    int loop = -1;
+    for (int attempt = 0; attempt < 64 && loop < 0; attempt++) {
+        int n = ioctl(control, LOOP_CTL_GET_FREE);
+        if (n < 0) fail("LOOP_CTL_GET_FREE");
+        snprintf(dev, sizeof dev, "/dev/loop%d", n);
+        int fd = open(dev, O_RDWR | O_CLOEXEC);
+        if (fd < 0) fail(dev);
+        struct loop_config config;
+        memset(&config, 0, sizeof config);
+        config.fd = (unsigned)backing;
+        config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+        if (ioctl(fd, LOOP_CONFIGURE, &config) == 0) {
+            loop = fd;
+        } else {
+            int err = errno;
+            /* Direct I/O needs an aligned backing file system; buffered I/O always works. */
+            config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+            if (err == EINVAL && ioctl(fd, LOOP_CONFIGURE, &config) == 0) {
+                loop = fd;
+            } else {
+                close(fd);
+                if (err != EBUSY && errno != EBUSY) fail("LOOP_CONFIGURE");  /* EBUSY: taken meanwhile */
+            }
+        }
+    }
+    if (loop < 0) fail_msg("no free loop device");
+    close(control);
+    close(backing);
+    if (mount(dev, target, "ext4", MS_NODEV | MS_NOSUID | MS_NOATIME, "") != 0) fail("mount disk");
+    close(loop); /* the mount holds the device now; unmounting frees it */
+}
+
+static void make_dir(const char *path, mode_t mode, uid_t uid, gid_t gid) {
+    if (mkdir(path, mode) != 0 && errno != EEXIST) fail(path);
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode)) fail_msg("the disk's layer directory is not one");
+    if (chown(path, uid, gid) != 0 || chmod(path, mode) != 0) fail(path);
+}
+
+/* A user namespace mapping 0..count-1 to uid.. and gid.., owned by uid, pinned at PATH (a bind mount of
+ * its nsfs file). Nested user namespaces are forbidden in it (max_user_namespaces 0). */
+static int make_userns(uid_t uid, gid_t gid, unsigned long count, const char *pin) {
+    int up[2], down[2];
+    if (pipe2(up, O_CLOEXEC) != 0 || pipe2(down, O_CLOEXEC) != 0) fail("pipe");
+    pid_t child = fork();
+    if (child < 0) fail("fork");
+    char byte = 0;
+    if (child == 0) {
+        close(up[0]);
+        close(down[1]);
+        if (setgroups(0, NULL) != 0) fail("setgroups");
+        become(uid, gid);
+        if (unshare(CLONE_NEWUSER) != 0) fail("unshare user");
+        if (write(up[1], "u", 1) != 1) _exit(EXIT_SETUP);
+        if (read(down[0], &byte, 1) != 1) _exit(EXIT_SETUP);
+        /* Mapped now, and root of the namespace it made: forbid any namespace nested in it. */
+        write_file("/proc/sys/user/max_user_namespaces", "0");
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    if (read(up[0], &byte, 1) != 1) fail_msg("the user namespace's helper failed");
+    char path[64], map[96];
+    snprintf(map, sizeof map, "0 %lu %lu\n", (unsigned long)uid, count);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
+    write_file(path, map);
+    snprintf(map, sizeof map, "0 %lu %lu\n", (unsigned long)gid, count);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0) fail(path);
+    int pinfd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (pinfd < 0) fail(pin);
+    close(pinfd);
+    if (mount(path, pin, NULL, MS_BIND, NULL) != 0) fail("pin the user namespace");
+    if (write(down[1], "m", 1) != 1) fail("helper");
+    int status;
+    while (waitpid(child, &status, 0) < 0) {
+        if (errno != EINTR) fail("waitpid");
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fail_msg("the user namespace's helper failed");
+    return ns;
+}
+
+static int rootfs(int argc, char **argv) {
+    if (argc != 9) fail_msg("usage: rootfs UID GID COUNT IMAGE DISK DISK_MNT USERNS LOWER MERGED");
+    uid_t uid = (uid_t)parse_id(argv[0], "uid");
+    gid_t gid = (gid_t)parse_id(argv[1], "gid");
+    unsigned long count = (unsigned long)parse_id(argv[2], "count");
+    const char *image = argv[3], *disk = argv[4], *disk_mnt = argv[5], *pin = argv[6];
+    const char *lower = argv[7], *merged = argv[8];
+    if (count == 0 || (unsigned long)uid + count > 0x7fffffffUL || (unsigned long)gid + count > 0x7fffffffUL)
+        fail_msg("the uid range is out of bounds");
+    mount_disk(disk, disk_mnt);
+    char upper[4096], work[4096], options[3 * 4096 + 64];
+    snprintf(upper, sizeof upper, "%s/upper", disk_mnt);
+    snprintf(work, sizeof work, "%s/work", disk_mnt);
+    make_dir(upper, 0755, uid, gid);
+    make_dir(work, 0700, 0, 0);
+    int ns = make_userns(uid, gid, count, pin);
+    int tree = open_tree(AT_FDCWD, image, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0) fail("open_tree");
+    struct mount_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID;
+    attr.userns_fd = (unsigned)ns;
+    if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) fail("mount_setattr idmap");
+    if (move_mount(tree, "", AT_FDCWD, lower, MOVE_MOUNT_F_EMPTY_PATH) != 0) fail("move_mount");
+    close(tree);
+    close(ns);
+    snprintf(options, sizeof options, "lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work);
+    if (mount("overlay", merged, "overlay", MS_NODEV | MS_NOATIME, options) != 0) fail("mount overlay");
+    if (umount2(lower, MNT_DETACH) != 0) fail("detach the lower layer");
+    return 0;
+}
+
+static int allow_suid(int argc, char **argv) {
+    if (argc != 2) fail_msg("usage: allow-suid INIT_PID PID_NS");
+    long init = parse_id(argv[0], "pid");
+    char *end;
+    errno = 0;
+    unsigned long long pid_ns = strtoull(argv[1], &end, 10);
+    if (errno != 0 || *end != '\0') fail_msg("bad pid namespace");
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%ld/ns/pid", init);
+    int pid_fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat ns;
+    if (pid_fd < 0 || fstat(pid_fd, &ns) != 0 || ns.st_ino != pid_ns)
+        fail_msg("the sandbox's init is gone (its pid now names another process)");
+    snprintf(path, sizeof path, "/proc/%ld/ns/mnt", init);
+    int mnt = open(path, O_RDONLY | O_CLOEXEC);
+    if (mnt < 0) fail(path);
+    if (setns(mnt, CLONE_NEWNS) != 0) fail("mnt");
+    if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_NODEV | MS_NOATIME, NULL) != 0) fail("remount /");
+    return 0;
 }
 
 /* ---- init: the sandbox's pid 1 ---------------------------------------------------------------------- */
@@ -413,7 +624,7 @@ static int init_main(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec ... | check-spec");
+    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | rootfs ... | allow-suid ... | check-spec");
     const char *mode = argv[1];
     if (strcmp(mode, "seccomp") == 0) {
         scmp_filter_ctx ctx = build_filter();
@@ -423,7 +634,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(mode, "init") == 0) return init_main();
     if (strcmp(mode, "spawn") == 0) return spawn(argc - 2, argv + 2);
-    if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2);
+    if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2, 0);
+    if (strcmp(mode, "exec-root") == 0) return exec_in(argc - 2, argv + 2, 1);
+    if (strcmp(mode, "rootfs") == 0) return rootfs(argc - 2, argv + 2);
+    if (strcmp(mode, "allow-suid") == 0) return allow_suid(argc - 2, argv + 2);
     if (strcmp(mode, "check-spec") == 0) return check_spec();
     fail_msg("unknown mode");
     return EXIT_SETUP;

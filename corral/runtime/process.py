@@ -12,6 +12,9 @@ A sandbox is made of:
 * cgroups that every process of the sandbox is placed in before it runs its first instruction;
 * private tmpfs mounts for its home and /tmp, charged to that cgroup;
 * a host uid leased for it alone (see :mod:`corral.runtime.uids`);
+* or, for a sandbox whose spec names an image: a root of its own, the image's overlay on a disk of its
+  ``disk_mb`` (see :mod:`corral.runtime.rootfs`), and a range of host uids mapped from 0 inside, so
+  its ``user`` has ``sudo`` to a root that is nobody on the host (see docs/isolation.md);
 * a directory under the runtime's root with the sandbox's record (spec, init identity, cgroups, uid),
   written by the runtime alone: nothing of the sandbox writes to a host file. bubblewrap's stderr is
   a pipe, read only when a start fails and closed once the sandbox is ready.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -37,26 +41,41 @@ from pathlib import Path
 from typing import IO, Literal
 
 from corral.clock import SystemClock
-from corral.codes import ErrorCode
 from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
-from corral.runtime import bwrap, child, launcher, procfs
+from corral.images.digest import check_digest
+from corral.images.resolver import ImageResolver
+from corral.runtime import bwrap, child, launcher, procfs, rootfs
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
+    SandboxExists,
     SandboxHandle,
     SandboxNotFound,
     SandboxPaused,
     SandboxSpec,
+    shell_exit_code,
 )
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.statedir import Corrupt, Running, Starting, StateDir, valid_id
 from corral.runtime.stream import Spawned
-from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS, UidAllocator, UidsExhausted
+from corral.runtime.uids import (
+    DEFAULT_LEASE_DIR,
+    DEFAULT_UID_RANGES,
+    DEFAULT_UIDS,
+    RANGE_SPAN,
+    UidAllocator,
+    UidsExhausted,
+    overlaps,
+)
 
 DEFAULT_ROOT = Path("/run/corral/sandboxes")
+# Image sandboxes' disks: on a disk, never under /run (a tmpfs on most hosts); one directory per root.
+DEFAULT_DISK_ROOT = Path("/var/lib/corral/disks")
+# The uids of an image sandbox's users inside (its image's /etc/passwd names them).
+_IMAGE_UIDS = {bwrap.SANDBOX_USER: bwrap.SANDBOX_UID, bwrap.ROOT_USER: 0}
 MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
 NOBODY = 65534
 _MIB = 1024 * 1024
@@ -77,12 +96,6 @@ _SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
 _SKELETON_OOM_SCORE_ADJ = -999
 
 
-class SandboxExists(RuntimeFailure):
-    """A sandbox with this id is already on this host; the existing one is untouched."""
-
-    code = ErrorCode.NAME_CONFLICT
-
-
 def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
     """Whether bubblewrap and namespaces work on this host (``corral serve`` falls back to ``sim``)."""
     return bwrap.probe(host_uid, host_gid) is None
@@ -90,11 +103,6 @@ def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
 
 def unavailable_reason(host_uid: int = NOBODY, host_gid: int = NOBODY) -> str | None:
     return bwrap.probe(host_uid, host_gid)
-
-
-def _exit_code(returncode: int) -> int:
-    # Shell convention: killed by signal N -> 128 + N.
-    return 128 - returncode if returncode < 0 else returncode
 
 
 class ProcessRuntime:
@@ -121,6 +129,10 @@ class ProcessRuntime:
         system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
         clock: Clock | None = None,
         cgroup_prefix: str = "",
+        images: ImageResolver | None = None,
+        uid_ranges: range = DEFAULT_UID_RANGES,
+        disk_root: Path | None = None,
+        disk_pool_depth: int = rootfs.DEFAULT_POOL_DEPTH,
     ) -> None:
         self.statedir = StateDir(root or DEFAULT_ROOT)
         # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
@@ -131,6 +143,19 @@ class ProcessRuntime:
         privileged = os.geteuid() == 0
         # Only root can hand a sandbox to a host user of its own; otherwise it runs as ourselves.
         self._uids = UidAllocator(uid_lease_dir, uids, self.statedir.root) if privileged else None
+        if overlaps(uids, uid_ranges):
+            raise ValueError(f"the sandbox uids {uids} overlap the image sandboxes' uid ranges {uid_ranges}")
+        self._ranges = UidAllocator(uid_lease_dir, uid_ranges, self.statedir.root) if privileged else None
+        # Images: where their files come from, where they are mounted, the pool of writable disks
+        # (made on the first image sandbox's start), and the sandboxes whose image this object holds.
+        self._images = images
+        self._root_key = hashlib.sha256(str(self.statedir.root.resolve()).encode()).hexdigest()[:16]
+        self._disk_root = disk_root or DEFAULT_DISK_ROOT / self._root_key
+        self._disk_pool_depth = disk_pool_depth
+        self._image_mounts: rootfs.ImageMounts | None = None
+        self._pool: rootfs.DiskPool | None = None
+        self._held: set[str] = set()
+        self._filling: asyncio.Task[int] | None = None
         self._privileged = privileged
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
@@ -153,6 +178,7 @@ class ProcessRuntime:
             cgroup=str(cgroup.path) if cgroup else None,
             cgroup_version=cgroup.version if cgroup else None,
             cgroup_extra=tuple(str(p) for p in cgroup.extra) if cgroup else (),
+            image=spec.image,
         )
         try:
             self.statedir.claim(spec.id, starting)
@@ -166,24 +192,37 @@ class ProcessRuntime:
         running: Running | None = None
         created: SandboxCgroup | None = None
         uid: int | None = None
+        span = RANGE_SPAN if spec.image is not None else 1
         try:
-            if self._uids is not None:
-                uid = self._uids.acquire(spec.id)  # after the claim: a lease must never predate its record
+            # After the claim: a lease must never predate its record.
+            if spec.image is not None and self._ranges is not None:
+                uid = self._ranges.acquire(spec.id)
+            elif self._uids is not None:
+                uid = self._uids.acquire(spec.id)
             if cgroup is not None:
                 # Refuses a cgroup that exists: it is not ours to reuse.
                 cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
                 created = cgroup
-            running = await self._launch(spec, cgroup, uid)
+            disk = await self._make_root(spec, uid) if spec.image is not None else None
+            running = await self._launch(spec, cgroup, uid, disk)
             self.statedir.commit(spec.id, running)
         except BaseException as exc:
             # Whatever this start created goes, whether the failure was ours, bubblewrap's or a cancel.
             init = running.init if running else None
             launched = self._launching.get(spec.id)
             await asyncio.shield(
-                asyncio.to_thread(self._teardown, spec.id, init, created, None, launched, uid)
+                asyncio.to_thread(
+                    self._teardown, spec.id, init, created, None, launched, uid, span, spec.image
+                )
             )
             if isinstance(
-                exc, RuntimeFailure | CgroupError | OSError | UidsExhausted | launcher.LauncherUnavailable
+                exc,
+                RuntimeFailure
+                | CgroupError
+                | OSError
+                | UidsExhausted
+                | launcher.LauncherUnavailable
+                | rootfs.RootfsError,
             ):
                 raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
             raise
@@ -218,15 +257,98 @@ class ProcessRuntime:
             launcher.check_command(["true"], bwrap.sandbox_env(spec.id, spec.env), "/")
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), "env") from None
+        if spec.image is not None:
+            self._validate_image(spec)
+        elif spec.disk_mb is not None or spec.user is not None or spec.workdir is not None:
+            raise InvalidSandbox("disk_mb, user and workdir need an image", "image")
 
-    async def _launch(self, spec: SandboxSpec, cgroup: SandboxCgroup | None, uid: int | None) -> Running:
+    def _validate_image(self, spec: SandboxSpec) -> None:
+        try:
+            check_digest(spec.image or "")
+        except ValueError as exc:
+            raise InvalidSandbox(str(exc), "image") from None
+        disk_mb = spec.disk_mb if spec.disk_mb is not None else rootfs.DEFAULT_DISK_MB
+        if not rootfs.MIN_DISK_MB <= disk_mb <= rootfs.MAX_DISK_MB:
+            raise InvalidSandbox(
+                f"disk_mb must be between {rootfs.MIN_DISK_MB} and {rootfs.MAX_DISK_MB}, got {disk_mb}",
+                "disk_mb",
+            )
+        if spec.user is not None and spec.user not in _IMAGE_UIDS:
+            raise InvalidSandbox(f"user must be one of {sorted(_IMAGE_UIDS)}, got {spec.user!r}", "user")
+        if spec.workdir is not None:
+            try:
+                launcher.check_command(["true"], {}, spec.workdir)
+            except launcher.BadCommand:
+                raise InvalidSandbox(
+                    "workdir must be an absolute path without NUL bytes", "workdir"
+                ) from None
+        if not self._privileged or self._images is None:
+            raise RuntimeFailure("this runtime cannot run images (it needs root and an image resolver)")
+
+    # -- an image sandbox's root ------------------------------------------------------------------
+
+    def _disks(self) -> rootfs.DiskPool:
+        if self._pool is None:
+            self._pool = rootfs.DiskPool(self._disk_root / ".pool", self._disk_pool_depth)
+        return self._pool
+
+    def _mounts(self) -> rootfs.ImageMounts:
+        if self._image_mounts is None:
+            self._image_mounts = rootfs.ImageMounts(self.statedir.root)
+        return self._image_mounts
+
+    def _root_paths(self, sandbox_id: str) -> rootfs.RootPaths:
+        return rootfs.RootPaths(
+            self.statedir.dir(sandbox_id),
+            rootfs.ROOTS_DIR / f"{self._root_key}-{sandbox_id}",
+            self._disk_root / f"{sandbox_id}.img",
+        )
+
+    async def _make_root(self, spec: SandboxSpec, base: int | None) -> Path:
+        """The image mounted (once), the sandbox's disk taken from the pool, its overlay root made."""
+        assert spec.image is not None and self._images is not None and base is not None
+        image_file = await self._images.local_path(spec.image)
+        self._held.add(spec.id)
+        image_mnt = await asyncio.to_thread(self._mounts().mount, spec.image, image_file)
+        paths = self._root_paths(spec.id)
+        pool = self._disks()
+        size = spec.disk_mb if spec.disk_mb is not None else rootfs.DEFAULT_DISK_MB
+        await asyncio.to_thread(rootfs.make_entry, paths, base)
+        await asyncio.to_thread(pool.take, size, paths.disk)
+        self._refill_disks()
+        await asyncio.to_thread(rootfs.make, paths, image_mnt=image_mnt, base=base, span=RANGE_SPAN)
+        files = bwrap.IMAGE_MOUNT_FILES + (bwrap.IMAGE_NETWORK_FILES if spec.network else ())
+        await asyncio.to_thread(rootfs.prepare_mountpoints, paths.merged, bwrap.IMAGE_MOUNT_DIRS, files, base)
+        return paths.disk
+
+    def _refill_disks(self) -> None:
+        if self._filling is None or self._filling.done():
+            self._filling = asyncio.ensure_future(asyncio.to_thread(self._disks().fill))
+
+    async def fill_disks(self, disk_mb: int = rootfs.DEFAULT_DISK_MB) -> int:
+        """Make the pool's disks of ``disk_mb`` ahead (a warm-start optimisation: never required)."""
+        pool = self._disks()
+        pool.note(disk_mb)
+        return await asyncio.to_thread(pool.fill)
+
+    async def _launch(
+        self, spec: SandboxSpec, cgroup: SandboxCgroup | None, uid: int | None, disk: Path | None
+    ) -> Running:
         hostname = spec.hostname or spec.id[:64]
         seccomp = launcher.seccomp_bpf()
+        image = spec.image is not None
+        paths = self._root_paths(spec.id)
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
+            root_fd = userns_fd = None
+            if image:
+                root_fd = os.open(paths.merged, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                fds.append(root_fd)
+                userns_fd = os.open(paths.userns, os.O_RDONLY | os.O_CLOEXEC)
+                fds.append(userns_fd)
             etc_fds: dict[str, int] = {}
-            for name, data in bwrap.etc_files(hostname).items():
+            for name, data in (bwrap.image_etc_files if image else bwrap.etc_files)(hostname).items():
                 etc_fds[name] = launcher.memfd(name, data)
                 fds.append(etc_fds[name])  # each closed below, even if a later one fails
             proc_fds: dict[str, int] = {}
@@ -237,6 +359,8 @@ class ProcessRuntime:
             fds.append(seccomp_fd)
             init_fd = launcher.memfd("init", launcher.binary())
             fds.append(init_fd)
+            # The network slot's namespace, joined by the launcher before it drops to the sandbox's uid.
+            netns = ["--netns", str(_opened(spec.netns, fds))] if spec.netns is not None else []
             layout = bwrap.Layout(
                 hostname=hostname,
                 etc_fds=etc_fds,
@@ -244,8 +368,10 @@ class ProcessRuntime:
                 proc_fds=proc_fds,
                 init_fd=init_fd,
                 tmpfs_bytes=spec.memory_mb * _MIB,
-                network=spec.network,
+                network=spec.network or spec.netns is not None,
                 system_paths=self._system_paths,
+                root_fd=root_fd,
+                userns_fd=userns_fd,
             )
             args_fd = launcher.memfd(
                 "bwrap-args", bwrap.encode_args(bwrap.sandbox_args(layout, info_fd=info_w))
@@ -257,8 +383,8 @@ class ProcessRuntime:
             host_uid = str(uid if uid is not None else os.getuid())
             host_gid = str(uid if uid is not None else os.getgid())
             procs = [str(p) for p in cgroup.procs_files] if cgroup else []
-            argv = [str(launcher.path()), "spawn", host_uid, host_gid, *procs, "--"]
-            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command()]
+            argv = [str(launcher.path()), "spawn", host_uid, host_gid, *netns, *procs, "--"]
+            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(image)]
             # stderr is a pipe, not a file: the sandbox's init starts with bubblewrap's descriptors,
             # and nothing a sandbox holds may be a host file it could grow.
             monitor = subprocess.Popen(
@@ -306,6 +432,11 @@ class ProcessRuntime:
         if self._privileged:
             for pid in (monitor.pid, init_pid, *procfs.children(init_pid)):
                 procfs.set_oom_score_adj(pid, _SKELETON_OOM_SCORE_ADJ)
+        if image:
+            # bubblewrap mounts everything nosuid; the image's root must honour its sudo. The user
+            # namespace's pin goes too: the sandbox's processes hold it from now on.
+            await asyncio.to_thread(rootfs.allow_suid, init.pid, init.pid_ns)
+            await asyncio.to_thread(rootfs.unpin_userns, paths)
         return Running(
             spec=spec,
             started_at=self._clock.now(),
@@ -315,6 +446,8 @@ class ProcessRuntime:
             cgroup_version=cgroup.version if cgroup else None,
             cgroup_extra=tuple(str(p) for p in cgroup.extra) if cgroup else (),
             uid=uid,
+            uid_span=RANGE_SPAN if image else 1,
+            disk=str(disk) if disk is not None else None,
         )
 
     # -- stop -----------------------------------------------------------------------------------
@@ -327,10 +460,19 @@ class ProcessRuntime:
 
     def _teardown_record(self, sandbox_id: str, record: Running | Starting | Corrupt) -> None:
         if isinstance(record, Running):
-            self._teardown(sandbox_id, record.init, _cgroup_of(record), record.monitor, None, record.uid)
+            self._teardown(
+                sandbox_id,
+                record.init,
+                _cgroup_of(record),
+                record.monitor,
+                None,
+                record.uid,
+                record.uid_span,
+                record.spec.image,
+            )
         elif isinstance(record, Starting):
             # Its uid, if it got one, is not recorded: the lease goes stale with the record.
-            self._teardown(sandbox_id, None, _cgroup_of(record), None)
+            self._teardown(sandbox_id, None, _cgroup_of(record), None, image=record.image)
         else:
             self._teardown(sandbox_id, None, self._guess_cgroup(sandbox_id), None)
 
@@ -342,8 +484,11 @@ class ProcessRuntime:
         monitor: procfs.ProcessIdentity | None,
         launched: subprocess.Popen[bytes] | None = None,
         uid: int | None = None,
+        span: int = 1,
+        image: str | None = None,
     ) -> None:
-        """Kill the tree, remove the cgroup, reap, forget. Safe to repeat; runs in a worker thread."""
+        """Kill the tree, remove the cgroup, reap, unmount its root, forget. Safe to repeat; runs in a
+        worker thread."""
         popen = launched
         if popen is None and monitor is not None and procfs.identify(monitor.pid) in (monitor, None):
             popen = _SPAWNED.get(monitor.pid)
@@ -379,9 +524,27 @@ class ProcessRuntime:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(monitor.pid, signal.SIGKILL)
             _reap(monitor.pid)
-        if uid is not None and self._uids is not None:
-            self._uids.release(uid, sandbox_id)  # before the record goes, so it is never reclaimed early
+        # Every mount of its root, then its disk: the directory is removed only once nothing is
+        # mounted in it (an error here leaves it for the next teardown).
+        rootfs.unmake(self._root_paths(sandbox_id))
+        if image is not None and sandbox_id in self._held and self._images is not None:
+            self._held.discard(sandbox_id)
+            self._images.release(image)
+        leases = self._ranges if span > 1 else self._uids
+        if uid is not None and leases is not None:
+            leases.release(uid, sandbox_id)  # before the record goes, so it is never reclaimed early
         self.statedir.discard(sandbox_id)
+        if image is not None and self._privileged:
+            self._mounts().unmount_unless(image, lambda: self._image_in_use(image))
+
+    def _image_in_use(self, digest: str) -> bool:
+        for sandbox_id in self.statedir.ids():
+            record = self.statedir.load(sandbox_id)
+            if (isinstance(record, Running) and record.spec.image == digest) or (
+                isinstance(record, Starting) and record.image == digest
+            ):
+                return True
+        return False
 
     def _guess_cgroup(self, sandbox_id: str) -> SandboxCgroup | None:
         if self.cgroups is None:
@@ -429,7 +592,7 @@ class ProcessRuntime:
                 task.cancel()
         return ExecResult(
             # Still frozen: it exits with its SIGKILL when the sandbox thaws or stops.
-            exit_code=_exit_code(-signal.SIGKILL if proc.returncode is None else proc.returncode),
+            exit_code=shell_exit_code(-signal.SIGKILL if proc.returncode is None else proc.returncode),
             stdout=out.text(),
             stderr=err.text(),
             duration_ms=(time.monotonic() - started) * 1000.0,
@@ -452,6 +615,7 @@ class ProcessRuntime:
         cwd: str | None,
         *,
         stdin: bool,
+        user: str | None = None,
     ) -> child.Child:
         """The launcher, started on a command for this sandbox (its own process group, so a signal to
         the group reaches everything the command starts)."""
@@ -461,9 +625,23 @@ class ProcessRuntime:
         if self.paused(sandbox_id):
             raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
         hostname = record.spec.hostname or record.spec.id[:64]
+        image = record.spec.image is not None
+        if user is not None and not image and user != bwrap.SANDBOX_USER:
+            raise InvalidSandbox(
+                f"user {user!r} runs only in a sandbox of an image template (root inside, nobody on the "
+                f"host); this one runs on the host's own system, as its one user {bwrap.SANDBOX_USER!r}",
+                "user",
+            )
+        if user is not None and user not in _IMAGE_UIDS:
+            raise InvalidSandbox(f"user must be one of {sorted(_IMAGE_UIDS)}, got {user!r}", "user")
+        user = user or record.spec.user or bwrap.SANDBOX_USER
+        inside = _IMAGE_UIDS[user] if image else bwrap.SANDBOX_UID
+        home = bwrap.ROOT_HOME if user == bwrap.ROOT_USER else bwrap.SANDBOX_HOME
         try:
             spec = launcher.encode(
-                command, bwrap.sandbox_env(hostname, record.spec.env, env), cwd or bwrap.SANDBOX_HOME
+                command,
+                bwrap.sandbox_env(hostname, record.spec.env, env, user=user),
+                cwd or record.spec.workdir or home,
             )
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
@@ -472,9 +650,10 @@ class ProcessRuntime:
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
         init = record.init
-        argv = [str(launcher.path()), "exec", str(init.pid), str(init.pid_ns), str(bwrap.SANDBOX_UID)]
+        mode = "exec-root" if image else "exec"
+        argv = [str(launcher.path()), mode, str(init.pid), str(init.pid_ns), str(inside)]
         argv += [
-            str(bwrap.SANDBOX_GID),
+            str(inside),
             str(spec_fd),
             *(str(p) for p in (cgroup.procs_files if cgroup else [])),
         ]
@@ -492,8 +671,9 @@ class ProcessRuntime:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bool = False,
+        user: str | None = None,
     ) -> Spawned:
-        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=stdin)
+        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=stdin, user=user)
         assert proc.stdout is not None and proc.stderr is not None
 
         exited = asyncio.ensure_future(proc.wait())
@@ -504,7 +684,7 @@ class ProcessRuntime:
             while not exited.done() and proc.returncode is None:
                 await asyncio.wait({exited}, timeout=_EXIT_POLL_S)
             assert proc.returncode is not None
-            return _exit_code(proc.returncode)
+            return shell_exit_code(proc.returncode)
 
         def send(sig: int) -> None:
             if proc.returncode is None:
@@ -539,6 +719,22 @@ class ProcessRuntime:
             except OSError as exc:
                 raise RuntimeFailure(f"sandbox {sandbox_id!r} did not resume: {exc}") from exc
 
+    async def reboot(self, sandbox_id: str) -> None:
+        """End every process of the sandbox but its init (and bubblewrap's monitor above it), keeping
+        its files (its root's writable layer, its home and /tmp: tmpfs mounts its init's namespace
+        holds, still charged to its cgroup): what a boot from its disk would leave. Frozen while its
+        processes are listed, so none forks meanwhile; left frozen or running as it was found."""
+        record = self._live(sandbox_id)
+        cgroup = _cgroup_of(record)
+        if cgroup is None or not cgroup.can_freeze():
+            raise RuntimeFailure(
+                f"sandbox {sandbox_id!r} cannot be rebooted: this host has no cgroup freezer"
+            )
+        try:
+            await asyncio.to_thread(_empty, cgroup, record.init.pid)
+        except (CgroupError, OSError) as exc:
+            raise RuntimeFailure(f"sandbox {sandbox_id!r} did not reboot: {exc}") from exc
+
     # -- inspect --------------------------------------------------------------------------------
 
     async def resident_mb(self, sandbox_id: str) -> int | None:
@@ -566,12 +762,34 @@ class ProcessRuntime:
                 continue
             record = self.statedir.load(sandbox_id)
             if isinstance(record, Running) and self._is_live(record):
+                await self._hold_image(record)
                 handles.append(self._handle(record))
             elif isinstance(record, Running | Corrupt) or (
                 isinstance(record, Starting) and not procfs.is_alive(record.starter)
             ):
                 await asyncio.to_thread(self._teardown_record, sandbox_id, record)
         return handles
+
+    async def _hold_image(self, record: Running) -> None:
+        """A re-adopted sandbox's image is held from this object's resolver too (a cache must not
+        evict what a sandbox runs on)."""
+        digest = record.spec.image
+        if digest is None or record.spec.id in self._held or self._images is None:
+            return
+        with contextlib.suppress(Exception):  # it runs on its mounted image either way
+            await self._images.local_path(digest)
+            self._held.add(record.spec.id)
+
+    async def disk_used_mb(self, sandbox_id: str) -> int | None:
+        """What the sandbox's writable layer holds on its disk; None when it has none (no image)."""
+        record = self._live(sandbox_id)
+        if record.spec.image is None:
+            return None
+        paths = self._root_paths(sandbox_id)
+        try:
+            return math.ceil(await asyncio.to_thread(rootfs.used_bytes, paths) / _MIB)
+        except OSError:
+            return None
 
     def _live(self, sandbox_id: str) -> Running:
         record = self.statedir.load(sandbox_id) if valid_id(sandbox_id) else None
@@ -591,6 +809,12 @@ class ProcessRuntime:
             started_at=record.started_at,
             ref=f"pid={record.init.pid}" + (f" cgroup={record.cgroup}" if record.cgroup else ""),
         )
+
+
+def _opened(path: str, fds: list[int]) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fds.append(fd)
+    return fd
 
 
 def _cgroup_of(record: Running | Starting) -> SandboxCgroup | None:
@@ -675,6 +899,36 @@ async def _kill(proc: child.Child, grace_s: float) -> None:
     if not done:
         _REAPING.add(waiting)
         waiting.add_done_callback(_REAPING.discard)
+
+
+def _empty(cgroup: SandboxCgroup, init_pid: int, timeout_s: float = 5.0) -> None:
+    """SIGKILL every process of ``cgroup`` but ``init_pid`` and its ancestors in it, until they are gone."""
+    was_frozen = cgroup.frozen()
+    if not was_frozen:
+        cgroup.freeze()
+    spared, pid = set(), init_pid
+    members = set(cgroup.pids())
+    while pid in members:
+        spared.add(pid)
+        pid = procfs.parent(pid) or 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            left = [p for p in cgroup.pids() if p not in spared]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise CgroupError(f"cgroup {cgroup.path} still holds {left} after SIGKILL")
+            for p in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            cgroup.thaw()  # a frozen task acts on its SIGKILL only once thawed
+            time.sleep(0.005)
+    finally:
+        if was_frozen:
+            cgroup.freeze()
+        else:
+            cgroup.thaw()
 
 
 def _exec_note(paused: bool, out: BoundedBuffer, err: BoundedBuffer) -> str | None:

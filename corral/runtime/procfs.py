@@ -33,6 +33,14 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])  # field 22 overall: starttime
 
 
+def parent(pid: int) -> int | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])  # field 4 overall: ppid
+
+
 def pid_ns(pid: int) -> int | None:
     try:
         return os.stat(_PROC / str(pid) / "ns" / "pid").st_ino

@@ -244,6 +244,7 @@ class SimRuntime:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bool = False,
+        user: str | None = None,
     ) -> Spawned:
         """The emulated command, already over: a simulation has no process to watch."""
         r = await self.exec(sandbox_id, command, env=env, cwd=cwd)

@@ -50,8 +50,14 @@ def spec_to_dict(spec: SandboxSpec) -> dict[str, Any]:
         "hostname": spec.hostname,
         "env": dict(spec.env),
         "network": spec.network,
+        "netns": spec.netns,
         "pids": spec.pids,
         "epoch": spec.epoch,
+        "image": spec.image,
+        "disk_mb": spec.disk_mb,
+        "user": spec.user,
+        "workdir": spec.workdir,
+        "leased": spec.leased,
     }
 
 
@@ -65,9 +71,19 @@ def spec_from_dict(data: dict[str, Any]) -> SandboxSpec:
         hostname=data["hostname"],
         env={str(k): str(v) for k, v in data["env"].items()},
         network=bool(data["network"]),
+        netns=data.get("netns"),
         pids=int(data.get("pids", DEFAULT_PIDS)),
         epoch=int(data.get("epoch", 0)),
+        image=_optional_str(data.get("image")),
+        disk_mb=None if data.get("disk_mb") is None else int(data["disk_mb"]),
+        user=_optional_str(data.get("user")),
+        workdir=_optional_str(data.get("workdir")),
+        leased=bool(data.get("leased", False)),
     )
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _identity(data: dict[str, Any]) -> ProcessIdentity:
@@ -86,6 +102,7 @@ class Starting:
     cgroup: str | None
     cgroup_version: int | None
     cgroup_extra: tuple[str, ...] = ()  # v1: the sandbox's cgroups in the cpu, pids and freezer hierarchies
+    image: str | None = None  # the image its root is made of: a crashed start's teardown releases it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,12 +110,14 @@ class Starting:
             "cgroup": self.cgroup,
             "cgroup_version": self.cgroup_version,
             "cgroup_extra": list(self.cgroup_extra),
+            "image": self.image,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Starting:
         extra = tuple(str(p) for p in data.get("cgroup_extra", ()))
-        return cls(_identity(data["starter"]), data["cgroup"], data["cgroup_version"], extra)
+        image = _optional_str(data.get("image"))
+        return cls(_identity(data["starter"]), data["cgroup"], data["cgroup_version"], extra, image)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +132,10 @@ class Running:
     cgroup_version: int | None
     cgroup_extra: tuple[str, ...] = ()
     uid: int | None = None  # the host uid leased to it (None: it runs as the runtime's own)
+    # How many host uids from ``uid`` its user namespace maps (an image's sandbox: a whole range,
+    # ``uid`` being its root inside); its disk file, when it has one.
+    uid_span: int = 1
+    disk: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +147,8 @@ class Running:
             "cgroup_version": self.cgroup_version,
             "cgroup_extra": list(self.cgroup_extra),
             "uid": self.uid,
+            "uid_span": self.uid_span,
+            "disk": self.disk,
         }
 
     @classmethod
@@ -137,6 +162,8 @@ class Running:
             cgroup_version=data["cgroup_version"],
             cgroup_extra=tuple(str(p) for p in data.get("cgroup_extra", ())),
             uid=None if data.get("uid") is None else int(data["uid"]),
+            uid_span=int(data.get("uid_span", 1)),
+            disk=_optional_str(data.get("disk")),
         )
 
 

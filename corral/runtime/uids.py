@@ -1,6 +1,7 @@
 """Host uids for sandboxes: each sandbox runs as its own host uid (and gid of the same number), unique
 across the whole machine however many runtimes share it (``corral serve`` runs many agents in one
-process; several ``corral agent`` processes may run side by side).
+process; several ``corral agent`` processes may run side by side). An image's sandbox leases a range
+instead (:data:`DEFAULT_UID_RANGES`: an allocator over a stepped range hands out each range's first uid).
 
 A uid is held by a lease file, ``<directory>/<uid>``, created with O_EXCL and naming the state directory root
 and sandbox id that own it. A lease whose sandbox record no longer exists is stale (its owner crashed
@@ -22,6 +23,11 @@ from pathlib import Path
 DEFAULT_LEASE_DIR = Path("/run/corral/uids")
 # Far above any account a distribution creates and below the 2^31 a user namespace can map.
 DEFAULT_UIDS = range(2_000_000, 2_065_536)
+# An image's sandbox maps a whole range of host uids (its uid 0 is the range's first): ranges of
+# RANGE_SPAN, leased by their first uid in the same directory, from 0x70000000 (above systemd's
+# container ranges) to the 2^31 a user namespace can map; 4095 sandboxes at once.
+RANGE_SPAN = 65536
+DEFAULT_UID_RANGES = range(0x7000_0000, 2**31 - RANGE_SPAN, RANGE_SPAN)
 _LOCK = ".lock"
 
 
@@ -50,12 +56,22 @@ def parse_range(text: str) -> range:
     return range(start, end + 1)
 
 
+def overlaps(uids: range, ranges: range) -> bool:
+    """Whether single uids of ``uids`` fall in any range leased from ``ranges`` (step = span)."""
+    if not uids or not ranges:
+        return False
+    return uids.start < ranges[-1] + ranges.step and ranges.start < uids.stop
+
+
 class UidAllocator:
-    """Leases uids from ``uids`` in ``directory`` for the sandboxes recorded under ``statedir_root``."""
+    """Leases uids from ``uids`` in ``directory`` for the sandboxes recorded under ``statedir_root``
+    (with a step: the first uids of ranges of that many)."""
 
     def __init__(self, directory: Path, uids: range, statedir_root: Path) -> None:
         if not uids:
             raise ValueError("the uid range is empty")
+        if uids.step < 1 or uids[-1] + uids.step > 2**31 - 1:
+            raise ValueError("uid ranges must ascend and stay below 2^31 - 1")
         self.directory = directory
         self.uids = uids
         self.statedir_root = str(statedir_root.resolve())

@@ -6,13 +6,17 @@ from pydantic import Field
 
 from corral.shapes import ID_PATTERN, Wire
 
+# The state of a host enrolled but never heard from (its store state says nothing yet); it has no
+# heartbeat age.
+JOINING = "joining"
+
 
 class Host(Wire):
     """One host as the admin API describes it: its published admission verdict and its load."""
 
     id: str
     state: str
-    heartbeat_age_s: float | None = None
+    heartbeat_age_s: float | None = None  # None while it is joining
     cpu_total: float = 0.0
     cpu_used: float = 0.0
     memory_mb_total: int = 0

@@ -33,6 +33,10 @@ class SandboxRecord(Wire):
     failover: str = "orphan"
     epoch: int = 0  # how many times it was given a new host
     recreated_at: datetime | None = None
+    image: str | None = None  # the image its root is made of (a digest); None: the host's own
+    disk_mb: int | None = None  # its own disk's size, MiB
+    # Its egress policy: {"mode": "none" | "internet", "allow_out": [CIDR...], "deny_out": [CIDR...]}.
+    network: dict[str, Any] = Field(default_factory=lambda: {"mode": "none", "allow_out": [], "deny_out": []})
 
 
 class SandboxPage(Wire):

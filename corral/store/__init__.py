@@ -8,8 +8,10 @@ default: one machine, nothing to install) and PostgreSQL (a fleet that outgrows 
 from __future__ import annotations
 
 from corral.core.clock import Clock
+from corral.images.blobs import BlobStore
 from corral.store.contract import Store
 from corral.store.errors import (
+    DomainTaken,
     HostHasSandboxes,
     IdempotencyMismatch,
     InvalidRecord,
@@ -28,7 +30,9 @@ from corral.store.records import (
     FAILOVER_RECREATE,
     LIVE_STATES,
     UNSET,
+    ChangeRecord,
     CreateOutcome,
+    DomainRecord,
     FailedHost,
     HeartbeatResult,
     HostRecord,
@@ -74,6 +78,19 @@ def open_store(url: str, *, clock: Clock | None = None) -> Store:
     raise InvalidRecord(f"unsupported store URL {url!r}: expected sqlite:///path or postgresql://...")
 
 
+def own_blobs(store: Store) -> BlobStore | None:
+    """The blob store a store keeps in its own tables: PostgreSQL's (every replica serves every image
+    from it). None for SQLite: one machine keeps its images in a directory (``DirBlobStore``) instead of
+    holding the database's one writer through every image's bytes."""
+    if getattr(store, "dialect", None) != "postgres":
+        return None
+    from corral.store.blobs import PostgresBlobStore
+    from corral.store.postgres import PostgresStore
+
+    # A wrapper that only passes PostgreSQL's dialect on (a test's fault injection) keeps none.
+    return PostgresBlobStore(store) if isinstance(store, PostgresStore) else None
+
+
 __all__ = [
     "DEFAULT_MAX_CPUS",
     "FAILOVER_ORPHAN",
@@ -81,7 +98,10 @@ __all__ = [
     "FAILOVER_RECREATE",
     "LIVE_STATES",
     "UNSET",
+    "ChangeRecord",
     "CreateOutcome",
+    "DomainRecord",
+    "DomainTaken",
     "FailedHost",
     "HeartbeatResult",
     "HostHasSandboxes",
@@ -114,5 +134,6 @@ __all__ = [
     "disputed",
     "from_millicores",
     "open_store",
+    "own_blobs",
     "to_millicores",
 ]

@@ -26,7 +26,7 @@ evaluated where two deciders cannot both pass it.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from corral.core.types import Pending
@@ -34,7 +34,9 @@ from corral.shapes.hosts import HostCredentials
 from corral.store.records import (
     DEFAULT_MAX_CPUS,
     UNSET,
+    ChangeRecord,
     CreateOutcome,
+    DomainRecord,
     FailedHost,
     HeartbeatResult,
     HostRecord,
@@ -175,12 +177,14 @@ class Reservations(Protocol):
         owner: str,
         ttl_s: float,
         sandbox_id: str | None = None,
+        image: str | None = None,
     ) -> ReservationRecord | None:
         """Among ``candidates`` (the K sampled hosts), reserve on the one that fits with the best
         spread score (``corral.core.scoring.Scorer``) by the store's *current* live reserved totals,
         so replicas see each other's in-flight work at commit; ties go by ``corral.core.fit.tie_rank``
-        salted with ``sandbox_id`` (else the reservation's id). The record's ``host_id`` says which
-        host it took. None: none of them has room."""
+        salted with ``sandbox_id`` (else the reservation's id). ``image``: the create's image (a
+        digest); a candidate that holds it scores higher (``ScoreWeights.image``). The record's
+        ``host_id`` says which host it took. None: none of them has room."""
 
     @abstractmethod
     async def reserve_batch(
@@ -242,6 +246,10 @@ class Leases(Protocol):
     async def expire_replicas(self) -> list[str]:
         """End every reservation of each replica whose lease lapsed, forget those leases, and return
         their ids."""
+
+    @abstractmethod
+    async def live_replicas(self) -> int:
+        """How many replicas hold a lease that has not lapsed (each enforces its share of a sum)."""
 
     @abstractmethod
     async def abandoned(self, sandbox_ids: Collection[str]) -> set[str]:
@@ -323,9 +331,11 @@ class RecordReads(Protocol):
         state: SandboxState | Collection[SandboxState] | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        """Filtered, ordered by (created_at, id); keyset pagination with an opaque, stable cursor.
-        ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
+        """Filtered, ordered by (created_at, id), or its reverse when ``newest_first``; keyset
+        pagination with an opaque, stable cursor (a page's cursor continues in the order that made
+        it). ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
 
 
 class RecordStates(Protocol):
@@ -347,6 +357,17 @@ class RecordStates(Protocol):
         reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
         at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
         lost race, :class:`RecordNotFound`."""
+
+    @abstractmethod
+    async def set_sandbox_network(self, sandbox_id: str, network: str | None) -> SandboxRecord:
+        """Replace the sandbox's egress policy (``network_text`` of one; None: mode "none")."""
+
+    @abstractmethod
+    async def set_sandbox_paused(
+        self, sandbox_id: str, paused: str | None, expires_at: float | None
+    ) -> SandboxRecord:
+        """Mark the sandbox paused (``paused`` its kind, corral.core.lifecycle) or not (None), and
+        set its expiry with it in the same write (a paused sandbox waits: None)."""
 
     @abstractmethod
     async def delete_sandbox(
@@ -452,7 +473,14 @@ class TenantUsage(Protocol):
     async def usage(self, tenant_id: str) -> Usage: ...
 
 
-class AccessStore(TenantUsage, Protocol):
+class TenantDirectory(Protocol):
+    """Every tenant's record: what each replica reads its tenants' create rates from."""
+
+    @abstractmethod
+    async def list_tenants(self) -> list[TenantRecord]: ...
+
+
+class AccessStore(TenantUsage, TenantDirectory, Protocol):
     """Tenants and quotas, API tokens, host enrolment and fleet secrets."""
 
     @abstractmethod
@@ -468,13 +496,16 @@ class AccessStore(TenantUsage, Protocol):
     async def get_tenant_by_name(self, name: str) -> TenantRecord | None: ...
 
     @abstractmethod
-    async def list_tenants(self) -> list[TenantRecord]: ...
-
-    @abstractmethod
     async def set_quota(
         self, tenant_id: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float | None = None
     ) -> TenantRecord:
         """``max_cpus`` None: unchanged. Lowering a limit below what is live refuses new creates only."""
+
+    @abstractmethod
+    async def set_create_rate(
+        self, tenant_id: str, *, rate_per_s: float | None, burst: int | None
+    ) -> TenantRecord:
+        """Both as given; None: the control plane's default. Raises :class:`RecordNotFound`."""
 
     @abstractmethod
     async def issue_token(self, tenant_id: str | None, role: Role) -> str:
@@ -581,7 +612,75 @@ class TemplateStore(TemplateReader, PoolStore, Protocol):
     async def delete_template(self, name: str) -> bool: ...
 
 
-class Store(HostStore, ReservationStore, LeaseStore, SandboxStore, FailoverStore, AccessStore, TemplateStore):
+class NamedRecords(Protocol):
+    """A sandbox by its name, as a surface that names records (Kubernetes) reads it."""
+
+    @abstractmethod
+    async def get_sandbox_by_name(self, tenant_id: str, name: str) -> SandboxRecord | None:
+        """The tenant's sandbox of that name that is not ``deleted`` (names are unique among
+        those), or None: one index read."""
+
+
+class Domains(Protocol):
+    """Custom domains bound to sandboxes' ports, unique across the fleet by the store's own key: of
+    two binds of one name, one commits and the other is refused."""
+
+    @abstractmethod
+    async def bind_domain(self, hostname: str, sandbox_id: str, port: int) -> DomainRecord:
+        """Bind ``hostname`` (canonical) to ``sandbox_id``'s ``port`` (the same again: its port
+        changes). :class:`DomainTaken` when another sandbox that is not gone (stopped, failed,
+        deleted) holds it; a gone holder's binding is taken over. :class:`RecordNotFound` when
+        ``sandbox_id`` is not a live sandbox."""
+
+    @abstractmethod
+    async def get_domain(self, hostname: str) -> DomainRecord | None: ...
+
+    @abstractmethod
+    async def list_domains(self, sandbox_id: str) -> list[DomainRecord]:
+        """The sandbox's domains, by name."""
+
+    @abstractmethod
+    async def unbind_domain(self, hostname: str, sandbox_id: str) -> bool:
+        """Remove ``hostname`` if ``sandbox_id`` holds it; whether it did. (Removing a sandbox's
+        record removes its domains in the same transaction.)"""
+
+
+class ChangeFeed(Protocol):
+    """Every write to a sandbox, template or pool record, each at one store-wide version (in commit
+    order), kept as a bounded history: what a watch reads, on any replica."""
+
+    @abstractmethod
+    async def changes_since(self, version: int, *, limit: int = 1000) -> list[ChangeRecord]:
+        """Changes after ``version``, oldest first, at most ``limit``."""
+
+    @abstractmethod
+    async def change_bounds(self) -> tuple[int, int]:
+        """(the oldest version the history still holds minus one, the latest version): a watch may
+        resume from any version in that range; 0 and 0 for a store with no change yet."""
+
+    @abstractmethod
+    async def prune_changes(self, keep: int) -> int:
+        """Forget all but the newest ``keep`` changes. Returns how many were forgotten."""
+
+    @abstractmethod
+    def on_change(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (on the event loop, without awaiting) soon after a change may have
+        committed, on any replica; returns the function that stops it. Never a poll of the tables:
+        PostgreSQL's LISTEN, or SQLite's own commits."""
+
+
+class Store(
+    HostStore,
+    ReservationStore,
+    LeaseStore,
+    SandboxStore,
+    FailoverStore,
+    AccessStore,
+    TemplateStore,
+    NamedRecords,
+    Domains,
+    ChangeFeed,
+):
     """The state of record. Every method is one transaction (or one statement) of the backend; every
     "cannot reach the database" failure surfaces as :class:`StoreUnavailable`."""
 

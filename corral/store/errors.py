@@ -33,6 +33,12 @@ class NameConflict(StoreError):
     code = ErrorCode.NAME_CONFLICT
 
 
+class DomainTaken(StoreError):
+    """A custom domain another live sandbox holds: one name, one sandbox, fleet-wide."""
+
+    code = ErrorCode.DOMAIN_TAKEN
+
+
 class IdempotencyMismatch(StoreError):
     """The same idempotency key was sent again with a different request body."""
 

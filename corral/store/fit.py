@@ -53,8 +53,17 @@ def fit_condition(
     return f"{host}state = '{TAKES_STATE.value}' AND {bounds}"
 
 
-def room_order(scorer: Scorer = Scorer(), host: str = "", mb: str = ":mb", cpu_m: str = ":cpu") -> str:
-    """``corral.core.scoring.Scorer.score`` of a spreading scorer, best first, as an ORDER BY term."""
+def image_pattern(image: str | None) -> str | None:
+    """What ``room_order``'s ``img`` parameter binds: a LIKE pattern finding the digest in a host's
+    ``images`` (a JSON list; a digest holds no LIKE wildcard), or NULL (no image: no host matches)."""
+    return None if image is None else f'%"{image}"%'
+
+
+def room_order(
+    scorer: Scorer = Scorer(), host: str = "", mb: str = ":mb", cpu_m: str = ":cpu", img: str = ":img"
+) -> str:
+    """``corral.core.scoring.Scorer.score`` of a spreading scorer, best first, as an ORDER BY term
+    (``img``: the request's :func:`image_pattern`)."""
     if scorer.strategy is not Strategy.SPREAD:
         raise ValueError("the store ranks candidates for spreading only")
     t = terms(host, mb, cpu_m)
@@ -63,7 +72,10 @@ def room_order(scorer: Scorer = Scorer(), host: str = "", mb: str = ":mb", cpu_m
         left = " - ".join([f"CAST({t[bound.room]} AS {DOUBLE})", *(t[x] for x in bound.need)])
         total = t[bound.total]
         parts.append(f"{weight!r} * (({left}) / CASE WHEN {total} <> 0 THEN {total} ELSE 1 END)")
-    bonus = f"CASE WHEN {host}stream_restore THEN {scorer.weights.stream_restore!r} ELSE 0 END"
+    bonus = (
+        f"CASE WHEN {host}stream_restore THEN {scorer.weights.stream_restore!r} ELSE 0 END"
+        f" + CASE WHEN {host}images LIKE {img} THEN {scorer.weights.image!r} ELSE 0 END"
+    )
     return f"({' + '.join(parts)} + {bonus}) DESC"
 
 

@@ -9,7 +9,8 @@ usage are integer millicores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from corral.store.records import DEFAULT_MAX_CPUS, to_millicores
 from corral.store.rows import SANDBOX_CPU_M
@@ -20,6 +21,8 @@ class Migration:
     version: int
     description: str
     statements: tuple[str, ...]
+    # Statements spelled once per dialect (triggers, functions), run after the common ones.
+    per_dialect: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 # Written in the common subset; ``{real}``, ``{bool}``, ``{false}`` are the dialect's spellings.
@@ -282,6 +285,135 @@ _V14 = (
     "UPDATE tenants SET max_cpu_m = live_cpu_m WHERE live_cpu_m > max_cpu_m",
 )
 
+# Templates name an image (a digest) and how its sandboxes run in it (its config, JSON) and their own
+# disk's size; a sandbox keeps the image it was created from (a rebuild of its template names a new
+# one) and its disk's size. NULL: the host's own system directories, as before images.
+_V15 = (
+    "ALTER TABLE templates ADD COLUMN image TEXT",
+    "ALTER TABLE templates ADD COLUMN image_config TEXT",
+    "ALTER TABLE templates ADD COLUMN disk_mb BIGINT",
+    "ALTER TABLE sandboxes ADD COLUMN image TEXT",
+    "ALTER TABLE sandboxes ADD COLUMN disk_mb BIGINT",
+)
+
+# Images. A blob store on PostgreSQL keeps each image's bytes as rows of one chunk each (any replica
+# serves any image, a read is one short query per chunk), and its ``image_blobs`` row, written last in
+# the same transaction as the chunks, says the bytes are whole and hashed to the digest. A host's
+# heartbeat says which images it holds (``hosts.images``, a JSON list of digests, O(images)): placement
+# scores a host that need not fetch the image above one that must.
+_V16 = (
+    """CREATE TABLE image_blobs (
+        digest TEXT PRIMARY KEY,
+        size BIGINT NOT NULL,
+        chunks BIGINT NOT NULL,
+        created_at {real} NOT NULL
+    )""",
+    """CREATE TABLE image_chunks (
+        digest TEXT NOT NULL,
+        seq BIGINT NOT NULL,
+        data {blob} NOT NULL,
+        PRIMARY KEY (digest, seq)
+    )""",
+    "ALTER TABLE hosts ADD COLUMN images TEXT NOT NULL DEFAULT '[]'",
+)
+
+# The change feed: every write to a sandbox, template or pool row gets one store-wide version, kept in
+# ``changes`` (a bounded history, pruned by the leader), so a watch on any replica reads what changed
+# since a version. Written by triggers, so no write path can forget it. On PostgreSQL the version is
+# taken from one counter row by a trigger deferred to commit: the counter's lock is the last one a
+# transaction takes (no deadlock with any other order) and is held until it commits, so versions are
+# visible in their order; ``pg_notify`` wakes every replica's watches at that commit. SQLite commits
+# one writer at a time, so an AUTOINCREMENT key is already in commit order.
+_V17 = (
+    """CREATE TABLE changes (
+        version BIGINT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        key TEXT NOT NULL,
+        tenant_id TEXT,
+        name TEXT,
+        deleted {bool} NOT NULL
+    )""",
+)
+_SQLITE_CHANGE = (
+    "INSERT INTO changes (version, kind, key, tenant_id, name, deleted) VALUES ("
+    "(SELECT version + 1 FROM changes_seq), '{kind}', {row}.{key}, {tenant}, {name}, {deleted}); "
+    "UPDATE changes_seq SET version = version + 1"
+)
+
+
+def _sqlite_triggers(table: str, kind: str, key: str, tenant: bool, name: bool) -> tuple[str, ...]:
+    out = []
+    for op, row, deleted in (("INSERT", "NEW", 0), ("UPDATE", "NEW", 0), ("DELETE", "OLD", 1)):
+        body = _SQLITE_CHANGE.format(
+            kind=kind,
+            row=row,
+            key=key,
+            tenant=f"{row}.tenant_id" if tenant else "NULL",
+            name=f"{row}.name" if name else "NULL",
+            deleted=deleted,
+        )
+        out.append(f"CREATE TRIGGER {table}_change_{op.lower()} AFTER {op} ON {table} BEGIN {body}; END")
+    return tuple(out)
+
+
+_V17_SQLITE = (
+    "CREATE TABLE changes_seq (version INTEGER NOT NULL)",
+    "INSERT INTO changes_seq VALUES (0)",
+    *_sqlite_triggers("sandboxes", "sandbox", "id", tenant=True, name=True),
+    *_sqlite_triggers("templates", "template", "name", tenant=False, name=False),
+    *_sqlite_triggers("pools", "pool", "template", tenant=False, name=False),
+)
+_V17_POSTGRES = (
+    "CREATE TABLE changes_seq (version BIGINT NOT NULL)",
+    "INSERT INTO changes_seq VALUES (0)",
+    """CREATE FUNCTION corral_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+        v BIGINT;
+        r RECORD;
+    BEGIN
+        IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
+        UPDATE changes_seq SET version = version + 1 RETURNING version INTO v;
+        IF TG_TABLE_NAME = 'sandboxes' THEN
+            INSERT INTO changes VALUES (v, 'sandbox', r.id, r.tenant_id, r.name, TG_OP = 'DELETE');
+        ELSIF TG_TABLE_NAME = 'templates' THEN
+            INSERT INTO changes VALUES (v, 'template', r.name, NULL, NULL, TG_OP = 'DELETE');
+        ELSE
+            INSERT INTO changes VALUES (v, 'pool', r.template, NULL, NULL, TG_OP = 'DELETE');
+        END IF;
+        PERFORM pg_notify('corral_changes', v::text);
+        RETURN NULL;
+    END $$""",
+    *(
+        f"CREATE CONSTRAINT TRIGGER {t}_change AFTER INSERT OR UPDATE OR DELETE ON {t} "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION corral_change()"
+        for t in ("sandboxes", "templates", "pools")
+    ),
+)
+
+# A sandbox's egress policy (canonical JSON; NULL: no interface but loopback, as before networks).
+_V18 = ("ALTER TABLE sandboxes ADD COLUMN network TEXT",)
+
+# A tenant's create rate (a token bucket: creates a second, and at most at once), summed over every
+# replica. NULL: the control plane's configured default, so tenants made before it keep that.
+_V19 = (
+    "ALTER TABLE tenants ADD COLUMN create_rate {real}",
+    "ALTER TABLE tenants ADD COLUMN create_burst INTEGER",
+)
+
+# What a sandbox's timeout does (corral.core.lifecycle's text; NULL: it is killed), and how it is
+# paused while the control plane has paused it (memory or filesystem; NULL: not paused).
+_V20 = (
+    "ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT",
+    "ALTER TABLE sandboxes ADD COLUMN paused TEXT",
+)
+
+# Custom domains: a hostname is its own key, so of two binds of one name one commits.
+_V21 = (
+    "CREATE TABLE sandbox_domains (hostname TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, "
+    "tenant_id TEXT NOT NULL, port INTEGER NOT NULL, created_at {real} NOT NULL)",
+    "CREATE INDEX sandbox_domains_by_sandbox ON sandbox_domains (sandbox_id)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -297,16 +429,30 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(12, "sandbox indexes by state and by host hold only records not running, with a host", _V12),
     Migration(13, "the unique index of live names holds only named sandboxes", _V13),
     Migration(14, "tenant CPU quota and its usage counter", _V14),
+    Migration(15, "templates name an image, its config and a disk size; sandboxes keep theirs", _V15),
+    Migration(16, "image blobs in chunks; the images each host holds", _V16),
+    Migration(
+        17,
+        "a store-wide change feed of sandboxes, templates and pools",
+        _V17,
+        {"sqlite": _V17_SQLITE, "postgres": _V17_POSTGRES},
+    ),
+    Migration(18, "sandboxes keep their egress policy", _V18),
+    Migration(19, "tenant create rates", _V19),
+    Migration(
+        20, "sandboxes keep their lifecycle (pause on timeout, auto-resume) and how they are paused", _V20
+    ),
+    Migration(21, "custom domains bound to sandboxes' ports", _V21),
 )
 
 LATEST = MIGRATIONS[-1].version
 
 DIALECTS = {
-    "sqlite": {"real": "REAL", "bool": "INTEGER", "false": "0"},
-    "postgres": {"real": "DOUBLE PRECISION", "bool": "BOOLEAN", "false": "FALSE"},
+    "sqlite": {"real": "REAL", "bool": "INTEGER", "false": "0", "blob": "BLOB"},
+    "postgres": {"real": "DOUBLE PRECISION", "bool": "BOOLEAN", "false": "FALSE", "blob": "BYTEA"},
 }
 
 
 def statements(migration: Migration, dialect: str) -> list[str]:
     words = DIALECTS[dialect]
-    return [s.format(**words) for s in migration.statements]
+    return [s.format(**words) for s in migration.statements] + list(migration.per_dialect.get(dialect, ()))

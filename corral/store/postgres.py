@@ -33,10 +33,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from corral.core.clock import Clock
 from corral.store import rows
 from corral.store.errors import InvalidRecord, StoreError, StoreUnavailable
-from corral.store.fit import by_tie_rank, fit_condition, room_order
-from corral.store.migrations import LATEST, MIGRATIONS, statements
+from corral.store.fit import by_tie_rank, fit_condition, image_pattern, room_order
 from corral.store.outage import Breaker
-from corral.store.records import ReservationRecord, ReserveItem, check_reservation
+from corral.store.records import ReservationRecord
 from corral.store.sql import Params, SqlStore, Tx
 
 T = TypeVar("T")
@@ -199,6 +198,8 @@ class PostgresStore(SqlStore):
         self._open_lock = asyncio.Lock()
         self.breaker = Breaker(self._probe, self._renew_pool, self.clock)
         self._retired: set[asyncio.Task[None]] = set()
+        self._wakes: set[Callable[[], None]] = set()
+        self._listener: asyncio.Task[None] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> PostgresStore:
@@ -239,7 +240,38 @@ class PostgresStore(SqlStore):
                 self._pool = pool
             return self._pool
 
+    def on_change(self, wake: Callable[[], None]) -> Callable[[], None]:
+        self._wakes.add(wake)
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="corral-listen")
+        return lambda: self._wakes.discard(wake)
+
+    def _wake_all(self) -> None:
+        for wake in list(self._wakes):
+            wake()
+
+    async def _listen(self) -> None:
+        """One connection of its own, LISTENing to the change feed's channel; the triggers NOTIFY at
+        each commit. Lost, it connects again (and wakes everyone: a change may have gone unheard)."""
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+                try:
+                    await conn.execute("LISTEN corral_changes")
+                    self._wake_all()
+                    async for _ in conn.notifies():
+                        self._wake_all()
+                finally:
+                    await conn.close()
+            except (psycopg.Error, OSError):
+                await asyncio.sleep(_RETRY_WAIT_S)
+
     async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
         await self.breaker.close()
         pool, self._pool = self._pool, None
         if pool is not None:
@@ -367,65 +399,27 @@ class PostgresStore(SqlStore):
                     pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema))
                 )
                 await conn.execute(pgsql.SQL("SET LOCAL search_path TO {}").format(pgsql.Identifier(schema)))
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations "
-                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
-            )
-            have = {int(r[0]) for r in await tx.fetchall("SELECT version FROM schema_migrations")}
-            for m in MIGRATIONS:
-                if m.version in have:
-                    continue
-                for stmt in statements(m, self.dialect):
-                    await conn.execute(stmt)
-                await tx.execute(
-                    "INSERT INTO schema_migrations VALUES (:v, :now)", {"v": m.version, "now": now}
-                )
-            return LATEST
+            return await self._apply_migrations(tx, conn.execute, now)
 
         return await self._transaction(run)
 
-    async def ping(self) -> None:
-        await self._read(lambda tx: tx.fetchone("SELECT 1"))
-
     # -- hot paths -----------------------------------------------------------------------------
 
-    async def reserve(
-        self,
-        host_id: str,
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
-    ) -> ReservationRecord | None:
-        check_reservation(memory_mb, cpu, ttl_s)
-        r = self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
+    async def _reserve_one(self, r: ReservationRecord) -> ReservationRecord | None:
         if await self._autocommit(_RESERVE, self._res_params(r)) is not None:
             return r
         # No room by the counters, which still hold expired, unswept claims: end those, try again.
-        return await self._write(lambda tx: self._retake(tx, r))
+        return await super()._reserve_one(r)
 
-    async def _retake(self, tx: Tx, r: ReservationRecord) -> ReservationRecord | None:
-        return r if await self._take(tx, r) else None
-
-    async def reserve_best(
-        self,
-        candidates: Sequence[str],
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
+    async def _reserve_best(
+        self, candidates: Sequence[str], claim: Callable[[], ReservationRecord], image: str | None = None
     ) -> ReservationRecord | None:
-        check_reservation(memory_mb, cpu, ttl_s)
-        if not candidates:
-            return None
         for _ in range(_BEST_TRIES):
-            r = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-            hosts = by_tie_rank(sandbox_id or r.id, candidates)
-            got = await self._autocommit(_RESERVE_BEST, {**self._res_params(r), "c": hosts})
+            r = claim()
+            hosts = by_tie_rank(r.sandbox_id or r.id, candidates)
+            got = await self._autocommit(
+                _RESERVE_BEST, {**self._res_params(r), "c": hosts, "img": image_pattern(image)}
+            )
             assert got is not None
             picked, took = got
             if took is not None:
@@ -436,16 +430,11 @@ class PostgresStore(SqlStore):
                 break
         # Nothing fits by the counters, or we kept losing races: decide under the hosts' row locks,
         # after ending their expired claims.
-        return await super().reserve_best(
-            candidates, memory_mb=memory_mb, cpu=cpu, owner=owner, ttl_s=ttl_s, sandbox_id=sandbox_id
-        )
+        return await super()._reserve_best(candidates, claim, image)
 
-    async def reserve_batch(
-        self, items: Sequence[ReserveItem], *, owner: str, ttl_s: float
+    async def _reserve_all(
+        self, records: list[ReservationRecord], need: dict[str, list[int]]
     ) -> list[ReservationRecord] | None:
-        if not items:
-            return []
-        records, need = self._batch(items, owner, ttl_s)
         hosts = sorted(need)
         params = {
             "hids": hosts,
@@ -457,7 +446,7 @@ class PostgresStore(SqlStore):
             "rmb": [r.memory_mb for r in records],
             "rcpu": [rows.to_millicores(r.cpu) for r in records],
             "rsids": [r.sandbox_id for r in records],
-            "owner": owner,
+            "owner": records[0].owner,
             "now": records[0].created_at,
             "exp": records[0].expires_at,
         }
@@ -465,4 +454,4 @@ class PostgresStore(SqlStore):
         if got is not None and got[0]:
             return records
         # Short by the counters: retry once the hosts' expired claims are ended.
-        return await super().reserve_batch(items, owner=owner, ttl_s=ttl_s)
+        return await super()._reserve_all(records, need)

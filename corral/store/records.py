@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from corral.core.lifecycle import Lifecycle, LifecycleError, check_paused
+from corral.core.netpolicy import EgressPolicy, PolicyError, parse_policy
 from corral.core.types import (
     DEFAULT_SANDBOX_PIDS,
+    MAX_SANDBOX_DISK_MB,
     MAX_SANDBOX_PIDS,
+    MIN_SANDBOX_DISK_MB,
     MIN_SANDBOX_PIDS,
     CreateRequest,
     HostFacts,
     HostView,
     Pending,
 )
+from corral.images.config import ImageConfig
+from corral.images.digest import check_digest
 from corral.store.errors import InvalidRecord, QuotaExceeded
 
 
@@ -132,6 +139,11 @@ class HostRecord(HostView):
     def warm_ready(self, template: str) -> int:
         return self.warm.get(template, (0, 0))[0]
 
+    @property
+    def heard_from(self) -> bool:
+        """Whether it has ever heartbeated (an enrolled host has a row before it does)."""
+        return self.heartbeat_at > 0
+
     def view(self) -> HostView:
         return self
 
@@ -243,11 +255,30 @@ class SandboxRecord:
     # The replica (a lease holder) whose create wrote it: while it is ``reserved``, that create is in
     # flight there, and once that replica's lease lapses nothing will place it (the leader resolves it).
     owner: str | None = None
+    # Its image (a digest, its template's when it was created) and its own disk's size in MiB.
+    image: str | None = None
+    disk_mb: int | None = None
+    # Its egress policy (corral.core.netpolicy's wire form, canonical JSON); None: mode "none", no
+    # interface but loopback. Enforced on its host, changed in place while it runs.
+    network: str | None = None
+    # What its timeout does (corral.core.lifecycle's text; None: it is killed), and how it is paused
+    # now, when it is (``memory`` or ``filesystem``; None: not paused by the control plane).
+    lifecycle: str | None = None
+    paused: str | None = None
+
+    @property
+    def leased(self) -> bool:
+        """Whether its host may run it only under a run lease: a recreate-policy sandbox starts
+        elsewhere once its host is dead, so the host must have stopped running it by then."""
+        return self.failover == FAILOVER_RECREATE
 
     def request(self) -> CreateRequest:
         """What the sandbox asks of a host, as placement weighs it. Its template is not asked of the
-        host's filter yet: a host without it refuses the start, and the create is tried elsewhere."""
-        return CreateRequest(memory_mb=self.memory_mb, cpu=self.cpus, stateful=self.stateful)
+        host's filter yet: a host without it refuses the start, and the create is tried elsewhere.
+        Its image is no filter either: a host that lacks it fetches it, and scores lower."""
+        return CreateRequest(
+            memory_mb=self.memory_mb, cpu=self.cpus, stateful=self.stateful, image=self.image
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +286,32 @@ class CreateOutcome:
     record: SandboxRecord
     # True: the idempotency key had been seen; this is the first call's sandbox, nothing was created.
     replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRecord:
+    """A custom domain bound to a sandbox's port: ``hostname`` (canonical, unique fleet-wide) routes
+    like ``{port}-{sandbox_id}.{domain}``; removed with the sandbox."""
+
+    hostname: str
+    sandbox_id: str
+    tenant_id: str
+    port: int
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    """One entry of the store's change feed: a write to a record of ``kind`` (``sandbox``,
+    ``template`` or ``pool``) named ``key`` (a sandbox's id, a template's name, a pool's template), at
+    ``version``, one store-wide counter that grows with every change in commit order."""
+
+    version: int
+    kind: str
+    key: str
+    tenant_id: str | None
+    name: str | None
+    deleted: bool
 
 
 class Page(NamedTuple):
@@ -287,6 +344,9 @@ class TenantRecord:
     created_at: float
     # CPUs its live sandboxes may ask for in all (whole millicores, as stored).
     max_cpus: float = DEFAULT_MAX_CPUS
+    # Creates a second, and at most at once, summed over every replica; None: the control plane's default.
+    create_rate_per_s: float | None = None
+    create_burst: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +392,12 @@ class TemplateRecord:
     created_at: float = 0.0
     pids: int = DEFAULT_SANDBOX_PIDS  # the most processes (threads included) a sandbox may run
     failover: str = FAILOVER_ORPHAN  # the default of its sandboxes' failover policy
+    # The image its sandboxes' roots are made of (a digest) and how they run in it; None: the host's
+    # own system directories, read-only. A rebuild writes a new digest: sandboxes keep the one they
+    # started on (their record's ``image``).
+    image: str | None = None
+    image_config: ImageConfig | None = None
+    disk_mb: int | None = None  # its sandboxes' own disk; None: the default (a create may override)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +423,28 @@ def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozense
     if isinstance(value, str):
         return frozenset({SandboxState(value)})
     return frozenset(SandboxState(v) for v in value)
+
+
+# The most rows one page of a listing holds.
+MAX_PAGE = 1000
+
+
+def check_page(
+    limit: int, state: SandboxState | Collection[SandboxState] | None
+) -> frozenset[SandboxState] | None:
+    """A listing's page size and state filter as every store takes them (the states, normalised)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRecord(f"limit: must be 1..{MAX_PAGE}")
+    try:
+        return as_states(state)
+    except ValueError as exc:
+        raise InvalidRecord(f"state: {exc}") from exc
+
+
+def check_ttl(ttl_s: float) -> None:
+    """A lease's or a claim's time to live as every store takes it: positive (NaN is refused)."""
+    if not ttl_s > 0:
+        raise InvalidRecord("ttl_s: must be positive")
 
 
 def check_state_change(
@@ -387,8 +475,7 @@ def check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
         raise InvalidRecord("memory_mb: a reservation must claim at least 1 MiB")
     if cpu < 0:
         raise InvalidRecord("cpu: a reservation cannot be negative")
-    if not ttl_s > 0:
-        raise InvalidRecord("ttl_s: must be positive")
+    check_ttl(ttl_s)
 
 
 def check_sandbox(r: SandboxRecord) -> None:
@@ -405,6 +492,9 @@ def check_sandbox(r: SandboxRecord) -> None:
         raise InvalidRecord("name: must not be empty (use None for no name)")
     if r.failover not in FAILOVER_POLICIES:
         raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
+    _check_image(r.image, r.disk_mb)
+    check_network(r.network)
+    check_lifecycle(r.lifecycle, r.paused)
     try:
         SandboxState(r.state)
     except ValueError as exc:
@@ -419,6 +509,55 @@ def check_template(template: TemplateRecord) -> None:
         raise InvalidRecord("memory_mb/cpus: must be positive")
     if not MIN_SANDBOX_PIDS <= template.pids <= MAX_SANDBOX_PIDS:
         raise InvalidRecord(f"pids: must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}")
+    _check_image(template.image, template.disk_mb)
+    if template.image_config is not None and template.image is None:
+        raise InvalidRecord("image_config: only with an image")
+
+
+def check_network(network: str | None) -> None:
+    """A record's egress policy: None, or the canonical JSON of one the core can enforce."""
+    if network is None:
+        return
+    try:
+        data = json.loads(network)
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        policy = parse_policy(data)
+    except (ValueError, PolicyError) as exc:
+        raise InvalidRecord(f"network: {exc}") from None
+    if network != network_text(policy):
+        raise InvalidRecord("network: not in canonical form (use network_text)")
+
+
+def check_lifecycle(lifecycle: str | None, paused: str | None) -> None:
+    """A record's lifecycle (None, or a canonical one) and pause (None or a kind)."""
+    try:
+        Lifecycle.parse(lifecycle)
+        check_paused(paused)
+    except LifecycleError as exc:
+        raise InvalidRecord(f"lifecycle: {exc}") from None
+
+
+def network_text(policy: EgressPolicy) -> str | None:
+    """The record's form of a policy: None for mode "none", else its canonical JSON."""
+    return json.dumps(policy.to_dict(), sort_keys=True, separators=(",", ":")) if policy.attached else None
+
+
+def _check_image(image: str | None, disk_mb: int | None) -> None:
+    if image is not None:
+        try:
+            check_digest(image)
+        except ValueError as exc:
+            raise InvalidRecord(f"image: {exc}") from None
+    if disk_mb is not None and not MIN_SANDBOX_DISK_MB <= disk_mb <= MAX_SANDBOX_DISK_MB:
+        raise InvalidRecord(f"disk_mb: must be between {MIN_SANDBOX_DISK_MB} and {MAX_SANDBOX_DISK_MB}")
+
+
+def check_tenant(name: str, max_sandboxes: int, max_memory_mb: int, max_cpus: float) -> None:
+    """A new tenant as every store takes it: a name, and limits ``check_tenant_quota`` takes."""
+    if not name:
+        raise InvalidRecord("name: must not be empty")
+    check_tenant_quota(max_sandboxes, max_memory_mb, max_cpus)
 
 
 def check_tenant_quota(max_sandboxes: int, max_memory_mb: int, max_cpus: float) -> None:
@@ -427,6 +566,14 @@ def check_tenant_quota(max_sandboxes: int, max_memory_mb: int, max_cpus: float) 
         raise InvalidRecord("max_sandboxes/max_memory_mb: must not be negative")
     if not 0 <= max_cpus < float("inf"):  # NaN fails too
         raise InvalidRecord("max_cpus: must be a finite number, not negative")
+
+
+def check_create_rate(rate_per_s: float | None, burst: int | None) -> None:
+    """A tenant's create rate as every store takes it (None: the control plane's default)."""
+    if rate_per_s is not None and not 0 < rate_per_s < float("inf"):  # NaN fails too
+        raise InvalidRecord("create_rate_per_s: must be a finite number > 0")
+    if burst is not None and burst < 1:
+        raise InvalidRecord("create_burst: must be >= 1")
 
 
 def check_pool(size: int | None, max_per_host: int | _Unset | None) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from corral.core.types import AdmissionMode, HostState
+from corral.images.config import ImageConfig
 from corral.store.errors import InvalidRecord
 from corral.store.records import (
     HostRecord,
@@ -53,7 +54,7 @@ HOST_COLS = (
 # were not swept yet, and an expired reservation must never count against capacity.
 HOSTS_SELECT = f"""
 SELECT {HOST_COLS},
-       h.reserved_mb - coalesce(x.mb, 0), h.reserved_cpu_m - coalesce(x.cpu_m, 0), h.warm
+       h.reserved_mb - coalesce(x.mb, 0), h.reserved_cpu_m - coalesce(x.cpu_m, 0), h.warm, h.images
 FROM hosts h
 LEFT JOIN (
     SELECT host_id, CAST(sum(memory_mb) AS BIGINT) AS mb, CAST(sum(cpu_m) AS BIGINT) AS cpu_m
@@ -88,6 +89,7 @@ def host_from_row(r: Row) -> HostRecord:
         reserved_mb=int(r[20]),
         reserved_cpu=from_millicores(int(r[21])),
         warm=warm_from_json(r[22]),
+        images=frozenset(json.loads(r[23] or "[]")),
     )
 
 
@@ -126,7 +128,7 @@ def reservation_from_row(r: Row) -> ReservationRecord:
 SANDBOX_COLS = (
     "id, tenant_id, name, template, host_id, state, memory_mb, cpus, stateful, metadata, "
     "created_at, updated_at, expires_at, reservation_id, version, oom_kills, warm, failover, epoch, recreated_at, "
-    "wait_until, owner"
+    "wait_until, owner, image, disk_mb, network, lifecycle, paused"
 )
 
 
@@ -154,6 +156,11 @@ def sandbox_from_row(r: Row) -> SandboxRecord:
         recreated_at=float(r[19]) if r[19] is not None else None,
         wait_until=float(r[20]) if r[20] is not None else None,
         owner=r[21],
+        image=r[22],
+        disk_mb=int(r[23]) if r[23] is not None else None,
+        network=r[24],
+        lifecycle=r[25],
+        paused=r[26],
     )
 
 
@@ -182,6 +189,11 @@ def sandbox_to_json(rec: SandboxRecord) -> str:
             "recreated_at": rec.recreated_at,
             "wait_until": rec.wait_until,
             "owner": rec.owner,
+            "image": rec.image,
+            "disk_mb": rec.disk_mb,
+            "network": rec.network,
+            "lifecycle": rec.lifecycle,
+            "paused": rec.paused,
         }
     )
 
@@ -194,7 +206,7 @@ def sandbox_from_json(text: str) -> SandboxRecord:
 
 # -- tenants, templates ----------------------------------------------------------------------------
 
-TENANT_COLS = "id, name, max_sandboxes, max_memory_mb, created_at, max_cpu_m"
+TENANT_COLS = "id, name, max_sandboxes, max_memory_mb, created_at, max_cpu_m, create_rate, create_burst"
 
 
 def tenant_from_row(r: Row) -> TenantRecord:
@@ -205,10 +217,12 @@ def tenant_from_row(r: Row) -> TenantRecord:
         max_memory_mb=int(r[3]),
         created_at=float(r[4]),
         max_cpus=from_millicores(int(r[5])),
+        create_rate_per_s=None if r[6] is None else float(r[6]),
+        create_burst=None if r[7] is None else int(r[7]),
     )
 
 
-TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids, failover"
+TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids, failover, image, image_config, disk_mb"
 
 
 def template_from_row(r: Row) -> TemplateRecord:
@@ -222,7 +236,14 @@ def template_from_row(r: Row) -> TemplateRecord:
         created_at=float(r[6]),
         pids=int(r[7]),
         failover=r[8],
+        image=r[9],
+        image_config=ImageConfig.from_json(json.loads(r[10])) if r[10] is not None else None,
+        disk_mb=int(r[11]) if r[11] is not None else None,
     )
+
+
+def image_config_text(config: ImageConfig | None) -> str | None:
+    return json.dumps(config.to_json(), sort_keys=True) if config is not None else None
 
 
 POOL_COLS = "template, size, max_per_host, created_at, updated_at"

@@ -31,7 +31,6 @@ from typing import Any, TypeVar
 from corral.core.clock import Clock
 from corral.store import rows
 from corral.store.errors import InvalidRecord, StoreError, StoreUnavailable
-from corral.store.migrations import LATEST, MIGRATIONS, statements
 from corral.store.sql import Params, SqlStore, Tx
 
 T = TypeVar("T")
@@ -145,6 +144,9 @@ class SqliteStore(SqlStore):
         self._checkpoint_conn: sqlite3.Connection | None = None
         self._checkpointing: asyncio.Future[None] | None = None
         self.checkpoints = 0  # checkpoints done since the store opened
+        # Told after each committed batch: one process owns the file, so its own commits are every
+        # change there is.
+        self._wakes: set[Callable[[], None]] = set()
 
     @classmethod
     def from_url(cls, url: str, *, clock: Clock | None = None) -> SqliteStore:
@@ -165,9 +167,15 @@ class SqliteStore(SqlStore):
 
     def _private(self) -> None:
         """The database holds token hashes and host keys: owner-only. SQLite gives its -wal and -shm
-        files the database file's mode, so creating (or tightening) that one covers all three."""
+        files the database file's mode, so creating (or tightening) that one covers all three.
+
+        An existing file is never opened here: POSIX record locks belong to the process, so closing
+        any descriptor of the database drops the shared lock this process's connections hold on it,
+        and another process's last connection to close would then delete the log still in use here."""
         try:
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
         except OSError:
             return  # sqlite3 itself then says why it cannot open it, as the store's own error
         for suffix in ("", "-wal", "-shm"):
@@ -294,6 +302,8 @@ class SqliteStore(SqlStore):
                     batch, [(False, StoreUnavailable("sqlite: the write was not committed"))] * len(batch)
                 )
             self._checkpoint_soon()
+            for wake in list(self._wakes):
+                wake()
 
     async def _commit_batch(self, batch: list[_Pending]) -> list[_Outcome]:
         conn = self._writer
@@ -428,27 +438,12 @@ class SqliteStore(SqlStore):
     def _is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
+    def on_change(self, wake: Callable[[], None]) -> Callable[[], None]:
+        self._wakes.add(wake)
+        return lambda: self._wakes.discard(wake)
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def migrate(self) -> int:
         now = self._now()
-
-        async def run(tx: Tx) -> int:
-            await tx.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
-            )
-            have = {int(r[0]) for r in await tx.fetchall("SELECT version FROM schema_migrations")}
-            for m in MIGRATIONS:
-                if m.version in have:
-                    continue
-                for stmt in statements(m, self.dialect):
-                    await tx.execute(stmt)
-                await tx.execute(
-                    "INSERT INTO schema_migrations VALUES (:v, :now)", {"v": m.version, "now": now}
-                )
-            return LATEST
-
-        return await self._write(run)
-
-    async def ping(self) -> None:
-        await self._read(lambda tx: tx.fetchone("SELECT 1"))
+        return await self._write(lambda tx: self._apply_migrations(tx, tx.execute, now))

@@ -150,6 +150,7 @@ class PlanStore:
         owner: str,
         ttl_s: float,
         sandbox_id: str,
+        image: str | None = None,
     ) -> ReservationRecord | None:
         self.calls.append("reserve")
         took = next((h for h in candidates if h in self.hosts and h not in self.full), None)
@@ -248,17 +249,7 @@ class _Client(AgentClient):
         a.binds.append(Bind(self.host_id, req.id, req.epoch))
         if self.host_id in a.lose_reply:
             raise AgentUnavailable(message=f"{self.host_id} started it; the reply was lost")
-        return SandboxInfo(
-            id=req.id,
-            memory_mb=req.memory_mb,
-            cpus=req.cpus,
-            stateful=req.stateful,
-            template=req.template,
-            hostname=req.id,
-            started_at=0.0,
-            charged_mb=req.memory_mb,
-            epoch=req.epoch,
-        )
+        return SandboxInfo.of(req.spec(), started_at=0.0, charged_mb=req.memory_mb)
 
     async def stop(self, sandbox_id: str, epoch: int | None = None) -> None:
         self.agents.stops.append((self.host_id, sandbox_id))

@@ -3,6 +3,7 @@ agent factory."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -10,9 +11,11 @@ from typing import Any
 import pytest
 from agent_doubles import POLICY
 
-from corral.agent import Agent
+from corral.agent import Agent, AgentConfig
 from corral.core import ManualClock
 from corral.runtime.sim import SimRuntime, SimState
+
+CONFIG_FIELDS = {f.name for f in dataclasses.fields(AgentConfig)}
 
 
 @pytest.fixture
@@ -33,18 +36,22 @@ def runtime(clock: ManualClock, sim_state: SimState) -> SimRuntime:
 @pytest.fixture
 def make_agent(clock: ManualClock, runtime: SimRuntime) -> Callable[..., Agent]:
     def make(**overrides: Any) -> Agent:
-        kwargs: dict[str, Any] = {
+        """An agent; ``overrides`` name fields of its :class:`AgentConfig` or its collaborators."""
+        settings: dict[str, Any] = {
             "id": "host-1",
-            "runtime": runtime,
             "memory_mb_total": 16_384,
             "cpu_total": 8.0,
             "policy": POLICY,
-            "clock": clock,
             "address": "http://127.0.0.1:7070",
+        }
+        wired: dict[str, Any] = {
+            "runtime": runtime,
+            "clock": clock,
             # A pressure signal that never closes the gate unless a test says otherwise.
             "pressure": lambda: 0.0,
         }
-        kwargs.update(overrides)
-        return Agent(**kwargs)
+        for name, value in overrides.items():
+            (settings if name in CONFIG_FIELDS else wired)[name] = value
+        return Agent(AgentConfig(**settings), **wired)
 
     return make

@@ -12,6 +12,7 @@ from agent_doubles import TOKEN
 from corral.agent import (
     Agent,
     AgentClient,
+    AgentConfig,
     AgentConflict,
     AgentError,
     AgentInvalid,
@@ -148,10 +149,8 @@ async def test_a_twelve_host_sim_fleet_with_thousands_of_sandboxes() -> None:
     clock = ManualClock(0.0)
     agents = [
         Agent(
-            f"h{n}",
+            AgentConfig(f"h{n}", 256 * 1024, 64.0),
             SimRuntime(clock, random.Random(n)),
-            256 * 1024,
-            64.0,
             clock=clock,
             pressure=lambda: 0.0,
         )

@@ -11,7 +11,7 @@ from agent_doubles import POLICY, GatedRuntime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.agent import Agent, AgentRefusal, StartSandbox
+from corral.agent import Agent, AgentConfig, AgentRefusal, StartSandbox
 from corral.codes import ErrorCode
 from corral.core import ManualClock
 from corral.core.admission import admittable_mb, fits
@@ -165,15 +165,10 @@ def test_gate_is_the_core_function(mode: AdmissionMode, requests: list[tuple[int
     async def scenario() -> None:
         clock = ManualClock(0.0)
         agent = Agent(
-            "h",
+            AgentConfig("h", 16_384, 8.0, admission=mode, policy=POLICY, settle_s=1.0),
             SimRuntime(clock, random.Random(3)),
-            16_384,
-            8.0,
-            admission=mode,
-            policy=POLICY,
             clock=clock,
             pressure=lambda: 0.0,
-            settle_s=1.0,
         )
         for n, (memory_mb, stateful, measure_first) in enumerate(requests):
             if measure_first:

@@ -14,7 +14,7 @@ from agent_doubles import POLICY, TOKEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral.agent import Agent, PressureSignal
+from corral.agent import Agent, AgentConfig, PressureSignal
 from corral.agent.http import create_app
 from corral.core import ManualClock
 from corral.core.types import AdmissionMode
@@ -241,11 +241,8 @@ def test_no_input_produces_a_500(start: Any, exec_body: Any) -> None:
     async def scenario() -> None:
         clock = ManualClock(0.0)
         agent = Agent(
-            "h",
+            AgentConfig("h", 65_536, 8.0, policy=POLICY),
             SimRuntime(clock, random.Random(0)),
-            65_536,
-            8.0,
-            policy=POLICY,
             clock=clock,
             pressure=lambda: 0,
         )

@@ -132,6 +132,12 @@ class FakeApi:
                 return httpx.Response(
                     200, json={"exit_code": 3, "stdout": out + "\n", "stderr": "err\n", "duration_ms": 12.5}
                 )
+            if parts[3:] == ["exec", "stream"] and request.method == "POST":
+                command = json.loads(request.content)["command"]
+                out = " ".join(command) if isinstance(command, list) else command
+                lines = [{"stdout": out + "\n"}, {}, {"stderr": "err\n"}]
+                lines.append({"result": {"exit_code": 3, "duration_ms": 12.5}})
+                return httpx.Response(200, content="".join(json.dumps(x) + "\n" for x in lines))
         return refusal(404, "not_found")
 
     def _create(self, request: httpx.Request) -> httpx.Response:

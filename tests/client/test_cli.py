@@ -84,6 +84,17 @@ def test_burst_with_every_create_refused_exits_nonzero(
     assert json.loads(out)["refusals"] == {"tenant_over_quota": 3}
 
 
+def test_burst_with_a_create_refused_says_why_and_exits_nonzero(
+    app: typer.Typer, factory: ClientFactory, api: FakeApi
+) -> None:
+    api.create_script.append(refusal(422, "invalid_request"))  # one of the three: the rest are placed
+    code, out, _ = invoke(app, factory, "burst", "-n", "3", *ARGS)
+    assert code == EXIT_REFUSED, out
+    assert "refused: 1 invalid_request: invalid_request (fake)" in out
+    code, out, _ = invoke(app, factory, "burst", "-n", "1", *ARGS, "--json")
+    assert code == 0 and json.loads(out)["reasons"] == {}
+
+
 def test_unreachable_server_is_a_clear_nonzero_exit(app: typer.Typer) -> None:
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("[Errno 111] Connection refused")
@@ -119,6 +130,20 @@ def test_ps_json_lists_every_page(app: typer.Typer, factory: ClientFactory, api:
     assert code == 0 and "sb-2" in out and "sb-1" not in out
 
 
+def test_a_piped_table_prints_whole(app: typer.Typer, factory: ClientFactory, api: FakeApi) -> None:
+    long = "a-template-whose-name-alone-is-wider-than-most-terminals-are-" + "x" * 40
+    api.handle(
+        httpx.Request(
+            "POST",
+            "http://corral.test/v1/sandboxes",
+            headers={"Authorization": "Bearer t0k"},
+            json={"template": long},
+        )
+    )
+    code, out, _ = invoke(app, factory, "ps", *ARGS)  # CliRunner's output is not a terminal
+    assert code == 0 and long in out and "…" not in out
+
+
 def test_hosts_json_and_table(app: typer.Typer, factory: ClientFactory) -> None:
     code, out, _ = invoke(app, factory, "hosts", *ARGS, "--json")
     assert code == 0
@@ -149,7 +174,8 @@ def test_exec_passes_the_command_and_exits_with_its_code(
     code, out, err = invoke(app, factory, "exec", "sb-1", *ARGS, "--", "ls", "-la", "/")
     assert code == 3
     assert out == "ls -la /\n" and err == "err\n"
-    assert json.loads(api.requests[-1].content) == {"command": ["ls", "-la", "/"]}
+    # Typed at a terminal, a command runs until it ends (an hour at most) or Ctrl-C.
+    assert json.loads(api.requests[-1].content) == {"command": ["ls", "-la", "/"], "timeout_s": 3600.0}
     code, out, _ = invoke(app, factory, "exec", "sb-1", *ARGS, "--json", "--", "true")
     assert code == 3 and json.loads(out)["duration_ms"] == 12.5
 

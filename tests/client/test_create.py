@@ -252,11 +252,13 @@ def test_create_against_an_unreachable_server_says_so(fake_time: FakeTime) -> No
             clock=fake_time.clock,
             sleep=fake_time.sleep,
         ) as c,
-        pytest.raises(CapacityUnavailable) as info,
+        pytest.raises(Unreachable) as info,
     ):
         c.sandboxes.create("python", deadline_s=2.0)
-    assert info.value.code == "unreachable"
-    assert not info.value.reached_server
+    # A server that is down is not a fleet that is full: never CapacityUnavailable.
+    assert not isinstance(info.value, CapacityUnavailable)
+    assert info.value.code == "unreachable" and "corral.test" in info.value.message
+    assert "gave up after" in info.value.message
 
 
 def test_url_and_token_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, api: FakeApi) -> None:
@@ -356,3 +358,26 @@ def test_any_refusal_sequence_respects_window_hint_and_deadline(
             # 1e-4: a bare 502 carries its hint only in the header, printed to 6 significant digits.
             assert floor - 1e-4 <= delay <= floor + policy.window(n) + 1e-4
         t += delay
+
+
+def test_a_tenant_rate_refusal_is_retried_like_a_503(
+    client: Corral, api: FakeApi, fake_time: FakeTime
+) -> None:
+    # 429 tenant_rate_limited is "not now" (the tenant's bucket refills), unlike tenant_over_quota.
+    api.create_script.append(refusal(429, "tenant_rate_limited", retry_after=0.4))
+    api.create_script.append(refusal(429, "tenant_rate_limited", retry_after=0.2))
+    sandbox = client.sandboxes.create("python")
+    first, second = fake_time.sleeps
+    assert 0.4 <= first <= 0.4 + POLICY.window(0)  # the bucket's Retry-After is a floor, jitter on top
+    assert 0.2 <= second <= 0.2 + POLICY.window(1)
+    assert sandbox.create_stats is not None and sandbox.create_stats.refusals == {"tenant_rate_limited": 2}
+
+
+def test_a_tenant_rate_refusal_past_the_deadline_is_transient(client: Corral, api: FakeApi) -> None:
+    api.create_script.extend(refusal(429, "tenant_rate_limited", retry_after=1) for _ in range(200))
+    with pytest.raises(CapacityUnavailable) as info:
+        client.sandboxes.create("python")  # POLICY's 30 s deadline, on the fake clock
+    assert info.value.code == "tenant_rate_limited" and info.value.status == 429
+    assert 1 < info.value.attempts < 200 and info.value.refusals == {
+        "tenant_rate_limited": info.value.attempts
+    }

@@ -20,6 +20,7 @@ from corral.control.localfleet import LocalFleet, build_local_fleet
 from corral.control.plane import ControlPlane, build_replica
 from corral.control.seal import Sealer
 from corral.core import AdmissionMode, AdmissionPolicy, ManualClock, Timeouts
+from corral.images import DirBlobStore
 from corral.store import open_store
 
 ADMIN = "admin-token-for-tests"
@@ -59,6 +60,7 @@ async def make_cluster(
     cpus: float = 16.0,
     admission: AdmissionMode = AdmissionMode.WORKING_SET,
     seed: int = 1,
+    runtime: str = "sim",
 ) -> Cluster:
     clock = ManualClock(1_000_000.0)
     store = open_store(f"sqlite:///{tmp_path / 'corral.db'}", clock=clock)
@@ -69,18 +71,27 @@ async def make_cluster(
         policy=policy,
     )
     directory = LocalAgents()
-    plane = build_replica(store, directory, config, clock, random.Random(seed), sealer=Sealer([SEAL_KEY]))
+    plane = build_replica(
+        store,
+        directory,
+        config,
+        clock,
+        random.Random(seed),
+        sealer=Sealer([SEAL_KEY]),
+        blobs=DirBlobStore(tmp_path / "blobs"),
+    )
     fleet = build_local_fleet(
         plane,
         directory,
         hosts=hosts,
-        runtime="sim",
+        runtime=runtime,
         memory_mb=memory_mb,
         cpus=cpus,
         admission=admission,
         policy=policy,
         heartbeat_interval_s=2,
         seed=seed,
+        state_root=tmp_path / "state",
     )
     await plane.start(admin_token=ADMIN, agent_token=AGENT)
     # The reconciler loop would run on wall time; tests drive it by hand.

@@ -116,6 +116,28 @@ async def test_bad_bodies_are_422_naming_the_field(cluster: Cluster, body: dict,
     assert out["error"]["details"]["field"] == field
 
 
+async def test_a_refused_body_says_why_in_a_users_words(cluster: Cluster) -> None:
+    status, out = await create(cluster, env={f"V{i}": "x" for i in range(5000)})
+    assert status == 422, out
+    assert out["error"]["message"] == "env: at most 256 entries"
+    status, out = await create(cluster, surprise=1)
+    assert out["error"]["message"] == "surprise: not a field of this request"
+
+
+async def test_a_host_enrolled_but_never_heard_from_is_joining(cluster: Cluster) -> None:
+    r = await cluster.http.post("/v1/hosts/host-new/token", headers=cluster.as_(ADMIN))
+    assert r.status_code == 201, r.text
+    hosts = (await cluster.http.get("/v1/hosts", headers=cluster.as_(ADMIN))).json()["hosts"]
+    new = next(h for h in hosts if h["id"] == "host-new")
+    assert (new["state"], new["heartbeat_age_s"]) == ("joining", None)
+    assert all(h["state"] != "joining" for h in hosts if h["id"] != "host-new")
+    # The dashboard's document says the same, and its view age is the oldest heartbeat heard.
+    doc = (await cluster.http.get("/dashboard/data.json", headers=cluster.as_(ADMIN))).json()
+    row = next(h for h in doc["hosts"] if h["id"] == "host-new")
+    assert (row["state"], row["heartbeat_age_s"]) == ("joining", None)
+    assert doc["fleet"]["view_age_s"] < 3600
+
+
 async def test_malformed_json_is_422_not_500(cluster: Cluster) -> None:
     r = await cluster.http.post(
         "/v1/sandboxes",

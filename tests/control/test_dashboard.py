@@ -131,3 +131,32 @@ def test_quantile_reads_a_cumulative_histogram() -> None:
     assert quantile(b, 0.99) == pytest.approx(1.0 + 9.0 * 9 / 10)
     assert quantile([(1.0, 0.0), (math.inf, 0.0)], 0.5) is None
     assert quantile([(1.0, 0.0), (math.inf, 4.0)], 0.5) == 1.0  # beyond the last bound: that bound
+
+
+async def test_a_sign_in_link_opens_the_dashboard_and_nothing_else(cluster: Cluster) -> None:
+    """For a browser that cannot type a token (a headless one): ``corral dashboard`` prints the link."""
+    tenant = (
+        await cluster.http.post("/v1/tenants", json={"name": "acme"}, headers=cluster.as_(ADMIN))
+    ).json()
+    for bad in [tenant["token"], "wrong-token-0123456789"]:
+        assert (await cluster.http.post("/dashboard/link", headers=cluster.as_(bad))).status_code == 401
+    r = await cluster.http.post("/dashboard/link", headers=cluster.as_(ADMIN))
+    assert r.status_code == 200 and r.json()["expires_in_s"] == 300
+    url = r.json()["url"]
+    assert "/dashboard/open?link=" in url
+    value = url.split("link=", 1)[1]
+    # The link is not a cookie, and a cookie is not a link; a forged or stale link opens nothing.
+    jar = {"Cookie": f"{COOKIE}={value}"}
+    assert (await cluster.http.get("/dashboard/data.json", headers=jar)).status_code == 401
+    key = cluster.http._transport.app.state.dashboard_key  # type: ignore[attr-defined]
+    stale = _sign(key, int(time.time()) - 1, "dashboard-link")
+    for bad in [stale, value[:-1] + ("0" if value[-1] != "0" else "1"), ""]:
+        assert (await cluster.http.get("/dashboard/open", params={"link": bad})).status_code == 401
+    opened = await cluster.http.get("/dashboard/open", params={"link": value})
+    assert opened.status_code == 303 and opened.headers["location"] == "/dashboard"
+    cookie = opened.headers["set-cookie"].split(";")[0].split("=", 1)[1]
+    jar = {"Cookie": f"{COOKIE}={cookie}"}
+    assert (await cluster.http.get("/dashboard/data.json", headers=jar)).status_code == 200
+    assert (await cluster.http.get("/v1/hosts", headers=jar)).status_code == 401
+    # A tool reads the page's data with the admin token in its header, no cookie.
+    assert (await cluster.http.get("/dashboard/data.json", headers=cluster.as_(ADMIN))).status_code == 200

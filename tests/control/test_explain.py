@@ -131,16 +131,14 @@ async def test_a_refused_batch_explains_the_member_that_did_not_fit(tmp_path: Pa
 async def test_a_host_the_cached_view_lacks_is_seen_by_the_next_create(cluster: Cluster) -> None:
     import random
 
-    from corral.agent import Agent
+    from corral.agent import Agent, AgentConfig
     from corral.runtime.sim import SimRuntime
 
     before = await cluster.plane.view.get()
     assert "host-new" not in before.records
     newcomer = Agent(
-        "host-new",
+        AgentConfig("host-new", 32768, 16.0),
         SimRuntime(cluster.clock, random.Random(5)),
-        32768,
-        16.0,
         clock=cluster.clock,
         sink=cluster.plane.heartbeat_reply,
     )

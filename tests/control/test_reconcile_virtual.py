@@ -12,6 +12,7 @@ import random
 
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
+from corral.agent.config import AgentConfig
 from corral.agent.protocol import StartSandbox
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
@@ -76,7 +77,10 @@ async def _copies_after_a_lost_reply() -> tuple[list[str], list[str], SandboxSta
     clock = VirtualClock(loop)
     store = ModelStore(clock, random.Random(0))
     agents = LocalAgents()
-    hosts = {h: Agent(h, SimRuntime(clock, random.Random(h)), 8192, 8.0, clock=clock) for h in ("h1", "h2")}
+    hosts = {
+        h: Agent(AgentConfig(h, 8192, 8.0), SimRuntime(clock, random.Random(h)), clock=clock)
+        for h in ("h1", "h2")
+    }
     for h, agent in hosts.items():
         agents.add(h, LocalAgentClient(agent))
     tenant = await store.create_tenant("t", max_sandboxes=10, max_memory_mb=1 << 20)

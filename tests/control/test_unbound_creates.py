@@ -17,6 +17,7 @@ import pytest
 
 from corral.agent.agent import Agent
 from corral.agent.client import LocalAgentClient
+from corral.agent.config import AgentConfig
 from corral.agent.protocol import SandboxInfo, StartSandbox
 from corral.codes import ErrorCode
 from corral.control.agents import LocalAgents
@@ -99,7 +100,9 @@ async def w(store_url: str) -> AsyncIterator[World]:
     clock = ManualClock(T0)
     store = open_store(store_url, clock=clock)
     await store.migrate()
-    agents = {h: Agent(h, SimRuntime(clock, random.Random(h)), 8192, 8.0, clock=clock) for h in HOSTS}
+    agents = {
+        h: Agent(AgentConfig(h, 8192, 8.0), SimRuntime(clock, random.Random(h)), clock=clock) for h in HOSTS
+    }
     tenant = await store.create_tenant("t", max_sandboxes=20, max_memory_mb=1 << 20)
     w = World(store, clock, agents, tenant.id)
     await w.beat()

@@ -168,3 +168,18 @@ def test_oversize_is_measured_against_the_largest_host_of_the_placeable_roles() 
     # Nothing known of any host's size: nothing is known to be too large.
     assert oversize([unreported], CreateRequest(memory_mb=1 << 30, cpu=1000.0), roles) is None
     assert oversize([], CreateRequest(memory_mb=512, cpu=1000.0), roles) is None
+
+
+def test_a_fresh_serve_on_a_24_gib_machine_admits_the_readmes_burst_unmeasured() -> None:
+    """`corral serve` with its defaults on 24 GiB: twelve process hosts of 2,048 MiB (headroom 256).
+    The README's 50 default creates (512 MiB each) must fit before any of them is measured; at the
+    policy's own 512 MiB floor only 36 do."""
+    from corral.api.cli import PROCESS_RESERVE_FLOOR_MB
+    from corral.core import reserve_mb
+
+    def unmeasured_per_fleet(floor: int) -> int:
+        policy = AdmissionPolicy(headroom_mb=2048 // 8, reserve_floor_mb=floor)
+        return 12 * ((2048 - policy.headroom_mb) // reserve_mb(512, policy))
+
+    assert unmeasured_per_fleet(PROCESS_RESERVE_FLOOR_MB) >= 50
+    assert unmeasured_per_fleet(AdmissionPolicy().reserve_floor_mb) < 50

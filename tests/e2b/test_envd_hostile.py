@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.envd import Envd
 from corral.agent.envd.connect import envelope
 from corral.agent.protocol import StartSandbox
@@ -29,12 +30,7 @@ LIMIT = 64 * 1024
 @pytest.fixture
 async def envd(process_runtime: ProcessRuntime) -> AsyncIterator[httpx.AsyncClient]:  # noqa: F811
     agent = Agent(
-        id="host-1",
-        runtime=process_runtime,
-        memory_mb_total=4096,
-        cpu_total=2.0,
-        address="http://127.0.0.1:1",
-        pressure=lambda: 0.0,
+        AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), process_runtime, pressure=lambda: 0.0
     )
     await agent.start(StartSandbox(id=SID, memory_mb=256))
     app = Envd(agent, files_max_bytes=LIMIT, idle_timeout_s=0.5)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from e2b import CommandExitException, Sandbox
+from e2b import CommandExitException, Sandbox, SandboxState
 
 from corral.runtime.process import unavailable_reason
-from tests.e2e.procs import Proc, enrol, free_port, start, wait_ready
+from tests.e2e.procs import Proc, process_fleet
 from tests.pg import drop_schema, new_schema_name, require_pg, with_schema
 
 pytestmark = [pytest.mark.postgres, pytest.mark.process, pytest.mark.timeout(180)]
@@ -22,56 +21,22 @@ pytestmark = [pytest.mark.postgres, pytest.mark.process, pytest.mark.timeout(180
 ADMIN = "e2b-replicas-admin-token-01234"
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[list[Proc], str]]:
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Proc], str]]:
+    tmp_path = tmp_path_factory.mktemp("e2b-replicas")
     assert unavailable_reason() is None
     base = require_pg()
     schema = new_schema_name("corral_e2b")
-    store = with_schema(base, schema)
-    env = {"CORRAL_TOKEN": ADMIN}
-    procs: list[Proc] = []
     try:
-        replicas = []
-        for i in range(2):
-            port = free_port()
-            args = ["api", "--store", store, "--port", str(port), "--replica-id", f"e{i}"]
-            replicas.append(start(f"e2b-replica-{i}", [*args, "--heartbeat-interval", "0.5"], tmp_path, env))
-            procs.append(replicas[-1])
-            replicas[-1].url = f"http://127.0.0.1:{port}"
-        for r in replicas:
-            wait_ready(r, r.url, timeout=60)
-        agent_port = free_port()
-        credentials, _ = enrol(replicas[0].url, ADMIN, "e2b-host", tmp_path)
-        agent = [
-            "agent",
-            "--control-plane",
-            replicas[0].url,
-            "--token-file",
-            str(credentials),
-            "--runtime",
-            "process",
-            "--memory-mb",
-            "4096",
-            "--headroom-mb",
-            "0",
-            "--listen",
-            f"127.0.0.1:{agent_port}",
-            "--heartbeat-interval",
-            "0.5",
-        ]
-        procs.append(start("e2b-agent", agent, tmp_path, env))
-        with httpx.Client(base_url=replicas[1].url, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
-            deadline = time.monotonic() + 60
-            while not [h for h in admin.get("/v1/hosts").json()["hosts"] if h["heartbeat_age_s"] < 5]:
-                assert time.monotonic() < deadline, "the agent never heartbeated"
-                time.sleep(0.2)
-            r = admin.post("/v1/tenants", json={"name": "alice"})
-            assert r.status_code == 201, r.text
-            key = r.json()["token"]
-        yield replicas, key
+        with process_fleet(tmp_path, with_schema(base, schema), ADMIN) as (replicas, _agent):
+            with httpx.Client(
+                base_url=replicas[1].url, headers={"Authorization": f"Bearer {ADMIN}"}
+            ) as admin:
+                r = admin.post("/v1/tenants", json={"name": "alice"})
+                assert r.status_code == 201, r.text
+                key = r.json()["token"]
+            yield replicas, key
     finally:
-        for p in procs:
-            p.stop()
         drop_schema(base, schema)
 
 
@@ -105,3 +70,24 @@ def test_a_sandbox_created_on_one_replica_is_driven_through_the_other(
     finally:
         sb.kill()
     assert not sb.is_running()
+
+
+def test_a_paused_sandbox_auto_resumes_through_the_replica_that_does_not_own_it(
+    fleet: tuple[list[Proc], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (creator, other), key = fleet
+    monkeypatch.setenv("E2B_API_KEY", key)
+    monkeypatch.setenv("E2B_API_URL", creator.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", other.url)
+    sb = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sb.files.write("/tmp/note", "across")
+        deadline = time.monotonic() + 30
+        while Sandbox.get_info(sb.sandbox_id, api_url=other.url).state is not SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "the timeout never paused it"
+            time.sleep(0.2)
+        # The other replica's data plane wakes it on its host, then serves the call.
+        assert sb.files.read("/tmp/note") == "across"
+        assert Sandbox.get_info(sb.sandbox_id).state is SandboxState.RUNNING
+    finally:
+        sb.kill()

@@ -18,13 +18,6 @@ from tests.e2b.conftest import Corral
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def sandbox(sdk_env: Corral) -> Sandbox:
-    sb = Sandbox.create(metadata={"suite": "e2b"})
-    yield sb
-    sb.kill()
-
-
 def test_create_run_and_exit_codes(sandbox: Sandbox) -> None:
     r = sandbox.commands.run("echo hi")
     assert (r.stdout, r.stderr, r.exit_code) == ("hi\n", "", 0)
@@ -241,9 +234,12 @@ def test_a_full_fleet_is_retried_by_the_sdk_itself(sdk_env: Corral) -> None:
 
 
 def test_an_e2b_form_key_is_a_tenant_key(corral: Corral, monkeypatch: pytest.MonkeyPatch) -> None:
-    r = corral.admin.post(f"/v1/tenants/{corral.alice_id}/e2b-keys")
+    # Named by its name, as every tenants route names it (its id, as the route first took it, too).
+    r = corral.admin.post("/v1/tenants/alice/e2b-keys")
     assert r.status_code == 201, r.text
+    assert (r.json()["tenant"], r.json()["tenant_id"]) == ("alice", corral.alice_id)
     key = r.json()["key"]
+    assert corral.admin.post(f"/v1/tenants/{corral.alice_id}/e2b-keys").json()["tenant"] == "alice"
     assert re.fullmatch(r"e2b_[0-9a-f]{40}", key)
     sb = Sandbox.create(api_key=key, api_url=corral.url, sandbox_url=corral.url)
     try:
@@ -256,6 +252,11 @@ def test_an_e2b_form_key_is_a_tenant_key(corral: Corral, monkeypatch: pytest.Mon
     finally:
         sb.kill()
     assert corral.admin.post("/v1/tenants/nope/e2b-keys").status_code == 404
+    # A tenant issues itself no keys; a name past any tenant's length is refused as input.
+    with httpx.Client(base_url=corral.url, headers={"Authorization": f"Bearer {corral.key}"}) as alice:
+        assert alice.post("/v1/tenants/alice/e2b-keys").status_code == 403
+    long = corral.admin.post("/v1/tenants/" + "a" * 200 + "/e2b-keys")
+    assert long.status_code == 422 and long.json()["error"]["code"] == "invalid_request"
 
 
 def test_reattach_to_a_command_and_read_metrics(sandbox: Sandbox) -> None:
@@ -267,3 +268,14 @@ def test_reattach_to_a_command_and_read_metrics(sandbox: Sandbox) -> None:
     assert result.exit_code == 0 and result.stdout == "done\n"
     (sample,) = sandbox.get_metrics()
     assert sample.cpu_count >= 1 and sample.mem_total == sandbox.get_info().memory_mb * 1024 * 1024
+
+
+def test_an_oom_killed_command_says_so(sandbox: Sandbox) -> None:
+    """Killed by the out-of-memory killer: said on its stderr and as the command's error."""
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("python3 -c 'b = bytearray(3 * 1024 ** 3)'")
+    # Killed by a signal, as E2B ends such a command (exit code -1, "signal: killed"), and why.
+    assert failed.value.exit_code == -1 and (failed.value.error or "").startswith("signal: killed")
+    assert "out-of-memory" in failed.value.stderr and "out-of-memory" in (failed.value.error or "")
+    r = sandbox.commands.run("echo fine")
+    assert r.exit_code == 0 and "out-of-memory" not in r.stderr

@@ -94,12 +94,12 @@ class Proc:
             return ""
 
 
-def serve_process_args(port: int, workdir: Path, *, hosts: int = 2) -> list[str]:
+def serve_process_args(port: int, workdir: Path, *, hosts: int = 2, runtime: str = "process") -> list[str]:
     """``corral serve`` with real sandboxes on ``hosts`` local agents, its state under ``workdir``."""
     return [
         "serve",
         "--runtime",
-        "process",
+        runtime,
         "--hosts",
         str(hosts),
         "--port",
@@ -185,3 +185,40 @@ def serve_sim(tmp_path: Path, token: str, hosts: int, *extra: str) -> Iterator[P
         yield proc
     finally:
         proc.stop()
+
+
+@contextlib.contextmanager
+def process_fleet(
+    tmp_path: Path, store: str, admin: str, *, replicas: int = 2, api_extra: Sequence[str] = ()
+) -> Iterator[tuple[list[Proc], Proc]]:
+    """``replicas`` ``corral api`` processes on ``store`` and one enrolled ``corral agent`` running
+    real (process) sandboxes, heartbeating every 0.5 s and seen fresh by the last replica; stopped on
+    exit."""
+    env = {"CORRAL_TOKEN": admin}
+    procs: list[Proc] = []
+    try:
+        started = []
+        for i in range(replicas):
+            port = free_port()
+            started.append(start(f"replica-{i}", api_args(store, port, f"r{i}", *api_extra), tmp_path, env))
+            procs.append(started[-1])
+            started[-1].url = f"http://127.0.0.1:{port}"
+        for r in started:
+            wait_ready(r, r.url, timeout=60)
+        credentials, _ = enrol(started[0].url, admin, "fleet-host", tmp_path)
+        agent_args = ["agent", "--control-plane", started[0].url, "--token-file", str(credentials)]
+        agent_args += ["--runtime", "process", "--memory-mb", "4096", "--headroom-mb", "0"]
+        agent_args += ["--listen", f"127.0.0.1:{free_port()}", "--heartbeat-interval", "0.5"]
+        agent = start("agent", agent_args, tmp_path, env)
+        procs.append(agent)
+        with httpx.Client(base_url=started[-1].url, headers={"Authorization": f"Bearer {admin}"}) as client:
+
+            def fresh() -> bool:
+                hosts = client.get("/v1/hosts").json()["hosts"]
+                return any(h["heartbeat_age_s"] is not None and h["heartbeat_age_s"] < 5 for h in hosts)
+
+            wait_for(fresh, 60, "the agent's first heartbeat")
+        yield started, agent
+    finally:
+        for p in procs:
+            p.stop()

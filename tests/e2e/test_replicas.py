@@ -122,7 +122,11 @@ def launch(tmp_path: Path, store_url: str, replicas: int, hosts: int, bind_timeo
 
 def fresh_hosts(fleet: Fleet) -> list[dict]:  # type: ignore[type-arg]
     with fleet.admin() as c:
-        return [h for h in c.get("/v1/hosts").json()["hosts"] if h["heartbeat_age_s"] < 5]
+        return [
+            h
+            for h in c.get("/v1/hosts").json()["hosts"]
+            if h["heartbeat_age_s"] is not None and h["heartbeat_age_s"] < 5
+        ]
 
 
 def reserved_total(fleet: Fleet) -> int:

@@ -299,10 +299,10 @@ async def test_sandboxes_survive_the_agent_process_and_are_readopted(
 async def test_an_agent_cleans_up_a_sandbox_that_died_on_its_own(
     process_runtime: ProcessRuntime, eventually: Callable[..., Awaitable[bool]]
 ) -> None:
-    from corral.agent import Agent
+    from corral.agent import Agent, AgentConfig
     from corral.agent.protocol import StartSandbox
 
-    agent = Agent("h", process_runtime, 4096, 2.0)
+    agent = Agent(AgentConfig("h", 4096, 2.0), process_runtime)
     await agent.start(StartSandbox(id="killed", memory_mb=96))
     record = process_runtime.statedir.load("killed")
     assert isinstance(record, Running) and record.cgroup is not None

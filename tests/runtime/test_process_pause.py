@@ -59,3 +59,34 @@ async def test_a_paused_sandbox_stands_still_and_resumes(
     await process_runtime.pause("frozen")
     await process_runtime.stop("frozen")  # a paused sandbox stops at once, leaving nothing behind
     assert await spawned.wait() == 128 + 9
+
+
+async def test_a_reboot_ends_every_process_but_init_and_keeps_the_files(
+    process_runtime: ProcessRuntime, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    await process_runtime.start(SandboxSpec(id="reboot", memory_mb=128))
+    # A command that outlives its caller (setsid, its own session), and one still waited for.
+    kept = await process_runtime.exec("reboot", ["sh", "-c", "echo kept > /tmp/f; setsid sleep 300 &"])
+    assert kept.exit_code == 0
+    waited = await process_runtime.spawn("reboot", ["sleep", "300"])
+
+    async def both_sleep() -> bool:
+        return (await process_runtime.exec("reboot", ["pgrep", "-c", "sleep"])).stdout == "2\n"
+
+    assert await eventually(both_sleep)  # the command has joined the sandbox's cgroup
+    await process_runtime.pause("reboot")
+    await process_runtime.reboot("reboot")  # frozen it was, frozen it stays
+    assert process_runtime.paused("reboot")
+    assert await asyncio.wait_for(waited.wait(), 5) == 128 + 9
+    await process_runtime.resume("reboot")
+    found = await process_runtime.exec("reboot", ["cat", "/tmp/f"])
+    assert found.stdout == "kept\n"
+
+    async def none_sleeps() -> bool:  # the init reaps the one it inherited, once thawed
+        return (await process_runtime.exec("reboot", ["pgrep", "-c", "sleep"])).stdout == "0\n"
+
+    assert await eventually(none_sleeps)
+    await process_runtime.reboot("reboot")  # a running one is rebooted in place and goes on running
+    assert not process_runtime.paused("reboot")
+    assert (await process_runtime.exec("reboot", ["cat", "/tmp/f"])).stdout == "kept\n"
+    await process_runtime.stop("reboot")

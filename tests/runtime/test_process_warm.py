@@ -7,12 +7,13 @@ import asyncio
 from typing import Any
 
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.protocol import ClaimWarm, ExecRequest, WarmTarget
 
 
 async def test_a_claimed_process_sandbox_runs_a_command_at_once(make_process_runtime: Any) -> None:
     runtime = make_process_runtime()
-    agent = Agent("proc-host", runtime, 8192, 4.0)
+    agent = Agent(AgentConfig("proc-host", 8192, 4.0), runtime)
     agent.set_warm_targets([WarmTarget(template="sh", target=2, memory_mb=128)])
     for _ in range(400):
         agent.replenish()

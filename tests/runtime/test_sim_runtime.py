@@ -7,6 +7,7 @@ import random
 import pytest
 
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.errors import AgentRefusal
 from corral.agent.pressure import sim_signal
 from corral.agent.protocol import StartSandbox
@@ -210,7 +211,7 @@ async def test_the_agent_reports_the_kernels_kills_and_closes_intake_under_press
     sim = SimRuntime(clock, random.Random(1), FLAT, memory_mb=1000)
     policy = AdmissionPolicy(headroom_mb=0, reserve_floor_mb=0)
     signal = sim_signal(sim.memory_used_ratio, 0.6, 0.5)
-    agent = Agent("h", sim, 1000, 4.0, clock=clock, policy=policy, pressure=signal)
+    agent = Agent(AgentConfig("h", 1000, 4.0, policy=policy), sim, clock=clock, pressure=signal)
     for i in ("sb-a", "sb-b"):
         await agent.start(StartSandbox(id=i, memory_mb=1024))
     clock.advance(60.0)

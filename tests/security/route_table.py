@@ -19,6 +19,8 @@ EXAMPLE_BODIES: dict[str, Any] = {
     "Timeout": {"timeout": 30},
     "PoolPatch": {"size": 1},
     "QuotaBody": {"max_cpus": 8},
+    "EgressPolicyBody": {"mode": "none"},
+    "DomainBody": {"hostname": "app.example.test", "port": 8080},
 }
 
 

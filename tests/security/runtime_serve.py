@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from corral.runtime.gvisor import unavailable_reason as gvisor_unavailable
 from corral.runtime.process import unavailable_reason
 from tests.e2e.procs import Proc, free_port, serve_process_args, start, wait_ready
 
@@ -57,13 +58,16 @@ class Serve:
         assert self.tenant.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
 
 
-def running_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    reason = unavailable_reason()
-    assert reason is None, f"the process runtime must work here: {reason}"
+def running_serve(
+    tmp_path_factory: pytest.TempPathFactory, runtime: str = "process", hosts: int = 2
+) -> Iterator[Serve]:
+    reason = unavailable_reason() if runtime == "process" else gvisor_unavailable()
+    assert reason is None, f"the {runtime} runtime must work here: {reason}"
     tmp = tmp_path_factory.mktemp("security")
     port = free_port()
     state = tmp / "state"
-    proc = start("serve-security", serve_process_args(port, tmp), tmp, env={"CORRAL_TOKEN": ADMIN_TOKEN})
+    args = serve_process_args(port, tmp, runtime=runtime, hosts=hosts)
+    proc = start("serve-security", args, tmp, env={"CORRAL_TOKEN": ADMIN_TOKEN})
     try:
         wait_ready(proc, f"http://127.0.0.1:{port}")
         with httpx.Client(
@@ -78,7 +82,10 @@ def running_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
                 yield Serve(proc, port, state, tenant, admin)
     finally:
         proc.stop()
-    leftovers = [p for p in state.glob("*/*") if p.is_dir()]
+    # A gvisor host keeps its sandboxes, and runsc its own state, a level down.
+    leftovers = [p for p in state.glob("*/*" if runtime == "process" else "*/*/*") if p.is_dir()]
+    # A host's network slots keep their lease directory; what must be gone is every lease in it.
+    leftovers = [p for p in leftovers if not p.parent.name.endswith(".netslots") or any(p.iterdir())]
     assert not leftovers, f"sandboxes outlived the server: {leftovers}"
 
 

@@ -24,9 +24,10 @@ from .conftest import ADMIN, Cluster
 from .route_table import Operation, e2b_app, operations
 
 # What each path parameter names. Tenant-owned things are named by tenant B's real one; fleet-wide
-# things (hosts, templates) belong to no tenant, so there is nothing of B's to hide.
+# things (hosts, templates, images: an image's route is for agents alone) belong to no tenant, so there
+# is nothing of B's to hide.
 TENANT_OWNED = {"sandbox_id", "tenant_id", "name", "token_id"}
-FLEET_WIDE = {"host_id", "template"}
+FLEET_WIDE = {"host_id", "template", "digest", "hostname"}  # an image digest names content, no tenant
 
 _rng = random.Random(22)
 
@@ -111,7 +112,13 @@ async def _every_route(c: Cluster, http: httpx.AsyncClient, app: FastAPI, auth: 
         if not set(op.params) & TENANT_OWNED:
             continue
         sandbox = await new_sandbox(c, t.b)  # a fresh one each time: the owner's own call may delete it
-        real = {**t.b_tenant, "sandbox_id": sandbox, "host_id": "host-01", "template": "default"}
+        real = {
+            **t.b_tenant,
+            "sandbox_id": sandbox,
+            "host_id": "host-01",
+            "template": "default",
+            "hostname": "app.example.test",
+        }
         fake = {k: (same_shape(v) if k in TENANT_OWNED else v) for k, v in real.items()}
         for k in TENANT_OWNED:
             assert len(fake[k]) == len(real[k]) and fake[k] != real[k]

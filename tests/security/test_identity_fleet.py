@@ -99,7 +99,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def _fresh(f: Fleet, replica: int, token: str = ADMIN) -> set[str]:
     r = httpx.get(f"{f.url(replica)}/v1/hosts", headers=as_(token), timeout=10)
     r.raise_for_status()
-    return {h["id"] for h in r.json()["hosts"] if h["heartbeat_age_s"] < 3}
+    return {
+        h["id"] for h in r.json()["hosts"] if h["heartbeat_age_s"] is not None and h["heartbeat_age_s"] < 3
+    }
 
 
 def _heartbeat(f: Fleet, replica: int, token: str, host: str, **changes: Any) -> httpx.Response:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.envd import SANDBOX_HEADER, UNHEARD_BYTES, Envd
 from corral.agent.envd.connect import envelope
 from corral.agent.protocol import StartSandbox
@@ -55,12 +56,7 @@ print(json.dumps(found))
 @pytest.fixture
 async def envd(process_runtime: ProcessRuntime) -> AsyncIterator[Envd]:  # noqa: F811
     agent = Agent(
-        id="host-1",
-        runtime=process_runtime,
-        memory_mb_total=4096,
-        cpu_total=2.0,
-        address="http://127.0.0.1:1",
-        pressure=lambda: 0.0,
+        AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), process_runtime, pressure=lambda: 0.0
     )
     await agent.start(StartSandbox(id=SID, memory_mb=256))
     envd = Envd(agent)

@@ -98,6 +98,7 @@ def test_an_oom_kill_is_reported_on_the_sandbox_and_in_metrics(serve: Serve) -> 
         assert serve.tenant.get(f"/v1/sandboxes/{sid}").json()["oom_kills"] == 0
         hog = serve.exec(sid, ["python3", "-c", "b = bytearray(400 * 1024 * 1024)"])
         assert hog["exit_code"] == 137
+        assert hog["oom_killed"] is True and "out-of-memory" in hog["note"]  # said in its answer
         assert serve.exec(sid, ["echo", "survived"])["stdout"] == "survived\n"  # only the hog died
         deadline = time.monotonic() + 30
         while serve.tenant.get(f"/v1/sandboxes/{sid}").json()["oom_kills"] < 1:

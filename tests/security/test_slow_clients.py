@@ -17,6 +17,7 @@ import uvicorn
 
 from corral.agent.agent import Agent
 from corral.agent.cli import agent_server
+from corral.agent.config import AgentConfig
 from corral.api.app import create_app
 from corral.api.server import api_server
 from corral.core.listen import ListenBounds
@@ -230,7 +231,7 @@ async def test_one_token_over_its_bound_of_requests_in_flight_gets_429(cluster: 
 
 
 async def test_the_agent_closes_a_slowloris_and_serves_others() -> None:
-    agent = Agent("host-slow", SimRuntime(), 16_384, 8.0)
+    agent = Agent(AgentConfig("host-slow", 16_384, 8.0), SimRuntime())
     server = agent_server(agent, HOST_KEY, "127.0.0.1", 0, SHORT)
     async with serving(server) as port:
         slow = asyncio.create_task(slowloris(port))

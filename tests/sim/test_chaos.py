@@ -207,4 +207,6 @@ def test_a_parked_create_refused_but_left_in_the_queue_is_caught(monkeypatch: py
         return True
 
     monkeypatch.setattr(WaitingCreates, "cancel", forget_to_end)
-    assert _first_failure().violations[0].invariant == "parked_create_unsettled"
+    # Whichever shows first: the create left behind is never settled, or its tenant's later ones are
+    # placed past it.
+    assert _first_failure().violations[0].invariant in ("parked_create_unsettled", "waiting_order")

@@ -25,7 +25,11 @@ def beat(
         memory_mb_used=total - admittable,
         memory_mb_admittable=admittable,
         memory_admission=AdmissionMode.WORKING_SET,
-        **{k: kw.pop(k) for k in ("templates", "runtime", "gpu", "role", "stream_restore") if k in kw},  # type: ignore[arg-type]
+        **{
+            k: kw.pop(k)
+            for k in ("templates", "runtime", "gpu", "role", "stream_restore", "images")
+            if k in kw
+        },  # type: ignore[arg-type]
     )
     if listing is None:
         listing = Listing(None, {i: (epochs or {}).get(i, 0) for i in sandbox_ids})

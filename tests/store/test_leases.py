@@ -84,3 +84,15 @@ async def test_a_reserved_record_is_abandoned_once_its_owners_lease_lapses(
     await store.renew_replica("r1", 10)  # a replica back under the same id owns its records again
     assert await store.abandoned(ids) == {"sb-2", "sb-5"}
     assert await store.abandoned([]) == set()
+
+
+async def test_live_replicas_counts_the_leases_that_have_not_lapsed(store: Store, clock: ManualClock) -> None:
+    assert await store.live_replicas() == 0
+    await store.renew_replica("r1", 10)
+    await store.renew_replica("r2", 3)
+    await store.renew_replica("r1", 10)  # a renewal is still one replica
+    assert await store.live_replicas() == 2
+    clock.advance(3)
+    assert await store.live_replicas() == 1  # r2's lapsed, whether or not it is expired yet
+    await store.release_replica("r1")
+    assert await store.live_replicas() == 0

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.protocol import ROLE_WARM, AgentHeartbeat, HeartbeatReply, StartSandbox
 from corral.control.agents import LocalAgents
 from corral.control.config import ControlConfig
@@ -66,7 +67,9 @@ async def assert_agree(store: Store, agent: Agent, ever: set[str]) -> None:
 
 
 def new_agent(state: SimState, clock: ManualClock, wire: Wire) -> Agent:
-    return Agent(HOST, SimRuntime(clock=clock, state=state), 1 << 20, 1000.0, clock=clock, sink=wire)
+    return Agent(
+        AgentConfig(HOST, 1 << 20, 1000.0), SimRuntime(clock=clock, state=state), clock=clock, sink=wire
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -127,7 +130,7 @@ async def test_a_heartbeat_held_back_past_the_next_one_cannot_roll_the_listing_b
             raise ConnectionError("slow")
         return await plane.heartbeat_reply(hb)
 
-    agent = Agent(HOST, SimRuntime(clock=clock), 1 << 20, 1000.0, clock=clock, sink=sink)
+    agent = Agent(AgentConfig(HOST, 1 << 20, 1000.0), SimRuntime(clock=clock), clock=clock, sink=sink)
     await agent.start(StartSandbox(id="sb-a", memory_mb=64))
     with pytest.raises(ConnectionError):
         await agent.beat()

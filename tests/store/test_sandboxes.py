@@ -351,9 +351,16 @@ async def test_list_filters(store: Store, tenant: TenantRecord) -> None:
     limit=st.integers(min_value=1, max_value=7),
     ticks=st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0]), min_size=23, max_size=23),
     deleted=st.sets(st.integers(min_value=0, max_value=22), max_size=5),
+    newest_first=st.booleans(),
 )
 async def test_pagination_visits_everything_once_in_order(
-    store: Store, clock: ManualClock, n: int, limit: int, ticks: list[float], deleted: set[int]
+    store: Store,
+    clock: ManualClock,
+    n: int,
+    limit: int,
+    ticks: list[float],
+    deleted: set[int],
+    newest_first: bool,
 ) -> None:
     # Each example gets a fresh tenant in the same store, so ids and names never clash across examples.
     tenant = await store.create_tenant(f"t-{secrets.token_hex(6)}", max_sandboxes=100, max_memory_mb=10**6)
@@ -365,7 +372,9 @@ async def test_pagination_visits_everything_once_in_order(
     pages = []
     cursor: str | None = None
     while True:
-        page = await store.list_sandboxes(tenant_id=tenant.id, limit=limit, cursor=cursor)
+        page = await store.list_sandboxes(
+            tenant_id=tenant.id, limit=limit, cursor=cursor, newest_first=newest_first
+        )
         pages.append(page.items)
         assert len(page.items) <= limit
         if page.next_cursor is None:
@@ -376,7 +385,7 @@ async def test_pagination_visits_everything_once_in_order(
                 await store.delete_sandbox(made[i].id)
         cursor = page.next_cursor
     seen = [s.id for p in pages for s in p]
-    expected = [s.id for s in sorted(made, key=lambda s: (s.created_at, s.id))]
+    expected = [s.id for s in sorted(made, key=lambda s: (s.created_at, s.id), reverse=newest_first)]
     assert len(seen) == len(set(seen))
     # Everything not deleted is seen, in order; deleted rows may or may not have been seen already.
     survivors = [i for i in expected if i not in {made[j].id for j in deleted if j < len(made)}]

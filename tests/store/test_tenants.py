@@ -138,3 +138,21 @@ async def test_usage_counters_follow_every_change(store: Store) -> None:
     await store.set_sandbox_state("sb-c0", SandboxState.FAILED, expect=[SandboxState.RUNNING])
     assert await store.usage(tenant.id) == Usage(1, 1024, 1.25)
     assert await store.audit() == []
+
+
+async def test_a_tenants_create_rate_is_kept_cleared_and_checked(store: Store) -> None:
+    t = await store.create_tenant("paced", max_sandboxes=5, max_memory_mb=5000)
+    assert (t.create_rate_per_s, t.create_burst) == (None, None)  # the control plane's default
+    set_ = await store.set_create_rate(t.id, rate_per_s=2.5, burst=7)
+    assert (set_.create_rate_per_s, set_.create_burst) == (2.5, 7)
+    assert await store.get_tenant(t.id) == set_ and (await store.list_tenants()) == [set_]
+    # a quota change leaves the rate alone, and the rate clears back to the default
+    quota = await store.set_quota(t.id, max_sandboxes=9, max_memory_mb=9000)
+    assert (quota.create_rate_per_s, quota.create_burst) == (2.5, 7)
+    cleared = await store.set_create_rate(t.id, rate_per_s=None, burst=None)
+    assert (cleared.create_rate_per_s, cleared.create_burst, cleared.max_sandboxes) == (None, None, 9)
+    for rate, burst in [(0.0, None), (-1.0, None), (float("inf"), None), (float("nan"), None), (None, 0)]:
+        with pytest.raises(InvalidRecord):
+            await store.set_create_rate(t.id, rate_per_s=rate, burst=burst)
+    with pytest.raises(RecordNotFound):
+        await store.set_create_rate("nope", rate_per_s=1.0, burst=1)

@@ -4,7 +4,8 @@ file operations run inside a sandbox. The replicas' side (E2B's control API, for
 call to its owner) is :mod:`corral.api.e2b`."""
 
 from corral.agent.envd.app import ENVD_PREFIX, ENVD_VERSION, Envd
-from corral.agent.envd.calls import CALLER_AUTH_HEADER, SANDBOX_HEADER
+from corral.agent.envd.calls import SANDBOX_HEADER
 from corral.agent.envd.processes import UNHEARD_BYTES
+from corral.agent.protocol import CALLER_AUTH_HEADER
 
 __all__ = ["CALLER_AUTH_HEADER", "ENVD_PREFIX", "ENVD_VERSION", "SANDBOX_HEADER", "UNHEARD_BYTES", "Envd"]

@@ -8,14 +8,15 @@ caller may reach that sandbox. Everything runs in the sandbox, as its one user, 
 
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from corral.agent.agent import Agent
-from corral.agent.envd.calls import Calls
-from corral.agent.envd.connect import RpcError
+from corral.agent.envd.calls import MAX_MESSAGE_BYTES, Calls
+from corral.agent.envd.connect import STREAM_CONTENT_TYPE, RpcError, end_stream
 from corral.agent.envd.files import FILES_MAX_BYTES, IDLE_TIMEOUT_S, Files
 from corral.agent.envd.processes import Processes, Run
 
@@ -42,11 +43,30 @@ class Envd:
                 Route("/health", self.health, methods=["GET"]),
                 *self.files.routes(),
                 *self.processes.routes(),
-            ]
+            ],
+            default=self.unimplemented,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        except HTTPException as exc:  # a known path under another method: raised before any answer
+            await _drain(receive)
+            body = {"code": exc.status_code, "message": str(exc.detail)}
+            await JSONResponse(body, status_code=exc.status_code)(scope, receive, send)
+
+    async def unimplemented(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A call this data plane does not serve, answered in its protocol's terms (Connect's
+        ``unimplemented``; a stream's in its end envelope), its body read so the connection lives on."""
+        await _drain(receive)
+        path: str = scope["path"]
+        exc = RpcError("unimplemented", f"{path.lstrip('/') or '/'} is not served by corral's data plane")
+        content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+        if content_type.startswith(STREAM_CONTENT_TYPE):
+            answer: Response = Response(end_stream(exc), media_type=STREAM_CONTENT_TYPE)
+        else:
+            answer = JSONResponse(exc.body(), status_code=exc.status)
+        await answer(scope, receive, send)
 
     @property
     def output_bytes_read(self) -> int:
@@ -58,7 +78,22 @@ class Envd:
 
     async def health(self, request: Request) -> Response:
         try:
-            self.calls.sandbox(request)
+            sandbox_id = self.calls.sandbox(request)
         except RpcError as exc:
             return JSONResponse({"code": 502, "message": exc.message}, status_code=502)
+        if self.agent.get(sandbox_id).paused:  # as E2B's proxy answers for a paused sandbox
+            return JSONResponse({"code": 502, "message": f"sandbox {sandbox_id} is paused"}, status_code=502)
         return Response(status_code=204)
+
+
+async def _drain(receive: Receive, limit: int = MAX_MESSAGE_BYTES) -> None:
+    """Read what is left of a request's body (at most ``limit`` bytes), so the reply can be followed by
+    the client's next request on the same connection."""
+    read = 0
+    while read <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        read += len(message.get("body", b""))
+        if not message.get("more_body"):
+            return

@@ -1,4 +1,4 @@
-"""What every call of the data plane shares: the sandbox it names (and the one user it may speak as),
+"""What every call of the data plane shares: the sandbox it names (and the user it speaks as: its own, or root in one of an image),
 its message read within a bound, its unary errors, and the commands it spawns in the sandbox, each
 holding one of the sandbox's command slots (the agent's bound, shared with exec) until it exits."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextvars
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,16 +17,18 @@ from starlette.responses import JSONResponse, Response
 from corral.agent.agent import Agent
 from corral.agent.envd.connect import RpcBusy, RpcError, parse_json
 from corral.agent.errors import AgentBusy, AgentError
+from corral.agent.protocol import CALLER_AUTH_HEADER
 from corral.runtime.base import InvalidSandbox, RuntimeFailure, SandboxNotFound, SandboxPaused
-from corral.runtime.bwrap import SANDBOX_USER
+from corral.runtime.bwrap import ROOT_USER, SANDBOX_USER
 from corral.runtime.stream import Spawned
 
 SANDBOX_HEADER = "e2b-sandbox-id"
-# A relayed call's own Authorization (it names the sandbox user), moved aside for the agent's token.
-CALLER_AUTH_HEADER = "corral-caller-authorization"
 MAX_MESSAGE_BYTES = 1024 * 1024
 CHUNK = 32 * 1024  # what one read of a command's output takes
 QUEUE = 8  # chunks in flight between a reader and a writer
+# The user the call being served chose (None: the sandbox's own), set by Calls.sandbox for the
+# commands that call spawns: each request is served in a context of its own.
+_USER: contextvars.ContextVar[str | None] = contextvars.ContextVar("envd_user", default=None)
 
 
 class Calls:
@@ -43,11 +46,26 @@ class Calls:
         user = _basic_user(
             request.headers.get(CALLER_AUTH_HEADER) or request.headers.get("authorization", "")
         )
+        spec = self.agent.spec_of(sandbox_id)
+        chosen: str | None = None
         for name in (user, request.query_params.get("username")):
-            if name and name != SANDBOX_USER:
+            if not name or name in (SANDBOX_USER, spec.user):
+                continue
+            if name != ROOT_USER:
                 raise RpcError(
-                    "permission_denied", f"a corral sandbox has one user, {SANDBOX_USER!r}; not {name!r}"
+                    "permission_denied",
+                    f"a corral sandbox runs commands as {SANDBOX_USER!r} (or root, in a sandbox of an "
+                    f"image template); not {name!r}",
                 )
+            if spec.image is None:
+                raise RpcError(
+                    "permission_denied",
+                    f"user 'root' runs only in a sandbox of an image template (root inside, an "
+                    f"unprivileged uid on the host); sandbox {sandbox_id} runs on the host's own "
+                    f"system, as its one user {SANDBOX_USER!r}",
+                )
+            chosen = ROOT_USER
+        _USER.set(chosen)
         return sandbox_id
 
     async def message(self, request: Request, limit: int = MAX_MESSAGE_BYTES) -> bytes:
@@ -83,13 +101,16 @@ class Calls:
         stdin: bool = False,
     ) -> Spawned:
         """Every command of this data plane starts here, holding one of the sandbox's command slots
-        (the agent's bound, shared with exec) until it exits."""
+        (the agent's bound, shared with exec) until it exits, as the user the call chose
+        (:meth:`sandbox`)."""
         try:
             self.agent.enter(sandbox_id)
         except AgentBusy as exc:
             raise RpcBusy(exc.message, exc.retry_after_s) from None
         try:
-            spawned = await self.agent.runtime.spawn(sandbox_id, command, env=env, cwd=cwd, stdin=stdin)
+            spawned = await self.agent.runtime.spawn(
+                sandbox_id, command, env=env, cwd=cwd, stdin=stdin, user=_USER.get()
+            )
         except BaseException as exc:
             self.agent.leave(sandbox_id)
             if isinstance(exc, SandboxNotFound):

@@ -55,26 +55,33 @@ def name_of(table: Any, ident: int) -> str:
 
 
 def entry(path: str) -> dict[str, Any]:
+    """E2B's entry: a symlink is reported as what it leads to (its type and mode), with the fully
+    resolved path as its target and ``isSymlink``; one that leads nowhere has no type."""
     info = os.lstat(path)
-    kind = "FILE_TYPE_FILE"
+    mode_of: os.stat_result | None = info
     target = None
     if stat.S_ISLNK(info.st_mode):
-        target = os.readlink(path)
+        target = os.path.realpath(path)
         try:
-            followed = os.stat(path)
-            kind = "FILE_TYPE_DIRECTORY" if stat.S_ISDIR(followed.st_mode) else "FILE_TYPE_FILE"
+            mode_of = os.stat(path)
         except OSError:
-            kind = "FILE_TYPE_SYMLINK"
-    elif stat.S_ISDIR(info.st_mode):
-        kind = "FILE_TYPE_DIRECTORY"
+            mode_of, target = None, path
+    if mode_of is None:
+        kind, mode = "FILE_TYPE_UNSPECIFIED", 0
+    else:
+        kind = "FILE_TYPE_DIRECTORY" if stat.S_ISDIR(mode_of.st_mode) else "FILE_TYPE_FILE"
+        mode = stat.S_IMODE(mode_of.st_mode)
+    permissions = stat.filemode(info.st_mode)
+    if target is not None:
+        permissions = "L" + permissions[1:]  # as Go writes a symlink's mode
     modified = datetime.datetime.fromtimestamp(info.st_mtime, datetime.UTC)
     out: dict[str, Any] = {
         "name": os.path.basename(path) or "/",
         "type": kind,
         "path": path,
         "size": str(info.st_size),
-        "mode": stat.S_IMODE(info.st_mode),
-        "permissions": stat.filemode(info.st_mode),
+        "mode": mode,
+        "permissions": permissions,
         "owner": name_of(pwd.getpwuid, info.st_uid),
         "group": name_of(grp.getgrgid, info.st_gid),
         "modifiedTime": modified.isoformat().replace("+00:00", "Z"),
@@ -120,12 +127,13 @@ def run(req: dict[str, Any]) -> Any:
                 raise
             shutil.move(source, destination)  # another filesystem (home and /tmp are apart): copy
         return {"entry": entry(destination)}
-    if op == "remove":
+    if op == "remove":  # as E2B's (Go's RemoveAll): a path that does not exist is already removed
         path = absolute(req.get("path"))
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         else:
-            os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         return {}
     if op == "read":
         path = absolute(req.get("path"))

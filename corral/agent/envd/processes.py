@@ -28,6 +28,8 @@ from starlette.types import Receive, Scope, Send
 
 from corral.agent.envd.calls import CHUNK, QUEUE, Calls
 from corral.agent.envd.connect import STREAM_CONTENT_TYPE, RpcError, end_stream, envelope, unwrap
+from corral.agent.execstream import oom_verdict
+from corral.exec_result import ExecResult
 from corral.runtime.capture import close_reader
 from corral.runtime.stream import Spawned
 
@@ -57,6 +59,8 @@ class Run:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     unheard: int = 0  # output bytes dropped since the last listener left
+    oom_kills_before: int = 0  # the sandbox's OOM kills as the command started
+    error: str | None = None  # why it ended, besides its own doing (E2B's end event ``error``)
     exited: bool = False
     # Set whenever a pump held back by the unheard bound may look again: a listener came, or the end.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -145,13 +149,14 @@ class Processes:
         runs = self.runs.setdefault(sandbox_id, {})
         if len(runs) >= MAX_PROCESSES:
             raise RpcError("resource_exhausted", f"at most {MAX_PROCESSES} commands run at once")
+        oom_kills_before = await self.calls.agent.oom_kills_of(sandbox_id)
         spawned = await self.calls.spawn(
             sandbox_id, [process["cmd"], *args], env=envs, cwd=cwd, stdin=bool(req.get("stdin"))
         )
         pid = self._next_pid.get(sandbox_id, 1)
         self._next_pid[sandbox_id] = pid + 1
         config = {"cmd": process["cmd"], "args": args, "envs": envs, **({"cwd": cwd} if cwd else {})}
-        run = Run(pid, config, tag, spawned)
+        run = Run(pid, config, tag, spawned, oom_kills_before=oom_kills_before)
         runs[pid] = run
         run.attach()
         run.tasks = [
@@ -174,6 +179,13 @@ class Processes:
         code = await run.spawned.wait()
         run.exit()
         await asyncio.gather(*run.tasks[:2], return_exceptions=True)
+        verdict = oom_verdict(
+            ExecResult(exit_code=code), run.oom_kills_before, await self.calls.agent.oom_kills_of(sandbox_id)
+        )
+        if verdict.oom_killed:
+            # Said where its user looks: on its stderr, and as the end's error (the SDK raises it).
+            run.error = verdict.note
+            await run.emit(("stderr", f"\n{verdict.note}\n".encode()))
         run.exit_code = code
         await run.emit(("end", code))
         run.ended.set()
@@ -192,7 +204,7 @@ class Processes:
             try:
                 yield envelope({"event": {"start": {"pid": run.pid}}})
                 if run.exit_code is not None and queue.empty():
-                    yield envelope({"event": _end(run.exit_code)})
+                    yield envelope({"event": _end(run.exit_code, run.error)})
                     yield end_stream()
                     return
                 while True:
@@ -206,7 +218,7 @@ class Processes:
                         yield envelope({"event": {"keepalive": {}}})
                         continue
                     if kind == "end":
-                        yield envelope({"event": _end(value)})
+                        yield envelope({"event": _end(value, run.error)})
                         break
                     data = base64.b64encode(value).decode()
                     yield envelope({"event": {"data": {kind: data}}})
@@ -289,12 +301,19 @@ class _Detaching(StreamingResponse):
             self._detach()
 
 
-def _end(code: int) -> dict[str, Any]:
-    status = f"exit status {code}"
+def _end(code: int, note: str | None = None) -> dict[str, Any]:
+    """The end event as E2B's envd writes it (Go's process state): a command killed by a signal ends
+    with exit code -1, ``exited`` false and the signal's name as its status and error; a non-zero exit
+    carries its status as the error. ``note`` says why besides (the OOM killer), after the status."""
     if code > 128:
         with contextlib.suppress(ValueError):
-            status = f"signal: {signal.Signals(code - 128).name}"
-    return {"end": {"exitCode": code, "exited": code < 128, "status": status}}
+            name = signal.strsignal(signal.Signals(code - 128)) or ""
+            status = f"signal: {name.lower()}"
+            killed = f"{status}: {note}" if note else status
+            return {"end": {"exitCode": -1, "exited": False, "status": status, "error": killed}}
+    status = f"exit status {code}"
+    said: str | None = (f"{status}: {note}" if note else status) if code else note
+    return {"end": {"exitCode": code, "exited": True, "status": status, **({"error": said} if said else {})}}
 
 
 def _deadline(header: str | None) -> float | None:

@@ -31,3 +31,13 @@ def access_token(secret: bytes, sandbox_id: str) -> str:
 
 def valid(secret: bytes, sandbox_id: str, presented: str) -> bool:
     return hmac.compare_digest(access_token(secret, sandbox_id).encode(), presented.encode())
+
+
+def traffic_token(secret: bytes, sandbox_id: str) -> str:
+    """What a request to a token-guarded sandbox's port carries (``e2b-traffic-access-token``): a
+    key of its own under the same secret, so it opens the ports and nothing of the data plane."""
+    return hmac.new(secret, b"traffic\0" + sandbox_id.encode(), hashlib.sha256).hexdigest()
+
+
+def traffic_valid(secret: bytes, sandbox_id: str, presented: str) -> bool:
+    return hmac.compare_digest(traffic_token(secret, sandbox_id).encode(), presented.encode("latin-1"))

@@ -9,8 +9,11 @@ E2B knows; a stopped, failed or deleted sandbox does not exist (404).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
+import json
 import urllib.parse
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
@@ -21,11 +24,16 @@ from corral.agent.client import AgentClient
 from corral.agent.envd import ENVD_VERSION
 from corral.agent.errors import AgentError, AgentSandboxNotFound
 from corral.api.auth import as_user, owner, scope
-from corral.api.e2b.access import access_token
+from corral.api.e2b import names
+from corral.api.e2b.access import access_token, traffic_token
+from corral.api.e2b.network import policy_body
 from corral.api.schemas import MAX_TTL_S, SandboxSpecBody
 from corral.codes import ErrorCode
-from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
+from corral.control import lifecycle
+from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound, UnsupportedOption
+from corral.control.network import checked, policy_of
 from corral.control.plane import ControlPlane
+from corral.core.lifecycle import ON_TIMEOUT_KILL, ON_TIMEOUT_PAUSE, Lifecycle
 from corral.core.types import DEFAULT_TEMPLATE
 from corral.store import Principal, SandboxRecord, SandboxState
 from corral.store.rows import encode_cursor
@@ -47,12 +55,58 @@ MAX_LIST_SCAN = 10_000  # records a filtered list page may read before it answer
 MAX_TIMEOUT_S = int(MAX_TTL_S)
 
 
+class AutoResume(BaseModel):
+    enabled: bool = False
+
+
 class NewSandbox(BaseModel):
+    """E2B's create body. Every option the SDK sends is read: honoured, or refused when set to what
+    corral does not do (never dropped in silence). ``network`` and ``allow_internet_access`` are
+    the network's to honour."""
+
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
     template_id: str = Field(default=BASE_TEMPLATE, alias="templateID", max_length=128)
     timeout: int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_S)
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+    network: dict[str, Any] | None = None
+    auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_pause_memory: bool | None = Field(default=None, alias="autoPauseMemory")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    mcp: dict[str, Any] | None = None
+    volume_mounts: list[Any] | None = Field(default=None, alias="volumeMounts")
+    iam: dict[str, Any] | None = None
+    secure: bool = True
+
+    def lifecycle(self) -> Lifecycle:
+        """E2B's lifecycle: killed at its timeout unless ``autoPause``; paused with its memory unless
+        ``autoPauseMemory`` is false (its files alone, the next start a reboot); woken by its next
+        data-plane call only with ``autoResume.enabled`` (off unless asked)."""
+        auto_resume = self.auto_resume is not None and self.auto_resume.enabled
+        memory = self.auto_pause_memory is not False
+        if auto_resume and not self.auto_pause:
+            raise InvalidRequest("autoResume", "auto-resume needs autoPause (lifecycle on_timeout pause)")
+        if auto_resume and not memory:
+            raise InvalidRequest(
+                "autoResume", "a sandbox paused without its memory is resumed by connect, never by traffic"
+            )
+        return Lifecycle(
+            on_timeout=ON_TIMEOUT_PAUSE if self.auto_pause else ON_TIMEOUT_KILL,
+            keep_memory=memory or not self.auto_pause,
+            auto_resume=auto_resume,
+            timeout_s=self.timeout or DEFAULT_TIMEOUT_S,
+        )
+
+    def refuse_unsupported(self) -> None:
+        """What corral does not do yet, refused before anything is made (no sandbox is left)."""
+        if self.mcp:
+            raise UnsupportedOption("mcp", "an MCP gateway inside the sandbox is not supported")
+        if self.volume_mounts:
+            raise UnsupportedOption("volumeMounts", "volumes are not supported")
+        if self.iam:
+            raise UnsupportedOption("iam", "workload identity tokens are not supported")
+        if not self.secure:
+            raise UnsupportedOption("secure", "every corral sandbox's data plane requires its access token")
 
 
 class Timeout(BaseModel):
@@ -64,7 +118,12 @@ async def caller(request: Request) -> tuple[ControlPlane, Principal]:
     return plane, as_user(await plane.authenticate(request.headers.get("x-api-key")))
 
 
-async def _template(plane: ControlPlane, name: str) -> str:
+async def _template(plane: ControlPlane, p: Principal, name: str) -> str:
+    """The corral template a create names: the caller's own E2B-built one first (names.py)."""
+    if names.foreign(p.tenant_id, name):
+        raise InvalidRequest("templateID", f"unknown template {name!r}")
+    if p.tenant_id is not None and await plane.templates.get(names.owned(p.tenant_id, name)) is not None:
+        return names.owned(p.tenant_id, name)
     if name == BASE_TEMPLATE and await plane.store.get_template(name) is None:
         return DEFAULT_TEMPLATE
     return name
@@ -74,20 +133,29 @@ def _iso(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
-def created(record: SandboxRecord, secret: bytes, template: str | None = None) -> dict[str, Any]:
+def created(
+    record: SandboxRecord, secret: bytes, domain: str | None, template: str | None = None
+) -> dict[str, Any]:
+    """``domain``: the control plane's, where ``{port}-{sandboxID}.{domain}`` reaches a port (the
+    SDK's ``get_host``); ``trafficAccessToken``: what those requests must carry, for a sandbox
+    created with ``allowPublicTraffic: false`` (null for a public one, as E2B answers)."""
+    public = policy_of(record).public
     return {
         "templateID": template or record.template,
         "sandboxID": record.id,
         "clientID": record.host_id or "corral",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": access_token(secret, record.id),
+        "trafficAccessToken": None if public else traffic_token(secret, record.id),
+        "domain": domain,
     }
 
 
-def detail(record: SandboxRecord, paused: bool, secret: bytes) -> dict[str, Any]:
+def detail(record: SandboxRecord, paused: bool, secret: bytes, domain: str | None) -> dict[str, Any]:
+    life = Lifecycle.parse(record.lifecycle)
     end = record.expires_at if record.expires_at is not None else record.created_at + 10 * 365 * 86400
     return {
-        **created(record, secret),
+        **created(record, secret, domain),
         "startedAt": _iso(record.created_at),
         "endAt": _iso(end),
         "cpuCount": max(1, round(record.cpus)),
@@ -95,6 +163,8 @@ def detail(record: SandboxRecord, paused: bool, secret: bytes) -> dict[str, Any]
         "diskSizeMB": 0,
         "state": "paused" if paused else "running",
         "metadata": dict(record.metadata),
+        "lifecycle": {"autoResume": life.auto_resume, "onTimeout": life.on_timeout},
+        "volumeMounts": [],
     }
 
 
@@ -110,6 +180,8 @@ async def _get(plane: ControlPlane, p: Principal, sandbox_id: str) -> SandboxRec
 
 
 async def _paused(plane: ControlPlane, record: SandboxRecord) -> bool:
+    if record.paused is not None:
+        return True
     if record.state is not SandboxState.RUNNING or record.host_id is None:
         return False
     try:
@@ -121,7 +193,7 @@ async def _paused(plane: ControlPlane, record: SandboxRecord) -> bool:
 
 async def _paused_on_hosts(plane: ControlPlane, records: list[SandboxRecord]) -> set[str]:
     """Which of ``records`` their hosts report paused: one call per host, not per sandbox."""
-    paused: set[str] = set()
+    paused = {r.id for r in records if r.paused is not None}
     for host_id in {r.host_id for r in records if r.host_id and r.state is SandboxState.RUNNING}:
         assert host_id is not None
         with contextlib.suppress(AgentError):
@@ -134,21 +206,26 @@ async def create(request: Request, body: dict[str, Any], idempotency_key: str | 
     plane, p = await caller(request)
     try:
         new = NewSandbox.model_validate(body)
+        new.refuse_unsupported()
         spec = SandboxSpecBody(
-            template=await _template(plane, new.template_id),
+            template=await _template(plane, p, new.template_id),
             ttl_seconds=new.timeout or DEFAULT_TIMEOUT_S,
             metadata=new.metadata or {},
             env=new.env_vars or {},
         )
+        egress = policy_body(body, new.network)
+        life = new.lifecycle().text()
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidRequest(".".join(map(str, first["loc"])) or "body", first["msg"]) from None
+    create_spec = dataclasses.replace(spec.create_spec(), network=egress, lifecycle=life)
     record, _replayed = await plane.creates.create(
-        owner(p, plane), spec.create_spec(), idempotency_key=idempotency_key
+        owner(p, plane), create_spec, idempotency_key=idempotency_key
     )
     await plane.sandboxes.remember(record)
     return JSONResponse(
-        created(record, await request.app.state.e2b_access.get(), new.template_id), status_code=201
+        created(record, await request.app.state.e2b_access.get(), plane.config.domain, new.template_id),
+        status_code=201,
     )
 
 
@@ -171,7 +248,12 @@ async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
     plane, p = await caller(request)
     record = await _get(plane, p, sandbox_id)
     return JSONResponse(
-        detail(record, await _paused(plane, record), await request.app.state.e2b_access.get())
+        detail(
+            record,
+            await _paused(plane, record),
+            await request.app.state.e2b_access.get(),
+            plane.config.domain,
+        )
     )
 
 
@@ -191,12 +273,14 @@ async def set_timeout(sandbox_id: str, request: Request, body: Timeout) -> Respo
     return Response(status_code=204)
 
 
-async def _agent_op(plane: ControlPlane, record: SandboxRecord, op: str) -> None:
+@contextlib.asynccontextmanager
+async def _on_host(plane: ControlPlane, record: SandboxRecord) -> AsyncIterator[AgentClient]:
+    """The agent of the host running ``record``, its refusals as E2B's API answers them."""
     if record.state is not SandboxState.RUNNING or record.host_id is None:
         raise Conflict(f"sandbox {record.id} is {record.state.value}", code=ErrorCode.SANDBOX_NOT_RUNNING)
     client = await agent_of(plane, record.host_id)
     try:
-        await (client.pause(record.id) if op == "pause" else client.resume(record.id))
+        yield client
     except AgentSandboxNotFound:
         raise ResourceNotFound(f"sandbox {record.id} was not found") from None
     except AgentError as exc:
@@ -205,17 +289,47 @@ async def _agent_op(plane: ControlPlane, record: SandboxRecord, op: str) -> None
         raise
 
 
+@router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+async def update_network(sandbox_id: str, request: Request, body: JsonBody) -> Response:
+    plane, p = await caller(request)
+    await _get(plane, p, sandbox_id)
+    wire = policy_body(body, body) or {"mode": "internet"}
+    await plane.sandboxes.set_network(sandbox_id, scope(p), checked(wire))
+    return Response(status_code=204)
+
+
+def _memory(body: Any) -> bool:
+    memory = body.get("memory", True) if isinstance(body, dict) else True
+    if memory is None:
+        return True
+    if not isinstance(memory, bool):
+        raise InvalidRequest("memory", "memory is true or false")
+    return memory
+
+
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 async def pause(sandbox_id: str, request: Request) -> Response:
+    """Frozen with its memory, or (``memory: false``) its processes ended and its files kept. A
+    paused sandbox waits to be resumed rather than to expire; connect sets its timeout again."""
     plane, p = await caller(request)
     record = await _get(plane, p, sandbox_id)
-    await _agent_op(plane, record, "pause")
-    # A paused sandbox waits to be resumed rather than to expire; connect sets its timeout again.
-    await plane.store.set_sandbox_expiry(sandbox_id, None)
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise InvalidRequest("body", "the body is JSON") from None
+    memory = _memory(body)
+    if record.paused is not None or await _paused(plane, record):
+        raise Conflict(f"sandbox {sandbox_id} is already paused", code=ErrorCode.SANDBOX_PAUSED)
+    async with _on_host(plane, record) as client:
+        await lifecycle.pause(plane.store, client, record, memory=memory)
     return Response(status_code=204)
 
 
 async def connect(sandbox_id: str, request: Request, body: dict[str, Any]) -> JSONResponse:
+    """Resume a paused sandbox (201) or answer a running one (200). A resumed sandbox's timeout is
+    the one given (the default when none is); a running one's only ever grows (E2B: "the timeout will
+    update only if the new timeout is longer than the existing one")."""
     plane, p = await caller(request)
     record = await _get(plane, p, sandbox_id)
     timeout = body.get("timeout") if isinstance(body, dict) else None
@@ -224,13 +338,18 @@ async def connect(sandbox_id: str, request: Request, body: dict[str, Any]) -> JS
     ):
         raise InvalidRequest("timeout", f"timeout must be an integer of seconds from 1 to {MAX_TIMEOUT_S}")
     status = 200
-    if await _paused(plane, record):
-        await _agent_op(plane, record, "resume")
-        status = 201
     expiry = plane.clock.now() + (timeout or DEFAULT_TIMEOUT_S)
-    if timeout is not None or record.expires_at is None or record.expires_at < expiry:
+    if await _paused(plane, record):
+        async with _on_host(plane, record) as client:
+            record = await lifecycle.resume(
+                plane.store, client, record, expires_at=expiry, memory=_memory(body)
+            )
+        status = 201
+    elif record.expires_at is not None and record.expires_at < expiry:
         record = await plane.store.set_sandbox_expiry(sandbox_id, expiry)
-    return JSONResponse(created(record, await request.app.state.e2b_access.get()), status_code=status)
+    return JSONResponse(
+        created(record, await request.app.state.e2b_access.get(), plane.config.domain), status_code=status
+    )
 
 
 @router.post("/sandboxes/{sandbox_id}/connect")
@@ -282,30 +401,63 @@ def _metadata_filter(raw: str | None) -> dict[str, str]:
     return {k: v for k, v in urllib.parse.parse_qsl(raw, keep_blank_values=True)}
 
 
+def _started_after(raw: str | None) -> datetime.datetime | None:
+    if not raw:
+        return None
+    try:
+        at = datetime.datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidRequest("startedAfter", "startedAfter must be an ISO 8601 date and time") from None
+    return at if at.tzinfo else at.replace(tzinfo=datetime.UTC)
+
+
+def _started(record: SandboxRecord) -> datetime.datetime:
+    """A record's start as ``startedAt`` gives it (to the microsecond), so a bound copied from one
+    sandbox's ``startedAt`` includes that sandbox."""
+    return datetime.datetime.fromtimestamp(record.created_at, datetime.UTC)
+
+
 @router.get("/sandboxes")  # the older SDKs' list: the same answer
 @router.get("/v2/sandboxes")
 async def list_sandboxes(
     request: Request,
     metadata: Annotated[str | None, Query(max_length=8192)] = None,
     state: Annotated[str | None, Query(max_length=64)] = None,
+    order: Annotated[str | None, Query(max_length=8)] = None,
+    started_after: Annotated[str | None, Query(alias="startedAfter", max_length=64)] = None,
+    template: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     next_token: Annotated[str | None, Query(alias="nextToken", max_length=1024)] = None,
 ) -> JSONResponse:
+    """E2B's list: the most recent first unless ``order=asc`` (by start time, across the whole
+    result before it is paged), filtered by metadata, states, start time and template."""
     plane, p = await caller(request)
     wanted_meta = _metadata_filter(metadata)
     states = set((state or "running,paused").split(","))
     if not states <= {"running", "paused"}:
         raise InvalidRequest("state", "state is a comma-separated list of running and paused")
+    if order not in (None, "asc", "desc"):
+        raise InvalidRequest("order", "order is asc or desc")
+    newest_first = order != "asc"
+    after = _started_after(started_after)
+    templates = None if not template else {template, await _template(plane, p, template)}
+
+    def wanted(r: SandboxRecord) -> bool:
+        return (
+            r.state in LIVE
+            and (after is None or _started(r) >= after)
+            and (templates is None or r.template in templates)
+            and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
+        )
+
     found: list[tuple[SandboxRecord, bool]] = []
     cursor, scanned, more = next_token, 0, True
     while more and len(found) < limit and scanned < MAX_LIST_SCAN:
-        page = await plane.sandboxes.list(scope(p), state=None, host_id=None, limit=200, cursor=cursor)
+        page = await plane.sandboxes.list(
+            scope(p), state=None, host_id=None, limit=200, cursor=cursor, newest_first=newest_first
+        )
         scanned += len(page.items)
-        candidates = [
-            r
-            for r in page.items
-            if r.state in LIVE and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
-        ]
+        candidates = [r for r in page.items if wanted(r)]
         paused = await _paused_on_hosts(plane, candidates)
         stop_at = None
         for r in candidates:
@@ -319,6 +471,10 @@ async def list_sandboxes(
             more = page.next_cursor is not None or page.items[-1] is not stop_at
             break
         cursor, more = page.next_cursor, page.next_cursor is not None
+        if newest_first and after is not None and page.items and _started(page.items[-1]) < after:
+            more = False  # everything further back started before the bound
     headers = {"x-next-token": cursor} if more and cursor else {}
     secret = await request.app.state.e2b_access.get()
-    return JSONResponse([detail(r, is_paused, secret) for r, is_paused in found], headers=headers)
+    return JSONResponse(
+        [detail(r, is_paused, secret, plane.config.domain) for r, is_paused in found], headers=headers
+    )

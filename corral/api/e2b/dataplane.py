@@ -15,13 +15,17 @@ from starlette.types import Receive, Scope, Send
 
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.envd import CALLER_AUTH_HEADER, ENVD_PREFIX, SANDBOX_HEADER, Envd
+from corral.agent.errors import AgentError, AgentSandboxNotFound
+from corral.agent.protocol import HOP_HEADER
 from corral.api.e2b.access import AccessKey, valid
+from corral.api.e2b.control import DEFAULT_TIMEOUT_S
 from corral.codes import ErrorCode, retry_after_header
-from corral.control.errors import ControlError, ResourceNotFound, TooManyConcurrent
+from corral.control import lifecycle
+from corral.control.errors import BadGateway, ControlError, ResourceNotFound, TooManyConcurrent
 from corral.control.plane import ControlPlane
-from corral.store import Role, SandboxState, StoreUnavailable
+from corral.core.lifecycle import PAUSED_MEMORY, Lifecycle
+from corral.store import Role, SandboxRecord, SandboxState, StoreUnavailable
 
-HOP_HEADER = "corral-forwarded"
 _HOP_BY_HOP = {
     b"connection",
     b"keep-alive",
@@ -132,7 +136,33 @@ class DataPlane:
             raise missing
         if record.state is not SandboxState.RUNNING or record.host_id is None:
             raise missing
-        return record.tenant_id, record.host_id, await self.plane.sandboxes._address(record.host_id)
+        address = await self.plane.sandboxes._address(record.host_id)
+        if record.paused is not None:
+            await self._wake(record, address)
+        return record.tenant_id, record.host_id, address
+
+    async def _wake(self, record: SandboxRecord, address: str) -> None:
+        """A paused sandbox created with auto-resume is resumed by this call (its timeout the one it
+        was created with, from now), then served; any other stays paused and is answered as E2B's
+        proxy answers a sandbox it does not run."""
+        life = Lifecycle.parse(record.lifecycle)
+        if not (life.auto_resume and record.paused == PAUSED_MEMORY):
+            raise ResourceNotFound(
+                f"sandbox {record.id} is paused and was not found running: resume it with connect"
+            )
+        assert record.host_id is not None
+        client = self.plane.agents.client(record.host_id, address)
+        timeout = life.timeout_s or DEFAULT_TIMEOUT_S
+        try:
+            await lifecycle.resume(
+                self.plane.store, client, record, expires_at=self.plane.clock.now() + timeout
+            )
+        except AgentSandboxNotFound:
+            raise ResourceNotFound(f"sandbox {record.id} was not found") from None
+        except AgentError as exc:
+            raise BadGateway(
+                f"sandbox {record.id} could not be resumed: {exc.message}", code=exc.code
+            ) from None
 
     async def _allowed(self, sandbox_id: str, tenant_id: str, headers: dict[str, str]) -> bool:
         token = headers.get("x-access-token")

@@ -4,12 +4,13 @@ client-side before any call: a corral tenant token like any other, only spelt so
 from __future__ import annotations
 
 import secrets
+from typing import Annotated
 
-from fastapi import APIRouter
-from pydantic import BaseModel
+from fastapi import APIRouter, Path
 
 from corral.api.auth import Admin, Plane
 from corral.control.errors import ResourceNotFound
+from corral.shapes.tenants import E2bKey
 from corral.store import Role
 
 router = APIRouter()
@@ -20,15 +21,13 @@ def new_key() -> str:
     return PREFIX + secrets.token_hex(20)
 
 
-class KeyOut(BaseModel):
-    tenant_id: str
-    key: str
-
-
-@router.post("/v1/tenants/{tenant_id}/e2b-keys", status_code=201, response_model=KeyOut)
-async def issue(tenant_id: str, _: Admin, plane: Plane) -> KeyOut:
-    if await plane.store.get_tenant(tenant_id) is None:
-        raise ResourceNotFound(f"no tenant {tenant_id}")
+@router.post("/v1/tenants/{name}/e2b-keys", status_code=201, response_model=E2bKey)
+async def issue(name: Annotated[str, Path(max_length=128)], _: Admin, plane: Plane) -> E2bKey:
+    """A key for the tenant ``name``, as every tenants route names it (its id is still taken, as this
+    route took it first)."""
+    found = await plane.store.get_tenant_by_name(name) or await plane.store.get_tenant(name)
+    if found is None:
+        raise ResourceNotFound(f"no tenant {name!r}")
     key = new_key()
-    await plane.store.ensure_token(key, tenant_id, Role.TENANT)
-    return KeyOut(tenant_id=tenant_id, key=key)
+    await plane.store.ensure_token(key, found.id, Role.TENANT)
+    return E2bKey(tenant_id=found.id, tenant=found.name, key=key)

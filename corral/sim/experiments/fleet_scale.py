@@ -24,6 +24,7 @@ from corral.agent.protocol import AgentHeartbeat, Capacity
 from corral.control.heartbeats import to_store
 from corral.core.listing import fold
 from corral.core.types import AdmissionMode
+from corral.sim.experiments.result import result_json
 from corral.store.records import Listing
 from corral.store.rows import json_list
 
@@ -121,17 +122,17 @@ class FleetResult:
     designs: list[DesignFigures] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "experiment": "fleet_scale",
-            "seed": self.seed,
-            "scenario": asdict(self.scenario),
-            "heartbeats": self.heartbeats,
-            "creates": self.creates,
-            "deletes": self.deletes,
-            "short_lived": self.short_lived,
-            "listing_rows_after": self.listing_rows_after,
-            "designs": [asdict(d) for d in self.designs],
-        }
+        return result_json(
+            "fleet_scale",
+            self.seed,
+            self.scenario,
+            heartbeats=self.heartbeats,
+            creates=self.creates,
+            deletes=self.deletes,
+            short_lived=self.short_lived,
+            listing_rows_after=self.listing_rows_after,
+            designs=[asdict(d) for d in self.designs],
+        )
 
     def json_lines(self) -> list[dict[str, Any]]:
         head = {"experiment": "fleet_scale", "seed": self.seed, **asdict(self.scenario)}

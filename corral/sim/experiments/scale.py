@@ -12,11 +12,12 @@ import math
 import random
 import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
 from corral.core import CreateRequest, HostView, Ledger, ManualClock, Placer, Scheduler
 from corral.sim.baselines.policies import policy as policy_named
+from corral.sim.experiments.result import PointsResult
 
 SCALE_POLICIES = ("random", "power_of_2", "full_scan")
 
@@ -45,18 +46,8 @@ class ScalePoint:
 
 
 @dataclass(frozen=True, slots=True)
-class ScaleResult:
-    scenario: ScaleScenario
-    seed: int
-    points: list[ScalePoint]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "experiment": "scale",
-            "seed": self.seed,
-            "scenario": asdict(self.scenario),
-            "points": [asdict(p) for p in self.points],
-        }
+class ScaleResult(PointsResult[ScaleScenario, ScalePoint]):
+    experiment: ClassVar[str] = "scale"
 
 
 def theory(policy: str, n: int) -> float | None:

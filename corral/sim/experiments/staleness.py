@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from corral.control.create import CreateSpec
 from corral.core import CreateRequest
 from corral.sim.baselines.fleet import Fleet, FleetConfig
 from corral.sim.baselines.policies import policy as policy_named
+from corral.sim.experiments.result import PointsResult
 from corral.sim.flow.harness import run_seeded
 from corral.sim.flow.real_fleet import RealFleet, RealFleetConfig
 from corral.sim.scenario import HostSpec
@@ -62,18 +63,8 @@ class StalenessPoint:
 
 
 @dataclass(frozen=True, slots=True)
-class StalenessResult:
-    scenario: StalenessScenario
-    seed: int
-    points: list[StalenessPoint]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "experiment": "staleness",
-            "seed": self.seed,
-            "scenario": asdict(self.scenario),
-            "points": [asdict(p) for p in self.points],
-        }
+class StalenessResult(PointsResult[StalenessScenario, StalenessPoint]):
+    experiment: ClassVar[str] = "staleness"
 
 
 def _model_config(scn: StalenessScenario, policy: str, view_ttl_s: float) -> FleetConfig:

@@ -31,6 +31,7 @@ from corral.control.create import CreateSpec
 from corral.core.warm import CLAIM_TRIES, pick_warm
 from corral.sim.baselines.policies import policy as policy_named
 from corral.sim.experiments.engines import real_fleet_config
+from corral.sim.experiments.result import result_json
 from corral.sim.flow.harness import run_seeded
 from corral.sim.flow.real_fleet import RealFleet
 from corral.sim.scenario import HostSpec
@@ -92,13 +93,13 @@ class WarmResult:
     outcomes: list[WarmOutcome]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "experiment": "warm",
-            "seed": self.seed,
-            "scenario": asdict(self.scenario),
-            "warm_at_start": self.warm_at_start,
-            "outcomes": [asdict(o) for o in self.outcomes],
-        }
+        return result_json(
+            "warm",
+            self.seed,
+            self.scenario,
+            warm_at_start=self.warm_at_start,
+            outcomes=[asdict(o) for o in self.outcomes],
+        )
 
 
 def _one(s: WarmScenario, policy: str, start: dict[str, int], seed: int) -> WarmOutcome:

@@ -108,6 +108,8 @@ class ChaosConfig:
             bind_timeout_s=2.0,
             reservation_ttl_s=6.0,
             view_ttl_s=0.5,
+            # Each replica's clock may be 1.5 s off (``_faults``' skew): two of them, 3 s apart.
+            max_clock_skew_s=3.0,
         )
     )
     replica_lease_s: float = 3.0
@@ -178,6 +180,8 @@ class World:
         self.acked: dict[str, str] = {}  # sandbox id -> the client that was told it exists
         self.delete_requested: set[str] = set()
         self.died: dict[str, float] = {}  # replica id -> when it crashed
+        # Starts whose caller never heard they succeeded (host, id, epoch): strays until stopped.
+        self.unanswered_starts: set[tuple[str, str, int]] = set()
         self.calming = False  # faults have stopped
         self.parked: dict[str, Parked] = {}  # parked creates not yet seen to leave the queue
         self.waits_in_flight: dict[str, float] = {}  # a waiting create's key -> when it was asked
@@ -237,6 +241,7 @@ class World:
                     f"{sid} still reserved {now - (died or 0.0):.3f}s after its replica {rec.owner} died",
                 )
         self.check_parked(settle_s)
+        self.check_running()
         # A new epoch is written to the record before its copy starts, so no copy is ever ahead of
         # it. Copies behind it, or a second copy of its epoch left by a start whose reply was lost,
         # are fenced or stopped as strays later: ``check_final`` holds that none is left.
@@ -249,6 +254,30 @@ class World:
                         f"{sid} runs on {host.id} at epoch {copy.handle.spec.epoch}; "
                         f"its record names {rec.host_id} at epoch {rec.epoch}",
                     )
+
+    def check_running(self) -> None:
+        """At no instant do two copies of one id run (unfrozen, routable or not) on hosts whose agent
+        runs: a host cut off or declared dead has frozen or stopped its copy before another starts. Not counted yet: a crashed agent's copies (nothing on its host watches
+        their lease: that needs the sandbox's own init to hold it), and a copy left by a start whose
+        reply was lost (a stray, stopped by placement or later by the leader; ``check_final`` holds
+        none is left)."""
+        where: dict[str, list[str]] = {}
+        for host in self.hosts.values():
+            if host.agent is None:
+                continue
+            for sid, copy in host.state.sandboxes.items():
+                epoch = copy.handle.spec.epoch
+                if sid not in host.state.paused and (host.id, sid, epoch) not in self.unanswered_starts:
+                    where.setdefault(sid, []).append(f"{host.id} (epoch {epoch})")
+        for sid, on in sorted(where.items()):
+            if len(on) > 1:
+                rec = self.store.sandboxes.get(sid)
+                record = (
+                    "no record" if rec is None else f"{rec.state.value} on {rec.host_id} at epoch {rec.epoch}"
+                )
+                self.violate(
+                    "two_running_copies", f"{sid} runs unfrozen on {', '.join(on)}; its record: {record}"
+                )
 
     def check_parked(self, settle_s: float) -> None:
         """A parked create is never lost: it leaves the queue placed (running) or ended (deleted) at its
@@ -412,9 +441,11 @@ class SimAgentClient(InMemoryAgentClient):
         finally:
             world.check()
         if self.host.gen != gen or not self.replica.alive:
+            world.unanswered_starts.add((self.host.id, req.id, req.epoch))
             raise AgentUnavailable(message="the host went away mid-start")
         if not world.calming and f.random() < cfg.bind_reply_lost:
             world.fault("bind_reply_lost", f"{req.id} on {self.host.id}")
+            world.unanswered_starts.add((self.host.id, req.id, req.epoch))
             raise AgentUnavailable(message="connection reset after the start")
         return info
 
@@ -599,7 +630,7 @@ class Client:
                 w.outcomes[f"{what}_retried:{err.code}"] += 1
                 try:
                     delay = budget.after_refusal(err)
-                except CapacityUnavailable:
+                except (CapacityUnavailable, Unreachable):
                     w.outcomes[f"{what}_gave_up"] += 1
                     return None
                 await asyncio.sleep(delay)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from corral import ids
 from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
 from corral.agent.pressure import sim_signal
 from corral.agent.sinks import HeartbeatSink
 from corral.client.errors import CorralError, Unreachable
@@ -55,17 +56,20 @@ def sim_agent(
     if state.memory_mb is not None:
         signal = sim_signal(runtime.memory_used_ratio, *(pressure or ()))
     return Agent(
-        host_id,
+        AgentConfig(
+            host_id,
+            memory_mb,
+            cpus,
+            admission=admission,
+            heartbeat_interval_s=heartbeat_interval_s,
+            max_concurrent_starts=starts_limit,
+            settle_s=settle_s,
+        ),
         runtime,
-        memory_mb,
-        cpus,
-        admission=admission,
         clock=clock,
-        heartbeat_interval_s=heartbeat_interval_s,
         sink=sink,
-        max_concurrent_starts=starts_limit,
-        settle_s=settle_s,
         pressure=signal,
+        lease_clock=clock.now,  # the run lease on virtual time too
     )
 
 

@@ -260,7 +260,7 @@ class RealFleet:
                     return
                 try:
                     delay = budget.after_refusal(err)
-                except CapacityUnavailable:
+                except (CapacityUnavailable, Unreachable):
                     t.refusals["gave_up"] += 1
                     return
                 await asyncio.sleep(delay)

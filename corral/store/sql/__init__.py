@@ -19,14 +19,16 @@ One module per aggregate; :class:`SqlStore` is their union."""
 
 from __future__ import annotations
 
+from corral.store.records import MAX_PAGE
 from corral.store.sql.access import AccessSql
 from corral.store.sql.base import (
-    MAX_PAGE,
     Params,
     SqlBase,
     Tx,
     token_hash,
 )
+from corral.store.sql.changes import ChangesSql
+from corral.store.sql.domains import DomainsSql
 from corral.store.sql.failover import FailoverSql
 from corral.store.sql.hosts import HostsSql
 from corral.store.sql.leases import LeasesSql
@@ -35,7 +37,17 @@ from corral.store.sql.sandboxes import SandboxesSql
 from corral.store.sql.templates import TemplatesSql
 
 
-class SqlStore(HostsSql, ReservationsSql, LeasesSql, SandboxesSql, FailoverSql, AccessSql, TemplatesSql):
+class SqlStore(
+    HostsSql,
+    ReservationsSql,
+    LeasesSql,
+    SandboxesSql,
+    FailoverSql,
+    AccessSql,
+    TemplatesSql,
+    ChangesSql,
+    DomainsSql,
+):
     """Every aggregate over one transaction seam; a backend subclasses this."""
 
 

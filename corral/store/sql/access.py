@@ -23,6 +23,8 @@ from corral.store.records import (
     TenantRecord,
     TokenRecord,
     Usage,
+    check_create_rate,
+    check_tenant,
     check_tenant_quota,
     from_millicores,
     to_millicores,
@@ -49,9 +51,7 @@ class AccessSql(SqlBase):
     async def create_tenant(
         self, name: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float = DEFAULT_MAX_CPUS
     ) -> TenantRecord:
-        if not name:
-            raise InvalidRecord("name: must not be empty")
-        check_tenant_quota(max_sandboxes, max_memory_mb, max_cpus)
+        check_tenant(name, max_sandboxes, max_memory_mb, max_cpus)
         cpu_m = to_millicores(max_cpus)
         rec = TenantRecord(
             "tn_" + secrets.token_hex(8),
@@ -64,7 +64,7 @@ class AccessSql(SqlBase):
 
         async def run(tx: Tx) -> TenantRecord:
             await tx.execute(
-                f"INSERT INTO tenants ({rows.TENANT_COLS}) VALUES (:id, :n, :ms, :mm, :now, :mc)",
+                f"INSERT INTO tenants ({rows.TENANT_COLS}) VALUES (:id, :n, :ms, :mm, :now, :mc, NULL, NULL)",
                 {
                     "id": rec.id,
                     "n": name,
@@ -76,12 +76,7 @@ class AccessSql(SqlBase):
             )
             return rec
 
-        try:
-            return await self._write(run)
-        except Exception as exc:
-            if self._is_unique_violation(exc):
-                raise NameConflict(f"tenant {name!r} exists") from exc
-            raise
+        return await self._write_unique(run, f"tenant {name!r} exists")
 
     async def _tenant_where(self, where: str, params: Params) -> list[TenantRecord]:
         async def run(tx: Tx) -> list[TenantRecord]:
@@ -115,6 +110,22 @@ class AccessSql(SqlBase):
                 f"UPDATE tenants SET max_sandboxes = :ms, max_memory_mb = :mm{cpus} WHERE id = :id "
                 f"RETURNING {rows.TENANT_COLS}",
                 params,
+            )
+            if row is None:
+                raise RecordNotFound(f"tenant {tenant_id!r}")
+            return rows.tenant_from_row(row)
+
+        return await self._write(run)
+
+    async def set_create_rate(
+        self, tenant_id: str, *, rate_per_s: float | None, burst: int | None
+    ) -> TenantRecord:
+        check_create_rate(rate_per_s, burst)
+
+        async def run(tx: Tx) -> TenantRecord:
+            row = await tx.fetchone(
+                f"UPDATE tenants SET create_rate = :r, create_burst = :b WHERE id = :id RETURNING {rows.TENANT_COLS}",
+                {"id": tenant_id, "r": rate_per_s, "b": burst},
             )
             if row is None:
                 raise RecordNotFound(f"tenant {tenant_id!r}")

@@ -13,7 +13,9 @@ from corral.core.clock import Clock
 from corral.jsontext import dumps_sorted
 from corral.store import rows
 from corral.store.contract import Store
+from corral.store.errors import NameConflict
 from corral.store.fit import fit_condition, room_order
+from corral.store.migrations import DIALECTS, LATEST, MIGRATIONS, statements
 from corral.store.records import (
     HostRecord,
     ReservationRecord,
@@ -23,9 +25,8 @@ from corral.store.records import (
 from corral.store.rows import in_list
 
 T = TypeVar("T")
+R = TypeVar("R")
 Params = Mapping[str, Any]
-
-MAX_PAGE = 1000
 
 
 _FITS = fit_condition()
@@ -83,8 +84,45 @@ class SqlBase(Store):
     @abstractmethod
     def _is_unique_violation(self, exc: BaseException) -> bool: ...
 
+    async def _write_unique(self, fn: Callable[[Tx], Awaitable[T]], taken: str) -> T:
+        """``_write(fn)``, with a unique-key violation raised as :class:`NameConflict` saying ``taken``."""
+        try:
+            return await self._write(fn)
+        except Exception as exc:
+            if self._is_unique_violation(exc):
+                raise NameConflict(taken) from exc
+            raise
+
+    async def _read_one(self, sql: str, params: Params, from_row: Callable[[rows.Row], R]) -> R | None:
+        """The one row ``sql`` selects, made into a record; None where it selects none."""
+
+        async def run(tx: Tx) -> R | None:
+            row = await tx.fetchone(sql, params)
+            return from_row(row) if row is not None else None
+
+        return await self._read(run)
+
     def _now(self) -> float:
         return self.clock.now()
+
+    async def _apply_migrations(self, tx: Tx, ddl: Callable[[str], Awaitable[object]], now: float) -> int:
+        """Apply, in ``tx``, every migration not yet applied, each recorded as applied at ``now``;
+        ``ddl`` runs one statement as written (no parameters). Returns the schema's version."""
+        await ddl(
+            "CREATE TABLE IF NOT EXISTS schema_migrations "
+            f"(version INTEGER PRIMARY KEY, applied_at {DIALECTS[self.dialect]['real']} NOT NULL)"
+        )
+        have = {int(r[0]) for r in await tx.fetchall("SELECT version FROM schema_migrations")}
+        for m in MIGRATIONS:
+            if m.version in have:
+                continue
+            for stmt in statements(m, self.dialect):
+                await ddl(stmt)
+            await tx.execute("INSERT INTO schema_migrations VALUES (:v, :now)", {"v": m.version, "now": now})
+        return LATEST
+
+    async def ping(self) -> None:
+        await self._read(lambda tx: tx.fetchone("SELECT 1"))
 
     async def _host(self, tx: Tx, host_id: str, now: float) -> HostRecord | None:
         sql = rows.HOSTS_SELECT.format(scope="AND host_id = :id") + " WHERE h.id = :id"

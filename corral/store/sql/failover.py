@@ -48,6 +48,15 @@ class FailoverSql(SqlBase):
                     params,
                 )
                 released = await self._end_where(tx, "host_id = :h", {"h": host_id})
+                # A host declared dead holds none of its recreate-policy sandboxes any more: returning
+                # before they are placed elsewhere, it is told to stop its copies (fenced one epoch
+                # ahead of the record, the epoch their next placement gives them).
+                await tx.execute(
+                    "INSERT INTO fences (host_id, sandbox_id, epoch) "
+                    "SELECT host_id, id, epoch + 1 FROM sandboxes WHERE host_id = :h AND state = 'recreating' "
+                    "ON CONFLICT (host_id, sandbox_id) DO UPDATE SET epoch = excluded.epoch",
+                    {"h": host_id},
+                )
             return FailedHost(orphaned, recreating, released)
 
         return await self._write(run)

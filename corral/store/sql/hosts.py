@@ -77,6 +77,7 @@ class HostsSql(SqlBase):
             "role": f.role,
             "sr": bool(f.stream_restore),
             "warm": rows.warm_to_json(hb.warm),
+            "images": rows.json_list(f.images),
         }
 
         async def run(tx: Tx) -> HeartbeatResult:
@@ -98,7 +99,7 @@ class HostsSql(SqlBase):
                      heartbeat_at = :now, seq = :seq, cpu_total = :cpu_total, cpu_used = :cpu_used,
                      memory_mb_total = :mt, memory_mb_used = :mu, memory_mb_admittable = :ma,
                      memory_admission = :mode, templates = :templates, runtime = :runtime, gpu = :gpu,
-                     role = :role, stream_restore = :sr, warm = :warm,
+                     role = :role, stream_restore = :sr, warm = :warm, images = :images,
                      listed_seq = :lseq, listed_digest = :ldigest, listed_at = :lat, listed_count = :lcount,
                      reserved_mb = reserved_mb - :rmb, reserved_cpu_m = reserved_cpu_m - :rcpu
                    WHERE id = :id""",

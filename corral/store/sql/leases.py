@@ -5,10 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from corral.store import listings
-from corral.store.errors import (
-    InvalidRecord,
-)
-from corral.store.records import SandboxState
+from corral.store.records import SandboxState, check_ttl
 from corral.store.rows import in_list
 from corral.store.sql.base import (
     SqlBase,
@@ -18,8 +15,7 @@ from corral.store.sql.base import (
 
 class LeasesSql(SqlBase):
     async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
-        if not ttl_s > 0:
-            raise InvalidRecord("ttl_s: must be positive")
+        check_ttl(ttl_s)
         expires_at = self._now() + ttl_s
 
         async def run(tx: Tx) -> float:
@@ -39,6 +35,15 @@ class LeasesSql(SqlBase):
             return ended
 
         return await self._write(run)
+
+    async def live_replicas(self) -> int:
+        now = self._now()
+
+        async def run(tx: Tx) -> int:
+            row = await tx.fetchone("SELECT COUNT(*) FROM replicas WHERE expires_at > :now", {"now": now})
+            return int(row[0]) if row is not None else 0
+
+        return await self._read(run)
 
     async def expire_replicas(self) -> list[str]:
         now = self._now()
@@ -77,8 +82,7 @@ class LeasesSql(SqlBase):
         return await self._read(run)
 
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
-        if not ttl_s > 0:
-            raise InvalidRecord("ttl_s: must be positive")
+        check_ttl(ttl_s)
         now = self._now()
 
         async def run(tx: Tx) -> bool:

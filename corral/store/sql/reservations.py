@@ -4,13 +4,13 @@ conditional UPDATE of the host row and ended with the counter in the same transa
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from corral.core.types import Pending
 from corral.ids import time_ordered_hex
 from corral.store import rows
-from corral.store.fit import by_tie_rank
+from corral.store.fit import by_tie_rank, image_pattern
 from corral.store.records import (
     LIVE_STATES,
     ReservationRecord,
@@ -136,7 +136,10 @@ class ReservationsSql(SqlBase):
         sandbox_id: str | None = None,
     ) -> ReservationRecord | None:
         check_reservation(memory_mb, cpu, ttl_s)
-        r = self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
+        return await self._reserve_one(self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id))
+
+    async def _reserve_one(self, r: ReservationRecord) -> ReservationRecord | None:
+        """Take ``r``'s room on its host and write it; None where it does not fit."""
 
         async def run(tx: Tx) -> ReservationRecord | None:
             return r if await self._take(tx, r) else None
@@ -152,15 +155,31 @@ class ReservationsSql(SqlBase):
         owner: str,
         ttl_s: float,
         sandbox_id: str | None = None,
+        image: str | None = None,
     ) -> ReservationRecord | None:
         check_reservation(memory_mb, cpu, ttl_s)
         if not candidates:
             return None
-        template = self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-        ranked = by_tie_rank(sandbox_id or template.id, candidates)
+        return await self._reserve_best(
+            candidates, lambda: self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id), image
+        )
+
+    async def _reserve_best(
+        self, candidates: Sequence[str], claim: Callable[[], ReservationRecord], image: str | None = None
+    ) -> ReservationRecord | None:
+        """The roomiest of ``candidates`` taken for a claim that ``claim()`` makes afresh (its host
+        left empty, to be filled in); None where none fits. A host holding ``image`` ranks first among
+        equals (see ``image_pattern``)."""
+        template = claim()
+        ranked = by_tie_rank(template.sandbox_id or template.id, candidates)
         take_best = _take_best(len(ranked))
         _, p = in_list("c", ranked)  # the names the cached text binds
-        p.update(mb=memory_mb, cpu=rows.to_millicores(template.cpu), now=template.created_at)
+        p.update(
+            mb=template.memory_mb,
+            cpu=rows.to_millicores(template.cpu),
+            now=template.created_at,
+            img=image_pattern(image),
+        )
 
         async def run(tx: Tx) -> ReservationRecord | None:
             await self._lock_hosts(tx, ranked)
@@ -200,6 +219,12 @@ class ReservationsSql(SqlBase):
         if not items:
             return []
         records, need = self._batch(items, owner, ttl_s)
+        return await self._reserve_all(records, need)
+
+    async def _reserve_all(
+        self, records: list[ReservationRecord], need: dict[str, list[int]]
+    ) -> list[ReservationRecord] | None:
+        """Take every one of ``records`` (``need``: their sums per host) or none."""
         now = records[0].created_at
 
         async def run(tx: Tx) -> list[ReservationRecord]:
@@ -218,13 +243,8 @@ class ReservationsSql(SqlBase):
             return None
 
     async def get_reservation(self, reservation_id: str) -> ReservationRecord | None:
-        async def run(tx: Tx) -> ReservationRecord | None:
-            row = await tx.fetchone(
-                f"SELECT {rows.RESERVATION_COLS} FROM reservations WHERE id = :id", {"id": reservation_id}
-            )
-            return rows.reservation_from_row(row) if row is not None else None
-
-        return await self._read(run)
+        sql = f"SELECT {rows.RESERVATION_COLS} FROM reservations WHERE id = :id"
+        return await self._read_one(sql, {"id": reservation_id}, rows.reservation_from_row)
 
     async def outstanding(self) -> dict[str, Pending]:
         now = self._now()

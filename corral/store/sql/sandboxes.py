@@ -8,7 +8,6 @@ from typing import Any
 from corral.store import listings, rows
 from corral.store.errors import (
     IdempotencyMismatch,
-    InvalidRecord,
     NameConflict,
     RecordNotFound,
     StateConflict,
@@ -22,7 +21,9 @@ from corral.store.records import (
     SandboxState,
     Usage,
     _Unset,
-    as_states,
+    check_lifecycle,
+    check_network,
+    check_page,
     check_quota,
     check_sandbox,
     check_state_change,
@@ -32,7 +33,6 @@ from corral.store.records import (
 )
 from corral.store.rows import in_list
 from corral.store.sql.base import (
-    MAX_PAGE,
     NOT_RUNNING,
     UNINDEXED_STATE,
     SqlBase,
@@ -132,6 +132,11 @@ class SandboxesSql(SqlBase):
             epoch=record.epoch,
             sealed_spec=record.sealed_spec,
             owner=record.owner,
+            image=record.image,
+            disk_mb=record.disk_mb,
+            network=record.network,
+            lifecycle=record.lifecycle,
+            paused=record.paused,
         )
 
         counted = rec.state in LIVE_STATES
@@ -160,7 +165,7 @@ class SandboxesSql(SqlBase):
             await tx.execute(
                 f"INSERT INTO sandboxes ({rows.SANDBOX_COLS}, spec) VALUES (:id, :t, :name, :template, :host, "
                 ":state, :mb, :cpus, :stateful, :meta, :now, :now, :exp, :rid, 1, 0, :warm, :fo, :ep, NULL, NULL, "
-                ":owner, :spec)",
+                ":owner, :image, :disk, :net, :life, :paused, :spec)",
                 {
                     "id": rec.id,
                     "t": rec.tenant_id,
@@ -180,6 +185,11 @@ class SandboxesSql(SqlBase):
                     "ep": rec.epoch,
                     "spec": rec.sealed_spec,
                     "owner": rec.owner,
+                    "image": rec.image,
+                    "disk": rec.disk_mb,
+                    "net": rec.network,
+                    "life": rec.lifecycle,
+                    "paused": rec.paused,
                 },
             )
             if idempotency_key is not None:
@@ -197,12 +207,7 @@ class SandboxesSql(SqlBase):
                 )
             return CreateOutcome(rec, replayed=False)
 
-        try:
-            return await self._write(run)
-        except Exception as exc:
-            if self._is_unique_violation(exc):
-                raise NameConflict(f"sandbox {rec.id!r} (or its name) already exists") from exc
-            raise
+        return await self._write_unique(run, f"sandbox {rec.id!r} (or its name) already exists")
 
     async def check_create(
         self,
@@ -284,21 +289,34 @@ class SandboxesSql(SqlBase):
                 raise RecordNotFound(f"sandbox {sandbox_id!r}")
             raise StateConflict(sandbox_id, current.state, current.version)
 
-        try:
-            return await self._write(run)
-        except Exception as exc:
-            if self._is_unique_violation(exc):
-                raise NameConflict(f"sandbox {sandbox_id!r}: its name is taken by a live sandbox") from exc
-            raise
+        return await self._write_unique(run, f"sandbox {sandbox_id!r}: its name is taken by a live sandbox")
 
     async def set_sandbox_expiry(self, sandbox_id: str, expires_at: float | None) -> SandboxRecord:
+        return await self._set_column(sandbox_id, "expires_at", expires_at)
+
+    async def set_sandbox_network(self, sandbox_id: str, network: str | None) -> SandboxRecord:
+        check_network(network)
+        return await self._set_column(sandbox_id, "network", network)
+
+    async def set_sandbox_paused(
+        self, sandbox_id: str, paused: str | None, expires_at: float | None
+    ) -> SandboxRecord:
+        check_lifecycle(None, paused)
+        return await self._set_columns(sandbox_id, {"paused": paused, "expires_at": expires_at})
+
+    async def _set_column(self, sandbox_id: str, column: str, value: object) -> SandboxRecord:
+        return await self._set_columns(sandbox_id, {column: value})
+
+    async def _set_columns(self, sandbox_id: str, values: dict[str, object]) -> SandboxRecord:
+        """Columns of one record set (the names are this module's literals, never input)."""
         now = self._now()
+        sets = ", ".join(f"{column} = :v_{column}" for column in values)
 
         async def run(tx: Tx) -> SandboxRecord:
             row = await tx.fetchone(
-                f"UPDATE sandboxes SET expires_at = :exp, updated_at = :now, version = version + 1 "
+                f"UPDATE sandboxes SET {sets}, updated_at = :now, version = version + 1 "
                 f"WHERE id = :id RETURNING {rows.SANDBOX_COLS}",
-                {"id": sandbox_id, "exp": expires_at, "now": now},
+                {"id": sandbox_id, "now": now, **{f"v_{c}": v for c, v in values.items()}},
             )
             if row is None:
                 raise RecordNotFound(f"sandbox {sandbox_id!r}")
@@ -371,13 +389,9 @@ class SandboxesSql(SqlBase):
         state: SandboxState | Collection[SandboxState] | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidRecord(f"limit: must be 1..{MAX_PAGE}")
-        try:
-            states = as_states(state)
-        except ValueError as exc:
-            raise InvalidRecord(f"state: {exc}") from exc
+        states = check_page(limit, state)
         where: list[str] = []
         params: dict[str, Any] = {"lim": limit + 1}
         if tenant_id is not None:
@@ -397,12 +411,14 @@ class SandboxesSql(SqlBase):
                 where.append(NOT_RUNNING)  # the state index's own condition: the planner may use it
         if cursor is not None:
             after_at, after_id = rows.decode_cursor(cursor)
-            where.append("(created_at > :ca OR (created_at = :ca AND id > :cid))")
+            beyond = "<" if newest_first else ">"
+            where.append(f"(created_at {beyond} :ca OR (created_at = :ca AND id {beyond} :cid))")
             params.update(ca=after_at, cid=after_id)
+        order = "created_at DESC, id DESC" if newest_first else "created_at, id"
         sql = (
             f"SELECT {rows.SANDBOX_COLS} FROM sandboxes"
             + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY created_at, id LIMIT :lim"
+            + f" ORDER BY {order} LIMIT :lim"
         )
 
         async def run(tx: Tx) -> Page:
@@ -425,6 +441,8 @@ class SandboxesSql(SqlBase):
             gone = await tx.fetchone(
                 f"DELETE FROM sandboxes WHERE {where} RETURNING tenant_id, state, memory_mb, cpus", params
             )
+            if gone is not None:
+                await tx.execute("DELETE FROM sandbox_domains WHERE sandbox_id = :id", {"id": sandbox_id})
             if forget_idempotency and (gone is not None or expect is None):
                 await tx.execute("DELETE FROM idempotency_keys WHERE sandbox_id = :id", {"id": sandbox_id})
             if gone is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from corral.store import rows
 from corral.store.errors import (
@@ -29,23 +30,13 @@ from corral.store.sql.base import (
 class TemplatesSql(SqlBase):
     async def create_template(self, template: TemplateRecord) -> TemplateRecord:
         check_template(template)
-        rec = TemplateRecord(
-            template.name,
-            template.cpus,
-            template.memory_mb,
-            template.stateful,
-            template.runtime,
-            template.description,
-            self._now(),
-            template.pids,
-            template.failover,
-        )
+        rec = replace(template, created_at=self._now())
         if rec.failover not in FAILOVER_POLICIES:
             raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
 
         async def run(tx: Tx) -> TemplateRecord:
             await tx.execute(
-                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f)",
+                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f, :img, :cfg, :disk)",
                 {
                     "n": rec.name,
                     "c": rec.cpus,
@@ -56,25 +47,18 @@ class TemplatesSql(SqlBase):
                     "now": rec.created_at,
                     "p": rec.pids,
                     "f": rec.failover,
+                    "img": rec.image,
+                    "cfg": rows.image_config_text(rec.image_config),
+                    "disk": rec.disk_mb,
                 },
             )
             return rec
 
-        try:
-            return await self._write(run)
-        except Exception as exc:
-            if self._is_unique_violation(exc):
-                raise NameConflict(f"template {template.name!r} exists") from exc
-            raise
+        return await self._write_unique(run, f"template {template.name!r} exists")
 
     async def get_template(self, name: str) -> TemplateRecord | None:
-        async def run(tx: Tx) -> TemplateRecord | None:
-            row = await tx.fetchone(
-                f"SELECT {rows.TEMPLATE_COLS} FROM templates WHERE name = :n", {"n": name}
-            )
-            return rows.template_from_row(row) if row is not None else None
-
-        return await self._read(run)
+        sql = f"SELECT {rows.TEMPLATE_COLS} FROM templates WHERE name = :n"
+        return await self._read_one(sql, {"n": name}, rows.template_from_row)
 
     async def list_templates(self) -> list[TemplateRecord]:
         async def run(tx: Tx) -> list[TemplateRecord]:
@@ -109,12 +93,7 @@ class TemplatesSql(SqlBase):
             )
             return (await self._pools(tx, template))[0]
 
-        try:
-            return await self._write(run)
-        except Exception as exc:
-            if self._is_unique_violation(exc):
-                raise NameConflict(f"template {template!r} already has a pool") from exc
-            raise
+        return await self._write_unique(run, f"template {template!r} already has a pool")
 
     async def update_pool(
         self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET

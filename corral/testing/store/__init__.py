@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 
 from corral.store import rows
-from corral.store.records import LIVE_STATES, Usage
+from corral.store.records import LIVE_STATES, MAX_PAGE, Usage
 from corral.testing.store.access import AccessModel
-from corral.testing.store.base import DEFAULT_TEMPLATE, MAX_PAGE
+from corral.testing.store.base import DEFAULT_TEMPLATE
 from corral.testing.store.failover import FailoverModel
 from corral.testing.store.hosts import HostsModel
 from corral.testing.store.leases import LeasesModel

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from corral.store import rows
 from corral.store.errors import (
-    InvalidRecord,
     NameConflict,
+    RecordNotFound,
 )
 from corral.store.records import (
     DEFAULT_MAX_CPUS,
     TenantRecord,
     Usage,
-    check_tenant_quota,
+    check_create_rate,
+    check_tenant,
 )
 from corral.testing.store.base import ModelBase, _Tenant
 
@@ -20,9 +23,7 @@ class AccessModel(ModelBase):
     async def create_tenant(
         self, name: str, *, max_sandboxes: int, max_memory_mb: int, max_cpus: float = DEFAULT_MAX_CPUS
     ) -> TenantRecord:
-        if not name:
-            raise InvalidRecord("name: must not be empty")
-        check_tenant_quota(max_sandboxes, max_memory_mb, max_cpus)
+        check_tenant(name, max_sandboxes, max_memory_mb, max_cpus)
         await self._enter()
         if any(t.record.name == name for t in self.tenants.values()):
             raise NameConflict(f"tenant {name!r} exists")
@@ -30,6 +31,21 @@ class AccessModel(ModelBase):
         rec = TenantRecord("tn_" + self._id(64), name, max_sandboxes, max_memory_mb, self._now(), cpus)
         self.tenants[rec.id] = _Tenant(rec)
         return rec
+
+    async def list_tenants(self) -> list[TenantRecord]:
+        await self._enter()
+        return sorted((t.record for t in self.tenants.values()), key=lambda r: r.name)
+
+    async def set_create_rate(
+        self, tenant_id: str, *, rate_per_s: float | None, burst: int | None
+    ) -> TenantRecord:
+        check_create_rate(rate_per_s, burst)
+        await self._enter()
+        t = self.tenants.get(tenant_id)
+        if t is None:
+            raise RecordNotFound(f"tenant {tenant_id!r}")
+        t.record = replace(t.record, create_rate_per_s=rate_per_s, create_burst=burst)
+        return t.record
 
     async def usage(self, tenant_id: str) -> Usage:
         await self._enter()

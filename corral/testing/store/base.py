@@ -27,7 +27,6 @@ from corral.store.records import (
     Usage,
 )
 
-MAX_PAGE = 1000
 DEFAULT_TEMPLATE = TemplateRecord(
     name="default", cpus=1.0, memory_mb=512, stateful=False, description="built-in: 1 cpu, 512 MiB"
 )

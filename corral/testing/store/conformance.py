@@ -14,6 +14,7 @@ if TYPE_CHECKING:
         HostReader,
         Placements,
         PoolStore,
+        RatesPort,
         ReconcilePort,
         SealedSpecs,
         Tenants,
@@ -35,4 +36,5 @@ if TYPE_CHECKING:
         sealed: list[SealedSpecs] = [model, sqlite, postgres]
         placements: list[Placements] = [model, sqlite, postgres]
         failover: list[FailoverStore] = [model, sqlite, postgres]
-        del flows, hosts, tenants, pools, claims, waiting, heartbeats, sealed, placements, failover
+        rates: list[RatesPort] = [model, sqlite, postgres]
+        del rates, flows, hosts, tenants, pools, claims, waiting, heartbeats, sealed, placements, failover

@@ -39,6 +39,9 @@ class FailoverModel(ModelBase):
                     self._put(sb, state=SandboxState.ORPHANED, updated_at=now)
                     orphaned += 1
             released = self._end([r.id for r in self.reservations.values() if r.host_id == host_id])
+            for sb in self.sandboxes.values():  # fenced one epoch ahead, as the SQL stores do
+                if sb.host_id == host_id and sb.state is SandboxState.RECREATING:
+                    self.fences[(host_id, sb.id)] = sb.epoch + 1
         return FailedHost(orphaned, recreating, released)
 
     async def reassign_sandbox(

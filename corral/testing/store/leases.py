@@ -5,22 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from corral.store.errors import (
-    InvalidRecord,
-)
 from corral.store.records import (
     SandboxState,
+    check_ttl,
 )
 from corral.testing.store.base import ModelBase
 
 
 class LeasesModel(ModelBase):
     async def renew_replica(self, replica_id: str, ttl_s: float) -> float:
-        if not ttl_s > 0:
-            raise InvalidRecord("ttl_s: must be positive")
+        check_ttl(ttl_s)
         await self._enter()
         self.replicas[replica_id] = expires_at = self._now() + ttl_s
         return expires_at
+
+    async def live_replicas(self) -> int:
+        await self._enter()
+        now = self._now()
+        return sum(1 for exp in self.replicas.values() if exp > now)
 
     async def expire_replicas(self) -> list[str]:
         await self._enter()
@@ -45,8 +47,7 @@ class LeasesModel(ModelBase):
         return out
 
     async def try_lead(self, name: str, holder: str, ttl_s: float) -> bool:
-        if not ttl_s > 0:
-            raise InvalidRecord("ttl_s: must be positive")
+        check_ttl(ttl_s)
         await self._enter()
         now = self._now()
         held = self.leases.get(name)

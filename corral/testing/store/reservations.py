@@ -18,10 +18,10 @@ from corral.store.records import (
 from corral.testing.store.base import ModelBase, _Host
 
 
-def _ask(memory_mb: int, cpu_m: int) -> CreateRequest:
+def _ask(memory_mb: int, cpu_m: int, image: str | None = None) -> CreateRequest:
     """A claim as the core's rule reads it: stateful, so its charge is its memory in any admission
     mode (the store charges a claim what it says), and its CPU in whole millicores as stored."""
-    return CreateRequest(memory_mb=memory_mb, cpu=rows.from_millicores(cpu_m), stateful=True)
+    return CreateRequest(memory_mb=memory_mb, cpu=rows.from_millicores(cpu_m), stateful=True, image=image)
 
 
 class ReservationsModel(ModelBase):
@@ -103,13 +103,14 @@ class ReservationsModel(ModelBase):
         owner: str,
         ttl_s: float,
         sandbox_id: str | None = None,
+        image: str | None = None,
     ) -> ReservationRecord | None:
         check_reservation(memory_mb, cpu, ttl_s)
         if not candidates:
             return None
         await self._enter()
         template = self._new_reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-        ask = _ask(memory_mb, rows.to_millicores(cpu))
+        ask = _ask(memory_mb, rows.to_millicores(cpu), image)
         salt = sandbox_id or template.id
         # Ranked by live totals, as the core ranks: the candidates' expired claims end first.
         self._fold_expired(candidates, template.created_at)

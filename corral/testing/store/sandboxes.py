@@ -9,7 +9,6 @@ from dataclasses import replace
 from corral.store import rows
 from corral.store.errors import (
     IdempotencyMismatch,
-    InvalidRecord,
     NameConflict,
     RecordNotFound,
     StateConflict,
@@ -22,13 +21,15 @@ from corral.store.records import (
     SandboxRecord,
     SandboxState,
     _Unset,
-    as_states,
+    check_lifecycle,
+    check_network,
+    check_page,
     check_quota,
     check_sandbox,
     check_state_change,
     metadata_dict,
 )
-from corral.testing.store.base import MAX_PAGE, ModelBase
+from corral.testing.store.base import ModelBase
 
 
 class SandboxesModel(ModelBase):
@@ -156,6 +157,24 @@ class SandboxesModel(ModelBase):
             self.placements[sandbox_id] = placement
         return self._put(sb, **changes)
 
+    async def set_sandbox_network(self, sandbox_id: str, network: str | None) -> SandboxRecord:
+        check_network(network)
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        return self._put(sb, network=network, updated_at=self._now())
+
+    async def set_sandbox_paused(
+        self, sandbox_id: str, paused: str | None, expires_at: float | None
+    ) -> SandboxRecord:
+        check_lifecycle(None, paused)
+        await self._enter()
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        return self._put(sb, paused=paused, expires_at=expires_at, updated_at=self._now())
+
     async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
         await self._enter()
         sb = self.sandboxes.get(sandbox_id)
@@ -182,13 +201,9 @@ class SandboxesModel(ModelBase):
         state: SandboxState | Collection[SandboxState] | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        if not 1 <= limit <= MAX_PAGE:
-            raise InvalidRecord(f"limit: must be 1..{MAX_PAGE}")
-        try:
-            states = as_states(state)
-        except ValueError as exc:
-            raise InvalidRecord(f"state: {exc}") from exc
+        states = check_page(limit, state)
         after = rows.decode_cursor(cursor) if cursor is not None else None
         await self._enter()
         got = sorted(
@@ -198,9 +213,13 @@ class SandboxesModel(ModelBase):
                 if (tenant_id is None or sb.tenant_id == tenant_id)
                 and (host_id is None or sb.host_id == host_id)
                 and (states is None or sb.state in states)
-                and (after is None or (sb.created_at, sb.id) > after)
+                and (
+                    after is None
+                    or ((sb.created_at, sb.id) < after if newest_first else (sb.created_at, sb.id) > after)
+                )
             ),
             key=lambda sb: (sb.created_at, sb.id),
+            reverse=newest_first,
         )
         if len(got) <= limit:
             return Page(got, None)

@@ -1,0 +1,185 @@
+"""Sandbox networks, measured side by side in one run (root, iproute2 and nftables; JSON lines):
+
+* ``slot``: a slot taken from the agent's pool (built ahead) beside one built on demand (the pool
+  drained), p50/p99 of ``SlotPool.take``;
+* ``port``: ``corral serve`` with one process host; a server in a sandbox (corral.testing.portserver);
+  the same ``GET /hello`` over one kept-alive connection direct to the sandbox's slot address and
+  through the replica by Host, interleaved, p50/p99 and the proxied overhead (bar: p50 <= 1 ms);
+* ``policy``: ``PUT /v1/sandboxes/{id}/network`` on the running sandbox, end to end (the replica,
+  the agent's nft transaction, the record), p50/p99 (bar: <= 50 ms).
+
+    .venv/bin/python bench/network.py [--requests 2000] [--slots 40] [--updates 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from api import free_port, wait_ready
+
+from corral.agent.netslots import SlotPool
+from corral.core.netpolicy import INTERNET
+from corral.testing.portserver import start_argv
+
+TOKEN = "bench-network-token-0123456789"
+PORT = 8080
+_ADDRESS = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('198.51.100.1', 9)); print(s.getsockname()[0])"
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(samples_s: list[float]) -> dict[str, float]:
+    ms = [s * 1000 for s in samples_s]
+    return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(pct(ms, 0.99), 3), "n": len(ms)}
+
+
+async def slots(n: int) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        pooled, built = [], []
+        pool = SlotPool(Path(tmp) / "pool", size=1, lease_dir=Path(tmp) / "leases")
+        drained = SlotPool(Path(tmp) / "drained", size=0, lease_dir=Path(tmp) / "leases")
+        try:
+            for i in range(n):
+                await pool.fill()  # ready ahead, as the pool's background filler keeps it
+                t = time.perf_counter()
+                await pool.take(f"p{i}", INTERNET)
+                pooled.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                await drained.take(f"d{i}", INTERNET)
+                built.append(time.perf_counter() - t)
+                await pool.give_back(f"p{i}")
+                await drained.give_back(f"d{i}")
+        finally:
+            for p in (pool, drained):
+                for sid in list(p.in_use):
+                    await p.give_back(sid)
+                await p.close()
+    return [
+        {"bench": "network.slot", "kind": "pooled", **summary(pooled)},
+        {"bench": "network.slot", "kind": "on_demand", **summary(built)},
+    ]
+
+
+def ports(requests: int, updates: int) -> list[dict[str, Any]]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["serve", "--runtime", "process", "--hosts", "1", "--port", str(port), "--domain", "sb.bench"]
+        args += [
+            "--store",
+            f"sqlite:///{tmp}/corral.db",
+            "--state-dir",
+            f"{tmp}/state",
+            "--heartbeat-interval",
+            "0.5",
+        ]
+        env = {**os.environ, "CORRAL_TOKEN": TOKEN}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "corral", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_ready(url, proc)
+            api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
+            deadline = time.monotonic() + 30
+            while True:
+                r = api.post(
+                    "/v1/sandboxes",
+                    json={"memory_mb": 256, "network": {"mode": "internet", "deny_out": ["0.0.0.0/0"]}},
+                )
+                if r.status_code == 201 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            r.raise_for_status()
+            sid = r.json()["id"]
+            ran = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": start_argv(PORT)}).json()
+            assert ran["stdout"].strip() == "listening", ran
+            address = (
+                api.post(f"/v1/sandboxes/{sid}/exec", json={"command": ["python3", "-c", _ADDRESS]})
+                .json()["stdout"]
+                .strip()
+            )
+            host = f"{PORT}-{sid}.sb.bench"
+            direct: list[float] = []
+            proxied: list[float] = []
+            with (
+                httpx.Client(base_url=f"http://{address}:{PORT}") as d,
+                httpx.Client(base_url=url, headers={"Host": host}) as p,
+            ):
+                for client in (d, p):  # warm both connections
+                    client.get("/hello").raise_for_status()
+                for _ in range(requests):
+                    for client, samples in ((d, direct), (p, proxied)):
+                        t = time.perf_counter()
+                        client.get("/hello")
+                        samples.append(time.perf_counter() - t)
+            d_sum, p_sum = summary(direct), summary(proxied)
+            out: list[dict[str, Any]] = [
+                {"bench": "network.port", "path": "direct", **d_sum, "rps": round(len(direct) / sum(direct))},
+                {
+                    "bench": "network.port",
+                    "path": "replica",
+                    **p_sum,
+                    "rps": round(len(proxied) / sum(proxied)),
+                },
+                {
+                    "bench": "network.port",
+                    "path": "overhead",
+                    "p50_ms": round(p_sum["p50_ms"] - d_sum["p50_ms"], 3),
+                    "p99_ms": round(p_sum["p99_ms"] - d_sum["p99_ms"], 3),
+                    "bar_p50_ms": 1.0,
+                },
+            ]
+            applied = []
+            for i in range(updates):
+                policy = {
+                    "mode": "internet",
+                    "deny_out": ["0.0.0.0/0"],
+                    "allow_out": [f"198.51.100.{i % 200}/32"],
+                }
+                t = time.perf_counter()
+                api.put(f"/v1/sandboxes/{sid}/network", json=policy).raise_for_status()
+                applied.append(time.perf_counter() - t)
+            out.append({"bench": "network.policy_update", **summary(applied), "bar_ms": 50})
+            return out
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--slots", type=int, default=40)
+    parser.add_argument("--updates", type=int, default=40)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print(json.dumps({"bench": "network", "skipped": "needs root for network slots"}))
+        return
+    for line in asyncio.run(slots(args.slots)):
+        print(json.dumps(line), flush=True)
+    for line in ports(args.requests, args.updates):
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""An agent's network slots: a pool of ready ones (:mod:`corral.agent.netns` builds them), one
+taken per sandbox whose policy needs an interface, scrubbed and returned when it is gone.
+
+The pool's depth is a warm-start optimisation, not a bound: a drained pool builds a slot on demand
+(tens of milliseconds) and never refuses. What bounds slots is the machine's slot range (16,384 in
+the default /16), shared by every agent on the machine through leases in one directory (the same
+lease files and lock as sandbox uids, :class:`corral.runtime.uids.UidAllocator`): two agents on one
+machine never hold the same index, hence never the same names or addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.agent import netns
+from corral.core.netpolicy import (
+    DEFAULT_SLOT_RANGE,
+    EgressPolicy,
+    SlotNet,
+    render_table,
+    slot_count,
+    slot_net,
+)
+from corral.runtime.base import Runtime
+from corral.runtime.uids import UidAllocator, UidsExhausted
+
+log = logging.getLogger("corral.agent.netslots")
+
+DEFAULT_LEASE_DIR = Path("/run/corral/netslots")
+DEFAULT_POOL_SIZE = 4
+# The lease's owner directory under the pool's state: a lease whose owner directory is gone (its
+# agent's state removed) is stale and reclaimed by the next pool that meets it.
+_OWNER = "slots"
+
+
+class SlotsUnavailable(Exception):
+    """No slot could be had: the machine's range is used up, or building one failed."""
+
+
+@dataclass
+class SlotStats:
+    built_ahead: int = 0
+    built_on_demand: int = 0
+    scrubbed: int = 0
+    destroyed: int = 0
+    failures: int = 0
+
+
+class SlotPool:
+    """``size`` ready slots kept ahead of demand; ``operator_allow``: private ranges the operator
+    lets policies reach (see :func:`corral.core.netpolicy.render_table`)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        size: int = 4,
+        lease_dir: Path = DEFAULT_LEASE_DIR,
+        slot_range: ipaddress.IPv4Network = DEFAULT_SLOT_RANGE,
+        operator_allow: Sequence[ipaddress.IPv4Network] = (),
+    ) -> None:
+        if size < 0:
+            raise ValueError("the slot pool size must not be negative")
+        self.size = size
+        self.slot_range = slot_range
+        self.operator_allow = tuple(operator_allow)
+        (state_dir / _OWNER).mkdir(parents=True, exist_ok=True)
+        self._leases = UidAllocator(lease_dir, range(slot_count(slot_range)), state_dir)
+        self.ready: list[SlotNet] = []
+        self.in_use: dict[str, SlotNet] = {}
+        self.stats = SlotStats()
+        self._filling: asyncio.Task[None] | None = None
+
+    # -- taking and returning --------------------------------------------------------------------
+
+    async def take(self, sandbox_id: str, policy: EgressPolicy) -> SlotNet:
+        """A slot for ``sandbox_id`` enforcing ``policy``: a ready one, or one built now."""
+        if sandbox_id in self.in_use:
+            raise SlotsUnavailable(f"sandbox {sandbox_id!r} already holds a slot")
+        if self.ready:
+            slot = self.ready.pop()
+        else:
+            slot = await self._build()
+            self.stats.built_on_demand += 1
+        self.in_use[sandbox_id] = slot
+        try:
+            await self.apply(sandbox_id, policy)
+        except BaseException:
+            self.in_use.pop(sandbox_id, None)
+            await asyncio.shield(self._retire(slot))
+            raise
+        self.refill()
+        return slot
+
+    async def apply(self, sandbox_id: str, policy: EgressPolicy) -> None:
+        """Replace ``sandbox_id``'s policy in one transaction (a running sandbox's included)."""
+        slot = self.in_use[sandbox_id]
+        await asyncio.to_thread(netns.load, render_table(slot, policy, self.operator_allow))
+
+    def slot_of(self, sandbox_id: str) -> SlotNet | None:
+        return self.in_use.get(sandbox_id)
+
+    async def give_back(self, sandbox_id: str) -> None:
+        """Scrub ``sandbox_id``'s slot (its processes must be gone) and keep it ready, or remove it
+        when the pool is full or the scrub fails. Nothing to do for a sandbox without one."""
+        slot = self.in_use.pop(sandbox_id, None)
+        if slot is None:
+            return
+        if len(self.ready) < self.size:
+            try:
+                await asyncio.to_thread(netns.scrub, slot)
+            except (netns.SlotCommandFailed, OSError) as exc:
+                log.warning("slot %s not reused: %s", slot.netns, exc)
+                self.stats.failures += 1
+            else:
+                self.stats.scrubbed += 1
+                self.ready.append(slot)
+                return
+        await self._retire(slot)
+
+    def adopt(self, sandbox_id: str, netns_path: str) -> bool:
+        """Account for the slot a sandbox still runs in (after the agent restarted)."""
+        name = Path(netns_path).name
+        try:
+            address = int(name.removeprefix("corral-"), 16)
+            slot = slot_net((address - int(self.slot_range.network_address) - 2) // 4, self.slot_range)
+        except ValueError:
+            return False
+        if slot.netns != name:
+            return False
+        self.in_use[sandbox_id] = slot
+        return True
+
+    # -- building ahead ----------------------------------------------------------------------------
+
+    def refill(self) -> None:
+        """Build up to ``size`` ready slots in the background (one filler at a time)."""
+        if len(self.ready) >= self.size or (self._filling is not None and not self._filling.done()):
+            return
+        self._filling = asyncio.get_running_loop().create_task(self.fill(), name="netslots-fill")
+
+    async def fill(self) -> None:
+        while len(self.ready) < self.size:
+            try:
+                slot = await self._build()
+            except SlotsUnavailable as exc:
+                log.warning("slot pool not filled: %s", exc)
+                return
+            self.stats.built_ahead += 1
+            self.ready.append(slot)
+
+    async def _build(self) -> SlotNet:
+        try:
+            index = await asyncio.to_thread(self._leases.acquire, _OWNER)
+        except UidsExhausted:
+            raise SlotsUnavailable(f"every slot of {self.slot_range} on this machine is in use") from None
+        slot = slot_net(index, self.slot_range)
+        try:
+            await asyncio.to_thread(netns.build, slot)
+        except BaseException as exc:
+            self.stats.failures += 1
+            await asyncio.shield(self._retire(slot))
+            if isinstance(exc, netns.SlotCommandFailed | OSError):
+                raise SlotsUnavailable(f"slot {slot.netns} could not be built: {exc}") from exc
+            raise
+        return slot
+
+    async def _retire(self, slot: SlotNet) -> None:
+        await asyncio.to_thread(netns.destroy, slot)
+        await asyncio.to_thread(self._leases.release, slot.index, _OWNER)
+        self.stats.destroyed += 1
+
+    async def close(self) -> None:
+        """Remove the ready slots (those in use stay with their sandboxes)."""
+        if self._filling is not None:
+            self._filling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filling
+        while self.ready:
+            await self._retire(self.ready.pop())
+
+    def counts(self) -> dict[str, int]:
+        return {"free": len(self.ready), "in_use": len(self.in_use), "on_demand": self.stats.built_on_demand}
+
+
+def pool_for(runtime: Runtime, runtime_root: Path, size: int = DEFAULT_POOL_SIZE) -> SlotPool | None:
+    """The slot pool an agent running ``runtime`` (its state under ``runtime_root``) gets: one for the
+    process runtime run as root where iproute2, nftables and conntrack are installed, else None (such
+    a host refuses creates whose policy needs an interface, so they are placed elsewhere)."""
+    if runtime.name != "process" or os.geteuid() != 0:
+        return None
+    missing = netns.tools_missing()
+    if missing:
+        log.warning("no network slots on this host: %s missing (make system-deps)", ", ".join(missing))
+        return None
+    return SlotPool(runtime_root.with_name(runtime_root.name + ".netslots"), size=size)

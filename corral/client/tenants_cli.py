@@ -1,0 +1,77 @@
+"""``corral tenants create|ls|e2b-key``: tenants from the command line (admin token), each named by its
+name, as every tenants route takes it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _print_json, console
+from corral.client.errors import CorralError
+
+tenants_app = typer.Typer(help="Tenants: who may create sandboxes, their limits and their keys.")
+
+
+@tenants_app.command("create")
+def create_command(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The tenant's name.")],
+    max_sandboxes: Annotated[int | None, typer.Option("--max-sandboxes", min=0)] = None,
+    max_memory_mb: Annotated[int | None, typer.Option("--max-memory-mb", min=0)] = None,
+    max_cpus: Annotated[float | None, typer.Option("--max-cpus", min=0)] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Create a tenant; print it as JSON, with its first token (`token`, shown this once: it is also
+    the tenant's E2B API key)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            tenant = client.tenants.create(
+                name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb, max_cpus=max_cpus
+            )
+    except CorralError as err:
+        _fail(err)
+    _print_json(tenant.model_dump(mode="json"))
+
+
+@tenants_app.command("ls")
+def ls_command(
+    ctx: typer.Context, url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False
+) -> None:
+    """List tenants with their limits."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            tenants = client.tenants.list()
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json({"tenants": [t.model_dump(mode="json") for t in tenants]})
+        return
+    table = Table(title=f"{len(tenants)} tenants", title_justify="left")
+    for column in ("name", "id", "max sandboxes", "max memory MiB", "max cpus"):
+        table.add_column(column, no_wrap=True)
+    for t in tenants:
+        table.add_row(t.name, t.id, str(t.max_sandboxes), str(t.max_memory_mb), f"{t.max_cpus:g}")
+    console().print(table)
+
+
+@tenants_app.command("e2b-key")
+def e2b_key_command(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The tenant's name.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Issue the tenant a key in the `e2b_...` form (for E2B_API_KEY); print it."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            key = client.tenants.e2b_key(name)
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json(key.model_dump(mode="json"))
+    else:
+        typer.echo(key.key)

@@ -1,0 +1,273 @@
+"""A sandbox's egress policy as data, and the nftables table that enforces it on the host side.
+
+A policy is one of two modes:
+
+* ``none`` (the default): the sandbox has no network interface at all, loopback only, as every
+  sandbox had before slots. It is the default because it is the smallest surface there is (no route,
+  no address, nothing to filter), it costs no slot, and nothing a create did not ask for appears.
+* ``internet``: the sandbox gets a slot (a network namespace of its own, a veth pair, an address
+  pair) and may reach public addresses, subject to ``allow_out`` and ``deny_out`` (CIDRs) with E2B's
+  precedence: an address in ``allow_out`` is allowed even when ``deny_out`` covers it, so
+  ``deny_out=["0.0.0.0/0"]`` with an ``allow_out`` list is an allow-list.
+
+Whatever the policy, the table drops, before the policy is consulted: every packet to the host itself
+(its addresses, its loopback services: the input hook, answered only for connections the host opened),
+loopback and link-local destinations (169.254.0.0/16, the metadata address), every sandbox of the
+machine (the whole slot range), IPv6, and sources other than the slot's own address (spoofing); and
+private, shared, reserved and multicast ranges unless the operator's allow-list names them. Nothing
+from outside reaches the sandbox through the host unless it answers the sandbox's own connection.
+
+Inbound, ``allow_public_traffic`` (E2B's ``allowPublicTraffic``, true by default) says whether a
+sandbox's ports answer anyone who reaches a replica, or only requests carrying the sandbox's traffic
+token. Ports need an interface, so it is false only beside mode ``internet``.
+
+Hostnames are refused (:class:`PolicyError`): an IP filter cannot enforce a name honestly, and a
+policy that pretends to would be a silent "allow".
+
+Pure: no I/O. The agent's slot pool (``corral.agent.netslots``) loads what :func:`render_table`
+returns with ``nft -f``, one transaction, so a policy changes atomically on a running sandbox.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+NetworkMode = Literal["none", "internet"]
+MODES: tuple[NetworkMode, ...] = ("none", "internet")
+MAX_RULES = 1024  # entries per list: a table of that size still loads in milliseconds
+
+# The machine's slot range: one /30 per slot (network, host side, sandbox side, broadcast), 16,384
+# slots in the /16. Inside 10.0.0.0/8, so it is private and always denied to every sandbox.
+DEFAULT_SLOT_RANGE = ipaddress.IPv4Network("10.231.0.0/16")
+SLOT_PREFIX = 30
+
+# Destinations no sandbox reaches, whatever its policy or the operator's allow-list.
+NEVER = (
+    ipaddress.IPv4Network("0.0.0.0/8"),
+    ipaddress.IPv4Network("127.0.0.0/8"),
+    ipaddress.IPv4Network("169.254.0.0/16"),
+    ipaddress.IPv4Network("255.255.255.255/32"),
+)
+# Destinations denied unless the operator's allow-list names them: RFC 1918, shared address space,
+# IETF protocol assignments, benchmarking, multicast and the reserved block.
+PRIVATE = (
+    ipaddress.IPv4Network("10.0.0.0/8"),
+    ipaddress.IPv4Network("100.64.0.0/10"),
+    ipaddress.IPv4Network("172.16.0.0/12"),
+    ipaddress.IPv4Network("192.0.0.0/24"),
+    ipaddress.IPv4Network("192.168.0.0/16"),
+    ipaddress.IPv4Network("198.18.0.0/15"),
+    ipaddress.IPv4Network("224.0.0.0/4"),
+    ipaddress.IPv4Network("240.0.0.0/4"),
+)
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be enforced as given; ``field`` names the part, ``hostname`` says whether
+    a hostname (rather than malformed input) was the reason."""
+
+    def __init__(self, message: str, field: str, *, hostname: bool = False) -> None:
+        super().__init__(message)
+        self.field = field
+        self.hostname = hostname
+
+
+@dataclass(frozen=True, slots=True)
+class EgressPolicy:
+    mode: NetworkMode = "none"
+    allow_out: tuple[ipaddress.IPv4Network, ...] = ()
+    deny_out: tuple[ipaddress.IPv4Network, ...] = ()
+    public: bool = True  # ports without the traffic token
+
+    @property
+    def attached(self) -> bool:
+        """Whether the sandbox needs a slot (an interface of its own) at all."""
+        return self.mode != "none"
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "mode": self.mode,
+            "allow_out": [str(n) for n in self.allow_out],
+            "deny_out": [str(n) for n in self.deny_out],
+        }
+        if not self.public:  # left out when true: the records written before it keep their form
+            out["allow_public_traffic"] = False
+        return out
+
+
+NO_NETWORK = EgressPolicy()
+INTERNET = EgressPolicy("internet")
+
+
+def parse_networks(entries: Iterable[object], field: str) -> tuple[ipaddress.IPv4Network, ...]:
+    """IPv4 addresses or CIDRs, normalised (host bits cleared), duplicates dropped, order kept."""
+    out: dict[ipaddress.IPv4Network, None] = {}
+    for i, entry in enumerate(entries):
+        where = f"{field}[{i}]"
+        if not isinstance(entry, str) or not entry.strip():
+            raise PolicyError(f"{where} must be an IPv4 address or CIDR string", where)
+        text = entry.strip()
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise PolicyError(
+                f"{where} is {text!r}: hostnames are not enforced (an IP filter cannot hold a name "
+                "to its addresses); give IPv4 addresses or CIDRs",
+                where,
+                hostname=True,
+            ) from None
+        if not isinstance(net, ipaddress.IPv4Network):
+            raise PolicyError(f"{where} is {text!r}: sandboxes have IPv4 only", where)
+        out[net] = None
+        if len(out) > MAX_RULES:
+            raise PolicyError(f"{field} has more than {MAX_RULES} entries", field)
+    return tuple(out)
+
+
+def parse_policy(data: Mapping[str, object]) -> EgressPolicy:
+    """A policy from its wire form (``mode``, ``allow_out``, ``deny_out``); :class:`PolicyError` when
+    it is malformed or cannot be enforced."""
+    unknown = sorted(set(data) - {"mode", "allow_out", "deny_out", "allow_public_traffic"})
+    if unknown:
+        raise PolicyError(f"unknown network field {unknown[0]!r}", unknown[0])
+    mode = data.get("mode", "internet" if data.get("allow_out") or data.get("deny_out") else "none")
+    if mode not in MODES:
+        raise PolicyError(f"mode must be one of {', '.join(MODES)}, got {mode!r}", "mode")
+    lists: dict[str, tuple[ipaddress.IPv4Network, ...]] = {}
+    for field in ("allow_out", "deny_out"):
+        value = data.get(field) or []
+        if not isinstance(value, list | tuple):
+            raise PolicyError(f"{field} must be a list", field)
+        lists[field] = parse_networks(value, field)
+    if mode == "none" and (lists["allow_out"] or lists["deny_out"]):
+        raise PolicyError(
+            "allow_out and deny_out need mode 'internet' (mode 'none' has no interface)", "mode"
+        )
+    public = data.get("allow_public_traffic", True)
+    if not isinstance(public, bool):
+        raise PolicyError("allow_public_traffic must be a boolean", "allow_public_traffic")
+    if mode == "none" and not public:
+        raise PolicyError(
+            "allow_public_traffic false needs mode 'internet' (mode 'none' has no interface, no ports)",
+            "allow_public_traffic",
+        )
+    return EgressPolicy(mode, lists["allow_out"], lists["deny_out"], public)
+
+
+# -- slots -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SlotNet:
+    """One slot's names and addresses, all derived from its index in the machine's slot range, so two
+    agents on one machine holding different indices never collide on a name or an address."""
+
+    index: int
+    host_ip: ipaddress.IPv4Address
+    sandbox_ip: ipaddress.IPv4Address
+    slot_range: ipaddress.IPv4Network
+
+    @property
+    def tag(self) -> str:
+        return f"{int(self.sandbox_ip):08x}"
+
+    @property
+    def netns(self) -> str:
+        return f"corral-{self.tag}"
+
+    @property
+    def host_if(self) -> str:
+        return f"crv{self.tag}"  # 11 characters: within the kernel's 15
+
+    @property
+    def table(self) -> str:
+        return f"corral_{self.tag}"
+
+
+def slot_count(slot_range: ipaddress.IPv4Network = DEFAULT_SLOT_RANGE) -> int:
+    return 1 << max(0, SLOT_PREFIX - slot_range.prefixlen)
+
+
+def slot_net(index: int, slot_range: ipaddress.IPv4Network = DEFAULT_SLOT_RANGE) -> SlotNet:
+    if not 0 <= index < slot_count(slot_range):
+        raise ValueError(f"slot {index} is outside {slot_range}")
+    base = int(slot_range.network_address) + 4 * index
+    return SlotNet(index, ipaddress.IPv4Address(base + 1), ipaddress.IPv4Address(base + 2), slot_range)
+
+
+# -- the table ---------------------------------------------------------------------------------------
+
+_REJECT = "reject with icmpx type admin-prohibited"
+
+
+def _set(name: str, nets: Sequence[ipaddress.IPv4Network]) -> str:
+    elements = f" elements = {{ {', '.join(map(str, nets))} }};" if nets else ""
+    return f"\tset {name} {{ type ipv4_addr; flags interval; auto-merge;{elements} }}\n"
+
+
+def render_table(
+    slot: SlotNet, policy: EgressPolicy, operator_allow: Sequence[ipaddress.IPv4Network] = ()
+) -> str:
+    """The ``nft -f`` text that replaces ``slot``'s table with one enforcing ``policy``, in one
+    transaction. A policy of mode ``none`` on a slot renders a table that forwards nothing (a slot
+    in the pool, or one being scrubbed)."""
+    iface, me = f'"{slot.host_if}"', str(slot.sandbox_ip)
+    if policy.attached:
+        verdict = [
+            "\t\tip daddr @allow_out accept\n",
+            f"\t\tip daddr @deny_out {_REJECT}\n",
+            "\t\taccept\n",
+        ]
+    else:
+        verdict = [f"\t\t{_REJECT}\n"]
+    return "".join(
+        [
+            f"table inet {slot.table}\n",  # created if missing, so the delete below always succeeds
+            f"delete table inet {slot.table}\n",
+            f"table inet {slot.table} {{\n",
+            _set("never", NEVER),
+            _set("sandboxes", [slot.slot_range]),
+            _set("private", PRIVATE),
+            _set("operator_allow", list(operator_allow)),
+            _set("allow_out", list(policy.allow_out)),
+            _set("deny_out", list(policy.deny_out)),
+            # The host itself: only answers to connections the host opened (ports it forwards).
+            "\tchain to_host {\n",
+            "\t\ttype filter hook input priority filter - 10; policy accept;\n",
+            f"\t\tiifname {iface} ct state established accept\n",
+            f"\t\tiifname {iface} meta nfproto ipv4 {_REJECT}\n",
+            f"\t\tiifname {iface} drop\n",
+            "\t}\n",
+            "\tchain through_host {\n",
+            "\t\ttype filter hook forward priority filter - 10; policy accept;\n",
+            f"\t\toifname {iface} ct state established accept\n",
+            f"\t\toifname {iface} drop\n",
+            f"\t\tiifname {iface} jump egress\n",
+            "\t}\n",
+            "\tchain egress {\n",
+            "\t\tmeta nfproto != ipv4 drop\n",
+            f"\t\tip saddr != {me} drop\n",
+            f"\t\tip daddr @never {_REJECT}\n",
+            f"\t\tip daddr @sandboxes {_REJECT}\n",
+            "\t\tip daddr @operator_allow goto tenant_policy\n",
+            f"\t\tip daddr @private {_REJECT}\n",
+            "\t\tgoto tenant_policy\n",
+            "\t}\n",
+            "\tchain tenant_policy {\n",
+            *verdict,
+            "\t}\n",
+            "\tchain masquerade_out {\n",
+            "\t\ttype nat hook postrouting priority srcnat; policy accept;\n",
+            f"\t\tip saddr {me} oifname != {iface} masquerade\n",
+            "\t}\n",
+            "}\n",
+        ]
+    )
+
+
+def delete_table(slot: SlotNet) -> str:
+    """The ``nft -f`` text that removes ``slot``'s table whether or not it exists."""
+    return f"table inet {slot.table}\ndelete table inet {slot.table}\n"

@@ -1,0 +1,580 @@
+"""The ``gvisor`` runtime: each sandbox is an OCI container run by ``runsc``, so a kernel of gVisor's
+(the Sentry, in Go, in user space) stands between the tenant's system calls and the host's. The host
+kernel sees only the Sentry and its gofer, under the Sentry's own seccomp filter.
+
+A sandbox is made of:
+
+* a bundle under the runtime's root (its config.json, an empty read-only rootfs the host's system
+  directories are bound over read-only, its generated /etc files, a copy of corral's init), written by
+  the runtime alone;
+* the runsc container of that bundle, its pid 1 corral's init (which reaps orphans inside), started
+  inside the sandbox's cgroups (memory, CPU, pids): the Sentry, its gofer and the platform's stub
+  processes are all the sandbox's, so its memory is what the host gives the guest;
+* no network (``--network=none``: loopback only) until the sandbox's network slot joins it.
+
+Every command runs through ``runsc exec`` with its process spec on a descriptor, never on a command
+line. The platform is probed at start-up (``ptrace`` works everywhere; ``systrap`` and ``kvm`` where
+the runsc release and the host allow). docs/isolation.md compares its layers with the process runtime's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from corral.exec_result import ExecResult
+from corral.runtime import bwrap, launcher, oci
+from corral.runtime.base import (
+    InvalidSandbox,
+    RuntimeFailure,
+    SandboxExists,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxPaused,
+    SandboxSpec,
+    shell_exit_code,
+)
+from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
+from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
+from corral.runtime.statedir import spec_from_dict, spec_to_dict, valid_id
+from corral.runtime.stream import Spawned
+
+DEFAULT_ROOT = Path("/run/corral/gvisor")
+# The Sentry, its gofer and their Go runtimes take some tens of MiB before the guest runs anything.
+MIN_MEMORY_MB = 64
+# Probed best first. kvm is not probed: where /dev/kvm is not what runsc expects (a nested or
+# paravirtual one) its sandbox spins instead of failing; an operator who knows it works names it.
+PLATFORMS = ("systrap", "ptrace")
+_MIB = 1024 * 1024
+_RUNSC_TIMEOUT_S = 30.0
+_PROBE_TIMEOUT_S = 10.0
+_EXIT_GRACE_S = 1.0
+_DRAIN_GRACE_S = 0.5
+_STATE = "sandbox.json"
+_ERROR_BYTES = 64 * 1024
+
+
+def runsc_path() -> str | None:
+    return shutil.which("runsc")
+
+
+@functools.cache
+def probe_platform(runsc: str | None = None) -> str | None:
+    """The best platform this host's runsc runs a container on, or None (no runsc, or none works)."""
+    runsc = runsc or runsc_path()
+    if runsc is None:
+        return None
+    for platform in PLATFORMS:
+        if _runs(runsc, platform):
+            return platform
+    return None
+
+
+def _runs(runsc: str, platform: str) -> bool:
+    with tempfile.TemporaryDirectory(prefix="corral-gvisor-probe-") as work:
+        bundle = Path(work) / "bundle"
+        (bundle / "rootfs").mkdir(parents=True)
+        config = {
+            "ociVersion": oci.OCI_VERSION,
+            "process": oci.process(["/bin/true"], {"PATH": bwrap.DEFAULT_PATH}, "/", uid=0),
+            "root": {"path": "rootfs", "readonly": True},
+            "mounts": [oci._bind(p, p) for p in bwrap.SYSTEM_PATHS if Path(p).exists()],
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")]},
+        }
+        (bundle / "config.json").write_text(json.dumps(config))
+        argv = [
+            runsc,
+            "--root",
+            f"{work}/state",
+            f"--platform={platform}",
+            "--network=none",
+            "--ignore-cgroups",
+        ]
+        # Container ids name abstract sockets, machine-wide: the probe's is its own.
+        name = f"corral-probe-{os.getpid()}-{os.urandom(4).hex()}"
+        proc = subprocess.Popen(
+            [*argv, "run", "--bundle", str(bundle), name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=launcher.clean_env(),
+            start_new_session=True,
+        )
+        try:
+            return proc.wait(_PROBE_TIMEOUT_S) == 0
+        except subprocess.TimeoutExpired:
+            return False
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            for args in (("kill", "--all", name, "KILL"), ("delete", "--force", name)):
+                subprocess.run(
+                    [*argv, *args], capture_output=True, timeout=_RUNSC_TIMEOUT_S, env=launcher.clean_env()
+                )
+
+
+def unavailable_reason() -> str | None:
+    if runsc_path() is None:
+        return "runsc (gVisor) is not installed: `make system-deps` installs it"
+    if os.geteuid() != 0:
+        return "the gvisor runtime runs containers as root"
+    if probe_platform() is None:
+        return "runsc runs no container on this host on any platform (" + ", ".join(PLATFORMS) + ")"
+    return None
+
+
+class GvisorRuntime:
+    """Sandboxes behind gVisor's kernel on this host. See the module docstring."""
+
+    name = "gvisor"
+    # The Sentry maps guest memory lazily and its own Go heap grows at first: readings settle later.
+    memory_settle_s = 1.0
+
+    @staticmethod
+    def available() -> bool:
+        return unavailable_reason() is None
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        *,
+        cgroup_root: CgroupRoot | Literal["auto"] | None = "auto",
+        output_limit_bytes: int = DEFAULT_LIMIT,
+        system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
+        platform: str | None = None,
+        cgroup_prefix: str = "",
+    ) -> None:
+        self.root = root or DEFAULT_ROOT
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
+        self._cgroup_tag = cgroup_prefix
+        self._output_limit = output_limit_bytes
+        self._system_paths = tuple(p for p in system_paths if Path(p).exists())
+        runsc = runsc_path()
+        if runsc is None:
+            raise RuntimeFailure("runsc (gVisor) is not installed")
+        self._runsc = runsc
+        chosen = platform or probe_platform(runsc)
+        if chosen is None:
+            raise RuntimeFailure(unavailable_reason() or "runsc runs no container here")
+        self.platform = chosen
+        self._paused: set[str] = set()
+        self._tag = "c" + hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10] + "-"
+
+    # -- paths and runsc ------------------------------------------------------------------------
+
+    def _dir(self, sandbox_id: str) -> Path:
+        if not valid_id(sandbox_id):
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        return self.root / "sandboxes" / sandbox_id
+
+    def _cid(self, sandbox_id: str) -> str:
+        """The container's id: runsc names abstract sockets after it, machine-wide, and two hosts on
+        one machine may run one sandbox id (an old copy and its recreation): each root has its own."""
+        return self._tag + sandbox_id
+
+    def _argv(self, *args: str) -> list[str]:
+        return [
+            self._runsc,
+            "--root",
+            str(self.root / "runsc"),
+            f"--platform={self.platform}",
+            "--network=none",
+            # The sandbox's cgroups are corral's (made before runsc starts, inside them): runsc must
+            # neither make its own nor move the Sentry out of them.
+            "--ignore-cgroups",
+            *args,
+        ]
+
+    async def _runsc_ok(self, *args: str, timeout_s: float = _RUNSC_TIMEOUT_S) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            *self._argv(*args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=launcher.clean_env(),
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise RuntimeFailure(f"runsc {args[0]} took longer than {timeout_s:g}s") from None
+        if proc.returncode != 0:
+            raise RuntimeFailure(f"runsc {args[0]} failed: {err.decode(errors='replace').strip()[-2000:]}")
+        return out.decode(errors="replace")
+
+    def _cgroup(self, sandbox_id: str) -> SandboxCgroup | None:
+        return self.cgroups.child(self._cgroup_tag + "gv-" + sandbox_id) if self.cgroups else None
+
+    # -- start and stop -------------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec) -> SandboxHandle:
+        self._validate(spec)
+        home = self._dir(spec.id)
+        try:
+            home.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            home.mkdir(mode=0o700)
+        except FileExistsError:
+            raise SandboxExists(f"sandbox {spec.id!r} already exists") from None
+        cgroup = self._cgroup(spec.id)
+        created = False
+        try:
+            if cgroup is not None:
+                cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
+                created = True
+            bundle = await asyncio.to_thread(self._write_bundle, home, spec)
+            await self._create_in(cgroup, bundle, spec.id)
+            await self._runsc_ok("start", self._cid(spec.id))
+        except BaseException as exc:
+            await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, cgroup if created else None))
+            if isinstance(exc, RuntimeFailure | CgroupError | OSError):
+                raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
+            raise
+        started = time.time()
+        (home / _STATE).write_text(json.dumps({"spec": spec_to_dict(spec), "started_at": started}))
+        return SandboxHandle(spec.id, spec, started, ref=str(home))
+
+    def _validate(self, spec: SandboxSpec) -> None:
+        if not valid_id(spec.id):
+            raise InvalidSandbox(f"sandbox id {spec.id!r} is invalid", "id")
+        if spec.memory_mb < MIN_MEMORY_MB:
+            raise InvalidSandbox(
+                f"memory_mb: a gvisor sandbox needs at least {MIN_MEMORY_MB} MiB, got {spec.memory_mb}",
+                "memory_mb",
+            )
+        if spec.image is not None:
+            raise InvalidSandbox(
+                "image: the gvisor runtime starts from the host's root only, for now", "image"
+            )
+
+    def _write_bundle(self, home: Path, spec: SandboxSpec) -> Path:
+        bundle = home / "bundle"
+        rootfs = bundle / "rootfs"
+        rootfs.mkdir(parents=True)
+        # Mount points, so the read-only root lists as a root does (gVisor makes none of its own).
+        for point in (
+            *self._system_paths,
+            "/etc",
+            "/proc",
+            "/dev",
+            "/sys",
+            "/tmp",
+            bwrap.SANDBOX_HOME,
+            "/.corral",
+        ):
+            (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        (rootfs / bwrap.INIT_PATH.lstrip("/")).touch()
+        for name in bwrap.etc_files("x"):
+            (rootfs / "etc" / name).touch()
+        for name in bwrap.HOST_ETC:
+            on_host, mount_at = Path("/etc") / name, rootfs / "etc" / name
+            if on_host.is_dir():
+                mount_at.mkdir()
+            elif on_host.exists():
+                mount_at.touch()
+        etc = home / "etc"
+        etc.mkdir()
+        hostname = spec.hostname or spec.id[:63]
+        etc_sources: dict[str, str] = {}
+        for name, data in bwrap.etc_files(hostname).items():
+            (etc / name).write_bytes(data)
+            etc_sources[name] = str(etc / name)
+        for name in bwrap.HOST_ETC:
+            if (Path("/etc") / name).exists():
+                etc_sources.setdefault(name, f"/etc/{name}")
+        init = home / "init"
+        init.write_bytes(launcher.binary())
+        init.chmod(0o555)
+        config = oci.bundle_config(
+            hostname=hostname,
+            env=bwrap.sandbox_env(hostname, spec.env),
+            system_paths=self._system_paths,
+            etc_files=etc_sources,
+            init_source=str(init),
+            tmpfs_bytes=spec.memory_mb * _MIB,
+        )
+        (bundle / "config.json").write_text(json.dumps(config))
+        return bundle
+
+    async def _create_in(self, cgroup: SandboxCgroup | None, bundle: Path, sandbox_id: str) -> None:
+        """``runsc create``, itself (and so the Sentry and gofer it forks) inside the sandbox's cgroups
+        before it runs: nothing of the sandbox is ever outside its limits."""
+        procs = [str(p) for p in cgroup.procs_files] if cgroup is not None else []
+
+        def join() -> None:
+            for path in procs:
+                with open(path, "w") as f:
+                    f.write("0")
+
+        def run() -> tuple[int, bytes]:
+            # The Sentry inherits runsc's descriptors and keeps them: wait for runsc itself, not for
+            # the end of its stderr, then take what it said and close our end (the sandbox's copy
+            # then writes to a closed pipe: nothing of the sandbox reaches a host file).
+            proc = subprocess.Popen(
+                self._argv("create", "--bundle", str(bundle), self._cid(sandbox_id)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=join,
+                env=launcher.clean_env(),
+                cwd="/",
+            )
+            assert proc.stderr is not None
+            try:
+                code = proc.wait(_RUNSC_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            os.set_blocking(proc.stderr.fileno(), False)
+            try:
+                said = proc.stderr.read(_ERROR_BYTES) or b""
+            except BlockingIOError:
+                said = b""
+            proc.stderr.close()
+            return code, said
+
+        code, said = await asyncio.to_thread(run)
+        if code != 0:
+            raise RuntimeFailure(f"runsc create failed: {said.decode(errors='replace').strip()[-2000:]}")
+
+    async def stop(self, sandbox_id: str) -> None:
+        home = self._dir(sandbox_id)
+        if not home.exists():
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        await asyncio.to_thread(self._teardown, sandbox_id, self._cgroup(sandbox_id))
+
+    def _teardown(self, sandbox_id: str, cgroup: SandboxCgroup | None) -> None:
+        """Everything the sandbox was, gone: the container (thawed first, or it could not die), its
+        cgroups with whatever is left in them, its bundle."""
+        self._paused.discard(sandbox_id)
+        env = launcher.clean_env()
+        cid = self._cid(sandbox_id)
+        for args in (("resume", cid), ("kill", "--all", cid, "KILL"), ("delete", "--force", cid)):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(self._argv(*args), capture_output=True, timeout=_RUNSC_TIMEOUT_S, env=env)
+        if cgroup is not None and cgroup.exists():
+            with contextlib.suppress(CgroupError, OSError):
+                cgroup.kill()
+            with contextlib.suppress(CgroupError, OSError):
+                cgroup.remove()
+        shutil.rmtree(self.root / "sandboxes" / sandbox_id, ignore_errors=True)
+
+    # -- commands -------------------------------------------------------------------------------
+
+    def _process_fd(
+        self, sandbox_id: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None
+    ) -> int:
+        state = self._state(sandbox_id)
+        spec = spec_from_dict(state["spec"])
+        hostname = spec.hostname or spec.id[:63]
+        try:
+            launcher.check_command(command, dict(env or {}), cwd or bwrap.SANDBOX_HOME)
+        except launcher.BadCommand as exc:
+            raise InvalidSandbox(str(exc), exc.field) from None
+        process = oci.process(command, bwrap.sandbox_env(hostname, spec.env, env), cwd or bwrap.SANDBOX_HOME)
+        return launcher.memfd("process", json.dumps(process).encode())
+
+    async def _open(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        *,
+        stdin: bool,
+    ) -> tuple[asyncio.subprocess.Process, Path]:
+        if sandbox_id in self._paused:
+            raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
+        fd = self._process_fd(sandbox_id, command, env, cwd)
+        pid_file = self._dir(sandbox_id) / f"exec-{os.urandom(6).hex()}.pid"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._argv(
+                    "exec",
+                    "--process",
+                    f"/proc/self/fd/{fd}",
+                    "--internal-pid-file",
+                    str(pid_file),
+                    self._cid(sandbox_id),
+                ),
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(fd,),
+                env=launcher.clean_env(),
+                start_new_session=True,
+                cwd="/",
+            )
+        finally:
+            os.close(fd)
+        return proc, pid_file
+
+    def _signal_inside(self, sandbox_id: str, pid_file: Path, sig: int) -> None:
+        """``sig`` to the command inside gVisor (killing the host's ``runsc exec`` alone would leave it)."""
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                self._argv("kill", "--pid", str(pid), self._cid(sandbox_id), str(sig)),
+                capture_output=True,
+                timeout=_RUNSC_TIMEOUT_S,
+                env=launcher.clean_env(),
+            )
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        if not timeout_s > 0:
+            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
+        started = time.monotonic()
+        proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=False)
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
+        readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
+        timed_out = False
+        try:
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                await asyncio.to_thread(self._signal_inside, sandbox_id, pid_file, signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), _EXIT_GRACE_S)
+            _done, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE_S)
+            for task in pending:
+                task.cancel()
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+            for task in readers:
+                task.cancel()
+            pid_file.unlink(missing_ok=True)
+        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+        return ExecResult(
+            exit_code=128 + signal.SIGKILL if timed_out else shell_exit_code(code),
+            stdout=out.text(),
+            stderr=err.text(),
+            duration_ms=(time.monotonic() - started) * 1000.0,
+            truncated=out.truncated or err.truncated,
+            timed_out=timed_out,
+        )
+
+    async def spawn(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+        user: str | None = None,
+    ) -> Spawned:
+        if user is not None:
+            raise InvalidSandbox("the gvisor runtime runs commands as the sandbox's one user", "user")
+        proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=stdin)
+        assert proc.stdout is not None and proc.stderr is not None
+
+        async def wait() -> int:
+            try:
+                return shell_exit_code(await proc.wait())
+            finally:
+                pid_file.unlink(missing_ok=True)
+
+        def send(sig: int) -> None:
+            if proc.returncode is None:
+                self._signal_inside(sandbox_id, pid_file, sig)
+
+        return Spawned(proc.stdout, proc.stderr, proc.stdin if stdin else None, wait, send)
+
+    # -- pause, measure, list -------------------------------------------------------------------
+
+    async def pause(self, sandbox_id: str) -> None:
+        self._state(sandbox_id)
+        await self._runsc_ok("pause", self._cid(sandbox_id))
+        self._paused.add(sandbox_id)
+
+    async def resume(self, sandbox_id: str) -> None:
+        self._state(sandbox_id)
+        await self._runsc_ok("resume", self._cid(sandbox_id))
+        self._paused.discard(sandbox_id)
+
+    def paused(self, sandbox_id: str) -> bool:
+        self._state(sandbox_id)
+        return sandbox_id in self._paused
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        self._state(sandbox_id)
+        cgroup = self._cgroup(sandbox_id)
+        if cgroup is None or not cgroup.exists():
+            return None
+        return -(-cgroup.working_set_bytes() // _MIB)
+
+    async def oom_kills(self, sandbox_id: str) -> int:
+        self._state(sandbox_id)
+        cgroup = self._cgroup(sandbox_id)
+        return cgroup.oom_kills() if cgroup is not None and cgroup.exists() else 0
+
+    def _state(self, sandbox_id: str) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self._dir(sandbox_id) / _STATE).read_text())
+        except (OSError, ValueError):
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}") from None
+        return data
+
+    async def list(self) -> list[SandboxHandle]:
+        found: list[SandboxHandle] = []
+        base = self.root / "sandboxes"
+        if not base.exists():
+            return found
+        running = await self._running()
+        for home in sorted(base.iterdir()):
+            try:
+                state = json.loads((home / _STATE).read_text())
+            except (OSError, ValueError):
+                continue
+            if home.name not in running:
+                continue  # its container is gone (the host rebooted, or its init died)
+            spec = spec_from_dict(state["spec"])
+            found.append(SandboxHandle(spec.id, spec, float(state["started_at"]), ref=str(home)))
+        return found
+
+    async def _running(self) -> set[str]:
+        try:
+            out = await self._runsc_ok("list", "--format=json")
+        except RuntimeFailure:
+            return set()
+        try:
+            listed = json.loads(out) or []
+        except ValueError:
+            return set()
+        tag = self._cid("")
+        return {
+            c["id"][len(tag) :]
+            for c in listed
+            if c.get("status") in ("running", "paused") and c["id"].startswith(tag)
+        }

@@ -1,0 +1,103 @@
+"""The OCI runtime spec of a sandbox (config.json of its bundle) and of each command run in it, as
+plain data: what ``runsc`` is handed. Pure: the paths it names are made by the runtime beforehand."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from corral.runtime.bwrap import INIT_PATH, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID
+
+OCI_VERSION = "1.0.2"
+# Nothing is granted: the sandbox's user holds no capability, inside gVisor's kernel as outside.
+_NO_CAPS: dict[str, list[str]] = {
+    k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+}
+
+
+def _env_list(env: Mapping[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def process(
+    args: Sequence[str], env: Mapping[str, str], cwd: str = SANDBOX_HOME, *, uid: int = SANDBOX_UID
+) -> dict[str, Any]:
+    """One process of the sandbox: as its user, without capabilities or new privileges."""
+    return {
+        "terminal": False,
+        "user": {"uid": uid, "gid": SANDBOX_GID if uid == SANDBOX_UID else uid},
+        "args": list(args),
+        "env": _env_list(env),
+        "cwd": cwd,
+        "capabilities": _NO_CAPS,
+        "noNewPrivileges": True,
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+    }
+
+
+def _bind(source: str, destination: str) -> dict[str, Any]:
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": ["rbind", "ro", "nosuid", "nodev"],
+    }
+
+
+def _tmpfs(destination: str, size_bytes: int | None, mode: str) -> dict[str, Any]:
+    options = ["nosuid", "nodev", f"mode={mode}"]
+    if size_bytes is not None:
+        options.append(f"size={size_bytes}")
+    return {"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options}
+
+
+def bundle_config(
+    *,
+    hostname: str,
+    env: Mapping[str, str],
+    system_paths: Sequence[str],
+    etc_files: Mapping[str, str],
+    init_source: str,
+    tmpfs_bytes: int | None,
+) -> dict[str, Any]:
+    """The sandbox's spec: a read-only empty root with the host's system directories bound read-only
+    over it (until images land: then the image is its root), its generated /etc files (``etc_files``:
+    name inside /etc -> host path), tmpfs home, /tmp and /dev/shm sized like the process runtime's, and
+    corral's init as pid 1 (it reaps orphans; gVisor's kernel, not the host's, runs it)."""
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755"],
+        },
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+    ]
+    mounts += [_bind(p, p) for p in system_paths]
+    mounts += [_bind(src, f"/etc/{name}") for name, src in sorted(etc_files.items())]
+    mounts += [
+        _tmpfs("/tmp", tmpfs_bytes, "1777"),
+        _tmpfs("/dev/shm", tmpfs_bytes, "1777"),
+        _tmpfs(SANDBOX_HOME, tmpfs_bytes, "0700"),
+        _bind(init_source, INIT_PATH),
+    ]
+    init = process([INIT_PATH, "init"], env, "/")
+    init["user"] = {"uid": SANDBOX_UID, "gid": SANDBOX_GID}
+    return {
+        "ociVersion": OCI_VERSION,
+        "process": init,
+        "root": {"path": "rootfs", "readonly": True},
+        "hostname": hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+        },
+    }

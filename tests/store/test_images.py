@@ -1,0 +1,62 @@
+"""What every store keeps of images: a template's image, config and disk, and the image each sandbox
+was created from (kept through a rebuild of its template, which names a new digest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.images import ImageConfig
+from corral.store import InvalidRecord, SandboxRecord, Store, TemplateRecord
+
+IMAGE = "sha256:" + "ab" * 32
+
+
+async def test_a_template_keeps_its_image_config_and_disk(store: Store) -> None:
+    config = ImageConfig(
+        env={"LANG": "C.UTF-8"}, user="user", workdir="/work", start_cmd="serve", ready_cmd="true"
+    )
+    made = await store.create_template(
+        TemplateRecord("py", 1.0, 512, image=IMAGE, image_config=config, disk_mb=2048)
+    )
+    got = await store.get_template("py")
+    assert got == made and got is not None
+    assert (got.image, got.image_config, got.disk_mb) == (IMAGE, config, 2048)
+    plain = await store.create_template(TemplateRecord("plain", 1.0, 512))
+    assert (plain.image, plain.image_config, plain.disk_mb) == (None, None, None)
+    assert [t.name for t in await store.list_templates()] == ["default", "plain", "py"]
+
+
+async def test_a_sandbox_keeps_the_image_it_was_created_from(store: Store) -> None:
+    tenant = await store.create_tenant("alice", max_sandboxes=10, max_memory_mb=1 << 20)
+    rec = SandboxRecord("sb-1", tenant.id, "py", 512, 1.0, image=IMAGE, disk_mb=4096)
+    out = await store.create_sandbox(rec)
+    got = await store.get_sandbox("sb-1")
+    assert got is not None and (got.image, got.disk_mb) == (IMAGE, 4096) == (
+        out.record.image,
+        out.record.disk_mb,
+    )
+    assert got.request().image == IMAGE
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"image": "ubuntu:22.04"},
+        {"image": "sha256:" + "0" * 63},
+        {"image": "sha256:" + "../" * 20 + "etc"},
+        {"image_config": ImageConfig()},
+        {"image": IMAGE, "disk_mb": 0},
+        {"image": IMAGE, "disk_mb": 1 << 40},
+    ],
+)
+async def test_a_template_s_image_and_disk_are_checked(store: Store, bad: dict[str, object]) -> None:
+    with pytest.raises(InvalidRecord):
+        await store.create_template(TemplateRecord("bad", 1.0, 512, **bad))  # type: ignore[arg-type]
+    assert await store.get_template("bad") is None
+
+
+async def test_a_sandbox_s_image_is_checked(store: Store) -> None:
+    tenant = await store.create_tenant("alice", max_sandboxes=10, max_memory_mb=1 << 20)
+    with pytest.raises(InvalidRecord):
+        await store.create_sandbox(SandboxRecord("sb-1", tenant.id, "py", 512, 1.0, image="latest"))
+    assert await store.get_sandbox("sb-1") is None
