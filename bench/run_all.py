@@ -33,7 +33,7 @@ BENCHES: dict[str, list[str]] = {
     "heartbeat": [],
     "first_run": [],
     "cli_start": [],
-    "isolation": ["--samples", "100"],
+    "isolation": ["--samples", "1000"],
     "fairness": [],
 }
 WHAT = {
