@@ -15,6 +15,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from corral.core.netpolicy import (
     slot_net,
 )
 from corral.runtime.base import Runtime
-from corral.runtime.uids import UidAllocator, UidsExhausted
+from corral.runtime.uids import Lease, UidAllocator, UidsExhausted
 
 log = logging.getLogger("corral.agent.netslots")
 
@@ -77,6 +78,12 @@ class SlotPool:
         self.in_use: dict[str, SlotNet] = {}
         self.stats = SlotStats()
         self._filling: asyncio.Task[None] | None = None
+        # Every index this pool holds a lease for (built, building, in use or adopted); a lease of
+        # its root outside it is from an earlier life. Taking a lease and noting it are one step
+        # to a reclaim (``_leasing``).
+        self._leased: set[int] = set()
+        self._leasing = threading.Lock()
+        self._reclaimed = False
 
     # -- taking and returning --------------------------------------------------------------------
 
@@ -135,6 +142,8 @@ class SlotPool:
             return False
         if slot.netns != name:
             return False
+        with self._leasing:
+            self._leased.add(slot.index)
         self.in_use[sandbox_id] = slot
         return True
 
@@ -147,6 +156,9 @@ class SlotPool:
         self._filling = asyncio.get_running_loop().create_task(self.fill(), name="netslots-fill")
 
     async def fill(self) -> None:
+        if not self._reclaimed:
+            self._reclaimed = True
+            await asyncio.to_thread(self.reclaim)
         while len(self.ready) < self.size:
             try:
                 slot = await self._build()
@@ -156,9 +168,30 @@ class SlotPool:
             self.stats.built_ahead += 1
             self.ready.append(slot)
 
+    def reclaim(self) -> int:
+        """Remove the slots of this machine that no pool will ever give back: those of a pool whose
+        state is gone, and this pool's own from an earlier life (its agent killed before it closed
+        the pool) that no adopted sandbox runs in. Run once, by the first fill, after adoption: an
+        agent that crashes leaks its slots only until it, or any agent of the machine, starts again.
+        Every slot stays a mount and a table on the host until then, and each mount is a line that
+        every sandbox start reads (bubblewrap parses the mount table)."""
+        mine = self._leases.statedir_root
+
+        def keep(lease: Lease) -> bool:
+            if lease.root == mine:
+                return lease.uid in self._leased
+            return lease.owner_exists()
+
+        with self._leasing:
+            taken = self._leases.reclaim(keep, lambda index: netns.destroy(slot_net(index, self.slot_range)))
+        if taken:
+            log.info("reclaimed %d network slots left by agents that are gone", len(taken))
+        self.stats.destroyed += len(taken)
+        return len(taken)
+
     async def _build(self) -> SlotNet:
         try:
-            index = await asyncio.to_thread(self._leases.acquire, _OWNER)
+            index = await asyncio.to_thread(self._acquire)
         except UidsExhausted:
             raise SlotsUnavailable(f"every slot of {self.slot_range} on this machine is in use") from None
         slot = slot_net(index, self.slot_range)
@@ -172,9 +205,16 @@ class SlotPool:
             raise
         return slot
 
+    def _acquire(self) -> int:
+        with self._leasing:
+            index = self._leases.acquire(_OWNER)
+            self._leased.add(index)
+        return index
+
     async def _retire(self, slot: SlotNet) -> None:
         await asyncio.to_thread(netns.destroy, slot)
         await asyncio.to_thread(self._leases.release, slot.index, _OWNER)
+        self._leased.discard(slot.index)
         self.stats.destroyed += 1
 
     async def close(self) -> None:
@@ -201,3 +241,20 @@ def pool_for(runtime: Runtime, runtime_root: Path, size: int = DEFAULT_POOL_SIZE
         log.warning("no network slots on this host: %s missing (make system-deps)", ", ".join(missing))
         return None
     return SlotPool(runtime_root.with_name(runtime_root.name + ".netslots"), size=size)
+
+
+def reclaim_under(
+    root: Path, *, lease_dir: Path = DEFAULT_LEASE_DIR, slot_range: ipaddress.IPv4Network = DEFAULT_SLOT_RANGE
+) -> int:
+    """Remove every slot leased by a pool whose state lies under ``root``, whoever runs it: for state
+    that is being removed while its agents cannot close their pools (killed, or a test run's
+    temporary directories, which outlive the run). Returns how many went."""
+    if not lease_dir.is_dir():
+        return 0
+    under = str(root.resolve())
+    leases = UidAllocator(lease_dir, range(slot_count(slot_range)), root)
+    taken = leases.reclaim(
+        lambda lease: not (lease.root == under or lease.root.startswith(under + os.sep)),
+        lambda index: netns.destroy(slot_net(index, slot_range)),
+    )
+    return len(taken)

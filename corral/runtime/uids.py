@@ -16,7 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +124,25 @@ class UidAllocator:
         with contextlib.suppress(FileNotFoundError):
             (self.directory / str(uid)).unlink()
         return True
+
+    def reclaim(self, keep: Callable[[Lease], bool], undo: Callable[[int], None]) -> list[int]:
+        """Take back every lease of the range that ``keep`` refuses, and any torn one: ``undo`` removes
+        what the holder left under that uid, then the lease goes. Under the lock, so no allocator hands
+        one out meanwhile. Returns the uids taken back."""
+        taken: list[int] = []
+        with self._locked():
+            for entry in os.scandir(self.directory):
+                if not entry.name.isdigit() or int(entry.name) not in self.uids:
+                    continue
+                uid = int(entry.name)
+                lease = self.holder(uid)
+                if lease is not None and keep(lease):
+                    continue
+                undo(uid)
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / entry.name).unlink()
+                taken.append(uid)
+        return taken
 
     def holder(self, uid: int) -> Lease | None:
         """Who holds ``uid``; None when nobody does or the lease cannot be read (a torn write)."""

@@ -16,8 +16,17 @@ from pathlib import Path
 import pytest
 
 from corral.agent import netns
-from corral.agent.netslots import SlotPool
-from corral.core.netpolicy import INTERNET, NO_NETWORK, EgressPolicy, parse_policy, render_table, slot_net
+from corral.agent.netslots import SlotPool, reclaim_under
+from corral.core.netpolicy import (
+    INTERNET,
+    NO_NETWORK,
+    EgressPolicy,
+    SlotNet,
+    parse_policy,
+    render_table,
+    slot_count,
+    slot_net,
+)
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime
 from corral.testing import netlab
@@ -278,3 +287,61 @@ async def test_an_agent_gives_each_networked_sandbox_a_slot_and_takes_it_back(
     await agent.stop("on")
     await agent.stop("off")
     assert not pool.in_use
+
+
+def _exists(slot: SlotNet) -> bool:
+    return Path("/run/netns", slot.netns).exists()
+
+
+async def test_slots_left_by_a_killed_agent_or_a_removed_one_are_reclaimed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    # A range and a lease directory of this test's own: nothing it reclaims is anyone else's.
+    own = {"lease_dir": tmp_path / "leases", "slot_range": ipaddress.IPv4Network("10.232.7.0/28")}
+    killed = SlotPool(tmp_path / "a" / "netslots", size=2, **own)  # type: ignore[arg-type]
+    await killed.fill()
+    left = list(killed.ready)
+    assert all(_exists(s) for s in left)
+    # Another agent's pool, whose state was then removed (its agent gone for good).
+    removed = SlotPool(tmp_path / "b" / "netslots", size=1, **own)  # type: ignore[arg-type]
+    await removed.fill()
+    assert [_exists(s) for s in removed.ready] == [True]
+    shutil.rmtree(tmp_path / "b")
+    # The first agent comes back on its own state (neither pool was closed: kill -9) and adopts
+    # the one slot a sandbox still runs in.
+    again = SlotPool(tmp_path / "a" / "netslots", size=1, **own)  # type: ignore[arg-type]
+    assert again.adopt("survivor", netns.netns_path(left[0]))
+    try:
+        await again.fill()
+        assert again.slot_of("survivor") == left[0]
+        assert again.stats.destroyed == 2  # the killed pool's other ready slot, and the orphan
+        # What is left on the host is what this pool holds: the survivor's and one ready slot (its
+        # index may be one reclaimed above, built anew).
+        held = {left[0].index, again.ready[0].index}
+        assert {s.index for s in _all(own["slot_range"]) if _exists(s)} == held
+        leases = {int(p.name) for p in (tmp_path / "leases").iterdir() if p.name.isdigit()}
+        assert leases == held
+    finally:
+        await again.give_back("survivor")
+        await again.close()
+    assert not any(_exists(s) for s in _all(own["slot_range"]))
+
+
+def _all(slot_range: object) -> list[SlotNet]:
+    assert isinstance(slot_range, ipaddress.IPv4Network)
+    return [slot_net(i, slot_range) for i in range(slot_count(slot_range))]
+
+
+async def test_the_slots_of_state_being_removed_go_with_it_and_no_others(tmp_path: Path) -> None:
+    own = {"lease_dir": tmp_path / "leases", "slot_range": ipaddress.IPv4Network("10.232.8.0/28")}
+    doomed = SlotPool(tmp_path / "run" / "host-1" / "netslots", size=2, **own)  # type: ignore[arg-type]
+    kept = SlotPool(tmp_path / "other" / "netslots", size=1, **own)  # type: ignore[arg-type]
+    await doomed.fill()
+    await kept.fill()
+    try:
+        assert reclaim_under(tmp_path / "run", **own) == 2  # type: ignore[arg-type]
+        assert not any(_exists(s) for s in doomed.ready)
+        assert [_exists(s) for s in kept.ready] == [True]
+    finally:
+        await kept.close()
+        doomed.ready.clear()
