@@ -6,9 +6,12 @@ And what the run leaves behind: no network slot of its agents' on the host."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -31,10 +34,28 @@ def _root_logger_restored() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_network_slot_outlives_the_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Agents the tests kill (kill -9 is a scenario here) cannot close their slot pools, and their
-    state stays in pytest's kept temporary directories, so no later pool would ever take those slots
-    back: at its end the run removes every slot leased under its own directory."""
+def _nothing_of_the_run_outlives_it(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Agents the tests stop or kill (kill -9 is a scenario here) leave their sandboxes running, as
+    an agent does so that its next start re-adopts them, and cannot close their slot pools; their
+    state stays in pytest's kept temporary directories, where nothing would ever take them back. At
+    its end the run stops every sandbox recorded under its own directory, then removes every network
+    slot leased there."""
     yield
-    if os.geteuid() == 0 and not netns.tools_missing():
-        reclaim_under(tmp_path_factory.getbasetemp())
+    base = tmp_path_factory.getbasetemp()
+    if os.geteuid() != 0:
+        return
+    asyncio.run(_stop_sandboxes_under(base))
+    if not netns.tools_missing():
+        reclaim_under(base)
+
+
+async def _stop_sandboxes_under(base: Path) -> None:
+    from corral.runtime.process import ProcessRuntime
+    from corral.runtime.statedir import MARKER, RECORD
+
+    roots = {p.parent.parent for name in (RECORD, MARKER) for p in base.glob(f"**/{name}")}
+    for root in sorted(roots):
+        runtime = ProcessRuntime(root=root)
+        for sandbox_id in list(runtime.statedir.ids()):
+            with contextlib.suppress(Exception):
+                await runtime.stop(sandbox_id)

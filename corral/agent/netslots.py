@@ -6,6 +6,11 @@ The pool's depth is a warm-start optimisation, not a bound: a drained pool build
 the default /16), shared by every agent on the machine through leases in one directory (the same
 lease files and lock as sandbox uids, :class:`corral.runtime.uids.UidAllocator`): two agents on one
 machine never hold the same index, hence never the same names or addresses.
+
+A pool starts empty and warms at its host's first networked sandbox: a host whose sandboxes never ask
+for an interface (the default policy asks for none) keeps no slot. Each slot is a namespace, a veth
+pair, a table and a mount on the host, and every sandbox start reads the mount table: 24 slots built
+ahead at a 12-host ``corral serve``'s start doubled the p99 of its first burst of 50 creates.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class SlotPool:
         self._leased: set[int] = set()
         self._leasing = threading.Lock()
         self._reclaimed = False
+        self._wanted = False  # a slot has been asked for: from then on, keep ``size`` ready
 
     # -- taking and returning --------------------------------------------------------------------
 
@@ -91,6 +97,7 @@ class SlotPool:
         """A slot for ``sandbox_id`` enforcing ``policy``: a ready one, or one built now."""
         if sandbox_id in self.in_use:
             raise SlotsUnavailable(f"sandbox {sandbox_id!r} already holds a slot")
+        self._wanted = True
         if self.ready:
             slot = self.ready.pop()
         else:
@@ -150,15 +157,25 @@ class SlotPool:
     # -- building ahead ----------------------------------------------------------------------------
 
     def refill(self) -> None:
-        """Build up to ``size`` ready slots in the background (one filler at a time)."""
-        if len(self.ready) >= self.size or (self._filling is not None and not self._filling.done()):
+        """In the background (one filler at a time): the first time, take back what no pool will
+        (:meth:`reclaim`); once a slot has been taken, build up to ``size`` ready ones."""
+        wanted = self._wanted and len(self.ready) < self.size
+        if (self._reclaimed and not wanted) or (self._filling is not None and not self._filling.done()):
             return
-        self._filling = asyncio.get_running_loop().create_task(self.fill(), name="netslots-fill")
+        self._filling = asyncio.get_running_loop().create_task(self._refill(), name="netslots-fill")
 
-    async def fill(self) -> None:
+    async def _refill(self) -> None:
+        await (self.fill() if self._wanted else self._reclaim_once())
+
+    async def _reclaim_once(self) -> None:
         if not self._reclaimed:
             self._reclaimed = True
             await asyncio.to_thread(self.reclaim)
+
+    async def fill(self) -> None:
+        """Build up to ``size`` ready slots now (reclaiming first, the first time)."""
+        self._wanted = True
+        await self._reclaim_once()
         while len(self.ready) < self.size:
             try:
                 slot = await self._build()

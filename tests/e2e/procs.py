@@ -207,7 +207,8 @@ def process_fleet(
             wait_ready(r, r.url, timeout=60)
         credentials, _ = enrol(started[0].url, admin, "fleet-host", tmp_path)
         agent_args = ["agent", "--control-plane", started[0].url, "--token-file", str(credentials)]
-        agent_args += ["--runtime", "process", "--memory-mb", "4096", "--headroom-mb", "0"]
+        agent_args += ["--runtime", "process", "--state-dir", str(tmp_path / "agent-state")]
+        agent_args += ["--memory-mb", "4096", "--headroom-mb", "0"]
         agent_args += ["--listen", f"127.0.0.1:{free_port()}", "--heartbeat-interval", "0.5"]
         agent = start("agent", agent_args, tmp_path, env)
         procs.append(agent)

@@ -345,3 +345,22 @@ async def test_the_slots_of_state_being_removed_go_with_it_and_no_others(tmp_pat
     finally:
         await kept.close()
         doomed.ready.clear()
+
+
+async def test_a_pool_warms_at_its_first_networked_sandbox_and_not_before(tmp_path: Path) -> None:
+    own = {"lease_dir": tmp_path / "leases", "slot_range": ipaddress.IPv4Network("10.232.9.0/28")}
+    pool = SlotPool(tmp_path / "netslots", size=2, **own)  # type: ignore[arg-type]
+    try:
+        pool.refill()  # what an agent does at its start
+        assert pool._filling is not None
+        await pool._filling
+        assert pool.counts() == {"free": 0, "in_use": 0, "on_demand": 0}
+        assert not any(_exists(s) for s in _all(own["slot_range"]))
+        await pool.take("first", NO_NETWORK)  # built on demand, then the pool warms behind it
+        assert pool._filling is not None
+        await pool._filling
+        assert pool.counts() == {"free": 2, "in_use": 1, "on_demand": 1}
+    finally:
+        await pool.give_back("first")
+        await pool.close()
+    assert not any(_exists(s) for s in _all(own["slot_range"]))
