@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "create": ("corral.client.cli", "create_command", None),
     "kill": ("corral.client.cli", "kill_command", None),
     "rm": ("corral.client.cli", "kill_command", None),
+    "shell": ("corral.client.shell_cli", "shell_command", None),
     "explain": ("corral.client.cli", "explain_command", None),
     "top": ("corral.client.cli", "top_command", None),
     "dashboard": ("corral.client.cli", "dashboard_command", None),

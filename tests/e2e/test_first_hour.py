@@ -200,3 +200,49 @@ def test_the_doc_harness_runs_python_unless_skipped_and_shell_when_asked(tmp_pat
     for path in (ROOT / "docs" / "sdk.md", ROOT / "README.md", ROOT / "docs" / "e2b.md"):
         first = next(b for b in blocks(path) if b.lang in ("python", "sh") and b.why is None and b.run)
         assert first.name in names
+
+
+def test_corral_shell_runs_line_after_line_keeping_the_directory_and_variables(
+    serve: Serve, sandbox: str
+) -> None:
+    env = {**os.environ, "CORRAL_URL": serve.proc.url, "CORRAL_TOKEN": ADMIN_TOKEN}
+    lines = [
+        "cd /tmp",
+        "pwd",
+        "export GREETING=hi",
+        'echo "$GREETING from $(pwd)"',
+        "cd /does-not-exist",  # refused: the shell stays where it was
+        "pwd; echo to-stderr >&2",
+        "sh -c 'exit 4'",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "corral", "shell", sandbox],
+        input="\n".join(lines) + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == "/tmp\nhi from /tmp\n/tmp\n"
+    assert "does-not-exist" in done.stderr and "to-stderr" in done.stderr
+    # Leaving with `exit N` exits N; an id the caller cannot see is refused before any line runs.
+    left = subprocess.run(
+        [sys.executable, "-m", "corral", "shell", sandbox],
+        input="exit 7\necho never\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (left.returncode, left.stdout) == (7, "")
+    tenant_env = {**env, "CORRAL_TOKEN": _tenant_token(serve)}
+    unknown = subprocess.run(
+        [sys.executable, "-m", "corral", "shell", "sb-0000000000000000000000000"],
+        input="id\n",
+        env=tenant_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unknown.returncode == 1 and "not_found" in unknown.stderr and unknown.stdout == ""
