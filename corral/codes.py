@@ -45,6 +45,8 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed", 405
     NAME_CONFLICT = "name_conflict", 409
     HOST_HAS_SANDBOXES = "host_has_sandboxes", 409
+    # A tenant is removed only once none of its sandboxes is live: its sandboxes are deleted first.
+    TENANT_HAS_SANDBOXES = "tenant_has_sandboxes", 409
     SANDBOX_NOT_RUNNING = "sandbox_not_running", 409
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused", 409
     STATE_CONFLICT = "state_conflict", 409

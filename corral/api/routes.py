@@ -235,6 +235,14 @@ async def set_quota(
     return tenant_out(tenant)
 
 
+@router.delete("/v1/tenants/{name}", status_code=204)
+async def delete_tenant(name: Annotated[str, Path(pattern=NAME_PATTERN)], _: Admin, plane: Plane) -> Response:
+    """Remove a tenant and revoke its tokens; 409 ``tenant_has_sandboxes`` while any of its sandboxes
+    is live (delete them first: nothing here stops a sandbox)."""
+    await plane.delete_tenant(name)
+    return Response(status_code=204)
+
+
 @router.get("/v1/tenants", response_model=TenantList)
 async def list_tenants(_: Admin, plane: Plane) -> TenantList:
     return TenantList(tenants=[tenant_out(t) for t in await plane.store.list_tenants()])

@@ -407,6 +407,11 @@ class AsyncTenants:
         """A key for the tenant in the form every e2b SDK version accepts (a tenant token like any other)."""
         return parse(E2bKey, await self._client.request("POST", wire.tenant_path(name) + "/e2b-keys"))
 
+    async def delete(self, name: str) -> None:
+        """Remove the tenant and revoke every token of it (its E2B keys too). Raises :class:`TenantBusy`
+        while any of its sandboxes is live: delete those first."""
+        await self._client.request("DELETE", wire.tenant_path(name))
+
 
 class AsyncPools:
     """``client.pools``: warm pools (admin token)."""

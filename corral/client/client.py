@@ -403,6 +403,11 @@ class Tenants:
         """A key for the tenant in the form every e2b SDK version accepts (a tenant token like any other)."""
         return parse(E2bKey, self._client.request("POST", wire.tenant_path(name) + "/e2b-keys"))
 
+    def delete(self, name: str) -> None:
+        """Remove the tenant and revoke every token of it (its E2B keys too). Raises :class:`TenantBusy`
+        while any of its sandboxes is live: delete those first."""
+        self._client.request("DELETE", wire.tenant_path(name))
+
 
 class Pools:
     """``client.pools``: warm pools (admin token)."""

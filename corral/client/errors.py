@@ -101,6 +101,13 @@ class HostBusy(CorralError):
     code = ErrorCode.HOST_HAS_SANDBOXES
 
 
+class TenantBusy(CorralError):
+    """409: a tenant cannot be removed while any of its sandboxes is live (``details["live_sandboxes"]``
+    says how many); delete them first."""
+
+    code = ErrorCode.TENANT_HAS_SANDBOXES
+
+
 class PayloadTooLarge(CorralError):
     """413: the request's body is over the route's cap."""
 
@@ -225,6 +232,7 @@ _BY_CODE: dict[str, type[CorralError]] = {
         SandboxPaused,
         Misdirected,
         HostBusy,
+        TenantBusy,
         PayloadTooLarge,
         InvalidRequest,
         OverQuota,

@@ -1,4 +1,4 @@
-"""``corral tenants create|ls|e2b-key``: tenants from the command line (admin token), each named by its
+"""``corral tenants create|ls|e2b-key|rm``: tenants from the command line (admin token), each named by its
 name, as every tenants route takes it."""
 
 from __future__ import annotations
@@ -75,3 +75,24 @@ def e2b_key_command(
         _print_json(key.model_dump(mode="json"))
     else:
         typer.echo(key.key)
+
+
+@tenants_app.command("rm")
+def rm_command(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="The tenant's name.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove a tenant and revoke its tokens and E2B keys. Refused while any of its sandboxes is live:
+    delete them first (`corral ps`, `corral rm ID`)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            client.tenants.delete(name)
+    except CorralError as err:
+        _fail(err)
+    if as_json:
+        _print_json({"name": name, "removed": True})
+    else:
+        typer.echo(f"removed tenant {name}; its tokens and E2B keys are revoked")

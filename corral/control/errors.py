@@ -86,6 +86,14 @@ class HostInUse(ControlError):
     status = 409
 
 
+class TenantInUse(ControlError):
+    """A tenant cannot be removed while any of its sandboxes is live; ``details["live_sandboxes"]``
+    says how many are."""
+
+    code = ErrorCode.TENANT_HAS_SANDBOXES
+    status = 409
+
+
 class PayloadTooLarge(ControlError):
     """The request's body is over its route's cap; refused before it is read in full."""
 

@@ -25,6 +25,7 @@ from corral.control.errors import (
     HostInUse,
     InvalidRequest,
     ResourceNotFound,
+    TenantInUse,
     Unauthorized,
     Unavailable,
 )
@@ -60,6 +61,7 @@ from corral.store import (
     Store,
     StoreUnavailable,
     TemplateRecord,
+    TenantHasSandboxes,
     TenantRecord,
     TokenRecord,
     own_blobs,
@@ -427,6 +429,27 @@ class ControlPlane:
             raise Conflict(f"tenant {name!r} exists", details={"field": "name"}) from e
         token = await self.store.issue_token(tenant.id, Role.TENANT)
         return tenant, token
+
+    async def delete_tenant(self, name: str) -> None:
+        """Remove a tenant none of whose sandboxes is live (its sandboxes are deleted first, never by
+        this): every token of it, E2B keys included, stops working here at once and on the other
+        replicas when they next read the revocation epoch."""
+        if name == DEFAULT_TENANT:
+            # The admin tokens are the default tenant's, and every replica re-creates it at start-up.
+            raise Forbidden(f"the {DEFAULT_TENANT!r} tenant holds the admin tokens: it is never removed")
+        tenant = await self.store.get_tenant_by_name(name)
+        if tenant is None:
+            raise ResourceNotFound(f"no tenant {name!r}")
+        try:
+            found = await self.store.delete_tenant(tenant.id)
+        except TenantHasSandboxes as e:
+            raise TenantInUse(
+                f"tenant {name!r} has {e.live} live sandboxes: delete them first, then remove the tenant",
+                details={"live_sandboxes": e.live},
+            ) from e
+        if not found:  # removed meanwhile by another request
+            raise ResourceNotFound(f"no tenant {name!r}")
+        self.forget_cached_tokens()
 
     async def set_quota(
         self,

@@ -21,6 +21,7 @@ from corral.store.errors import (
     StateConflict,
     StoreError,
     StoreUnavailable,
+    TenantHasSandboxes,
     TokenRevoked,
 )
 from corral.store.records import (
@@ -127,6 +128,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TemplateRecord",
+    "TenantHasSandboxes",
     "TenantRecord",
     "TokenRecord",
     "TokenRevoked",

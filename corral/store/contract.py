@@ -480,7 +480,19 @@ class TenantDirectory(Protocol):
     async def list_tenants(self) -> list[TenantRecord]: ...
 
 
-class AccessStore(TenantUsage, TenantDirectory, Protocol):
+class TenantRemoval(Protocol):
+    """A tenant removed, with what it owns, in one transaction."""
+
+    @abstractmethod
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        """Delete the tenant and revoke every token of it; its ended records (``stopped``, ``failed``),
+        Idempotency-Keys and custom domains go with it, all in one transaction. Raises
+        :class:`TenantHasSandboxes` while any of its sandboxes is live (``LIVE_STATES``, parked creates
+        included): no create of its can commit between that check and the delete. Its tombstones
+        (``deleted``) stay for the reconciler to stop on their hosts. True if it existed."""
+
+
+class AccessStore(TenantUsage, TenantDirectory, TenantRemoval, Protocol):
     """Tenants and quotas, API tokens, host enrolment and fleet secrets."""
 
     @abstractmethod

@@ -77,6 +77,18 @@ class HostHasSandboxes(StoreError):
     code = ErrorCode.HOST_HAS_SANDBOXES
 
 
+class TenantHasSandboxes(StoreError):
+    """A tenant cannot be removed while any of its sandboxes is live (``LIVE_STATES``); ``live`` says
+    how many are."""
+
+    code = ErrorCode.TENANT_HAS_SANDBOXES
+
+    def __init__(self, tenant_id: str, live: int) -> None:
+        self.tenant_id = tenant_id
+        self.live = live
+        super().__init__(f"tenant {tenant_id} has {live} live sandboxes")
+
+
 class TokenRevoked(StoreError):
     """A configured token that was revoked: it is never adopted again."""
 

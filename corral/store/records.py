@@ -61,6 +61,10 @@ LIVE_STATES: frozenset[SandboxState] = frozenset(
     }
 )
 
+# A removed tenant's records that go with it: ended for good. Its tombstones (``deleted``) do not: the
+# reconciler still has to stop each on its host before it deletes the record.
+REMOVED_WITH_TENANT: frozenset[SandboxState] = frozenset({SandboxState.STOPPED, SandboxState.FAILED})
+
 
 class Role(enum.StrEnum):
     ADMIN = "admin"

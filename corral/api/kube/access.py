@@ -43,7 +43,8 @@ def bearer(request: Request) -> str | None:
 
 
 class Namespaces:
-    """Tenants by name and by id, cached (tenants are few and never renamed)."""
+    """Tenants by id, cached (an id is never given to another tenant), and by name, read each time: a
+    name is freed when its tenant is removed, on any replica, and may then name a new tenant."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
@@ -59,9 +60,6 @@ class Namespaces:
         return t.name
 
     async def by_name(self, name: str) -> TenantRecord | None:
-        for known in self._by_id.values():
-            if known.name == name:
-                return known
         t = await self.plane.store.get_tenant_by_name(name)
         if t is not None:
             self._by_id[t.id] = t

@@ -13,11 +13,13 @@ from corral.store.errors import (
     InvalidRecord,
     NameConflict,
     RecordNotFound,
+    TenantHasSandboxes,
     TokenRevoked,
 )
 from corral.store.records import (
     DEFAULT_MAX_CPUS,
     LIVE_STATES,
+    REMOVED_WITH_TENANT,
     Principal,
     Role,
     TenantRecord,
@@ -32,6 +34,7 @@ from corral.store.records import (
 from corral.store.rows import in_list
 from corral.store.sql.base import (
     _TOKEN_PREFIX,
+    UNINDEXED_STATE,
     Params,
     SqlBase,
     Tx,
@@ -130,6 +133,34 @@ class AccessSql(SqlBase):
             if row is None:
                 raise RecordNotFound(f"tenant {tenant_id!r}")
             return rows.tenant_from_row(row)
+
+        return await self._write(run)
+
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        live, live_params = in_list("l", sorted(s.value for s in LIVE_STATES))
+        ended, ended_params = in_list("e", sorted(s.value for s in REMOVED_WITH_TENANT))
+        t = {"t": tenant_id}
+
+        async def run(tx: Tx) -> bool:
+            # The tenant's row lock first: every create of its sandboxes takes that lock to count its
+            # quota, so none commits between the count below and the delete (SQLite: one writer).
+            if await tx.fetchone(f"SELECT id FROM tenants WHERE id = :t{self.for_update}", t) is None:
+                return False
+            # By the tenant's own index (``UNINDEXED_STATE``), not the state index: most are running.
+            row = await tx.fetchone(
+                f"SELECT count(*) FROM sandboxes WHERE tenant_id = :t AND {UNINDEXED_STATE} IN {live}",
+                {**t, **live_params},
+            )
+            if row is not None and int(row[0]) > 0:
+                raise TenantHasSandboxes(tenant_id, int(row[0]))
+            await tx.execute(
+                f"DELETE FROM sandboxes WHERE tenant_id = :t AND {UNINDEXED_STATE} IN {ended}",
+                {**t, **ended_params},
+            )
+            await tx.execute("DELETE FROM idempotency_keys WHERE tenant_id = :t", t)
+            await tx.execute("DELETE FROM sandbox_domains WHERE tenant_id = :t", t)
+            await self._revoke_where(tx, "tenant_id = :t", t)
+            return await tx.execute("DELETE FROM tenants WHERE id = :t", t) > 0
 
         return await self._write(run)
 

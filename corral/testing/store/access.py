@@ -8,9 +8,12 @@ from corral.store import rows
 from corral.store.errors import (
     NameConflict,
     RecordNotFound,
+    TenantHasSandboxes,
 )
 from corral.store.records import (
     DEFAULT_MAX_CPUS,
+    LIVE_STATES,
+    REMOVED_WITH_TENANT,
     TenantRecord,
     Usage,
     check_create_rate,
@@ -46,6 +49,25 @@ class AccessModel(ModelBase):
             raise RecordNotFound(f"tenant {tenant_id!r}")
         t.record = replace(t.record, create_rate_per_s=rate_per_s, create_burst=burst)
         return t.record
+
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        """As the SQL stores: refused while a sandbox of its is live; its ended records and keys go
+        with it, its tombstones stay (the model keeps no tokens or domains)."""
+        await self._enter()
+        if tenant_id not in self.tenants:
+            return False
+        mine = [sb for sb in self.sandboxes.values() if sb.tenant_id == tenant_id]
+        live = sum(sb.state in LIVE_STATES for sb in mine)
+        if live:
+            raise TenantHasSandboxes(tenant_id, live)
+        for sb in mine:
+            if sb.state in REMOVED_WITH_TENANT:
+                del self.sandboxes[sb.id]
+                self.placements.pop(sb.id, None)
+        for key in [k for k in self.idempotency if k[0] == tenant_id]:
+            del self.idempotency[key]
+        del self.tenants[tenant_id]
+        return True
 
     async def usage(self, tenant_id: str) -> Usage:
         await self._enter()

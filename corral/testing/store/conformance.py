@@ -20,7 +20,7 @@ if TYPE_CHECKING:
         Tenants,
         WaitingQueue,
     )
-    from corral.store.contract import FailoverStore
+    from corral.store.contract import FailoverStore, TenantRemoval
     from corral.store.postgres import PostgresStore
     from corral.store.sqlite import SqliteStore
     from corral.testing.store import ModelStore
@@ -37,4 +37,6 @@ if TYPE_CHECKING:
         placements: list[Placements] = [model, sqlite, postgres]
         failover: list[FailoverStore] = [model, sqlite, postgres]
         rates: list[RatesPort] = [model, sqlite, postgres]
+        removals: list[TenantRemoval] = [model, sqlite, postgres]
         del rates, flows, hosts, tenants, pools, claims, waiting, heartbeats, sealed, placements, failover
+        del removals
