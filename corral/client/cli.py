@@ -449,16 +449,22 @@ def kill_command(
     url: UrlOption = None,
     token: TokenOption = None,
     missing_ok: Annotated[bool, typer.Option("--missing-ok", help="Succeed if it is already gone.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Delete a sandbox."""
+    existed = True
     try:
         with _factory(ctx).sync_client(url, token) as client:
             client.sandboxes.delete(sandbox_id)
     except NotFound as err:
         if not missing_ok:
             _fail(err)
+        existed = False
     except CorralError as err:
         _fail(err)
+    if as_json:
+        _print_json({"id": sandbox_id, "deleted": existed})
+        return
     typer.echo(f"killed {sandbox_id}")
 
 
@@ -523,14 +529,19 @@ def dashboard_command(
     url: UrlOption = None,
     token: TokenOption = None,
     open_it: Annotated[bool, typer.Option("--open", help="Open it in a browser too.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Print a sign-in link to the dashboard (admin token), good for five minutes."""
     try:
         with _factory(ctx).sync_client(url, token) as client:
-            link = str(client.request("POST", DASHBOARD_LINK_PATH)["url"])
+            answer = client.request("POST", DASHBOARD_LINK_PATH)
     except CorralError as err:
         _fail(err)
-    typer.echo(link)
+    link = str(answer["url"])
+    if as_json:
+        _print_json(answer)
+    else:
+        typer.echo(link)
     if open_it:
         import webbrowser
 
@@ -543,10 +554,16 @@ def top_command(
     token: TokenOption = None,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")] = 2.0,
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the data behind one frame (the dashboard's) and exit.")
+    ] = False,
 ) -> None:
     """The fleet live: per-host load, memory and latency, refusals (admin token)."""
     try:
         with _factory(ctx).sync_client(url, token) as client:
+            if as_json:
+                _print_json(client.request("GET", TOP_DATA_PATH))
+                return
 
             def frame() -> RenderableType:
                 return render_top(client.request("GET", TOP_DATA_PATH))

@@ -21,6 +21,7 @@ def create_command(
     max_per_host: Annotated[int | None, typer.Option("--max-per-host", min=1)] = None,
     url: UrlOption = None,
     token: TokenOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Create a pool, or resize it if the template has one."""
     try:
@@ -32,6 +33,9 @@ def create_command(
                 pool = client.pools.create(template, size, max_per_host=max_per_host)
     except CorralError as err:
         _fail(err)
+    if as_json:
+        _print_json(pool.model_dump(mode="json"))
+        return
     typer.echo(f"pool {pool.template}: size {pool.size}, {pool.ready} ready")
 
 
@@ -70,6 +74,7 @@ def rm_command(
     template: Annotated[str, typer.Argument(help="Template whose pool goes.")],
     url: UrlOption = None,
     token: TokenOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Delete a pool: its unclaimed warm sandboxes stop; claimed ones stay."""
     try:
@@ -77,4 +82,7 @@ def rm_command(
             client.pools.delete(template)
     except CorralError as err:
         _fail(err)
+    if as_json:
+        _print_json({"template": template, "deleted": True})
+        return
     typer.echo(f"pool {template} deleted")

@@ -23,6 +23,9 @@ def create_command(
     max_cpus: Annotated[float | None, typer.Option("--max-cpus", min=0)] = None,
     url: UrlOption = None,
     token: TokenOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Accepted for scripts that pass it everywhere: the answer is JSON.")
+    ] = True,
 ) -> None:
     """Create a tenant; print it as JSON, with its first token (`token`, shown this once: it is also
     the tenant's E2B API key)."""
