@@ -208,7 +208,8 @@ def agent_command(
         typer.Option(
             "--network-slots",
             min=0,
-            help="Network slots built ahead for sandboxes with egress (a drained pool builds on demand).",
+            help="Network slots kept ready for sandboxes with egress, from the host's first such sandbox on "
+            "(a drained pool builds on demand; slots left by an agent that died are reclaimed at start).",
         ),
     ] = DEFAULT_POOL_SIZE,
     header_timeout: lo.HeaderTimeout = lo.DEFAULTS.header_timeout_s,
