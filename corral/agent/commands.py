@@ -440,9 +440,6 @@ class Commands:
         self._next_pid.pop(sandbox_id, None)
         self._ended_order.pop(sandbox_id, None)
 
-    def running(self) -> int:
-        return sum(c.exit_code is None for cs in self._by_sandbox.values() for c in cs.values())
-
 
 def _at(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
