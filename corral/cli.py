@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "hosts": ("corral.client.cli", "hosts_command", None),
     "tokens": ("corral.client.cli", "tokens_command", None),
     "exec": ("corral.client.cli", "exec_command", None),
+    "logs": ("corral.client.commands_cli", "logs_command", None),
     "create": ("corral.client.cli", "create_command", None),
     "kill": ("corral.client.cli", "kill_command", None),
     "rm": ("corral.client.cli", "kill_command", None),

@@ -14,10 +14,12 @@ import builtins
 import contextlib
 import dataclasses
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 
 from corral.agent.beats import SETTLE_SAMPLE_S, EarlyBeat, HeartbeatBuilder, ReadingTurns
+from corral.agent.commands import Commands, Follower
 from corral.agent.config import AgentConfig
 from corral.agent.errors import (
     AgentBusy,
@@ -72,6 +74,8 @@ from corral.runtime.base import (
     SandboxPaused,
     SandboxSpec,
 )
+from corral.runtime.stream import Spawned
+from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 
 log = logging.getLogger("corral.agent")
 
@@ -138,7 +142,9 @@ class Agent:
         # Each live sandbox of an image holds it in the cache (no eviction) until it leaves the set.
         self.images = images
         self._image_holders: set[str] = set()
-        self._live.on_gone = self._image_gone
+        self._live.on_gone = self._gone
+        # Background commands, kept running after the request that started them until they end.
+        self.commands = Commands(self.clock)
         # Each sandbox's secrets, in memory only: never in the runtime's records on disk.
         self._secrets: dict[str, dict[str, str]] = {}
         # Adopted sandboxes whose secrets the control plane has not sent again yet.
@@ -379,6 +385,11 @@ class Agent:
             raise self._refuse(ErrorCode.IMAGE_UNAVAILABLE, str(exc), IMAGE_RETRY_S, image=digest) from exc
         return True
 
+    def _gone(self, sandbox_id: str, live: Live) -> None:
+        """What a sandbox held goes with it, whatever removed it from the live set."""
+        self._image_gone(sandbox_id, live)
+        self.commands.forget(sandbox_id)
+
     def _image_gone(self, sandbox_id: str, live: Live) -> None:
         if sandbox_id in self._image_holders:
             self._image_holders.discard(sandbox_id)
@@ -563,6 +574,18 @@ class Agent:
     async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecStream:
         """Start a command whose output is read as it comes; it holds one of the sandbox's command
         slots until it has ended or been killed (``ExecStream.aclose``)."""
+        spawned, before = await self._spawn_held(sandbox_id, req, epoch)
+        return ExecStream(
+            spawned,
+            req.timeout_s,
+            oom_kills=lambda: self.oom_kills_of(sandbox_id),
+            oom_kills_before=before,
+            release=lambda: self.leave(sandbox_id),
+        )
+
+    async def _spawn_held(self, sandbox_id: str, req: ExecRequest, epoch: int | None) -> tuple[Spawned, int]:
+        """Take one of the sandbox's command slots and start ``req`` in it: the command, and the
+        sandbox's OOM kills before it. The slot is the caller's to hand back (:meth:`leave`)."""
         if sandbox_id not in self._live:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
         self._check_epoch(sandbox_id, epoch)
@@ -575,13 +598,56 @@ class Agent:
         except BaseException:
             self.leave(sandbox_id)
             raise
-        return ExecStream(
+        return spawned, before
+
+    # -- background commands (see corral.agent.commands) --------------------------------------------
+
+    async def start_command(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> CommandInfo:
+        """Start a command that outlives this call: it holds one of the sandbox's command slots until
+        it has ended (by itself, at its timeout, killed, or with its sandbox)."""
+        spawned, before = await self._spawn_held(sandbox_id, req, epoch)
+        if sandbox_id not in self._live:  # stopped while it was being spawned: nothing would end it
+            spawned.signal(signal.SIGKILL)
+            self.leave(sandbox_id)
+            raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone")
+        command = self.commands.start(
+            sandbox_id,
+            builtins.list(req.command),
             spawned,
             req.timeout_s,
             oom_kills=lambda: self.oom_kills_of(sandbox_id),
             oom_kills_before=before,
             release=lambda: self.leave(sandbox_id),
         )
+        return command.info()
+
+    def _commands_of(self, sandbox_id: str, epoch: int | None) -> None:
+        self._check_epoch(sandbox_id, epoch)
+        self._require(sandbox_id)
+
+    def list_commands(self, sandbox_id: str, epoch: int | None = None) -> CommandList:
+        self._commands_of(sandbox_id, epoch)
+        return self.commands.list(sandbox_id)
+
+    async def command(
+        self, sandbox_id: str, pid: int, epoch: int | None = None, wait_s: float = 0.0
+    ) -> CommandInfo:
+        """Its state; with ``wait_s``, once it has ended or after that long."""
+        self._commands_of(sandbox_id, epoch)
+        return await self.commands.wait(sandbox_id, pid, wait_s)
+
+    def command_output(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandOutput:
+        self._commands_of(sandbox_id, epoch)
+        return self.commands.get(sandbox_id, pid).output()
+
+    def follow_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> Follower:
+        """Its kept output, then its output as it comes, then how it ended. Closing it never ends it."""
+        self._commands_of(sandbox_id, epoch)
+        return self.commands.follow(sandbox_id, pid)
+
+    async def kill_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandInfo:
+        self._commands_of(sandbox_id, epoch)
+        return await self.commands.kill(sandbox_id, pid)
 
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
         """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start.

@@ -36,7 +36,15 @@ from corral.agent.protocol import (
     StartSandbox,
 )
 from corral.codes import ErrorCode
-from corral.exec_result import ANSWER_MARGIN_S, ExecEvent, ExecResult, ExecStreamError, decode_event
+from corral.exec_result import (
+    ANSWER_MARGIN_S,
+    KEEPALIVE_S,
+    ExecEvent,
+    ExecResult,
+    ExecStreamError,
+    decode_event,
+)
+from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 
 __all__ = [
     "AgentClient",
@@ -64,6 +72,29 @@ class AgentClient(ABC):
     async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecEvents:
         """Start a command whose output comes as it is written; closing the stream kills it."""
         raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot stream a command")
+
+    async def start_command(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> CommandInfo:
+        """Start a background command: it runs on after this call, until it ends or is killed."""
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot run background commands")
+
+    async def list_commands(self, sandbox_id: str, epoch: int | None = None) -> CommandList:
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot run background commands")
+
+    async def command(
+        self, sandbox_id: str, pid: int, epoch: int | None = None, wait_s: float = 0.0
+    ) -> CommandInfo:
+        """A background command's state; with ``wait_s``, once it has ended or after that long."""
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot run background commands")
+
+    async def command_output(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandOutput:
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot run background commands")
+
+    async def follow_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> ExecEvents:
+        """Its kept output, then what comes, then how it ended; closing the stream never ends it."""
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot run background commands")
+
+    async def kill_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandInfo:
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot run background commands")
 
     @abstractmethod
     async def list(self) -> list[SandboxInfo]: ...
@@ -108,6 +139,26 @@ class LocalAgentClient(AgentClient):
 
     async def exec_stream(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecEvents:
         return await self.agent.exec_stream(sandbox_id, req, epoch)
+
+    async def start_command(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> CommandInfo:
+        return await self.agent.start_command(sandbox_id, req, epoch)
+
+    async def list_commands(self, sandbox_id: str, epoch: int | None = None) -> CommandList:
+        return self.agent.list_commands(sandbox_id, epoch)
+
+    async def command(
+        self, sandbox_id: str, pid: int, epoch: int | None = None, wait_s: float = 0.0
+    ) -> CommandInfo:
+        return await self.agent.command(sandbox_id, pid, epoch, wait_s)
+
+    async def command_output(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandOutput:
+        return self.agent.command_output(sandbox_id, pid, epoch)
+
+    async def follow_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> ExecEvents:
+        return self.agent.follow_command(sandbox_id, pid, epoch)
+
+    async def kill_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandInfo:
+        return await self.agent.kill_command(sandbox_id, pid, epoch)
 
     async def list(self) -> list[SandboxInfo]:
         return self.agent.list()
@@ -231,11 +282,17 @@ class HttpAgentClient(AgentClient):
         path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/exec/stream"
         # Silence between lines lasts at most a keepalive; the whole answer, the command's timeout.
         timeout = httpx.Timeout(10.0, read=req.timeout_s + ANSWER_MARGIN_S)
-        resp = await self._send("POST", path, req, timeout, epoch, stream=True)
+        return await self._events("POST", path, req, timeout, epoch)
+
+    async def _events(
+        self, method: str, path: str, body: Any, timeout: httpx.Timeout, epoch: int | None
+    ) -> ExecEvents:
+        """A call answered by a streamed command's lines, as its events; its refusal, raised."""
+        resp = await self._send(method, path, body, timeout, epoch, stream=True)
         if resp.status_code == 401 and self._on_refused is not None:
             await resp.aclose()
             self._on_refused()
-            resp = await self._send("POST", path, req, timeout, epoch, stream=True)
+            resp = await self._send(method, path, body, timeout, epoch, stream=True)
         if not resp.is_success:
             try:
                 await resp.aread()
@@ -245,6 +302,45 @@ class HttpAgentClient(AgentClient):
                 await resp.aclose()
             raise _refusal(resp)
         return _RemoteExec(resp)
+
+    @staticmethod
+    def _commands_path(sandbox_id: str, pid: int | None = None, tail: str = "") -> str:
+        path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/commands"
+        return path if pid is None else f"{path}/{pid}{tail}"
+
+    async def start_command(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> CommandInfo:
+        data = await self._call("POST", self._commands_path(sandbox_id), req, epoch=epoch)
+        result: CommandInfo = self._parse(CommandInfo, data)
+        return result
+
+    async def list_commands(self, sandbox_id: str, epoch: int | None = None) -> CommandList:
+        data = await self._call("GET", self._commands_path(sandbox_id), epoch=epoch)
+        result: CommandList = self._parse(CommandList, data)
+        return result
+
+    async def command(
+        self, sandbox_id: str, pid: int, epoch: int | None = None, wait_s: float = 0.0
+    ) -> CommandInfo:
+        path = self._commands_path(sandbox_id, pid, f"?wait_s={wait_s:g}" if wait_s > 0 else "")
+        data = await self._call("GET", path, timeout_s=wait_s + ANSWER_MARGIN_S, epoch=epoch)
+        result: CommandInfo = self._parse(CommandInfo, data)
+        return result
+
+    async def command_output(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandOutput:
+        data = await self._call("GET", self._commands_path(sandbox_id, pid, "/output"), epoch=epoch)
+        result: CommandOutput = self._parse(CommandOutput, data)
+        return result
+
+    async def follow_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> ExecEvents:
+        path = self._commands_path(sandbox_id, pid, "/output?follow=true")
+        # Followed until it ends (at its timeout at the latest); silent at most a keepalive at a time.
+        timeout = httpx.Timeout(10.0, read=KEEPALIVE_S + ANSWER_MARGIN_S)
+        return await self._events("GET", path, None, timeout, epoch)
+
+    async def kill_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandInfo:
+        data = await self._call("POST", self._commands_path(sandbox_id, pid, "/kill"), epoch=epoch)
+        result: CommandInfo = self._parse(CommandInfo, data)
+        return result
 
     async def list(self) -> list[SandboxInfo]:
         result: list[SandboxInfo] = self._parse(_INFOS, await self._call("GET", "/v1/sandboxes"))
@@ -297,7 +393,8 @@ def _refusal(resp: httpx.Response) -> AgentError:
 
 
 class _RemoteExec:
-    """A command streamed from an agent over HTTP; closing the answer is what kills it there."""
+    """A command streamed from an agent over HTTP; closing the answer is what kills it there (a
+    streamed exec) or stops following it (a background command)."""
 
     def __init__(self, resp: httpx.Response) -> None:
         self._resp = resp

@@ -67,6 +67,11 @@ class AgentSandboxNotFound(AgentError):
     default_code = ErrorCode.NOT_FOUND
 
 
+class AgentCommandNotFound(AgentSandboxNotFound):
+    """No background command of that pid in the sandbox (never started there, or ended long enough
+    ago to be forgotten). ``details["pid"]`` tells it from the sandbox's own 404 across the wire."""
+
+
 class AgentConflict(AgentError):
     status = 409
     default_code = ErrorCode.SANDBOX_EXISTS
@@ -141,6 +146,8 @@ def error_from_response(status: int, body: object) -> AgentError:
         return AgentRefusal(code, message, retry, details)
     if status == 409 and code == ErrorCode.WARM_EMPTY:
         return AgentWarmEmpty(code, message, retry, details)
+    if status == 404 and isinstance(details, dict) and "pid" in details:
+        return AgentCommandNotFound(code, message, retry, details)
     cls = _BY_STATUS.get(status)
     if cls is None:
         return AgentError(code, message, retry, details)

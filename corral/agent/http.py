@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -31,6 +31,7 @@ from corral.agent.portrelay import refuse
 from corral.agent.ports import AgentPorts
 from corral.agent.protocol import (
     EPOCH_HEADER,
+    MAX_COMMAND_WAIT_S,
     Capacity,
     ClaimWarm,
     EgressPolicyBody,
@@ -40,9 +41,12 @@ from corral.agent.protocol import (
 )
 from corral.codes import ErrorCode, retry_after_header
 from corral.exec_result import ExecResult
+from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 
 # The epoch the caller routes to; absent: any (a call from this host's own operator).
 EpochHeader = Annotated[Annotated[int, Field(ge=0, lt=2**63)] | None, Header(alias=EPOCH_HEADER)]
+Pid = Annotated[int, Field(ge=1, lt=2**63)]
+WaitS = Annotated[float, Query(ge=0, le=MAX_COMMAND_WAIT_S)]
 
 log = logging.getLogger("corral.agent.http")
 
@@ -159,6 +163,32 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     @api.post("/v1/sandboxes/{sandbox_id}/exec/stream")
     async def exec_stream(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> Response:
         return ExecResponse(await agent.exec_stream(sandbox_id, body, epoch))
+
+    @api.post("/v1/sandboxes/{sandbox_id}/commands", status_code=201)
+    async def start_command(sandbox_id: str, body: ExecRequest, epoch: EpochHeader = None) -> CommandInfo:
+        return await agent.start_command(sandbox_id, body, epoch)
+
+    @api.get("/v1/sandboxes/{sandbox_id}/commands")
+    async def list_commands(sandbox_id: str, epoch: EpochHeader = None) -> CommandList:
+        return agent.list_commands(sandbox_id, epoch)
+
+    @api.get("/v1/sandboxes/{sandbox_id}/commands/{pid}")
+    async def get_command(
+        sandbox_id: str, pid: Pid, request: Request, epoch: EpochHeader = None, wait_s: WaitS = 0.0
+    ) -> CommandInfo:
+        return await unless_caller_goes(request, agent.command(sandbox_id, pid, epoch, wait_s))
+
+    @api.get("/v1/sandboxes/{sandbox_id}/commands/{pid}/output", response_model=None)
+    async def command_output(
+        sandbox_id: str, pid: Pid, epoch: EpochHeader = None, follow: bool = False
+    ) -> CommandOutput | Response:
+        if follow:  # its reader going away closes the follower, never the command
+            return ExecResponse(agent.follow_command(sandbox_id, pid, epoch))
+        return agent.command_output(sandbox_id, pid, epoch)
+
+    @api.post("/v1/sandboxes/{sandbox_id}/commands/{pid}/kill")
+    async def kill_command(sandbox_id: str, pid: Pid, epoch: EpochHeader = None) -> CommandInfo:
+        return await agent.kill_command(sandbox_id, pid, epoch)
 
     @api.put("/v1/sandboxes/{sandbox_id}/egress", status_code=204)
     async def set_egress(sandbox_id: str, body: EgressPolicyBody, epoch: EpochHeader = None) -> Response:

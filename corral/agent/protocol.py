@@ -265,6 +265,11 @@ class WarmCount(_Lenient):
     starting: Count = 0
 
 
+# How long one call may wait for a background command to end (``?wait_s=``); a caller waiting
+# longer asks again.
+MAX_COMMAND_WAIT_S = 60.0
+
+
 class ExecRequest(_Model):
     command: Argv
     timeout_s: float = Field(default=DEFAULT_EXEC_TIMEOUT_S, gt=0, le=MAX_EXEC_TIMEOUT_S)

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral import __version__
-from corral.api import dashboard, domains, e2b, errors, kube, pools
+from corral.api import commands, dashboard, domains, e2b, errors, kube, pools
 from corral.api.e2b.builds import E2BBuilds
 from corral.api.hot import HotRoutes, route
 from corral.api.limits import BodyLimit
@@ -78,6 +78,7 @@ def create_app(
     app.state.metrics_open = metrics_open
     errors.install(app, plane.store_unavailable)
     app.include_router(router)
+    app.include_router(commands.router)
     app.include_router(pools.router)
     app.include_router(domains.router)
     app.add_middleware(BodyLimit)

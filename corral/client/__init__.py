@@ -6,6 +6,8 @@ idempotency key and raise ``CapacityUnavailable`` at the deadline: transient, so
 """
 
 from corral.client.async_client import (
+    AsyncCommandHandle,
+    AsyncCommands,
     AsyncCorral,
     AsyncHosts,
     AsyncPools,
@@ -13,7 +15,7 @@ from corral.client.async_client import (
     AsyncSandboxes,
     AsyncTokens,
 )
-from corral.client.client import Corral, Hosts, Pools, Sandbox, Sandboxes, Tokens
+from corral.client.client import CommandHandle, Commands, Corral, Hosts, Pools, Sandbox, Sandboxes, Tokens
 from corral.client.errors import (
     CapacityUnavailable,
     CorralError,
@@ -33,12 +35,14 @@ from corral.client.errors import (
     Unauthorized,
     Unreachable,
 )
-from corral.client.models import Host, SandboxRecord
+from corral.client.models import CommandInfo, CommandOutput, Host, SandboxRecord
 from corral.client.retry import CreateStats, RetryBudget, RetryPolicy
 from corral.client.sandbox import SandboxView
 from corral.exec_result import ExecResult
 
 __all__ = [
+    "AsyncCommandHandle",
+    "AsyncCommands",
     "AsyncCorral",
     "AsyncHosts",
     "AsyncPools",
@@ -46,6 +50,10 @@ __all__ = [
     "AsyncSandboxes",
     "AsyncTokens",
     "CapacityUnavailable",
+    "CommandHandle",
+    "CommandInfo",
+    "CommandOutput",
+    "Commands",
     "Corral",
     "CorralError",
     "CreateStats",

@@ -22,6 +22,9 @@ from corral.client import wire
 from corral.client.errors import CorralError, NotFound, Unreachable
 from corral.client.models import (
     BatchCreated,
+    CommandInfo,
+    CommandList,
+    CommandOutput,
     E2bKey,
     Host,
     HostCredentials,
@@ -39,7 +42,7 @@ from corral.client.pools import Pool, PoolList, pool_path
 from corral.client.retry import CreateStats, RetryBudget, RetryPolicy, TimeSource, retryable_for_create
 from corral.client.sandbox import SandboxView
 from corral.client.wire import OutputCallback
-from corral.exec_result import ExecOutput, ExecResult
+from corral.exec_result import ANSWER_MARGIN_S, KEEPALIVE_S, ExecOutput, ExecResult
 
 
 class AsyncCorral:
@@ -328,9 +331,130 @@ class AsyncSandboxes:
                     return
         raise wire.answer_cut_short(self._client.url)
 
+    def commands(self, sandbox_id: str) -> AsyncCommands:
+        """The sandbox's background commands (``sandbox.commands`` on a handle)."""
+        return AsyncCommands(self._client, sandbox_id)
+
     def _policy(self, deadline_s: float | None) -> RetryPolicy:
         policy = self._client.retry
         return policy if deadline_s is None else dataclasses.replace(policy, deadline_s=deadline_s)
+
+
+class AsyncCommands:
+    """``sandbox.commands``: commands that keep running after the call that started them, until they
+    end, their ``timeout_s``, a kill or their sandbox's end. Nothing the client does (leaving a
+    ``follow`` loop, exiting, crashing) stops one: that is the choice ``exec`` makes the other way."""
+
+    def __init__(self, client: AsyncCorral, sandbox_id: str) -> None:
+        self._client = client
+        self.sandbox_id = sandbox_id
+
+    async def start(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> AsyncCommandHandle:
+        """Start it and return its handle at once. ``timeout_s``: when it is killed if still running
+        (an hour, the most, when not given)."""
+        body = wire.exec_body(command, timeout_s=timeout_s, env=env, cwd=cwd)
+        data = await self._client.request("POST", wire.commands_path(self.sandbox_id), json=body)
+        return AsyncCommandHandle(parse(CommandInfo, data), self._client)
+
+    async def list(self) -> builtins.list[AsyncCommandHandle]:
+        """Those running and the last few that ended, by pid."""
+        data = await self._client.request("GET", wire.commands_path(self.sandbox_id))
+        return [AsyncCommandHandle(c, self._client) for c in parse(CommandList, data).commands]
+
+    async def get(self, pid: int) -> AsyncCommandHandle:
+        data = await self._client.request("GET", wire.commands_path(self.sandbox_id, pid))
+        return AsyncCommandHandle(parse(CommandInfo, data), self._client)
+
+
+class AsyncCommandHandle:
+    """A background command: ``info`` is its state as last read (``refresh`` reads it again)."""
+
+    __slots__ = ("_client", "info")
+
+    def __init__(self, info: CommandInfo, client: AsyncCorral) -> None:
+        self.info = info
+        self._client = client
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.info.sandbox_id
+
+    @property
+    def running(self) -> bool:
+        return self.info.running
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.info.exit_code
+
+    def _path(self, tail: str = "") -> str:
+        return wire.commands_path(self.sandbox_id, self.pid) + tail
+
+    async def refresh(self) -> CommandInfo:
+        self.info = parse(CommandInfo, await self._client.request("GET", self._path()))
+        return self.info
+
+    async def wait(self, timeout_s: float | None = None) -> ExecResult:
+        """Once it has ended: its result, with the output its host kept (``truncated`` when some of
+        it was dropped). ``timeout_s``: raise ``TimeoutError`` if it still runs after that long (it
+        keeps running)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.info.running:
+            left = wire.COMMAND_WAIT_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"command {self.pid} in {self.sandbox_id} still runs")
+            wait_s = min(left, wire.COMMAND_WAIT_S)
+            data = await self._client.request(
+                "GET",
+                self._path(),
+                params={"wait_s": f"{wait_s:g}"},
+                timeout_s=max(self._client.timeout_s, wait_s + 2 * ANSWER_MARGIN_S),
+            )
+            self.info = parse(CommandInfo, data)
+        kept = await self.output()
+        result = kept.command.result(kept.stdout, kept.stderr)
+        assert result is not None  # it had ended before its output was read
+        return result
+
+    async def output(self) -> CommandOutput:
+        """What its host kept of its output (the last MiB of each stream), and its state then."""
+        kept = parse(CommandOutput, await self._client.request("GET", self._path("/output")))
+        self.info = kept.command
+        return kept
+
+    async def follow(self) -> AsyncIterator[ExecOutput | ExecResult]:
+        """Its kept output, then its output as it is written (``ExecOutput``), and last its
+        ``ExecResult`` once it has ended (without output: it has all been yielded). Leaving the loop
+        early stops following; the command runs on."""
+        wait_s = max(self._client.timeout_s, KEEPALIVE_S + 2 * ANSWER_MARGIN_S)
+        async for line in self._client.stream_lines(
+            "GET", self._path("/output?follow=true"), timeout_s=wait_s
+        ):
+            event = wire.exec_event(line)
+            if event is not None:
+                yield event
+                if isinstance(event, ExecResult):
+                    return
+        raise wire.answer_cut_short(self._client.url)
+
+    async def kill(self) -> CommandInfo:
+        """SIGKILL it and everything it started; its state once it has ended."""
+        self.info = parse(CommandInfo, await self._client.request("POST", self._path("/kill")))
+        return self.info
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pid={self.pid}, sandbox_id={self.sandbox_id!r}, state={self.info.state!r})"
 
 
 class AsyncHosts:
@@ -472,6 +596,11 @@ class AsyncSandbox(SandboxView):
         cwd: str | None = None,
     ) -> AsyncIterator[ExecOutput | ExecResult]:
         return self._api.exec_stream(self.id, command, timeout_s=timeout_s, env=env, cwd=cwd)
+
+    @property
+    def commands(self) -> AsyncCommands:
+        """Its background commands: ``sandbox.commands.start([...])`` returns a handle at once."""
+        return self._api.commands(self.id)
 
     async def kill(self) -> None:
         await self._api.delete(self.id)

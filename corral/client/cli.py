@@ -364,12 +364,28 @@ def exec_command(
         ),
     ] = MAX_EXEC_TIMEOUT_S,
     cwd: Annotated[str | None, typer.Option("--cwd", help="Working directory.")] = None,
+    detach: Annotated[
+        bool,
+        typer.Option(
+            "--detach",
+            "-d",
+            help="Start it in the background and print its pid: it runs on after this command "
+            "(`corral logs ID PID -f` follows it).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Run a command in a sandbox, its output printed as it is written; exit with its exit code.
-    Interrupting it (Ctrl-C) kills the command."""
+    Interrupting it (Ctrl-C) kills the command; with --detach it keeps running on its own."""
     try:
         with _factory(ctx).sync_client(url, token) as client:
+            if detach:
+                handle = client.sandboxes.commands(sandbox_id).start(command, timeout_s=timeout_s, cwd=cwd)
+                if as_json:
+                    _print_json(handle.info.model_dump(mode="json"))
+                else:
+                    typer.echo(handle.pid)
+                return
             if as_json:
                 result = client.sandboxes.exec(sandbox_id, command, timeout_s=timeout_s, cwd=cwd)
                 _print_json(result.model_dump(mode="json"))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from corral.client.errors import CorralError
 from corral.codes import ErrorCode
+from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 from corral.shapes.hosts import Host, HostCredentials, HostList
 from corral.shapes.sandboxes import BatchCreated, SandboxPage, SandboxRecord
 from corral.shapes.tenants import E2bKey, Tenant, TenantList
@@ -17,6 +18,9 @@ from corral.shapes.tokens import IssuedToken, TokenInfo, TokenList
 
 __all__ = [
     "BatchCreated",
+    "CommandInfo",
+    "CommandList",
+    "CommandOutput",
     "E2bKey",
     "Host",
     "HostCredentials",

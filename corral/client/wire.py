@@ -65,6 +65,17 @@ def sandbox_path(sandbox_id: str) -> str:
     return f"/v1/sandboxes/{sandbox_id}"
 
 
+def commands_path(sandbox_id: str, pid: int | None = None) -> str:
+    """A sandbox's background commands, or one of them by its pid."""
+    path = sandbox_path(sandbox_id) + "/commands"
+    return path if pid is None else f"{path}/{int(pid)}"
+
+
+# The longest one call waits for a background command to end (the server's bound); a longer wait
+# asks again.
+COMMAND_WAIT_S = 60.0
+
+
 def host_path(host_id: str) -> str:
     if not host_id or "/" in host_id:
         raise InvalidRequest(f"invalid host id {host_id!r}", details={"field": "host_id"})

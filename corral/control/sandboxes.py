@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import InitVar, dataclass, field
 
+from corral.agent.client import AgentClient
 from corral.agent.errors import (
     AgentBusy,
+    AgentCommandNotFound,
     AgentConflict,
     AgentError,
     AgentInvalid,
@@ -37,6 +39,7 @@ from corral.control.view import ViewCache
 from corral.core.inflight import BUSY_RETRY_S, DEFAULT_EXECS_PER_TENANT, InFlight
 from corral.core.netpolicy import EgressPolicy
 from corral.exec_result import ExecEvent, ExecResult
+from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 from corral.store import Page, SandboxRecord, SandboxState, StateConflict, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
@@ -169,6 +172,58 @@ class Sandboxes:
             raise
         return _Held(stream, slots)
 
+    # -- background commands: started by one call, running on after it (corral.agent.commands) -------
+
+    async def start_command(self, sandbox_id: str, tenant_id: str | None, req: ExecRequest) -> CommandInfo:
+        """Start a command that keeps running after this call; its host holds it (and one of the
+        sandbox's command slots) until it ends, and any replica reaches it there by its pid."""
+        with self._exec_slots(sandbox_id, tenant_id):
+            loc = await self._locate(sandbox_id, tenant_id)
+            with _agent_errors(sandbox_id, loc):
+                return await self._agent(loc).start_command(sandbox_id, req, loc.epoch)
+
+    async def list_commands(self, sandbox_id: str, tenant_id: str | None) -> CommandList:
+        loc = await self._locate(sandbox_id, tenant_id)
+        with _agent_errors(sandbox_id, loc):
+            return await self._agent(loc).list_commands(sandbox_id, loc.epoch)
+
+    async def command(
+        self, sandbox_id: str, tenant_id: str | None, pid: int, wait_s: float = 0.0
+    ) -> CommandInfo:
+        """Its state; with ``wait_s``, once it has ended or after that long (a call that waits holds
+        one of the tenant's data-plane slots here meanwhile)."""
+        with self.tenant_slot(tenant_id) if wait_s > 0 else contextlib.nullcontext():
+            loc = await self._locate(sandbox_id, tenant_id)
+            with _agent_errors(sandbox_id, loc):
+                return await self._agent(loc).command(sandbox_id, pid, loc.epoch, wait_s)
+
+    async def command_output(self, sandbox_id: str, tenant_id: str | None, pid: int) -> CommandOutput:
+        loc = await self._locate(sandbox_id, tenant_id)
+        with _agent_errors(sandbox_id, loc):
+            return await self._agent(loc).command_output(sandbox_id, pid, loc.epoch)
+
+    async def follow_command(self, sandbox_id: str, tenant_id: str | None, pid: int) -> ExecEvents:
+        """Its output as it comes until it ends. Closing the stream (its reader gone) hands back the
+        tenant's slot it holds here and stops the following, never the command."""
+        slots = contextlib.ExitStack()
+        slots.enter_context(self.tenant_slot(tenant_id))
+        try:
+            loc = await self._locate(sandbox_id, tenant_id)
+            with _agent_errors(sandbox_id, loc):
+                stream = await self._agent(loc).follow_command(sandbox_id, pid, loc.epoch)
+        except BaseException:
+            slots.close()
+            raise
+        return _Held(stream, slots)
+
+    async def kill_command(self, sandbox_id: str, tenant_id: str | None, pid: int) -> CommandInfo:
+        loc = await self._locate(sandbox_id, tenant_id)
+        with _agent_errors(sandbox_id, loc):
+            return await self._agent(loc).kill_command(sandbox_id, pid, loc.epoch)
+
+    def _agent(self, loc: Location) -> AgentClient:
+        return self.agents.client(loc.host_id, loc.address)
+
     @contextmanager
     def _exec_slots(self, sandbox_id: str, tenant_id: str | None) -> Iterator[None]:
         with self.tenant_slot(tenant_id):
@@ -234,6 +289,8 @@ def _agent_errors(sandbox_id: str, loc: Location) -> Iterator[None]:
         yield
     except AgentBusy as e:
         raise TooManyConcurrent(e.message, retry_after_s=e.retry_after_s, details=e.details) from e
+    except AgentCommandNotFound as e:
+        raise ResourceNotFound(f"no command {e.details.get('pid')} in sandbox {sandbox_id}") from e
     except AgentSandboxNotFound as e:
         raise ResourceNotFound(f"sandbox {sandbox_id} is not running on its host") from e
     except AgentUnavailable as e:

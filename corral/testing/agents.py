@@ -10,8 +10,10 @@ from abc import abstractmethod
 
 from corral.agent.agent import Agent
 from corral.agent.client import AgentClient
+from corral.agent.execstream import ExecEvents
 from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, SandboxInfo, StartSandbox
 from corral.exec_result import ExecResult
+from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 
 
 class InMemoryAgentClient(AgentClient):
@@ -30,6 +32,26 @@ class InMemoryAgentClient(AgentClient):
 
     async def exec(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> ExecResult:
         return await self._agent().exec(sandbox_id, req, epoch)
+
+    async def start_command(self, sandbox_id: str, req: ExecRequest, epoch: int | None = None) -> CommandInfo:
+        return await self._agent().start_command(sandbox_id, req, epoch)
+
+    async def list_commands(self, sandbox_id: str, epoch: int | None = None) -> CommandList:
+        return self._agent().list_commands(sandbox_id, epoch)
+
+    async def command(
+        self, sandbox_id: str, pid: int, epoch: int | None = None, wait_s: float = 0.0
+    ) -> CommandInfo:
+        return await self._agent().command(sandbox_id, pid, epoch, wait_s)
+
+    async def command_output(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandOutput:
+        return self._agent().command_output(sandbox_id, pid, epoch)
+
+    async def follow_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> ExecEvents:
+        return self._agent().follow_command(sandbox_id, pid, epoch)
+
+    async def kill_command(self, sandbox_id: str, pid: int, epoch: int | None = None) -> CommandInfo:
+        return await self._agent().kill_command(sandbox_id, pid, epoch)
 
     async def list(self) -> list[SandboxInfo]:
         return self._agent().list()

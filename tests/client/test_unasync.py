@@ -41,6 +41,8 @@ def test_both_clients_offer_the_same_verbs() -> None:
         (async_client.AsyncTokens, sync_client.Tokens),
         (async_client.AsyncPools, sync_client.Pools),
         (async_client.AsyncSandbox, sync_client.Sandbox),
+        (async_client.AsyncCommands, sync_client.Commands),
+        (async_client.AsyncCommandHandle, sync_client.CommandHandle),
     ]
     renamed = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__"}
     for a, s in pairs:

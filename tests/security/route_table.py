@@ -16,6 +16,7 @@ from corral.api.e2b import control
 # fails the tests that use this table until it gets an example here.
 EXAMPLE_BODIES: dict[str, Any] = {
     "ExecBody": {"command": ["true"]},
+    "CommandBody": {"command": ["true"]},
     "Timeout": {"timeout": 30},
     "PoolPatch": {"size": 1},
     "QuotaBody": {"max_cpus": 8},

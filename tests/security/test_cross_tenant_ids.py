@@ -28,6 +28,9 @@ from .route_table import Operation, e2b_app, operations
 # is nothing of B's to hide.
 TENANT_OWNED = {"sandbox_id", "tenant_id", "name", "token_id"}
 FLEET_WIDE = {"host_id", "template", "digest", "hostname"}  # an image digest names content, no tenant
+# Named within a sandbox (a background command's pid): the victim's real one, the same in both calls,
+# so the two differ only by the sandbox they name.
+WITHIN_SANDBOX = {"pid"}
 
 _rng = random.Random(22)
 
@@ -88,6 +91,16 @@ async def new_sandbox(c: Cluster, token: str) -> str:
     return str(r.json()["id"])
 
 
+async def background_command(c: Cluster, token: str, sandbox_id: str) -> str:
+    """A command of the sandbox's owner, for the routes that name one by its pid (on the simulated
+    runtime a command is over once started; its sandbox keeps it as one that ended)."""
+    r = await c.http.post(
+        f"/v1/sandboxes/{sandbox_id}/commands", json={"command": ["true"]}, headers=c.as_(token)
+    )
+    assert r.status_code == 201, r.text
+    return str(r.json()["pid"])
+
+
 async def call(
     http: httpx.AsyncClient, op: Operation, values: dict[str, str], headers: dict[str, str]
 ) -> httpx.Response:
@@ -107,17 +120,21 @@ async def _every_route(c: Cluster, http: httpx.AsyncClient, app: FastAPI, auth: 
     ops = operations(app)
     assert any("sandbox_id" in op.params for op in ops), "no sandbox route found: the enumeration broke"
     for op in ops:
-        unknown = set(op.params) - TENANT_OWNED - FLEET_WIDE
-        assert not unknown, f"{op.method} {op.path}: classify {unknown} in TENANT_OWNED or FLEET_WIDE"
+        unknown = set(op.params) - TENANT_OWNED - FLEET_WIDE - WITHIN_SANDBOX
+        assert not unknown, (
+            f"{op.method} {op.path}: classify {unknown} in TENANT_OWNED, FLEET_WIDE or WITHIN_SANDBOX"
+        )
         if not set(op.params) & TENANT_OWNED:
             continue
         sandbox = await new_sandbox(c, t.b)  # a fresh one each time: the owner's own call may delete it
+        pid = await background_command(c, t.b, sandbox) if "pid" in op.params else ""
         real = {
             **t.b_tenant,
             "sandbox_id": sandbox,
             "host_id": "host-01",
             "template": "default",
             "hostname": "app.example.test",
+            "pid": pid,
         }
         fake = {k: (same_shape(v) if k in TENANT_OWNED else v) for k, v in real.items()}
         for k in TENANT_OWNED:

@@ -1,0 +1,100 @@
+"""``corral logs``: a sandbox's background commands (``corral exec --detach ID -- CMD`` starts one).
+
+``corral logs ID`` lists them; ``corral logs ID PID`` prints what its host kept of one's output
+(stdout to stdout, stderr to stderr); with ``-f`` it follows it until it ends and exits with its exit
+code. Interrupting a follow (Ctrl-C) only stops the following: the command runs on.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from corral.client.cli import (
+    JsonOption,
+    TokenOption,
+    UrlOption,
+    _factory,
+    _fail,
+    _print_json,
+    _write,
+    console,
+)
+from corral.client.errors import CorralError
+from corral.exec_result import ExecResult, encode_event
+
+
+def logs_command(
+    ctx: typer.Context,
+    sandbox_id: Annotated[str, typer.Argument(metavar="ID", help="Sandbox id.")],
+    pid: Annotated[
+        int | None, typer.Argument(metavar="[PID]", min=1, help="A background command's pid.")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Follow its output until it ends; exit with its exit code.")
+    ] = False,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List a sandbox's background commands, or print one's output (-f: follow it until it ends)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            commands = client.sandboxes.commands(sandbox_id)
+            if pid is None:
+                handles = commands.list()
+                if as_json:
+                    _print_json({"commands": [h.info.model_dump(mode="json") for h in handles]})
+                    return
+                table = Table(title=f"{len(handles)} commands in {sandbox_id}", title_justify="left")
+                for column in ("pid", "state", "exit", "started", "dropped", "command"):
+                    table.add_column(column)
+                for h in handles:
+                    i = h.info
+                    table.add_row(
+                        str(i.pid),
+                        i.state + (" (timed out)" if i.timed_out else " (killed)" if i.killed else ""),
+                        "" if i.exit_code is None else str(i.exit_code),
+                        i.started_at.isoformat(timespec="seconds"),
+                        str(i.dropped_bytes) if i.dropped_bytes else "",
+                        " ".join(i.command),
+                    )
+                console().print(table)
+                return
+            handle = commands.get(pid)
+            if not follow:
+                kept = handle.output()
+                if as_json:
+                    _print_json(kept.model_dump(mode="json"))
+                    return
+                _write(sys.stdout, kept.stdout)
+                _write(sys.stderr, kept.stderr)
+                if kept.command.dropped_bytes:
+                    typer.echo(f"corral: {kept.command.dropped_bytes} earlier bytes were dropped", err=True)
+                return
+            result: ExecResult | None = None
+            for event in handle.follow():
+                if as_json:  # the API's own lines: one JSON object each
+                    _write(sys.stdout, encode_event(event).decode())
+                if isinstance(event, ExecResult):
+                    result = event
+                elif not as_json:
+                    _write(sys.stdout if event.stream == "stdout" else sys.stderr, event.text)
+    except CorralError as err:
+        _fail(err)
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the command runs on", err=True)
+        raise typer.Exit(130) from None
+    assert result is not None  # the follow raises when it ends without one
+    if as_json:
+        raise typer.Exit(result.exit_code)
+    if result.timed_out:
+        typer.echo(
+            f"corral: the command timed out after {result.duration_ms / 1000:.1f} s and was killed", err=True
+        )
+    elif result.note:
+        typer.echo(f"corral: {result.note}", err=True)
+    raise typer.Exit(result.exit_code)
