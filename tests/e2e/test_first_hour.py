@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,19 +52,37 @@ def test_an_exec_outlasting_the_clients_http_timeout_is_answered(serve: Serve, s
 
 
 def test_streamed_output_arrives_as_it_is_written(serve: Serve, sandbox: str) -> None:
-    seen: list[tuple[float, str]] = []
-    with Corral(serve.proc.url, _tenant_token(serve), timeout_s=0.5) as client:
-        result = client.sandboxes.exec(
-            sandbox,
-            "echo one; sleep 0.5; echo two >&2; sleep 0.5; echo three",
-            timeout_s=10,
-            on_stdout=lambda t: seen.append((time.monotonic(), "out:" + t)),
-            on_stderr=lambda t: seen.append((time.monotonic(), "err:" + t)),
-        )
-        ended = time.monotonic()
-    assert [t for _, t in seen] == ["out:one\n", "err:two\n", "out:three\n"]
-    assert ended - seen[0][0] > 0.8, "the first line came as it was written, not with the result"
-    assert (result.exit_code, result.stdout, result.stderr) == (0, "one\nthree\n", "two\n")
+    # The command writes its second line only once the test has seen its first (a gate file the test
+    # makes from another client): a first line held back until the result would hang it to its timeout.
+    seen: list[str] = []
+    first = threading.Event()
+
+    def open_gate() -> None:
+        if first.wait(30):
+            with Corral(serve.proc.url, _tenant_token(serve)) as other:
+                other.sandboxes.exec(sandbox, ["touch", "/tmp/gate-stream"])
+
+    opener = threading.Thread(target=open_gate)
+    opener.start()
+    try:
+        with Corral(serve.proc.url, _tenant_token(serve), timeout_s=0.5) as client:
+            result = client.sandboxes.exec(
+                sandbox,
+                "echo one; while [ ! -e /tmp/gate-stream ]; do sleep 0.02; done; echo two >&2; echo three",
+                timeout_s=20,
+                on_stdout=lambda t: (seen.append("out:" + t), first.set()),
+                on_stderr=lambda t: seen.append("err:" + t),
+            )
+    finally:
+        first.set()
+        opener.join()
+    assert seen == ["out:one\n", "err:two\n", "out:three\n"]
+    assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (
+        0,
+        "one\nthree\n",
+        "two\n",
+        False,
+    )
 
 
 def test_a_streamed_command_is_killed_when_its_caller_goes_away(serve: Serve, sandbox: str) -> None:
@@ -142,20 +161,20 @@ def test_corral_exec_streams_and_exits_with_the_commands_code(serve: Serve, sand
         "--",
         "sh",
         "-c",
-        "echo a; sleep 0.6; echo b; exit 3",
+        # b waits for the test to open the gate: the first line is seen before b is written.
+        "echo a; while [ ! -e /tmp/gate-exec ]; do sleep 0.02; done; echo b; exit 3",
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
-        at_first = time.monotonic()
+        with Corral(serve.proc.url, ADMIN_TOKEN) as client:
+            assert client.sandboxes.exec(sandbox, ["touch", "/tmp/gate-exec"]).exit_code == 0
         rest = proc.stdout.read()
-        at_end = time.monotonic()
         assert proc.wait(30) == 3
     finally:
         proc.kill()
     assert (first, rest) == (b"a\n", b"b\n")
-    assert at_end - at_first > 0.4, "the first line was printed as it came"
 
 
 @pytest.mark.parametrize("block", runnable(), ids=lambda b: b.name)
