@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -145,7 +145,7 @@ class PortRelay:
     ) -> None:
         framed = _header(scope["headers"], b"content-length") is not None
         chunked = b"chunked" in (_header(scope["headers"], b"transfer-encoding") or b"").lower()
-        content: AsyncIterator[bytes] | bytes = _body(receive) if framed or chunked else b""
+        content: AsyncIterator[bytes] | bytes = request_body(receive) if framed or chunked else b""
         request = self.http.build_request(
             scope["method"],
             url,
@@ -163,16 +163,7 @@ class PortRelay:
                 scope, send, 502, ErrorCode.PORT_CLOSED, f"the upstream failed: {type(exc).__name__}"
             )
             return
-        try:
-            out = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
-            await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-            # An upstream that breaks off mid-answer raises here: the caller's connection is closed
-            # too, so a cut answer never reads as a whole one.
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            await response.aclose()
+        await relay_response(response, send)
 
     # -- WebSocket -----------------------------------------------------------------------------------
 
@@ -212,7 +203,25 @@ class PortRelay:
             await _pump(receive, send, upstream)
 
 
-async def _body(receive: Receive) -> AsyncIterator[bytes]:
+async def relay_response(
+    response: httpx.Response, send: Send, hop_by_hop: Collection[bytes] = HOP_BY_HOP
+) -> None:
+    """Answer the caller with ``response`` (opened with ``stream=True``) as it comes, its
+    ``hop_by_hop`` headers left out, and close it."""
+    try:
+        out = [(k, v) for k, v in response.headers.raw if k.lower() not in hop_by_hop]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+        # An upstream that breaks off mid-answer raises here: the caller's connection is closed
+        # too, so a cut answer never reads as a whole one.
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        await response.aclose()
+
+
+async def request_body(receive: Receive) -> AsyncIterator[bytes]:
+    """The caller's request body, chunk by chunk as it comes (until it is whole or the caller goes)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

@@ -16,7 +16,7 @@ import heapq
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from corral.core.filters import Filter, FilterContext, first_failure
@@ -68,11 +68,14 @@ class Selector(ABC):
 
 
 def _scan(
-    hosts: Sequence[HostView],
+    hosts: Iterable[HostView],
     req: CreateRequest,
     ctx: FilterContext,
     filters: Sequence[Filter],
+    enough: int | None = None,
 ) -> tuple[list[HostView], dict[str, int], list[tuple[str, str]]]:
+    """Filter ``hosts`` in turn, until ``enough`` of them are feasible (None: every one): the feasible
+    ones, and how many failed on each filter, with the first ``MAX_REJECTED`` of those named."""
     feasible: list[HostView] = []
     reasons: dict[str, int] = {}
     rejected: list[tuple[str, str]] = []
@@ -80,6 +83,8 @@ def _scan(
         r = first_failure(h, req, ctx, filters)
         if r is None:
             feasible.append(h)
+            if len(feasible) == enough:
+                break  # before the next host is asked for: a random sample draws no more than it uses
         else:
             reasons[r] = reasons.get(r, 0) + 1
             if len(rejected) < MAX_REJECTED:
@@ -169,27 +174,9 @@ class PowerOfK(Selector):
         n = len(hosts)
         if self.k >= n:
             return FullScan().select(hosts, req, ctx, filters, scorer, rng)
-        feasible: list[HostView] = []
-        reasons: dict[str, int] = {}
-        rejected: list[tuple[str, str]] = []
         seen: set[int] = set()
-        probes = 0
-        limit = max(self.max_probes, 2 * self.k)
-        draw = rng.random
-        while len(feasible) < self.k and probes < limit:
-            probes += 1
-            i = int(draw() * n)
-            if i in seen:
-                continue
-            seen.add(i)
-            h = hosts[i]
-            r = first_failure(h, req, ctx, filters)
-            if r is None:
-                feasible.append(h)
-            else:
-                reasons[r] = reasons.get(r, 0) + 1
-                if len(rejected) < MAX_REJECTED:
-                    rejected.append((h.id, r))
+        sample = _draws(hosts, rng, max(self.max_probes, 2 * self.k), seen)
+        feasible, reasons, rejected = _scan(sample, req, ctx, filters, enough=self.k)
         checked = len(seen)
         if not feasible:
             # Most of the fleet is infeasible: look at all of it, then still choose among K at random.
@@ -198,6 +185,18 @@ class PowerOfK(Selector):
             if len(feasible) > self.k:
                 feasible = rng.sample(feasible, self.k)
         return _choice(_best(feasible, req, ctx, scorer, rng), reasons, checked, rejected)
+
+
+def _draws(hosts: Sequence[HostView], rng: random.Random, probes: int, seen: set[int]) -> Iterator[HostView]:
+    """Hosts drawn at random, each at most once, in at most ``probes`` draws (a draw of a host already
+    drawn is spent all the same); ``seen`` gathers the indexes of those drawn."""
+    n = len(hosts)
+    draw = rng.random
+    for _ in range(probes):
+        i = int(draw() * n)
+        if i not in seen:
+            seen.add(i)
+            yield hosts[i]
 
 
 @dataclass(frozen=True, slots=True)

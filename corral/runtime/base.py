@@ -78,6 +78,12 @@ class SandboxExists(RuntimeFailure):
     code = ErrorCode.NAME_CONFLICT
 
 
+def check_timeout(timeout_s: float) -> None:
+    """A command's timeout is a positive number of seconds (so written that NaN fails too)."""
+    if not timeout_s > 0:
+        raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
+
+
 def shell_exit_code(returncode: int) -> int:
     """A host process's return code as a shell reports it: killed by signal N -> 128 + N."""
     return 128 - returncode if returncode < 0 else returncode

@@ -206,14 +206,8 @@ def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
         "--unshare-user",
         # A second, nested user namespace with a limit of one: no process inside can create another.
         "--disable-userns",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--cap-drop",
-        "ALL",
+        *_unshare(layout),
     ]
-    argv += ["--share-net"] if layout.network else ["--unshare-net"]
     argv += ["--hostname", layout.hostname, "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
     argv += _system_binds(layout.system_paths)
     argv += _etc_binds(layout)
@@ -249,12 +243,7 @@ def sandbox_args(layout: Layout, *, info_fd: int) -> list[str]:
         SANDBOX_HOME,
         "--new-session",
     ]
-    if layout.init_fd is not None:
-        argv += ["--perms", "0555", "--ro-bind-data", str(layout.init_fd), INIT_PATH]
-    if layout.seccomp_fd is not None:
-        argv += ["--seccomp", str(layout.seccomp_fd)]
-    argv += ["--info-fd", str(info_fd)]
-    return argv
+    return argv + _init_args(layout, INIT_PATH, info_fd)
 
 
 def _image_args(layout: Layout, *, info_fd: int) -> list[str]:
@@ -267,14 +256,8 @@ def _image_args(layout: Layout, *, info_fd: int) -> list[str]:
         "--userns",
         str(layout.userns_fd),
         "--assert-userns-disabled",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--cap-drop",
-        "ALL",
+        *_unshare(layout),
     ]
-    argv += ["--share-net"] if layout.network else ["--unshare-net"]
     argv += ["--hostname", layout.hostname, "--bind-fd", str(layout.root_fd), "/"]
     for name, fd in sorted(layout.etc_fds.items()):
         # bubblewrap is root inside here: its files are root's, and must be readable by the user.
@@ -284,12 +267,25 @@ def _image_args(layout: Layout, *, info_fd: int) -> list[str]:
     size = ["--size", str(layout.tmpfs_bytes)] if layout.tmpfs_bytes is not None else []
     argv += ["--proc", "/proc", *_proc_binds(layout), "--dev", "/dev"]
     argv += ["--perms", "1777", *size, "--tmpfs", "/dev/shm", "--chdir", "/", "--new-session"]
+    return argv + _init_args(layout, IMAGE_INIT_PATH, info_fd)
+
+
+def _unshare(layout: Layout) -> list[str]:
+    """What every sandbox has of its own besides its user namespace (pids, IPC, hostname, cgroups and,
+    unless it has the network, the network), and no capabilities."""
+    argv = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    return [*argv, "--share-net" if layout.network else "--unshare-net"]
+
+
+def _init_args(layout: Layout, init_path: str, info_fd: int) -> list[str]:
+    """The last of every sandbox's options: corral's init at ``init_path`` (read-only, executable),
+    the seccomp filter, and where bubblewrap writes the init's host pid."""
+    argv: list[str] = []
     if layout.init_fd is not None:
-        argv += ["--perms", "0555", "--ro-bind-data", str(layout.init_fd), IMAGE_INIT_PATH]
+        argv += ["--perms", "0555", "--ro-bind-data", str(layout.init_fd), init_path]
     if layout.seccomp_fd is not None:
         argv += ["--seccomp", str(layout.seccomp_fd)]
-    argv += ["--info-fd", str(info_fd)]
-    return argv
+    return [*argv, "--info-fd", str(info_fd)]
 
 
 def image_etc_files(hostname: str) -> dict[str, bytes]:

@@ -6,7 +6,10 @@ host's CPU, outside any sandbox's limit: output nobody keeps is not read without
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
+
+from corral.exec_result import ExecResult
 
 DEFAULT_LIMIT = 1024 * 1024  # bytes kept per stream
 # Bytes read and dropped past the kept ones, per stream, before the pipe is closed on the writer.
@@ -58,3 +61,39 @@ def close_reader(stream: asyncio.StreamReader) -> None:
     transport = getattr(stream, "_transport", None)
     if transport is not None and not transport.is_closing():  # uvloop's too: duck-typed
         transport.close()
+
+
+class Capture:
+    """A command's stdout and stderr, each drained into its own ``BoundedBuffer`` while it runs: what
+    an exec answers with once the command is over."""
+
+    def __init__(self, stdout: asyncio.StreamReader, stderr: asyncio.StreamReader, limit: int) -> None:
+        self.out, self.err = BoundedBuffer(limit), BoundedBuffer(limit)
+        self._readers = [
+            asyncio.create_task(drain(stdout, self.out)),
+            asyncio.create_task(drain(stderr, self.err)),
+        ]
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for both streams to end; what is still unread then is left behind."""
+        _done, pending = await asyncio.wait(self._readers, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+
+    def cancel(self) -> None:
+        for task in self._readers:
+            task.cancel()
+
+    def result(
+        self, exit_code: int, started: float, *, timed_out: bool, note: str | None = None
+    ) -> ExecResult:
+        """The answer: ``exit_code``, the output kept, and the time since ``started`` (``time.monotonic()``)."""
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=self.out.text(),
+            stderr=self.err.text(),
+            duration_ms=(time.monotonic() - started) * 1000.0,
+            truncated=self.out.truncated or self.err.truncated,
+            timed_out=timed_out,
+            note=note,
+        )

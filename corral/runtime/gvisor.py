@@ -44,9 +44,10 @@ from corral.runtime.base import (
     SandboxNotFound,
     SandboxPaused,
     SandboxSpec,
+    check_timeout,
     shell_exit_code,
 )
-from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
+from corral.runtime.capture import DEFAULT_LIMIT, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.statedir import spec_from_dict, spec_to_dict, valid_id
 from corral.runtime.stream import Spawned
@@ -447,13 +448,11 @@ class GvisorRuntime:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        if not timeout_s > 0:
-            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
+        check_timeout(timeout_s)
         started = time.monotonic()
         proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=False)
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
-        readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
+        capture = Capture(proc.stdout, proc.stderr, self._output_limit)
         timed_out = False
         try:
             try:
@@ -463,25 +462,17 @@ class GvisorRuntime:
                 await asyncio.to_thread(self._signal_inside, sandbox_id, pid_file, signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), _EXIT_GRACE_S)
-            _done, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE_S)
-            for task in pending:
-                task.cancel()
+            await capture.settle(_DRAIN_GRACE_S)
         finally:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
-            for task in readers:
-                task.cancel()
+            capture.cancel()
             pid_file.unlink(missing_ok=True)
         code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-        return ExecResult(
-            exit_code=128 + signal.SIGKILL if timed_out else shell_exit_code(code),
-            stdout=out.text(),
-            stderr=err.text(),
-            duration_ms=(time.monotonic() - started) * 1000.0,
-            truncated=out.truncated or err.truncated,
-            timed_out=timed_out,
+        return capture.result(
+            128 + signal.SIGKILL if timed_out else shell_exit_code(code), started, timed_out=timed_out
         )
 
     async def spawn(

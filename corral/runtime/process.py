@@ -55,9 +55,10 @@ from corral.runtime.base import (
     SandboxNotFound,
     SandboxPaused,
     SandboxSpec,
+    check_timeout,
     shell_exit_code,
 )
-from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, drain
+from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.statedir import Corrupt, Running, Starting, StateDir, valid_id
 from corral.runtime.stream import Spawned
@@ -563,13 +564,11 @@ class ProcessRuntime:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> ExecResult:
-        if not timeout_s > 0:
-            raise InvalidSandbox(f"timeout_s must be positive, got {timeout_s}", "timeout_s")
+        check_timeout(timeout_s)
         started = time.monotonic()
         proc = await self._run_in(sandbox_id, command, env, cwd, stdin=False)
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = BoundedBuffer(self._output_limit), BoundedBuffer(self._output_limit)
-        readers = [asyncio.create_task(drain(proc.stdout, out)), asyncio.create_task(drain(proc.stderr, err))]
+        capture = Capture(proc.stdout, proc.stderr, self._output_limit)
         timed_out = paused = killed = False
         try:
             try:
@@ -582,23 +581,17 @@ class ProcessRuntime:
             # A background child that kept the pipes open must not hold the answer hostage: once the
             # command has exited, what is still unread after a short grace is left behind.
             remaining = timeout_s - (time.monotonic() - started)
-            _done, pending = await asyncio.wait(readers, timeout=min(_DRAIN_GRACE_S, max(remaining, 0.05)))
-            for task in pending:
-                task.cancel()
+            await capture.settle(min(_DRAIN_GRACE_S, max(remaining, 0.05)))
         finally:
             if proc.returncode is None and not killed:
                 await _kill(proc, _EXIT_GRACE_S)
-            for task in readers:
-                task.cancel()
-        return ExecResult(
+            capture.cancel()
+        return capture.result(
             # Still frozen: it exits with its SIGKILL when the sandbox thaws or stops.
-            exit_code=shell_exit_code(-signal.SIGKILL if proc.returncode is None else proc.returncode),
-            stdout=out.text(),
-            stderr=err.text(),
-            duration_ms=(time.monotonic() - started) * 1000.0,
-            truncated=out.truncated or err.truncated,
+            shell_exit_code(-signal.SIGKILL if proc.returncode is None else proc.returncode),
+            started,
             timed_out=timed_out,
-            note=_exec_note(paused, out, err),
+            note=_exec_note(paused, capture.out, capture.err),
         )
 
     def _frozen(self, sandbox_id: str) -> bool:

@@ -76,17 +76,8 @@ def _unpack_base(root: Path) -> None:
 def small_image() -> Path:
     """The small base as an image file (fixed up), built once per machine."""
     target = cache_dir() / "base-bookworm-minbase-sudo-user.erofs"
-    if target.exists():
-        return target
-    with (cache_dir() / f"{target.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            with tempfile.TemporaryDirectory(dir=cache_dir()) as work:
-                root = Path(work) / "root"
-                root.mkdir()
-                _unpack_base(root)
-                fix_up(root)
-                pack(root, target)
+    if not target.exists():
+        _build_once(target)
     return target
 
 
@@ -95,6 +86,13 @@ def crafted_image(lay_out: Callable[[Path], None]) -> tuple[str, Path]:
     returns its digest and path. Kept in the test cache under the hash of ``lay_out``'s source."""
     key = hashlib.sha256(inspect.getsource(lay_out).encode()).hexdigest()[:16]
     target = cache_dir() / f"crafted-{key}.erofs"
+    _build_once(target, lay_out)
+    return digest_file(target), target
+
+
+def _build_once(target: Path, lay_out: Callable[[Path], None] | None = None) -> None:
+    """Pack the small base, fixed up and changed by ``lay_out``, at ``target`` unless it is there:
+    under a lock beside it, so processes asking for it at once build it once."""
     with (cache_dir() / f"{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.exists():
@@ -103,6 +101,6 @@ def crafted_image(lay_out: Callable[[Path], None]) -> tuple[str, Path]:
                 root.mkdir()
                 _unpack_base(root)
                 fix_up(root)
-                lay_out(root)
+                if lay_out is not None:
+                    lay_out(root)
                 pack(root, target)
-    return digest_file(target), target

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.envd import CALLER_AUTH_HEADER, ENVD_PREFIX, SANDBOX_HEADER, Envd
 from corral.agent.errors import AgentError, AgentSandboxNotFound
+from corral.agent.portrelay import relay_response, request_body
 from corral.agent.protocol import HOP_HEADER
 from corral.api.e2b.access import AccessKey, valid
 from corral.api.e2b.control import DEFAULT_TIMEOUT_S
@@ -181,16 +182,6 @@ class DataPlane:
 async def forward(client: HttpAgentClient, scope: Scope, receive: Receive, send: Send) -> None:
     """Relay one call to an agent's data plane, streaming the request and the answer as they come."""
 
-    async def body() -> Any:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            if message.get("body"):
-                yield message["body"]
-            if not message.get("more_body"):
-                return
-
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
     headers.append((HOP_HEADER.encode(), b"1"))
     path = ENVD_PREFIX + scope["path"]
@@ -200,7 +191,7 @@ async def forward(client: HttpAgentClient, scope: Scope, receive: Receive, send:
         scope["method"],
         path + (f"?{query}" if query else ""),
         headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers],
-        content=body(),
+        content=request_body(receive),
         timeout=httpx.Timeout(10.0, read=None, write=None),
     )
     # The host's key proves this replica to the agent; the caller's own credentials (which name the
@@ -213,11 +204,4 @@ async def forward(client: HttpAgentClient, scope: Scope, receive: Receive, send:
     except httpx.HTTPError as exc:
         await _reply(send, 502, {"code": 502, "message": f"the sandbox's host is unreachable: {exc!r}"})
         return
-    try:
-        out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_BY_HOP]
-        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-        async for chunk in response.aiter_raw():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-    finally:
-        await response.aclose()
+    await relay_response(response, send, _HOP_BY_HOP)

@@ -106,11 +106,7 @@ async def request_build(request: Request, body: JsonBody) -> JSONResponse:
 
 @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
 async def upload_link(request: Request, template_id: str, files_hash: str) -> JSONResponse:
-    _, _, tenant = await _tenant(request)
-    builds = _builds(request)
-    _check_hash(files_hash)
-    if not builds.has_open(tenant, template_id):
-        raise ResourceNotFound(f"no build of template {template_id!r} was requested")
+    builds, tenant = await _upload_to(request, template_id, files_hash)
     if builds.present(tenant, files_hash):
         return JSONResponse({"present": True}, status_code=201)
     url = str(request.url.replace(query=""))
@@ -120,11 +116,7 @@ async def upload_link(request: Request, template_id: str, files_hash: str) -> JS
 
 @router.put("/templates/{template_id}/files/{files_hash}", status_code=200)
 async def upload(request: Request, template_id: str, files_hash: str) -> Response:
-    _, _, tenant = await _tenant(request)
-    builds = _builds(request)
-    _check_hash(files_hash)
-    if not builds.has_open(tenant, template_id):
-        raise ResourceNotFound(f"no build of template {template_id!r} was requested")
+    builds, tenant = await _upload_to(request, template_id, files_hash)
     await builds.receive(tenant, files_hash, request.stream())
     return Response(status_code=200)
 
@@ -164,6 +156,17 @@ async def alias(request: Request, alias: str) -> JSONResponse:
     if await plane.store.get_template(names.owned(tenant, alias)) is None:
         raise ResourceNotFound(f"no template {alias!r}")
     return JSONResponse({"templateID": alias, "public": False})
+
+
+async def _upload_to(request: Request, template_id: str, files_hash: str) -> tuple[E2BBuilds, str]:
+    """The builds and the caller's tenant, for files of ``files_hash`` sent to a build of
+    ``template_id`` that the tenant requested."""
+    _, _, tenant = await _tenant(request)
+    builds = _builds(request)
+    _check_hash(files_hash)
+    if not builds.has_open(tenant, template_id):
+        raise ResourceNotFound(f"no build of template {template_id!r} was requested")
+    return builds, tenant
 
 
 def _check_hash(files_hash: str) -> None:
