@@ -76,6 +76,7 @@ class AsyncCorral:
             headers=wire.headers(wire.resolve_token(token)),
             transport=transport,
             timeout=timeout_s,
+            limits=wire.LIMITS,
         )
         self.sandboxes = AsyncSandboxes(self)
         self.hosts = AsyncHosts(self)

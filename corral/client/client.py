@@ -74,6 +74,7 @@ class Corral:
             headers=wire.headers(wire.resolve_token(token)),
             transport=transport,
             timeout=timeout_s,
+            limits=wire.LIMITS,
         )
         self.sandboxes = Sandboxes(self)
         self.hosts = Hosts(self)

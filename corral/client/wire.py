@@ -44,6 +44,13 @@ def resolve_token(token: str | None) -> str | None:
     return token if token is not None else os.environ.get(TOKEN_ENV)
 
 
+# A kept-alive connection is given up a second before the server closes an idle one (its default
+# keep-alive is 5 s, ``corral.core.listen``): with both at 5 s, a request sent as the server closed
+# the connection met "Server disconnected without sending a response".
+KEEPALIVE_EXPIRY_S = 4.0
+LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+
 def headers(token: str | None) -> dict[str, str]:
     out = {"Accept": "application/json", "User-Agent": "corral-sdk"}
     if token:

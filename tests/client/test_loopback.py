@@ -103,3 +103,14 @@ def test_cli_burst_json_over_http(served: tuple[FakeApi, str]) -> None:
     assert data["per_host"] == {"h1": 2, "h2": 2, "h3": 2, "h4": 2}
     assert data["max_to_median"] == 1.0 and data["deleted"] == 8
     assert api.sandboxes == {} and len(api.deleted) == 8
+
+
+def test_a_kept_alive_connection_is_given_up_before_the_server_closes_it() -> None:
+    # Equal limits race: a request sent just as the server closes an idle connection finds it gone.
+    from corral.client import AsyncCorral, Corral, wire
+    from corral.core.listen import ListenBounds
+
+    assert ListenBounds().keep_alive_s > wire.KEEPALIVE_EXPIRY_S
+    for client in (Corral("http://127.0.0.1:1", "t"), AsyncCorral("http://127.0.0.1:1", "t")):
+        pool = client._http._transport._pool  # type: ignore[union-attr]
+        assert pool._keepalive_expiry == wire.KEEPALIVE_EXPIRY_S

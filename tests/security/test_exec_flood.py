@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from corral.agent.envd.connect import envelope
+from corral.client import wire
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 from tests.security.runtime_serve import Serve, running_serve
 
@@ -67,7 +68,10 @@ def most_at_once(serve: Serve, token: str, sandbox_ids: list[str]) -> int:
 async def _bystander(url: str, token: str, done: asyncio.Event) -> Counter[str]:
     """Tenant B's ordinary work until ``done``: every answer is tallied by status."""
     seen: Counter[str] = Counter()
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as b:
+    # Kept-alive connections held as the SDK holds them (given up before the server closes them).
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60, limits=wire.LIMITS
+    ) as b:
         while True:
             r = await b.post("/v1/sandboxes", json={"memory_mb": 128})
             seen[f"create {r.status_code}"] += 1
