@@ -10,13 +10,13 @@ import json
 import time
 
 from corral.core import CreateRequest
-from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.fleet import ModelFleet, ModelFleetConfig
 from corral.sim.baselines.policies import policy
 from corral.sim.scenario import HostSpec
 
 
 def bench(name: str, hosts: int, creates: int, rate_per_s: float, seed: int) -> dict[str, object]:
-    cfg = FleetConfig(
+    cfg = ModelFleetConfig(
         hosts=hosts,
         policy=policy(name),
         host=HostSpec(heartbeat_s=10.0),
@@ -24,7 +24,7 @@ def bench(name: str, hosts: int, creates: int, rate_per_s: float, seed: int) -> 
         view_ttl_s=1.0,
     )
     started = time.perf_counter()
-    fleet = Fleet(cfg, seed)
+    fleet = ModelFleet(cfg, seed)
     req = CreateRequest(memory_mb=4096)
     t0 = 12.0  # every host has heartbeated
     duration = creates / rate_per_s

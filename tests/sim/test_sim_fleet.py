@@ -1,12 +1,12 @@
 from corral.core import CreateRequest
-from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.fleet import ModelFleet, ModelFleetConfig
 from corral.sim.baselines.policies import policy
 from corral.sim.scenario import HostSpec
 
 
-def _fleet(seed: int = 3) -> Fleet:
-    cfg = FleetConfig(hosts=3, policy=policy("corral"), host=HostSpec(heartbeat_s=1.0), view_ttl_s=1.0)
-    return Fleet(cfg, seed)
+def _fleet(seed: int = 3) -> ModelFleet:
+    cfg = ModelFleetConfig(hosts=3, policy=policy("corral"), host=HostSpec(heartbeat_s=1.0), view_ttl_s=1.0)
+    return ModelFleet(cfg, seed)
 
 
 def test_a_silent_host_stops_getting_placements_and_gets_them_again_when_it_returns() -> None:

@@ -4,7 +4,7 @@ event loop (:mod:`~corral.sim.baselines.events`), placing with the core's filter
 admission arithmetic and ledger under each policy (:mod:`~corral.sim.baselines.policies`: no ledger,
 per-replica ledgers, agents without a gate, and corral's own configuration).
 
-    fleet = Fleet(FleetConfig(hosts=12, policy=policy("naive"), replicas=4), seed=1)
+    fleet = ModelFleet(ModelFleetConfig(hosts=12, policy=policy("naive"), replicas=4), seed=1)
     fleet.burst(CreateRequest(memory_mb=4096), n=50, start=40.0, window_s=0.2)
     fleet.run(until=200.0)
     fleet.metrics.placements  # creates per host
@@ -13,10 +13,10 @@ per-replica ledgers, agents without a gate, and corral's own configuration).
 from corral.sim.baselines.events import EventLoop
 from corral.sim.baselines.fleet import (
     Create,
-    Fleet,
-    FleetConfig,
     HostTable,
     Metrics,
+    ModelFleet,
+    ModelFleetConfig,
     Outcome,
     SimReplica,
 )
@@ -28,11 +28,11 @@ __all__ = [
     "POLICIES",
     "Create",
     "EventLoop",
-    "Fleet",
-    "FleetConfig",
     "HostTable",
     "LedgerScope",
     "Metrics",
+    "ModelFleet",
+    "ModelFleetConfig",
     "Outcome",
     "Policy",
     "SimHost",

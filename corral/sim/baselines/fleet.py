@@ -1,4 +1,5 @@
-"""The simulated fleet: hosts heartbeating into a store, scheduler replicas reading it through their
+"""The model fleet (``ModelFleet``, beside the simulator's ``RealFleet`` of real agents and flows, and
+``corral serve``'s ``LocalFleet``): hosts heartbeating into a store, scheduler replicas reading it through their
 own view caches, and corral's create flow run by the core's ``Scheduler`` on a virtual clock.
 
 Create flow, per attempt: the replica reads its cached view (re-read once before refusing: a cached
@@ -47,7 +48,7 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetConfig:
+class ModelFleetConfig:
     hosts: int
     policy: Policy
     host: HostSpec = field(default_factory=HostSpec)
@@ -142,8 +143,8 @@ class Metrics:
         return self.view_age_sum / self.decisions if self.decisions else 0.0
 
 
-class Fleet:
-    def __init__(self, cfg: FleetConfig, seed: int) -> None:
+class ModelFleet:
+    def __init__(self, cfg: ModelFleetConfig, seed: int) -> None:
         self.cfg = cfg
         self.seed = seed
         self.loop = EventLoop()

@@ -16,7 +16,7 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core import CreateRequest
-from corral.sim.baselines.fleet import Fleet, FleetConfig, counts_for
+from corral.sim.baselines.fleet import ModelFleet, ModelFleetConfig, counts_for
 from corral.sim.baselines.policies import policy as policy_named
 from corral.sim.flow.harness import run_seeded
 from corral.sim.flow.real_fleet import RealFleet, RealFleetConfig
@@ -50,7 +50,7 @@ class BurstScenario:
     # Shared-ledger reservations of a dead replica end with its lease, or at the TTL (last resort).
     lease_s: float | None = 10.0
     ledger_ttl_s: float = 120.0
-    # None: view_ttl_s + 3 heartbeats (see FleetConfig); a common production cutoff is 30 s.
+    # None: view_ttl_s + 3 heartbeats (see ModelFleetConfig); a common production cutoff is 30 s.
     stale_after_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -131,14 +131,14 @@ def host_spec(scn: BurstScenario) -> HostSpec:
     )
 
 
-def build(scn: BurstScenario, seed: int) -> Fleet:
+def build(scn: BurstScenario, seed: int) -> ModelFleet:
     """The fleet model, for the policies that model other schedulers."""
     pol = policy_named(scn.policy)
     if scn.starts_limit is not None:
         pol = replace(pol, starts_limit=scn.starts_limit)
     spec = host_spec(scn)
-    fleet = Fleet(
-        FleetConfig(
+    fleet = ModelFleet(
+        ModelFleetConfig(
             hosts=scn.hosts,
             policy=pol,
             host=spec,
@@ -161,7 +161,7 @@ def build(scn: BurstScenario, seed: int) -> Fleet:
 
 def real_config(scn: BurstScenario, **changes: Any) -> RealFleetConfig:
     spec = host_spec(scn)
-    model = FleetConfig(
+    model = ModelFleetConfig(
         hosts=scn.hosts,
         policy=policy_named(scn.policy),
         host=spec,

@@ -20,7 +20,7 @@ from typing import Any
 
 from corral.control.create import CreateSpec
 from corral.core import AdmissionMode, CreateRequest, TouchModel
-from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.fleet import ModelFleet, ModelFleetConfig
 from corral.sim.baselines.policies import policy as policy_named
 from corral.sim.experiments.engines import real_fleet_config
 from corral.sim.flow.harness import run_seeded
@@ -192,8 +192,8 @@ def run_mode(scn: DensityScenario, mode: AdmissionMode, seed: int, *, on_model: 
         return run_real_mode(scn, mode, seed)
     spec = host_spec(scn, mode)
     touch = touch_model(scn)
-    fleet = Fleet(
-        FleetConfig(
+    fleet = ModelFleet(
+        ModelFleetConfig(
             hosts=scn.hosts,
             policy=policy_named(scn.policy),
             host=spec,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from corral.sim.baselines.fleet import FleetConfig
+from corral.sim.baselines.fleet import ModelFleetConfig
 from corral.sim.baselines.policies import Policy
 from corral.sim.flow.real_fleet import RealFleetConfig
 from corral.sim.scenario import HostSpec
@@ -19,7 +19,7 @@ def real_fleet_config(
     """corral's configuration ``pol`` over ``hosts`` hosts like ``host``: its agents' gate and starts
     limiter, its K, and the fleet model's stale cutoff for the view's TTL."""
     spec = replace(host, gate=pol.agent_gate, starts_limit=pol.starts_limit)
-    model = FleetConfig(hosts=hosts, policy=pol, host=spec, view_ttl_s=view_ttl_s)
+    model = ModelFleetConfig(hosts=hosts, policy=pol, host=spec, view_ttl_s=view_ttl_s)
     return RealFleetConfig(
         hosts=hosts,
         host=spec,

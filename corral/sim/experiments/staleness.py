@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from corral.control.create import CreateSpec
 from corral.core import CreateRequest
-from corral.sim.baselines.fleet import Fleet, FleetConfig
+from corral.sim.baselines.fleet import ModelFleet, ModelFleetConfig
 from corral.sim.baselines.policies import policy as policy_named
 from corral.sim.experiments.result import PointsResult
 from corral.sim.flow.harness import run_seeded
@@ -67,9 +67,9 @@ class StalenessResult(PointsResult[StalenessScenario, StalenessPoint]):
     experiment: ClassVar[str] = "staleness"
 
 
-def _model_config(scn: StalenessScenario, policy: str, view_ttl_s: float) -> FleetConfig:
+def _model_config(scn: StalenessScenario, policy: str, view_ttl_s: float) -> ModelFleetConfig:
     spec = HostSpec(memory_mb=scn.host_memory_mb, cpus=scn.host_cpus, heartbeat_s=scn.heartbeat_s)
-    return FleetConfig(
+    return ModelFleetConfig(
         hosts=scn.hosts,
         policy=policy_named(policy),
         host=spec,
@@ -150,7 +150,7 @@ def run_point(
     """``on_model``: run even a configuration of corral's on the fleet model (to compare the two)."""
     if not (on_model or policy_named(policy).is_model):
         return run_real_point(scn, policy, view_ttl_s, seed)
-    fleet = Fleet(_model_config(scn, policy, view_ttl_s), seed)
+    fleet = ModelFleet(_model_config(scn, policy, view_ttl_s), seed)
     req = CreateRequest(memory_mb=scn.sandbox_mb)
     start = 2 * scn.heartbeat_s
     end = start + scn.warmup_s + scn.measure_s
