@@ -201,10 +201,21 @@ class SlotPool:
 
         with self._leasing:
             taken = self._leases.reclaim(keep, lambda index: netns.destroy(slot_net(index, self.slot_range)))
+            taken += self._leases.under_lock(self._unleased)
         if taken:
             log.info("reclaimed %d network slots left by agents that are gone", len(taken))
         self.stats.destroyed += len(taken)
         return len(taken)
+
+    def _unleased(self) -> list[int]:
+        """Remove the namespaces of this pool's range that no lease accounts for (their lease went,
+        the slot did not: an agent killed between the two, or an older corral's reclaim)."""
+        gone = []
+        for index in _namespaces_in(self.slot_range):
+            if not (self._leases.directory / str(index)).exists():
+                netns.destroy(slot_net(index, self.slot_range))
+                gone.append(index)
+        return gone
 
     async def _build(self) -> SlotNet:
         try:
@@ -258,6 +269,28 @@ def pool_for(runtime: Runtime, runtime_root: Path, size: int = DEFAULT_POOL_SIZE
         log.warning("no network slots on this host: %s missing (make system-deps)", ", ".join(missing))
         return None
     return SlotPool(runtime_root.with_name(runtime_root.name + ".netslots"), size=size)
+
+
+def _namespaces_in(slot_range: ipaddress.IPv4Network) -> list[int]:
+    """The indexes of the slots of ``slot_range`` whose namespace exists on this machine."""
+    try:
+        names = os.listdir(netns.NETNS_DIR)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        tag = name.removeprefix("corral-")
+        if tag == name or len(tag) != 8:
+            continue
+        try:
+            address = ipaddress.IPv4Address(int(tag, 16))
+        except ValueError:
+            continue
+        if address in slot_range:
+            index = (int(address) - int(slot_range.network_address)) // 4
+            if slot_net(index, slot_range).netns == name:
+                found.append(index)
+    return found
 
 
 def reclaim_under(

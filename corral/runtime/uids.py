@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 DEFAULT_LEASE_DIR = Path("/run/corral/uids")
 # Far above any account a distribution creates and below the 2^31 a user namespace can map.
@@ -29,6 +30,7 @@ DEFAULT_UIDS = range(2_000_000, 2_065_536)
 RANGE_SPAN = 65536
 DEFAULT_UID_RANGES = range(0x7000_0000, 2**31 - RANGE_SPAN, RANGE_SPAN)
 _LOCK = ".lock"
+T = TypeVar("T")
 
 
 class UidsExhausted(Exception):
@@ -143,6 +145,11 @@ class UidAllocator:
                     (self.directory / entry.name).unlink()
                 taken.append(uid)
         return taken
+
+    def under_lock(self, work: Callable[[], T]) -> T:
+        """``work`` done while no allocator of this directory hands out or takes back a lease."""
+        with self._locked():
+            return work()
 
     def holder(self, uid: int) -> Lease | None:
         """Who holds ``uid``; None when nobody does or the lease cannot be read (a torn write)."""

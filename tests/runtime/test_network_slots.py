@@ -364,3 +364,20 @@ async def test_a_pool_warms_at_its_first_networked_sandbox_and_not_before(tmp_pa
         await pool.give_back("first")
         await pool.close()
     assert not any(_exists(s) for s in _all(own["slot_range"]))
+
+
+async def test_a_slot_no_lease_accounts_for_is_removed_at_the_first_fill(tmp_path: Path) -> None:
+    own = {"lease_dir": tmp_path / "leases", "slot_range": ipaddress.IPv4Network("10.232.10.0/28")}
+    stray = slot_net(2, own["slot_range"])  # type: ignore[arg-type]
+    netns.build(stray)  # its lease gone (or never written), the namespace, link and table left
+    pool = SlotPool(tmp_path / "netslots", size=1, **own)  # type: ignore[arg-type]
+    try:
+        assert _exists(stray)
+        await pool.fill()
+        held = {s.index for s in pool.ready}
+        assert {s.index for s in _all(own["slot_range"]) if _exists(s)} == held
+        assert pool.stats.destroyed == 1  # the stray, reclaimed before anything was built
+    finally:
+        await pool.close()
+        netns.destroy(stray)
+    assert not any(_exists(s) for s in _all(own["slot_range"]))
