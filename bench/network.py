@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import statistics
@@ -53,8 +54,11 @@ def summary(samples_s: list[float]) -> dict[str, float]:
 async def slots(n: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         pooled, built = [], []
-        pool = SlotPool(Path(tmp) / "pool", size=1, lease_dir=Path(tmp) / "leases")
-        drained = SlotPool(Path(tmp) / "drained", size=0, lease_dir=Path(tmp) / "leases")
+        # Leases of its own, so a range of its own: a pool removes the slots of its range that no
+        # lease of its directory accounts for, and the default range is the machine's agents'.
+        leases, own = Path(tmp) / "leases", ipaddress.IPv4Network("10.233.0.0/24")
+        pool = SlotPool(Path(tmp) / "pool", size=1, lease_dir=leases, slot_range=own)
+        drained = SlotPool(Path(tmp) / "drained", size=0, lease_dir=leases, slot_range=own)
         try:
             for i in range(n):
                 await pool.fill()  # ready ahead, as the pool's background filler keeps it
