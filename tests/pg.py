@@ -7,8 +7,9 @@ import os
 import secrets
 
 import psycopg
-import pytest
 from psycopg import sql
+
+from tests.ci import require
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -38,7 +39,5 @@ def require_pg() -> str:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
         message = f"PostgreSQL not reachable at {url} (set CORRAL_TEST_POSTGRES_URL): {exc}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message + " -- under CI the PostgreSQL tests must run", pytrace=False)
-        pytest.skip(message)
+        require(message, " -- under CI the PostgreSQL tests must run")
     return url

@@ -10,7 +10,6 @@ flag names is the operator's choice, documented in docs/e2b.md.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from e2b.exceptions import BuildException
 
 from corral.api.e2b.builds import unavailable_reason
 from corral.testing.images import small_base
+from tests.ci import require
 from tests.e2b.conftest import Corral
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,12 +35,8 @@ def _image_config(corral: Corral, name: str) -> dict:  # type: ignore[type-arg]
 
 
 def _require_builds() -> None:
-    """Builds need root and the image tools (``make system-deps``): skipped without them locally,
-    a failure under CI, where the Makefile installs them."""
-    if (why := unavailable_reason()) is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
+    """Builds need root and the image tools (``make system-deps``, which CI runs)."""
+    require(unavailable_reason())
 
 
 def test_a_template_built_with_the_sdk_starts_sandboxes(sdk_env: Corral, tmp_path: Path) -> None:
