@@ -4,6 +4,7 @@ below what a runtime can run, metadata, and heartbeats a host could use to poiso
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -203,3 +204,33 @@ async def test_a_heartbeat_mixing_whole_set_and_changes_is_a_422(
     before = await cluster.plane.store.get_host(cluster.fleet.agents[0].id)
     refused(await _beat(cluster, creds.agent_token, **mixed), 422, "invalid_request")
     assert await cluster.plane.store.get_host(cluster.fleet.agents[0].id) == before
+
+
+async def test_a_background_commands_bad_input_is_a_422_naming_what_and_starts_nothing(
+    cluster: Cluster,
+) -> None:
+    sid = await _sandbox(cluster)
+    admin = cluster.as_(ADMIN)
+    path = f"/v1/sandboxes/{sid}/commands"
+    for body, field in (
+        ({"command": ["echo", "a\x00b"]}, "command"),
+        ({"command": ["x"] * 5000}, "command"),
+        ({"command": ["true"], "env": {"A=B": "x"}}, "env"),
+        ({"command": ["true"], "cwd": "relative"}, "cwd"),
+        ({"command": ["true"], "timeout_s": 10**9}, "timeout_s"),
+        ({"command": ["true"], "timeout_s": float("nan")}, None),
+    ):
+        r = await cluster.http.post(
+            path, content=_json(body), headers={**admin, "Content-Type": "application/json"}
+        )
+        refused(r, 422, "invalid_request", field)
+    for bad in ("0", "-1", "abc", str(2**63), "1.5"):
+        refused(await cluster.http.get(f"{path}/{bad}", headers=admin), 422, "invalid_request")
+    for wait in ("-1", "1e9", "nan"):
+        refused(await cluster.http.get(f"{path}/1?wait_s={wait}", headers=admin), 422, "invalid_request")
+    listed = await cluster.http.get(path, headers=admin)
+    assert listed.status_code == 200 and listed.json()["commands"] == [], listed.text
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, allow_nan=True).encode()  # NaN too: what a hostile client can send
