@@ -12,11 +12,12 @@ reached. ``exec`` exits with the command's own exit code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TextIO
@@ -92,6 +93,17 @@ def _fail(err: CorralError) -> NoReturn:
     if isinstance(err, Unreachable) or (isinstance(err, CapacityUnavailable) and not err.reached_server):
         raise typer.Exit(EXIT_UNREACHABLE)
     raise typer.Exit(EXIT_REFUSED)
+
+
+@contextlib.contextmanager
+def server(ctx: typer.Context, url: str | None, token: str | None) -> Iterator[Corral]:
+    """A command's client: a refusal or an unreachable server inside ends the command as ``_fail``
+    says (the code and message printed, the exit code set)."""
+    try:
+        with _factory(ctx).sync_client(url, token) as client:
+            yield client
+    except CorralError as err:
+        _fail(err)
 
 
 DASHBOARD_LINK_PATH = "/dashboard/link"
@@ -202,11 +214,8 @@ def ps_command(
     as_json: JsonOption = False,
 ) -> None:
     """List sandboxes (all pages)."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            sandboxes = list(client.sandboxes.list(state=state, host_id=host_id))
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        sandboxes = list(client.sandboxes.list(state=state, host_id=host_id))
     if as_json:
         _print_json({"sandboxes": [s.record.model_dump(mode="json") for s in sandboxes]})
         return
@@ -244,11 +253,8 @@ def hosts_command(
     if action is not None:
         _host_action(ctx, action, host_id, out, url, token)
         return
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            hosts = client.hosts.list()
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        hosts = client.hosts.list()
     if as_json:
         _print_json({"hosts": [h.model_dump(mode="json") for h in hosts]})
         return
@@ -278,15 +284,12 @@ def _host_action(
 ) -> None:
     if action not in ("token", "forget") or not host_id:
         raise typer.BadParameter("expected `hosts token ID` or `hosts forget ID`")
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            if action == "forget":
-                client.hosts.forget(host_id)
-                typer.echo(f"forgot {host_id}")
-                return
-            creds = client.hosts.enrol(host_id)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        if action == "forget":
+            client.hosts.forget(host_id)
+            typer.echo(f"forgot {host_id}")
+            return
+        creds = client.hosts.enrol(host_id)
     text = creds.model_dump_json() + "\n"
     if out is None:
         typer.echo(text, nl=False)
@@ -316,34 +319,31 @@ def tokens_command(
         raise typer.BadParameter(
             "expected `tokens list`, `tokens admin`, `tokens metrics`, `tokens tenant NAME` or `tokens revoke ID`"
         )
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            if action == "revoke":
-                assert target is not None
-                client.tokens.revoke(target)
-                typer.echo(f"revoked {target}")
+    with server(ctx, url, token) as client:
+        if action == "revoke":
+            assert target is not None
+            client.tokens.revoke(target)
+            typer.echo(f"revoked {target}")
+            return
+        if action == "list":
+            tokens = client.tokens.list()
+            if as_json:
+                _print_json({"tokens": [t.model_dump(mode="json") for t in tokens]})
                 return
-            if action == "list":
-                tokens = client.tokens.list()
-                if as_json:
-                    _print_json({"tokens": [t.model_dump(mode="json") for t in tokens]})
-                    return
-                table = Table(title=f"{len(tokens)} tokens", title_justify="left")
-                for column in ("id", "role", "tenant", "host", "source", "created"):
-                    table.add_column(column, no_wrap=True)
-                for t in tokens:
-                    created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
-                    table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
-                console().print(table)
-                return
-            if action == "admin":
-                issued = client.tokens.issue_admin()
-            elif action == "metrics":
-                issued = client.tokens.issue_metrics()
-            else:
-                issued = client.tokens.issue_tenant(target or "")
-    except CorralError as err:
-        _fail(err)
+            table = Table(title=f"{len(tokens)} tokens", title_justify="left")
+            for column in ("id", "role", "tenant", "host", "source", "created"):
+                table.add_column(column, no_wrap=True)
+            for t in tokens:
+                created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
+                table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
+            console().print(table)
+            return
+        if action == "admin":
+            issued = client.tokens.issue_admin()
+        elif action == "metrics":
+            issued = client.tokens.issue_metrics()
+        else:
+            issued = client.tokens.issue_tenant(target or "")
     _print_json(issued.model_dump(mode="json"))
 
 
@@ -440,19 +440,16 @@ def create_command(
     pairs = [e.partition("=") for e in env or []]
     if any(not sep or not key for key, sep, _ in pairs):
         raise typer.BadParameter("expected KEY=VALUE", param_hint="--env")
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            sandbox = client.sandboxes.create(
-                template,
-                memory_mb=memory_mb,
-                cpus=cpus,
-                ttl_seconds=ttl_seconds,
-                name=name,
-                env={key: value for key, _, value in pairs} or None,
-                wait=wait_s,
-            )
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        sandbox = client.sandboxes.create(
+            template,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            ttl_seconds=ttl_seconds,
+            name=name,
+            env={key: value for key, _, value in pairs} or None,
+            wait=wait_s,
+        )
     if as_json:
         _print_json(sandbox.record.model_dump(mode="json"))
     else:
@@ -492,11 +489,8 @@ def explain_command(
     as_json: JsonOption = False,
 ) -> None:
     """Why a sandbox went where it went: candidates, scores, rejections, the store's choice."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            doc = client.sandboxes.placement(sandbox_id)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        doc = client.sandboxes.placement(sandbox_id)
     if as_json:
         _print_json(doc)
         return
@@ -548,11 +542,8 @@ def dashboard_command(
     as_json: JsonOption = False,
 ) -> None:
     """Print a sign-in link to the dashboard (admin token), good for five minutes."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            answer = client.request("POST", DASHBOARD_LINK_PATH)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        answer = client.request("POST", DASHBOARD_LINK_PATH)
     link = str(answer["url"])
     if as_json:
         _print_json(answer)

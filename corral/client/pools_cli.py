@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _print_json, console
-from corral.client.errors import CorralError
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, console, server
 
 pools_app = typer.Typer(help="Warm pools: sandboxes booted ahead of the creates that take them.")
 
@@ -24,15 +23,12 @@ def create_command(
     as_json: JsonOption = False,
 ) -> None:
     """Create a pool, or resize it if the template has one."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            existing = {p.template for p in client.pools.list()}
-            if template in existing:
-                pool = client.pools.resize(template, size)
-            else:
-                pool = client.pools.create(template, size, max_per_host=max_per_host)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        existing = {p.template for p in client.pools.list()}
+        if template in existing:
+            pool = client.pools.resize(template, size)
+        else:
+            pool = client.pools.create(template, size, max_per_host=max_per_host)
     if as_json:
         _print_json(pool.model_dump(mode="json"))
         return
@@ -44,11 +40,8 @@ def ls_command(
     ctx: typer.Context, url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False
 ) -> None:
     """List pools with their fill and hits."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            pools = client.pools.list()
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        pools = client.pools.list()
     if as_json:
         _print_json({"pools": [p.model_dump(mode="json") for p in pools]})
         return
@@ -77,11 +70,8 @@ def rm_command(
     as_json: JsonOption = False,
 ) -> None:
     """Delete a pool: its unclaimed warm sandboxes stop; claimed ones stay."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            client.pools.delete(template)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        client.pools.delete(template)
     if as_json:
         _print_json({"template": template, "deleted": True})
         return

@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _print_json, console
-from corral.client.errors import CorralError
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, console, server
 
 tenants_app = typer.Typer(help="Tenants: who may create sandboxes, their limits and their keys.")
 
@@ -29,13 +28,10 @@ def create_command(
 ) -> None:
     """Create a tenant; print it as JSON, with its first token (`token`, shown this once: it is also
     the tenant's E2B API key)."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            tenant = client.tenants.create(
-                name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb, max_cpus=max_cpus
-            )
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        tenant = client.tenants.create(
+            name, max_sandboxes=max_sandboxes, max_memory_mb=max_memory_mb, max_cpus=max_cpus
+        )
     _print_json(tenant.model_dump(mode="json"))
 
 
@@ -44,11 +40,8 @@ def ls_command(
     ctx: typer.Context, url: UrlOption = None, token: TokenOption = None, as_json: JsonOption = False
 ) -> None:
     """List tenants with their limits."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            tenants = client.tenants.list()
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        tenants = client.tenants.list()
     if as_json:
         _print_json({"tenants": [t.model_dump(mode="json") for t in tenants]})
         return
@@ -69,11 +62,8 @@ def e2b_key_command(
     as_json: JsonOption = False,
 ) -> None:
     """Issue the tenant a key in the `e2b_...` form (for E2B_API_KEY); print it."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            key = client.tenants.e2b_key(name)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        key = client.tenants.e2b_key(name)
     if as_json:
         _print_json(key.model_dump(mode="json"))
     else:
@@ -90,11 +80,8 @@ def rm_command(
 ) -> None:
     """Remove a tenant and revoke its tokens and E2B keys. Refused while any of its sandboxes is live:
     delete them first (`corral ps`, `corral rm ID`)."""
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            client.tenants.delete(name)
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        client.tenants.delete(name)
     if as_json:
         _print_json({"name": name, "removed": True})
     else:
