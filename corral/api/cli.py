@@ -97,6 +97,14 @@ MaxCreatesInFlight = Annotated[
 ]
 
 
+TlsDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-dir", help="Serve HTTPS with the certificate here (a self-signed one made on first use)."
+    ),
+]
+
+
 def create_rate(rate: float | None, burst: int | None) -> Rate | None:
     """The default create rate the flags name (a burst alone names none)."""
     if rate is None:
@@ -202,12 +210,7 @@ def serve(
     tenant_create_rate: TenantCreateRate = None,
     tenant_create_burst: TenantCreateBurst = None,
     max_creates_in_flight: MaxCreatesInFlight = DEFAULT_CREATES_IN_FLIGHT,
-    tls_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--tls-dir", help="Serve HTTPS with the certificate here (a self-signed one made on first use)."
-        ),
-    ] = None,
+    tls_dir: TlsDir = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
     reserve_floor_mb: Annotated[
         int | None,
@@ -379,12 +382,7 @@ def api(
     tenant_create_rate: TenantCreateRate = None,
     tenant_create_burst: TenantCreateBurst = None,
     max_creates_in_flight: MaxCreatesInFlight = DEFAULT_CREATES_IN_FLIGHT,
-    tls_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--tls-dir", help="Serve HTTPS with the certificate here (a self-signed one made on first use)."
-        ),
-    ] = None,
+    tls_dir: TlsDir = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
     domain: Domain = None,
 ) -> None:
