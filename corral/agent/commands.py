@@ -39,6 +39,7 @@ from corral.agent.execstream import DRAIN_GRACE_S, KILL_GRACE_S, KILLED_BY_SIGKI
 from corral.codes import ErrorCode
 from corral.core.clock import Clock
 from corral.core.inflight import BUSY_RETRY_S
+from corral.core.rates import Rate, TokenBucket
 from corral.exec_result import KEEPALIVE_S, ExecEvent, ExecOutput, ExecResult
 from corral.runtime.capture import close_reader
 from corral.runtime.stream import Spawned
@@ -98,28 +99,24 @@ class OutputTail:
 
 
 class ReadRate:
-    """A token bucket over the bytes read from one command's pipes: ``ready`` waits while it is spent."""
+    """The bytes one command's pipes may be read at: the core's token bucket, a byte a token. A read
+    waits until the bucket is out of debt, then pays for what it got (at most a chunk of debt)."""
 
     def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.burst = burst
+        self._bucket = TokenBucket(Rate(rate, max(1, int(burst))), clock())
         self._clock = clock
-        self._tokens = burst
-        self._at = clock()
 
-    def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-
-    async def ready(self) -> None:
-        self._refill()
-        while self._tokens <= 0:
-            await asyncio.sleep(-self._tokens / self.rate)
-            self._refill()
+    async def allowance(self, most: int) -> int:
+        """How many bytes the next read may take, once the bucket is out of debt: ``most`` (reads a
+        byte at a time would cost the host more than the reading they bound)."""
+        while (held := self._bucket.tokens(self._clock())) <= 0:
+            await asyncio.sleep(-held / self._bucket.rate.rate_per_s)
+        return most
 
     def spend(self, n: int) -> None:
-        self._tokens -= n
+        # Both streams read at once: together they may read past what is held; the debt is paid
+        # before either reads again.
+        self._bucket.spend(self._clock(), n)
 
 
 class Command:
@@ -185,8 +182,7 @@ class Command:
     async def _pump(self, reader: asyncio.StreamReader, name: Stream) -> None:
         tail = self.tails[name]
         while True:
-            await self._rate.ready()
-            chunk = await reader.read(CHUNK)
+            chunk = await reader.read(await self._rate.allowance(CHUNK))
             if not chunk:
                 return
             self._rate.spend(len(chunk))

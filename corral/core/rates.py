@@ -83,6 +83,12 @@ class TokenBucket:
             return Refused(self.rate, cost, math.inf)
         return Refused(self.rate, cost, (cost - self._tokens) / self.rate.rate_per_s)
 
+    def spend(self, now: float, cost: float) -> None:
+        """Pay ``cost`` whatever is held: the bucket may go into debt, which time repays before it
+        holds a token again (for work already done, such as bytes read, that must be paid for)."""
+        self._refill(now)
+        self._tokens -= cost
+
     def full(self, now: float) -> bool:
         return self.tokens(now) >= self.rate.burst
 

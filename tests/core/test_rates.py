@@ -131,3 +131,13 @@ def test_no_key_waits_more_than_one_turn_of_each_other_key(keys: list[str]) -> N
         for a, b in itertools.pairwise(spots):
             between = served[a + 1 : b]
             assert all(between.count(o) <= 1 for o in set(between))
+
+
+def test_work_already_done_is_paid_in_debt_that_time_repays() -> None:
+    bucket = TokenBucket(Rate(10, 5), now=0.0)
+    bucket.spend(0.0, 8)  # two readers at once read past the five held
+    assert bucket.tokens(0.0) == -3
+    assert bucket.take(0.0) is not None  # nothing more until the debt is repaid
+    assert bucket.tokens(0.3) == pytest.approx(0.0)
+    assert bucket.take(0.4) is None
+    assert bucket.tokens(100.0) == 5  # repaid, then full: never past the burst
