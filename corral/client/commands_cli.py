@@ -17,13 +17,11 @@ from corral.client.cli import (
     JsonOption,
     TokenOption,
     UrlOption,
-    _factory,
-    _fail,
     _print_json,
     _write,
     console,
+    server,
 )
-from corral.client.errors import CorralError
 from corral.exec_result import ExecResult, encode_event
 
 
@@ -42,7 +40,7 @@ def logs_command(
 ) -> None:
     """List a sandbox's background commands, or print one's output (-f: follow it until it ends)."""
     try:
-        with _factory(ctx).sync_client(url, token) as client:
+        with server(ctx, url, token) as client:
             commands = client.sandboxes.commands(sandbox_id)
             if pid is None:
                 handles = commands.list()
@@ -83,8 +81,6 @@ def logs_command(
                     result = event
                 elif not as_json:
                     _write(sys.stdout if event.stream == "stdout" else sys.stderr, event.text)
-    except CorralError as err:
-        _fail(err)
     except KeyboardInterrupt:
         typer.echo("interrupted: the command runs on", err=True)
         raise typer.Exit(130) from None

@@ -19,9 +19,8 @@ from typing import Annotated
 
 import typer
 
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _factory, _fail, _write
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _write, server
 from corral.client.client import Corral
-from corral.client.errors import CorralError
 from corral.exec_result import MAX_EXEC_TIMEOUT_S
 
 # ``cd`` with nothing after it goes home, as in sh; what it printed is where the shell now is.
@@ -154,25 +153,22 @@ def shell_command(
         raise typer.BadParameter("a shell has no JSON form: use `corral exec --json`", param_hint="--json")
     interactive = sys.stdin.isatty()
     state = ShellState()
-    try:
-        with _factory(ctx).sync_client(url, token) as client:
-            client.sandboxes.get(sandbox_id)  # an unknown id fails here, before any prompt
-            if interactive:
-                echo(f"corral shell in {sandbox_id}: a line at a time, no terminal; Ctrl-D leaves\n")
-            while True:
-                try:
-                    text = input(_prompt(sandbox_id, state)) if interactive else sys.stdin.readline()
-                except EOFError:
-                    break
-                except KeyboardInterrupt:
-                    echo("\n")
-                    continue
-                if not interactive and not text:
-                    break
-                if not run_line(client, sandbox_id, parse_line(text), state, echo):
-                    break
-    except CorralError as err:
-        _fail(err)
+    with server(ctx, url, token) as client:
+        client.sandboxes.get(sandbox_id)  # an unknown id fails here, before any prompt
+        if interactive:
+            echo(f"corral shell in {sandbox_id}: a line at a time, no terminal; Ctrl-D leaves\n")
+        while True:
+            try:
+                text = input(_prompt(sandbox_id, state)) if interactive else sys.stdin.readline()
+            except EOFError:
+                break
+            except KeyboardInterrupt:
+                echo("\n")
+                continue
+            if not interactive and not text:
+                break
+            if not run_line(client, sandbox_id, parse_line(text), state, echo):
+                break
     if interactive:
         echo("\n")
     raise typer.Exit(state.exit_code)
