@@ -4,19 +4,32 @@ uploads, create options corral refuses rather than drops, and data-plane calls i
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import itertools
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from e2b import CommandExitException, FileType, Sandbox, SandboxQuery, SandboxState
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FileType,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+    Volume,
+)
 from e2b.envd.filesystem import filesystem_connect
 from e2b.envd.process import process_connect
-from e2b.exceptions import InvalidArgumentException, SandboxException
+from e2b.exceptions import InvalidArgumentException, SandboxException, VolumeException
 
 from corral.agent.envd.connect import envelope
+from corral.api.e2b.unserved import UNSERVED
 from tests.e2b.conftest import Corral
 
 STREAM = "application/connect+json"
@@ -159,14 +172,31 @@ def test_a_gzip_upload_that_is_not_gzip_is_refused(sandbox: Sandbox, corral: Cor
 
 def test_create_options_corral_does_not_honour_are_refused_leaving_nothing(sdk_env: Corral) -> None:
     tag = f"opts-{time.monotonic_ns()}"
-    for options in ({"mcp": {"exa": {"apiKey": "k"}}, "template": "base"},):
+    refused_options: list[dict[str, Any]] = [
+        {"mcp": {"exa": {"apiKey": "k"}}},  # no template: the SDK names its MCP gateway's
+        {"mcp": {"exa": {"apiKey": "k"}}, "template": "base"},
+        {"volume_mounts": {"/mnt/data": "vol"}},
+    ]
+    for options in refused_options:
         with pytest.raises(SandboxException) as refused:
-            Sandbox.create(metadata={"tag": tag}, **options)  # type: ignore[arg-type]
-        assert "not supported" in str(refused.value)
+            Sandbox.create(metadata={"tag": tag}, **options)
+        # E2B's error shape, read by the SDK: the status, and a message that says what and why.
+        assert "400" in str(refused.value) and "not supported" in str(refused.value), refused.value
+
+        async def create_async(options: dict[str, Any] = options) -> None:
+            await AsyncSandbox.create(metadata={"tag": tag}, **options)
+
+        with pytest.raises(SandboxException, match="not supported"):
+            asyncio.run(create_async())
     with httpx.Client(base_url=sdk_env.url, headers={"X-API-KEY": sdk_env.key}) as http:
-        for body in ({"volumeMounts": [{"name": "v", "path": "/mnt"}]}, {"iam": {"tokens": {"a": {}}}}):
+        for body in (
+            {"volumeMounts": [{"name": "v", "path": "/mnt"}]},
+            {"iam": {"tokens": {"a": {}}}},
+            {"secure": False},
+        ):
             r = http.post("/v2/sandboxes", json={"metadata": {"tag": tag}, **body})
-            assert r.status_code == 400 and r.json()["error_code"] == "unsupported_option", r.text
+            assert r.status_code == 400, r.text
+            assert r.json()["code"] == 400 and r.json()["error_code"] == "unsupported_option", r.text
     assert Sandbox.list(query=SandboxQuery(metadata={"tag": tag})).next_items() == []
     sb = Sandbox.create(metadata={"tag": tag}, lifecycle={"on_timeout": "kill"})
     sb.kill()
@@ -222,3 +252,55 @@ def test_every_envd_rpc_answers_in_protocol_and_leaves_the_connection_usable(
     with pytest.raises(SandboxException, match=r"(?i)unimplemented"):
         sandbox.files.watch_dir("/tmp")
     assert sandbox.commands.run("echo still").stdout == "still\n"
+
+
+def test_metrics_over_a_time_range(sandbox: Sandbox) -> None:
+    deadline = time.monotonic() + 30
+    while len(samples := sandbox.get_metrics()) < 3:  # the host reads it at its heartbeats, and here
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.5)
+    at = [s.timestamp for s in samples]
+    # Oldest first, one per E2B's sampling interval, each its memory as its host read it.
+    assert all(b - a >= datetime.timedelta(seconds=5) for a, b in itertools.pairwise(at))
+    memory = sandbox.get_info().memory_mb * 1024 * 1024
+    assert all(s.mem_used > 0 and s.mem_total == memory for s in samples)
+
+    # Whole seconds, both ends included, as the SDK sends them.
+    assert [s.timestamp for s in sandbox.get_metrics(start=at[1], end=at[1])] == [at[1]]
+    assert [s.timestamp for s in sandbox.get_metrics(start=at[1])][:2] == at[1:3]
+    assert [s.timestamp for s in sandbox.get_metrics(end=at[1])] == at[:2]
+    hour = datetime.timedelta(hours=1)
+    assert sandbox.get_metrics(start=at[-1] + hour) == []
+    assert sandbox.get_metrics(end=at[0] - hour) == []
+    with pytest.raises(SandboxException, match="start is after end"):
+        sandbox.get_metrics(start=at[1], end=at[0])
+
+
+def test_calls_corral_does_not_serve_say_so_and_find_no_missing_sandbox(
+    sandbox: Sandbox, corral: Corral
+) -> None:
+    for call in (sandbox.fork, sandbox.create_snapshot, lambda: sandbox.list_snapshots().next_items()):
+        with pytest.raises(SandboxException) as refused:
+            call()
+        # Not a NotFoundException: the sandbox runs, the call is what corral does not do.
+        assert not isinstance(refused.value, NotFoundException), refused.value
+        assert "501" in str(refused.value) and "not supported by corral" in str(refused.value)
+    with pytest.raises(VolumeException, match="not supported by corral"):
+        Volume.list()
+    sid = sandbox.sandbox_id
+    with httpx.Client(base_url=corral.url) as http:
+        for method, path in UNSERVED_CALLS:
+            path = path.format(sandbox_id=sid, volume_id="v", what="file", secret_id="s")
+            r = http.request(method, path, headers={"X-API-KEY": corral.key})
+            assert r.status_code == 501, (method, path, r.text)
+            assert r.json() == {
+                "code": 501,
+                "message": r.json()["message"],
+                "error_code": "unsupported_operation",
+            }
+            # A caller without a key learns nothing more than anywhere else.
+            assert http.request(method, path, headers={"X-API-KEY": "e2b_00"}).status_code == 401
+    assert sandbox.is_running()
+
+
+UNSERVED_CALLS = [(m, path) for methods, path, _ in UNSERVED for m in methods]
