@@ -51,6 +51,10 @@ async def test_the_async_sandbox_end_to_end(sdk_env: Corral) -> None:
         await sb.files.write("/tmp/a/b/f", b"bytes")
         await sb.files.write_files([{"path": "/tmp/a/g", "data": "text"}])
         assert await sb.files.read("/tmp/a/b/f", format="bytes") == b"bytes"
+        assert await sb.files.read("/tmp/a/b/f", gzip=True) == "bytes"  # asked gzip, answered plain
+        assert b"".join([c async for c in await sb.files.read("/tmp/a/b/f", format="stream")]) == b"bytes"
+        deep = {e.path for e in await sb.files.list("/tmp/a", depth=2)}
+        assert deep == {"/tmp/a/b", "/tmp/a/b/f", "/tmp/a/g"}
         assert {e.name: e.type for e in await sb.files.list("/tmp/a")} == {
             "b": FileType.DIR,
             "g": FileType.FILE,
