@@ -76,7 +76,7 @@ fence-trials: $(STAMP)
 	CORRAL_FENCE_TRIALS=$(FENCE_TRIALS) $(BIN)/pytest -q tests/e2e/test_failover.py -k cut_off
 
 # E2B's listing over 100 sandboxes of one tenant in pages of 7, created and deleted while paging,
-# through the unmodified SDK (the suite lists 21). Not part of `make test`.
+# through the unmodified SDK (the suite lists 15). Not part of `make test`.
 E2B_LISTED ?= 100
 e2b-listing: $(STAMP) system-deps
 	CORRAL_E2B_LISTED=$(E2B_LISTED) $(BIN)/pytest -q -o timeout=900 tests/e2b/test_surface.py -k pages_of_seven
