@@ -73,6 +73,9 @@ class ErrorCode(StrEnum):
     HTTP_ERROR = "http_error", 400
     # A create option corral does not honour (E2B's mcp, volumes, auto-pause...): refused, not dropped.
     UNSUPPORTED_OPTION = "unsupported_option", 400
+    # A call of E2B's API that corral does not serve (forks, snapshots, volumes, secrets...): said so,
+    # rather than a 404 the SDK would read as "sandbox not found".
+    UNSUPPORTED_OPERATION = "unsupported_operation", 501
 
     # -- the server's own failures ----------------------------------------------------------------------
     INTERNAL = "internal", 500

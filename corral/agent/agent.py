@@ -47,7 +47,9 @@ from corral.agent.protocol import (
     EgressPolicyBody,
     ExecRequest,
     HeartbeatReply,
+    MemorySample,
     SandboxInfo,
+    SandboxSamples,
     StartSandbox,
     WarmTarget,
 )
@@ -699,6 +701,17 @@ class Agent:
             raise AgentSandboxNotFound(message=f"sandbox {sandbox_id!r} is gone") from None
         except RuntimeFailure as exc:
             raise AgentRuntimeError(message=f"runtime {self.runtime.name}: {exc}") from exc
+
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
+        """The sandbox's memory readings from ``start`` to ``end`` (unix seconds, both included). A
+        running sandbox not read within the sampling interval is read now first, so a range that
+        reaches the present ends with a reading of the present."""
+        live = self._require(sandbox_id)
+        if not live.paused and live.samples.due(self.clock.now()):
+            await self.measure([sandbox_id])
+        return SandboxSamples(
+            samples=[MemorySample(at=s.at, memory_mb=s.memory_mb) for s in live.samples.between(start, end)]
+        )
 
     def spec_of(self, sandbox_id: str) -> SandboxSpec:
         """What the sandbox was started as (its image, its user...)."""

@@ -33,6 +33,7 @@ from corral.agent.protocol import (
     EgressPolicyBody,
     ExecRequest,
     SandboxInfo,
+    SandboxSamples,
     StartSandbox,
 )
 from corral.codes import ErrorCode
@@ -110,6 +111,10 @@ class AgentClient(ABC):
     @abstractmethod
     async def capacity(self) -> Capacity: ...
 
+    @abstractmethod
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
+        """The sandbox's memory readings from ``start`` to ``end`` (unix seconds)."""
+
     async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
         """Take one ready warm sandbox of ``template``; raises ``AgentWarmEmpty`` when none is left."""
         raise AgentWarmEmpty(message="this agent keeps no warm sandboxes")
@@ -171,6 +176,9 @@ class LocalAgentClient(AgentClient):
 
     async def capacity(self) -> Capacity:
         return self.agent.capacity()
+
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
+        return await self.agent.samples(sandbox_id, start, end)
 
     async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
         return self.agent.claim(template, req)
@@ -348,6 +356,11 @@ class HttpAgentClient(AgentClient):
 
     async def capacity(self) -> Capacity:
         result: Capacity = self._parse(Capacity, await self._call("GET", "/v1/capacity"))
+        return result
+
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
+        path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}/samples?start={start!r}&end={end!r}"
+        result: SandboxSamples = self._parse(SandboxSamples, await self._call("GET", path))
         return result
 
     async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:

@@ -37,6 +37,7 @@ from corral.agent.protocol import (
     EgressPolicyBody,
     ExecRequest,
     SandboxInfo,
+    SandboxSamples,
     StartSandbox,
 )
 from corral.codes import ErrorCode, retry_after_header
@@ -202,6 +203,12 @@ def create_app(agent: Agent, token: str) -> FastAPI:
     @api.post("/v1/sandboxes/{sandbox_id}/resume")
     async def resume(sandbox_id: str, memory: bool = True) -> SandboxInfo:
         return await agent.resume(sandbox_id, memory=memory)
+
+    @api.get("/v1/sandboxes/{sandbox_id}/samples")
+    async def samples(
+        sandbox_id: str, start: Annotated[float, Query(ge=0)], end: Annotated[float, Query(ge=0)]
+    ) -> SandboxSamples:
+        return await agent.samples(sandbox_id, start, end)
 
     @api.get("/v1/capacity")
     async def capacity() -> Capacity:

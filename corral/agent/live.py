@@ -7,6 +7,7 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 
 from corral.core.admission import AdmissionBook
+from corral.core.samples import SampleLog
 from corral.core.settle import SettleRule
 from corral.core.types import SandboxUsage
 from corral.runtime.base import SandboxSpec
@@ -15,7 +16,7 @@ from corral.runtime.base import SandboxSpec
 class Live:
     """A sandbox the agent accounts for."""
 
-    __slots__ = ("observed_mb", "oom_kills", "paused", "spec", "started_at", "trusted", "usage")
+    __slots__ = ("observed_mb", "oom_kills", "paused", "samples", "spec", "started_at", "trusted", "usage")
 
     def __init__(self, spec: SandboxSpec, started_at: float) -> None:
         self.spec = spec
@@ -29,6 +30,7 @@ class Live:
         # Whether readings have replaced the reserve (see ``SettleRule``); once true, it stays.
         self.trusted = False
         self.paused = False  # frozen by pause(); the runtime holds the truth, this its latest word
+        self.samples = SampleLog()  # its readings over time, for E2B's get_metrics
 
     @property
     def resident_mb(self) -> int | None:
@@ -132,6 +134,7 @@ class LiveSet(Mapping[str, Live]):
         newly = not live.trusted and rule.trusted(now - live.started_at, observed_mb, live.observed_mb)
         self.observed_mb += observed_mb - (live.observed_mb or 0)
         live.observed_mb = observed_mb
+        live.samples.add(now, observed_mb)
         if newly:
             live.trusted = True
             self._of_age.discard(key)

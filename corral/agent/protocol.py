@@ -239,6 +239,17 @@ class SandboxInfo(_Lenient):
         )
 
 
+class MemorySample(_Lenient):
+    at: float  # unix seconds
+    memory_mb: int
+
+
+class SandboxSamples(_Lenient):
+    """A sandbox's memory readings from a time range, oldest first (``corral.core.samples``)."""
+
+    samples: list[MemorySample]
+
+
 class ClaimWarm(_Model):
     """Take one ready warm sandbox of a template: the environment is kept for every later exec."""
 

@@ -55,6 +55,13 @@ class UnsupportedOption(ControlError):
         super().__init__(message, details={"field": field})
 
 
+class UnsupportedOperation(ControlError):
+    """501: a call this control plane does not serve at all (not a missing resource)."""
+
+    code = ErrorCode.UNSUPPORTED_OPERATION
+    status = 501
+
+
 class Unauthorized(ControlError):
     code = ErrorCode.UNAUTHORIZED
     status = 401

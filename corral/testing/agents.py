@@ -11,7 +11,14 @@ from abc import abstractmethod
 from corral.agent.agent import Agent
 from corral.agent.client import AgentClient
 from corral.agent.execstream import ExecEvents
-from corral.agent.protocol import Capacity, ClaimWarm, ExecRequest, SandboxInfo, StartSandbox
+from corral.agent.protocol import (
+    Capacity,
+    ClaimWarm,
+    ExecRequest,
+    SandboxInfo,
+    SandboxSamples,
+    StartSandbox,
+)
 from corral.exec_result import ExecResult
 from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 
@@ -58,6 +65,9 @@ class InMemoryAgentClient(AgentClient):
 
     async def capacity(self) -> Capacity:
         return self._agent().capacity()
+
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
+        return await self._agent().samples(sandbox_id, start, end)
 
     async def claim(self, template: str, req: ClaimWarm) -> SandboxInfo:
         return self._agent().claim(template, req)

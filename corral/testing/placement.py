@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from corral.agent.client import AgentClient
 from corral.agent.errors import AgentError, AgentRefusal, AgentUnavailable
-from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, StartSandbox
+from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, SandboxSamples, StartSandbox
 from corral.control.config import ControlConfig
 from corral.control.metrics import Metrics
 from corral.control.placement import Placement
@@ -262,6 +262,9 @@ class _Client(AgentClient):
 
     async def capacity(self) -> Capacity:
         raise AgentError(message="the placement harness has no capacity to report")
+
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
+        raise AgentError(message="the placement harness measures nothing")
 
 
 @dataclass

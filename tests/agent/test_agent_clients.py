@@ -218,3 +218,19 @@ async def test_pause_and_resume(client: AgentClient) -> None:
     assert (await client.exec("a", ExecRequest(command=["true"]))).exit_code == 0
     with pytest.raises(AgentSandboxNotFound):
         await client.pause("nope")
+
+
+async def test_memory_samples_over_a_range(client: AgentClient, clock: ManualClock) -> None:
+    await client.start(StartSandbox(id="m", memory_mb=512, cpus=1.0))
+    first = clock.now()
+    # Asked with none taken yet: read now. Within the interval: nothing new. Past it: read again.
+    assert [s.at for s in (await client.samples("m", 0, 1e12)).samples] == [first]
+    clock.advance(2)
+    assert [s.at for s in (await client.samples("m", 0, 1e12)).samples] == [first]
+    clock.advance(3)
+    both = (await client.samples("m", 0, 1e12)).samples
+    assert [s.at for s in both] == [first, first + 5] and all(s.memory_mb >= 0 for s in both)
+    assert [s.at for s in (await client.samples("m", first + 1, first + 5)).samples] == [first + 5]
+    assert (await client.samples("m", first + 6, first + 60)).samples == []
+    with pytest.raises(AgentSandboxNotFound):
+        await client.samples("nope", 0, 1)

@@ -44,7 +44,8 @@ def corral(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corral]:
         with httpx.Client(base_url=proc.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
             keys, ids = [], []
             for name in ("alice", "bob"):
-                r = admin.post("/v1/tenants", json={"name": name, "max_sandboxes": 50})
+                # 120: `make e2b-listing` lists 100 of alice's at once.
+                r = admin.post("/v1/tenants", json={"name": name, "max_sandboxes": 120})
                 assert r.status_code == 201, r.text
                 keys.append(r.json()["token"])
                 ids.append(r.json()["id"])

@@ -57,6 +57,9 @@ def test_a_sandbox_created_on_one_replica_is_driven_through_the_other(
         blob = os.urandom(1024 * 1024)
         sb.files.write("/tmp/blob", blob)
         assert sb.files.read("/tmp/blob", format="bytes") == blob
+        # Its host's samples, asked of the other replica (which reaches the agent over HTTP).
+        samples = Sandbox.get_metrics(sb.sandbox_id, api_url=other.url)
+        assert samples and samples[-1].mem_used > 0
         sb.pause()
         again = Sandbox.connect(sb.sandbox_id, api_url=other.url)
         assert again.commands.run("echo back").stdout == "back\n"

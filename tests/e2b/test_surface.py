@@ -4,19 +4,33 @@ uploads, create options corral refuses rather than drops, and data-plane calls i
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import itertools
+import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from e2b import CommandExitException, FileType, Sandbox, SandboxQuery, SandboxState
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FileType,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+    Volume,
+)
 from e2b.envd.filesystem import filesystem_connect
 from e2b.envd.process import process_connect
-from e2b.exceptions import InvalidArgumentException, SandboxException
+from e2b.exceptions import InvalidArgumentException, SandboxException, VolumeException
 
 from corral.agent.envd.connect import envelope
+from corral.api.e2b.unserved import UNSERVED
 from tests.e2b.conftest import Corral
 
 STREAM = "application/connect+json"
@@ -76,6 +90,58 @@ def test_listing_is_newest_first_paged_ordered_and_filtered(sdk_env: Corral) -> 
     finally:
         for b in boxes:
             b.kill()
+
+
+# The suite lists 15 (pages of 7, 7 and 1); `make e2b-listing` lists 100, as issue 28 asks.
+LISTED = int(os.environ.get("CORRAL_E2B_LISTED", "15"))
+PAGE = 7
+
+
+def _flat(pages: list[list[str]]) -> list[str]:
+    return [i for p in pages for i in p]
+
+
+def test_many_listed_in_pages_of_seven_while_created_and_deleted(sdk_env: Corral) -> None:
+    tag = f"many-{time.monotonic_ns()}"
+    # Small enough that a hundred fit on the suite's two hosts beside the other tests' sandboxes.
+    r = sdk_env.admin.post("/v1/templates", json={"name": "listing-small", "memory_mb": 32, "cpus": 0.02})
+    assert r.status_code in (201, 409), r.text
+    made = [
+        Sandbox.create("listing-small", metadata={"tag": tag}, timeout=600).sandbox_id for _ in range(LISTED)
+    ]
+    late: list[str] = []
+    try:
+        mine = SandboxQuery(metadata={"tag": tag})
+        pages = _ids(Sandbox.list(query=mine, limit=PAGE))
+        assert [len(p) for p in pages[:-1]] == [PAGE] * (len(pages) - 1) and 0 < len(pages[-1]) <= PAGE
+        assert _flat(pages) == made[::-1]
+        assert _flat(_ids(Sandbox.list(query=mine, limit=PAGE, order="asc"))) == made
+
+        pager = Sandbox.list(query=mine, limit=PAGE)
+        seen = [s.sandbox_id for s in pager.next_items()]
+        # Deleted: the newest (already seen) and the oldest (not reached yet); created: one more
+        # (ahead of the cursor). Nothing is seen twice; every survivor behind the cursor is seen.
+        assert Sandbox.kill(made[-1]) and Sandbox.kill(made[0])
+        late.append(Sandbox.create("listing-small", metadata={"tag": tag}).sandbox_id)
+        while pager.has_next:
+            seen += [s.sandbox_id for s in pager.next_items()]
+        assert seen == made[::-1][:-1]
+
+        assert Sandbox.pause(made[1])
+        both = _flat(
+            _ids(Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, state=[RUNNING, PAUSED]), limit=PAGE))
+        )
+        assert both == [*late, *made[-2:0:-1]]
+        assert _flat(
+            _ids(Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, state=[PAUSED]), limit=PAGE))
+        ) == [made[1]]
+        running = _flat(
+            _ids(Sandbox.list(query=SandboxQuery(metadata={"tag": tag}, state=[RUNNING]), limit=PAGE))
+        )
+        assert running == [*late, *made[-2:1:-1]]
+    finally:
+        for sandbox_id in made + late:
+            Sandbox.kill(sandbox_id)  # False for those already gone
 
 
 def test_listing_refuses_what_it_cannot_read(corral: Corral) -> None:
@@ -159,14 +225,31 @@ def test_a_gzip_upload_that_is_not_gzip_is_refused(sandbox: Sandbox, corral: Cor
 
 def test_create_options_corral_does_not_honour_are_refused_leaving_nothing(sdk_env: Corral) -> None:
     tag = f"opts-{time.monotonic_ns()}"
-    for options in ({"mcp": {"exa": {"apiKey": "k"}}, "template": "base"},):
+    refused_options: list[dict[str, Any]] = [
+        {"mcp": {"exa": {"apiKey": "k"}}},  # no template: the SDK names its MCP gateway's
+        {"mcp": {"exa": {"apiKey": "k"}}, "template": "base"},
+        {"volume_mounts": {"/mnt/data": "vol"}},
+    ]
+    for options in refused_options:
         with pytest.raises(SandboxException) as refused:
-            Sandbox.create(metadata={"tag": tag}, **options)  # type: ignore[arg-type]
-        assert "not supported" in str(refused.value)
+            Sandbox.create(metadata={"tag": tag}, **options)
+        # E2B's error shape, read by the SDK: the status, and a message that says what and why.
+        assert "400" in str(refused.value) and "not supported" in str(refused.value), refused.value
+
+        async def create_async(options: dict[str, Any] = options) -> None:
+            await AsyncSandbox.create(metadata={"tag": tag}, **options)
+
+        with pytest.raises(SandboxException, match="not supported"):
+            asyncio.run(create_async())
     with httpx.Client(base_url=sdk_env.url, headers={"X-API-KEY": sdk_env.key}) as http:
-        for body in ({"volumeMounts": [{"name": "v", "path": "/mnt"}]}, {"iam": {"tokens": {"a": {}}}}):
+        for body in (
+            {"volumeMounts": [{"name": "v", "path": "/mnt"}]},
+            {"iam": {"tokens": {"a": {}}}},
+            {"secure": False},
+        ):
             r = http.post("/v2/sandboxes", json={"metadata": {"tag": tag}, **body})
-            assert r.status_code == 400 and r.json()["error_code"] == "unsupported_option", r.text
+            assert r.status_code == 400, r.text
+            assert r.json()["code"] == 400 and r.json()["error_code"] == "unsupported_option", r.text
     assert Sandbox.list(query=SandboxQuery(metadata={"tag": tag})).next_items() == []
     sb = Sandbox.create(metadata={"tag": tag}, lifecycle={"on_timeout": "kill"})
     sb.kill()
@@ -222,3 +305,72 @@ def test_every_envd_rpc_answers_in_protocol_and_leaves_the_connection_usable(
     with pytest.raises(SandboxException, match=r"(?i)unimplemented"):
         sandbox.files.watch_dir("/tmp")
     assert sandbox.commands.run("echo still").stdout == "still\n"
+
+
+def test_metrics_over_a_time_range(sandbox: Sandbox) -> None:
+    deadline = time.monotonic() + 30
+    while len(samples := sandbox.get_metrics()) < 2:  # the host reads it at its heartbeats, and here
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.5)
+    at = [s.timestamp for s in samples]
+    # Oldest first, one per E2B's sampling interval, each its memory as its host read it.
+    assert all(b - a >= datetime.timedelta(seconds=5) for a, b in itertools.pairwise(at))
+    memory = sandbox.get_info().memory_mb * 1024 * 1024
+    assert all(s.mem_used > 0 and s.mem_total == memory for s in samples)
+
+    # Whole seconds, both ends included, as the SDK sends them.
+    assert [s.timestamp for s in sandbox.get_metrics(start=at[1], end=at[1])] == [at[1]]
+    assert [s.timestamp for s in sandbox.get_metrics(start=at[1])][0] == at[1]
+    assert [s.timestamp for s in sandbox.get_metrics(end=at[0])] == at[:1]
+    hour = datetime.timedelta(hours=1)
+    assert sandbox.get_metrics(start=at[-1] + hour) == []
+    assert sandbox.get_metrics(end=at[0] - hour) == []
+    with pytest.raises(SandboxException, match="start is after end"):
+        sandbox.get_metrics(start=at[1], end=at[0])
+
+
+def test_metrics_ranges_a_tenant_cannot_read_are_refused(sandbox: Sandbox, corral: Corral) -> None:
+    path = f"/sandboxes/{sandbox.sandbox_id}/metrics"
+    with httpx.Client(base_url=corral.url, headers={"X-API-KEY": corral.key}) as http:
+        for params in (
+            {"start": "-1"},
+            {"end": "soon"},
+            {"start": str(2**41)},
+            {"start": "1e3"},
+            {"end": "nan"},
+        ):
+            r = http.get(path, params=params)
+            assert r.status_code == 422 and r.json()["error_code"] == "invalid_request", (params, r.text)
+        assert http.get(path, params={"start": 0, "end": 2**40}).status_code == 200
+    with httpx.Client(base_url=corral.url, headers={"X-API-KEY": corral.other_key}) as bob:
+        assert bob.get(path, params={"start": 0}).status_code == 404  # as a sandbox that does not exist
+
+
+def test_calls_corral_does_not_serve_say_so_and_find_no_missing_sandbox(
+    sandbox: Sandbox, corral: Corral
+) -> None:
+    for call in (sandbox.fork, sandbox.create_snapshot, lambda: sandbox.list_snapshots().next_items()):
+        with pytest.raises(SandboxException) as refused:
+            call()
+        # Not a NotFoundException: the sandbox runs, the call is what corral does not do.
+        assert not isinstance(refused.value, NotFoundException), refused.value
+        assert "501" in str(refused.value) and "not supported by corral" in str(refused.value)
+    with pytest.raises(VolumeException, match="not supported by corral"):
+        Volume.list()
+    sid = sandbox.sandbox_id
+    with httpx.Client(base_url=corral.url) as http:
+        for method, path in UNSERVED_CALLS:
+            path = path.format(sandbox_id=sid, volume_id="v", what="file", secret_id="s")
+            r = http.request(method, path, headers={"X-API-KEY": corral.key})
+            assert r.status_code == 501, (method, path, r.text)
+            assert r.json() == {
+                "code": 501,
+                "message": r.json()["message"],
+                "error_code": "unsupported_operation",
+            }
+            # A caller without a key learns nothing more than anywhere else.
+            assert http.request(method, path, headers={"X-API-KEY": "e2b_00"}).status_code == 401
+    assert sandbox.is_running()
+
+
+UNSERVED_CALLS = [(m, path) for methods, path, _ in UNSERVED for m in methods]

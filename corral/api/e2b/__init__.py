@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api import errors
+from corral.api.e2b import unserved
 from corral.api.e2b.access import AccessKey
 from corral.api.e2b.builds import MAX_UPLOAD_BYTES, E2BBuilds
 from corral.api.e2b.control import router
@@ -22,7 +23,14 @@ from corral.api.e2b.templates import router as templates_router
 from corral.api.limits import BodyLimit
 from corral.control.plane import ControlPlane
 
-CONTROL_PREFIXES = ("/sandboxes", "/v2/sandboxes", "/templates/", "/v2/templates/", "/v3/templates")
+CONTROL_PREFIXES = (
+    "/sandboxes",
+    "/v2/sandboxes",
+    "/templates/",
+    "/v2/templates/",
+    "/v3/templates",
+    *unserved.PREFIXES,
+)
 
 
 def install(app: FastAPI, plane: ControlPlane, builds: E2BBuilds | None = None) -> None:
@@ -33,6 +41,7 @@ def install(app: FastAPI, plane: ControlPlane, builds: E2BBuilds | None = None) 
     control.state.e2b_access = secret
     control.state.e2b_builds = builds
     errors.install(control, plane.store_unavailable)
+    control.include_router(unserved.router)  # first: /sandboxes/metrics is not a sandbox's id
     control.include_router(router)
     control.include_router(templates_router)
     app.state.e2b_access = secret
