@@ -320,7 +320,7 @@ def test_metrics_over_a_time_range(sandbox: Sandbox) -> None:
 
     # Whole seconds, both ends included, as the SDK sends them.
     assert [s.timestamp for s in sandbox.get_metrics(start=at[1], end=at[1])] == [at[1]]
-    assert [s.timestamp for s in sandbox.get_metrics(start=at[1])][0] == at[1]
+    assert next(s.timestamp for s in sandbox.get_metrics(start=at[1])) == at[1]
     assert [s.timestamp for s in sandbox.get_metrics(end=at[0])] == at[:1]
     hour = datetime.timedelta(hours=1)
     assert sandbox.get_metrics(start=at[-1] + hour) == []
