@@ -140,6 +140,28 @@ class BadGateway(ControlError):
     status = 502
 
 
+class RegistryUnavailable(ControlError):
+    """A recipe names a container registry's image, and no registry is reachable from here."""
+
+    code = ErrorCode.REGISTRY_UNAVAILABLE
+    status = 422
+
+    def __init__(self, base: str) -> None:
+        super().__init__(
+            f"FROM {base[:200]!r} names no corral base and no template: a container registry's image, "
+            "and no registry is reachable from this control plane (build from a base, a template, or "
+            "`corral templates import` an image saved elsewhere)",
+            details={"field": "recipe", "base": base[:200]},
+        )
+
+
+class SandboxNotReady(ControlError):
+    """The template's ready check never passed within the bound: the create made no sandbox."""
+
+    code = ErrorCode.SANDBOX_NOT_READY
+    status = 422
+
+
 class SandboxIsPaused(ControlError):
     """The sandbox is paused: nothing runs in it until it is resumed. The caller's state, not a fault."""
 

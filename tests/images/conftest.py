@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from corral.api.e2b.builds import unavailable_reason
+from corral.control.builds import unavailable_reason
 from corral.images import BlobStore, DirBlobStore
 from corral.images.bases import Bases
 from corral.images.builder import Builder
