@@ -6,15 +6,15 @@ template's name is fleet-wide, and what a tenant builds for itself goes through 
 into its own namespace (corral.api.e2b). Listing is for every caller, who sees the operator's
 templates and its own, never another tenant's.
 
-- ``POST /v1/templates/{name}/builds``: a recipe (a Dockerfile subset) and the template's sizes; the
+- ``POST /v1/templates/{template}/builds``: a recipe (a Dockerfile subset) and the template's sizes; the
   build starts at once, or once its context arrives when ``context`` is true:
-- ``PUT /v1/templates/{name}/builds/{id}/context``: the build context, a tar archive (COPY's files);
-- ``POST /v1/templates/{name}/imports``: an OCI image layout, a ``docker save`` archive or a plain
+- ``PUT /v1/templates/{template}/builds/{id}/context``: the build context, a tar archive (COPY's files);
+- ``POST /v1/templates/{template}/imports``: an OCI image layout, a ``docker save`` archive or a plain
   rootfs tarball as the body; the import runs as a build does;
-- ``GET /v1/templates/{name}/builds/{id}?offset=N&wait_s=S``: its status and its log from line N (with
+- ``GET /v1/templates/{template}/builds/{id}?offset=N&wait_s=S``: its status and its log from line N (with
   ``wait_s``, answered once there is more to say or after that long);
-- ``POST /v1/templates/{name}/builds/{id}/cancel``;
-- ``DELETE /v1/templates/{name}``.
+- ``POST /v1/templates/{template}/builds/{id}/cancel``;
+- ``DELETE /v1/templates/{template}``.
 
 Both kinds of build run in the replica's one build service (corral.control.builds), which E2B's build
 API shares.
@@ -23,7 +23,6 @@ API shares.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -52,11 +51,10 @@ from corral.store import Principal, Role
 
 router = APIRouter()
 
-MAX_CONTEXT_BYTES = 512 << 20  # a build context's archive
-MAX_IMPORT_BYTES = 4 << 30  # an image archive
+# The archives the routes take: a build context's, an image's.
+UPLOAD_CAPS = {"context": 512 << 20, "imports": 4 << 30}
 MAX_WAIT_S = 30.0
 LOG_PAGE = 1000
-UPLOAD_CAPS = {"context": MAX_CONTEXT_BYTES, "imports": MAX_IMPORT_BYTES}
 
 Name = Annotated[str, PathParam(pattern=TEMPLATE_PATTERN)]
 BuildId = Annotated[str, PathParam(pattern=r"^[0-9a-f-]{36}$")]
@@ -122,8 +120,14 @@ def _service(request: Request) -> BuildService:
 def _operator_name(name: str) -> str:
     """A template an admin builds is the operator's: a tenant's namespace is written by its tenant."""
     if names.foreign(None, name):
-        raise InvalidRequest("name", f"{name[:80]!r} is in a tenant's namespace")
+        raise InvalidRequest("template", f"{name[:80]!r} is in a tenant's namespace")
     return name
+
+
+def _sizes(plane: ControlPlane, sizes: Sizes) -> Sizes:
+    if sizes.memory_mb < plane.config.min_memory_mb:
+        raise InvalidRequest("memory_mb", f"memory_mb: at least {plane.config.min_memory_mb} MiB")
+    return sizes
 
 
 def _job(request: Request, p: Principal, plane: ControlPlane, name: str, build_id: str) -> Job:
@@ -176,35 +180,36 @@ async def _image_size(plane: ControlPlane, digest: str | None) -> int | None:
         return None
 
 
-@router.delete("/v1/templates/{name}", status_code=204)
-async def delete_template(name: Name, _: Admin, plane: Plane) -> Response:
+@router.delete("/v1/templates/{template}", status_code=204)
+async def delete_template(template: Name, _: Admin, plane: Plane) -> Response:
     """The template goes; its sandboxes keep running on their image (collected once none is left).
     A template with a warm pool keeps it: the pool goes first."""
-    if any(pool.template == name for pool in await plane.store.list_pools()):
-        raise Conflict(f"template {name!r} has a warm pool: delete the pool first", details={"field": "name"})
-    if not await plane.store.delete_template(name):
-        raise ResourceNotFound(f"no template {name!r}")
-    plane.templates.forget(name)
+    if any(pool.template == template for pool in await plane.store.list_pools()):
+        raise Conflict(
+            f"template {template!r} has a warm pool: delete the pool first", details={"field": "template"}
+        )
+    if not await plane.store.delete_template(template):
+        raise ResourceNotFound(f"no template {template!r}")
+    plane.templates.forget(template)
     return Response(status_code=204)
 
 
 # -- builds and imports -------------------------------------------------------------------------------
 
 
-@router.post("/v1/templates/{name}/builds", status_code=202, response_model=Build)
-async def start_build(name: Name, body: BuildBody, p: Admin, plane: Plane, request: Request) -> Build:
+@router.post("/v1/templates/{template}/builds", status_code=202, response_model=Build)
+async def start_build(template: Name, body: BuildBody, p: Admin, plane: Plane, request: Request) -> Build:
     service = _service(request)
     try:
         recipe = parse(body.recipe)
     except RecipeError as exc:
         raise InvalidRequest("recipe", str(exc)) from None
     parent = await _parent(plane, recipe)
-    if body.memory_mb < plane.config.min_memory_mb:
-        raise InvalidRequest("memory_mb", f"memory_mb: at least {plane.config.min_memory_mb} MiB")
+    sizes = _sizes(plane, body.sizes())
     job = service.request(
-        owner(p, plane), name, _operator_name(name), body.sizes(), description=body.description
+        owner(p, plane), template, _operator_name(template), sizes, description=body.description
     )
-    job.log(f"--> building template {name}")
+    job.log(f"--> building template {template}")
     if body.context:
         job.awaiting = lambda archive: service.recipe_work(recipe, parent, [archive])
     else:
@@ -212,28 +217,25 @@ async def start_build(name: Name, body: BuildBody, p: Admin, plane: Plane, reque
     return build_out(job)
 
 
-@router.put("/v1/templates/{name}/builds/{build_id}/context", status_code=202, response_model=Build)
-async def upload_context(name: Name, build_id: BuildId, p: Admin, plane: Plane, request: Request) -> Build:
+@router.put("/v1/templates/{template}/builds/{build_id}/context", status_code=202, response_model=Build)
+async def upload_context(
+    template: Name, build_id: BuildId, p: Admin, plane: Plane, request: Request
+) -> Build:
     """The build's context (a tar archive, gzipped or not); the build starts."""
     service = _service(request)
-    job = _job(request, p, plane, name, build_id)
+    job = _job(request, p, plane, template, build_id)
     make = job.awaiting
     if make is None or job.started or job.finished_at is not None:
         raise Conflict(f"build {build_id} takes no context (it did not ask for one, or has it)")
     job.awaiting = None  # one context per build, even while this one is still arriving
     archive = service.root / "contexts" / f"{job.id}.tar"
-    try:
-        await service.receive(archive, request.stream(), MAX_CONTEXT_BYTES)
-    except BaseException:
-        await service.cancel(job)
-        raise
-    service.start(job, make(archive), cleanup=archive)
+    await service.start_after_upload(job, archive, request.stream(), UPLOAD_CAPS["context"], make)
     return build_out(job)
 
 
-@router.post("/v1/templates/{name}/imports", status_code=202, response_model=Build)
+@router.post("/v1/templates/{template}/imports", status_code=202, response_model=Build)
 async def import_image(
-    name: Name,
+    template: Name,
     p: Admin,
     plane: Plane,
     request: Request,
@@ -243,23 +245,19 @@ async def import_image(
 ) -> Build:
     """An image archive as the body: an OCI image layout, a ``docker save`` archive or a rootfs tarball."""
     service = _service(request)
-    if memory_mb < plane.config.min_memory_mb:
-        raise InvalidRequest("memory_mb", f"memory_mb: at least {plane.config.min_memory_mb} MiB")
-    job = service.request(owner(p, plane), name, _operator_name(name), Sizes(cpus, memory_mb, disk_mb))
-    archive = service.root / "imports" / f"{uuid.uuid4().hex}.tar"
-    try:
-        await service.receive(archive, request.stream(), MAX_IMPORT_BYTES)
-    except BaseException:
-        await service.cancel(job)
-        raise
-    job.log(f"--> importing template {name}")
-    service.start(job, service.import_work(archive), cleanup=archive)
+    sizes = _sizes(plane, Sizes(cpus, memory_mb, disk_mb))
+    job = service.request(owner(p, plane), template, _operator_name(template), sizes)
+    job.log(f"--> importing template {template}")
+    archive = service.root / "imports" / f"{job.id}.tar"
+    await service.start_after_upload(
+        job, archive, request.stream(), UPLOAD_CAPS["imports"], service.import_work
+    )
     return build_out(job)
 
 
-@router.get("/v1/templates/{name}/builds/{build_id}", response_model=Build)
+@router.get("/v1/templates/{template}/builds/{build_id}", response_model=Build)
 async def get_build(
-    name: Name,
+    template: Name,
     build_id: BuildId,
     p: Admin,
     plane: Plane,
@@ -269,7 +267,7 @@ async def get_build(
 ) -> Build:
     """Its status and log from ``offset``; with ``wait_s``, once it has a line past ``offset`` or has
     ended, or after that long."""
-    job = _job(request, p, plane, name, build_id)
+    job = _job(request, p, plane, template, build_id)
     loop = asyncio.get_running_loop()
     until = loop.time() + wait_s
     while len(job.logs) <= offset and job.finished_at is None and loop.time() < until:
@@ -277,8 +275,8 @@ async def get_build(
     return build_out(job, offset)
 
 
-@router.post("/v1/templates/{name}/builds/{build_id}/cancel", response_model=Build)
-async def cancel_build(name: Name, build_id: BuildId, p: Admin, plane: Plane, request: Request) -> Build:
-    job = _job(request, p, plane, name, build_id)
+@router.post("/v1/templates/{template}/builds/{build_id}/cancel", response_model=Build)
+async def cancel_build(template: Name, build_id: BuildId, p: Admin, plane: Plane, request: Request) -> Build:
+    job = _job(request, p, plane, template, build_id)
     await _service(request).cancel(job, MAX_WAIT_S)
     return build_out(job)

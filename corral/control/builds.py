@@ -204,6 +204,18 @@ class BuildService:
         finally:
             partial.unlink(missing_ok=True)
 
+    async def start_after_upload(
+        self, job: Job, target: Path, chunks: AsyncIterator[bytes], limit: int, work: Callable[[Path], Work]
+    ) -> None:
+        """Receive ``job``'s input archive into ``target``, then start ``work`` of it (the archive removed
+        once it has ended); an upload that fails ends the build as cancelled."""
+        try:
+            await self.receive(target, chunks, limit)
+        except BaseException:
+            await self.cancel(job)
+            raise
+        self.start(job, work(target), cleanup=target)
+
     # -- running -----------------------------------------------------------------------------------------
 
     def start(self, job: Job, work: Work, *, cleanup: Path | None = None) -> None:

@@ -45,4 +45,5 @@ class Build(Wire):
 
     @property
     def done(self) -> bool:
-        return self.status in ("ready", "error")
+        """Ended: ready (with its image) or failed (with why)."""
+        return self.digest is not None or self.failure is not None

@@ -186,6 +186,10 @@ async def test_a_ready_check_that_never_passes_refuses_the_create_and_leaves_no_
     assert r.status_code == 422, r.text
     err = r.json()["error"]
     assert err["code"] == "sandbox_not_ready" and "not yet" in err["details"]["output"], err
+    # A batch is refused whole: none of its sandboxes is left.
+    batch = {"count": 2, "spec": {"template": "never"}}
+    r = await api.http.post("/v1/sandboxes/batch", json=batch, headers=api.admin)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "sandbox_not_ready", r.text
     listed = await api.http.get("/v1/sandboxes", headers=api.admin)
     assert [s for s in listed.json()["sandboxes"] if s["state"] != "deleted"] == [], listed.text
     for agent in api.c.fleet.agents:
