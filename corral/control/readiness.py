@@ -7,7 +7,8 @@ create never hands out a sandbox its template says is not ready.
 Run by the create itself, after placement and outside its create slot: a slow ready check holds no
 slot another create waits for. A warm sandbox runs its start command when it is claimed (its pool
 booted it before anyone asked). A batch waits for all its sandboxes, and is refused whole (every
-sandbox of it removed) when one of them does not get ready.
+sandbox of it removed) when one of them does not get ready. A sandbox the leader recreates after its
+host died (failover ``recreate``) starts afresh without its start command: no create waits on it.
 """
 
 from __future__ import annotations
@@ -82,9 +83,11 @@ class Readiness:
             if left <= 0:
                 break
             req = ExecRequest(command=_shell(ready_cmd), timeout_s=max(0.1, min(CHECK_TIMEOUT_S, left)))
-            last = await self.sandboxes.exec(record.id, record.tenant_id, req)
-            if last.exit_code == 0:
+            result = await self.sandboxes.exec(record.id, record.tenant_id, req)
+            if result.exit_code == 0:
                 return
+            if last is None or not result.timed_out:  # a run the deadline cut short says less
+                last = result
             await asyncio.sleep(min(READY_POLL_S, max(0.0, deadline - loop.time())))
         output = ((last.stdout + last.stderr) if last is not None else "")[-TAIL_CHARS:]
         raise SandboxNotReady(
@@ -101,7 +104,7 @@ class Readiness:
 
     async def remove(self, record: SandboxRecord) -> None:
         try:
-            await self.sandboxes.delete(record.id, None)
+            await self.sandboxes.delete(record.id, None, forget_idempotency=True)
         except ResourceNotFound:
             pass  # removed already (settle's own failure)
         except Exception:
