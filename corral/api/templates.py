@@ -16,6 +16,9 @@ templates and its own, never another tenant's.
 - ``POST /v1/templates/{template}/builds/{id}/cancel``;
 - ``DELETE /v1/templates/{template}``.
 
+A FROM naming a registry's image is checked before the build starts (images/registry.py): a registry that
+does not answer is ``registry_unavailable``, never a build that fails later.
+
 Both kinds of build run in the replica's one build service (corral.control.builds), which E2B's build
 API shares.
 """
@@ -42,7 +45,7 @@ from corral.control.errors import (
 )
 from corral.control.plane import ControlPlane
 from corral.core.types import MAX_SANDBOX_DISK_MB, MIN_SANDBOX_DISK_MB
-from corral.images import BlobNotFound
+from corral.images import BlobNotFound, registry
 from corral.images.bases import canonical
 from corral.images.config import ImageConfig
 from corral.images.recipe import MAX_RECIPE_BYTES, Recipe, RecipeError, parse
@@ -137,13 +140,24 @@ def _job(request: Request, p: Principal, plane: ControlPlane, name: str, build_i
     return job
 
 
-async def _parent(plane: ControlPlane, recipe: Recipe) -> tuple[str, ImageConfig] | None:
-    """What the recipe's FROM names: a base (None), or an operator's template with an image."""
+async def _parent(
+    service: BuildService, plane: ControlPlane, recipe: Recipe
+) -> tuple[str, ImageConfig] | None:
+    """What the recipe's FROM names: a base or a registry's image that answers (None), or an operator's
+    template with an image."""
     if canonical(recipe.base) is not None:
         return None
     tpl = await plane.store.get_template(recipe.base) if not names.foreign(None, recipe.base) else None
     if tpl is None:
-        raise RegistryUnavailable(recipe.base)
+        if service.builder is None or service.builder.pull is None:
+            raise RegistryUnavailable(
+                recipe.base, registry.unavailable_reason() or "this builder does not pull"
+            )
+        try:
+            await registry.check(recipe.base)
+        except registry.RegistryError as exc:
+            raise RegistryUnavailable(recipe.base, str(exc)) from None
+        return None
     if tpl.image is None:
         raise UnsupportedOption(
             "recipe",
@@ -204,7 +218,7 @@ async def start_build(template: Name, body: BuildBody, p: Admin, plane: Plane, r
         recipe = parse(body.recipe)
     except RecipeError as exc:
         raise InvalidRequest("recipe", str(exc)) from None
-    parent = await _parent(plane, recipe)
+    parent = await _parent(service, plane, recipe)
     sizes = _sizes(plane, body.sizes())
     job = service.request(
         owner(p, plane), template, _operator_name(template), sizes, description=body.description

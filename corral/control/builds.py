@@ -27,6 +27,7 @@ from typing import Any
 
 from corral.control.errors import Conflict, PayloadTooLarge, TooManyConcurrent
 from corral.control.plane import ControlPlane
+from corral.images import registry
 from corral.images.builder import Builder, BuildFailed, BuildLimits, Built
 from corral.images.config import ImageConfig
 from corral.images.recipe import Recipe
@@ -349,5 +350,6 @@ def local_builds(
         reason = "this control plane keeps no images"
     if reason is not None or blobs is None:
         return BuildService(plane, None, root, limits, unavailable=reason)
-    builder = Builder(root, blobs, Bases(bases_dir or root / "bases"))
+    pull = registry.pull if registry.unavailable_reason() is None else None
+    builder = Builder(root, blobs, Bases(bases_dir or root / "bases"), pull=pull)
     return BuildService(plane, builder, root, limits)

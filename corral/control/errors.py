@@ -141,17 +141,17 @@ class BadGateway(ControlError):
 
 
 class RegistryUnavailable(ControlError):
-    """A recipe names a container registry's image, and no registry is reachable from here."""
+    """A recipe names a container registry's image, and that registry cannot be reached from here."""
 
     code = ErrorCode.REGISTRY_UNAVAILABLE
     status = 422
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, why: str) -> None:
         super().__init__(
-            f"FROM {base[:200]!r} names no corral base and no template: a container registry's image, "
-            "and no registry is reachable from this control plane (build from a base, a template, or "
+            f"FROM {base[:200]!r} names no corral base and no template, and its registry cannot be "
+            f"reached from this control plane: {why} (build from a base, a template, or "
             "`corral templates import` an image saved elsewhere)",
-            details={"field": "recipe", "base": base[:200]},
+            details={"field": "recipe", "base": base[:200], "why": why},
         )
 
 
