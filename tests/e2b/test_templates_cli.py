@@ -21,16 +21,9 @@ from corral.control.builds import unavailable_reason
 from corral.testing.images import small_base
 from tests.ci import require
 from tests.e2b.conftest import ADMIN_TOKEN, Corral
+from tests.images.test_template_api import RECIPE
 
 pytestmark = pytest.mark.timeout(300)
-
-RECIPE = """\
-FROM debian:bookworm
-COPY hello.txt /srv/hello.txt
-RUN echo {version} > /srv/version
-CMD cp /srv/hello.txt /tmp/started && sleep infinity
-READY test -f /tmp/started
-"""
 
 
 def templates(corral: Corral, *args: str) -> subprocess.CompletedProcess[str]:

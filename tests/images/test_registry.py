@@ -5,11 +5,9 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,22 +18,12 @@ import pytest
 from corral.images import registry
 from tests.ci import require
 from tests.e2e.procs import free_port
-from tests.images.conftest import Api
+from tests.images.conftest import Api, tar_of
 from tests.images.test_builder import mounted
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 OCI = "application/vnd.oci.image"
-
-
-def _layer(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def oci_layout(root: Path, tag: str, layers: list[bytes], config: dict[str, object]) -> Path:
@@ -106,8 +94,8 @@ def push(address: str, layout: Path, tag: str, name: str) -> str:
 
 
 async def test_a_registry_image_is_the_base_of_a_build(api: Api, local_registry: str, tmp_path: Path) -> None:
-    first = _layer({"etc/os-release": b"ID=pulled\n", "gone": b"whited out by the next layer\n"})
-    second = _layer({".wh.gone": b"", "srv/app.txt": b"from the registry\n"})
+    first = tar_of({"etc/os-release": b"ID=pulled\n", "gone": b"whited out by the next layer\n"})
+    second = tar_of({".wh.gone": b"", "srv/app.txt": b"from the registry\n"})
     config = {"config": {"Env": ["MODE=pulled"], "WorkingDir": "/srv", "Cmd": ["serve"]}}
     ref = push(local_registry, oci_layout(tmp_path / "layout", "1", [first, second], config), "1", "test/app")
 
