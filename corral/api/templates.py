@@ -44,7 +44,7 @@ from corral.control.errors import (
     UnsupportedOption,
 )
 from corral.control.plane import ControlPlane
-from corral.core.types import MAX_SANDBOX_DISK_MB, MIN_SANDBOX_DISK_MB
+from corral.core.types import DEFAULT_TEMPLATE, MAX_SANDBOX_DISK_MB, MIN_SANDBOX_DISK_MB
 from corral.images import BlobNotFound, registry
 from corral.images.bases import canonical
 from corral.images.config import ImageConfig
@@ -197,7 +197,13 @@ async def _image_size(plane: ControlPlane, digest: str | None) -> int | None:
 @router.delete("/v1/templates/{template}", status_code=204)
 async def delete_template(template: Name, _: Admin, plane: Plane) -> Response:
     """The template goes; its sandboxes keep running on their image (collected once none is left).
-    A template with a warm pool keeps it: the pool goes first."""
+    A template with a warm pool keeps it: the pool goes first. The built-in ``default`` stays: it
+    is what a create that names no template gets."""
+    if template == DEFAULT_TEMPLATE:
+        raise Conflict(
+            f"{DEFAULT_TEMPLATE!r} is the template of every create that names none: it is never removed",
+            details={"field": "template"},
+        )
     if any(pool.template == template for pool in await plane.store.list_pools()):
         raise Conflict(
             f"template {template!r} has a warm pool: delete the pool first", details={"field": "template"}

@@ -243,3 +243,5 @@ async def test_rm_removes_a_template_but_not_one_with_a_pool(api: Api) -> None:
     r = await api.http.delete("/v1/templates/pooled", headers=api.admin)
     assert r.status_code == 409, r.text
     assert "pooled" in await api.templates()
+    r = await api.http.delete("/v1/templates/default", headers=api.admin)
+    assert r.status_code == 409 and "default" in await api.templates(), r.text
