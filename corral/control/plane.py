@@ -161,7 +161,8 @@ class ControlPlane:
             self.config.max_execs_per_tenant,
             self.config.max_execs_per_sandbox,
         )
-        self.creates.ready = Readiness(self.sandboxes, self.templates, self.config.ready_timeout_s)
+        ready = Readiness(self.sandboxes, self.templates, self.config.ready_timeout_s)
+        self.creates.ready = ready
         self.heartbeats = HeartbeatIntake(store, self.metrics)
         self.images = ImageBlobs(blobs)
         # The leader collects the images no template and no sandbox names (a rebuild's old version
@@ -169,7 +170,7 @@ class ControlPlane:
         self.image_gc = (
             ImageCollector(blobs, store.images_in_use, self.clock.now) if blobs is not None else None
         )
-        self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t)
+        self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t, started=ready.start)
         self.reconciler = Reconciler(
             store,
             self.view,

@@ -8,7 +8,8 @@ Run by the create itself, after placement and outside its create slot: a slow re
 slot another create waits for. A warm sandbox runs its start command when it is claimed (its pool
 booted it before anyone asked). A batch waits for all its sandboxes, and is refused whole (every
 sandbox of it removed) when one of them does not get ready. A sandbox the leader recreates after its
-host died (failover ``recreate``) starts afresh without its start command: no create waits on it.
+host died (failover ``recreate``) runs its start command again on its new host; no one waits there
+for its ready check (no create is waiting).
 """
 
 from __future__ import annotations
