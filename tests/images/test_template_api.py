@@ -8,6 +8,7 @@ The builds reuse the session's builder root (the small base unpacked once)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 import uuid
@@ -245,3 +246,24 @@ async def test_rm_removes_a_template_but_not_one_with_a_pool(api: Api) -> None:
     assert "pooled" in await api.templates()
     r = await api.http.delete("/v1/templates/default", headers=api.admin)
     assert r.status_code == 409 and "default" in await api.templates(), r.text
+
+
+async def test_a_claimed_warm_sandbox_runs_its_start_command_before_the_create_answers(api: Api) -> None:
+    recipe = "FROM debian:bookworm\nCMD touch /tmp/started && sleep infinity\nREADY test -f /tmp/started\n"
+    built, logs = await api.wait("warm", await api.build("warm", recipe))
+    assert built["status"] == "ready", (built, logs)
+    r = await api.http.post("/v1/pools", json={"template": "warm", "size": 1}, headers=api.admin)
+    assert r.status_code == 201, r.text
+    c = api.c
+    for _ in range(300):  # the pool fills on the leader's rounds and the agent's refills
+        await c.plane.reconciler.tick()
+        await c.beat()
+        for a in c.fleet.agents:
+            a.replenish()
+        if sum(a.warm.ready_count("warm") for a in c.fleet.agents) == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert sum(a.warm.ready_count("warm") for a in c.fleet.agents) == 1
+    r = await api.create("warm")
+    assert r.status_code == 201 and r.json()["warm"] is True, r.text
+    assert await api.run(r.json()["id"], "ls /tmp/started") == "/tmp/started\n"
