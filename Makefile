@@ -30,6 +30,7 @@ system-deps:
 	$(call apt,chromium,the dashboard's browser test)
 	$(call apt,iproute2 nftables conntrack,network slots: namespaces and veth pairs, their filters, scrubbing their connections)
 	$(call apt,mmdebstrap erofs-utils umoci e2fsprogs,images: bases from Debian's archive, packing, OCI import, the writable layer)
+	$(call apt,skopeo docker-registry,images: a recipe FROM a registry's image, and the loopback registry its tests run)
 	$(call apt,runsc,the gvisor runtime)
 
 # What the benchmarks add: wrk (bench/api.py's load generator).

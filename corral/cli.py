@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "dashboard": ("corral.client.cli", "dashboard_command", None),
     "pools": ("corral.client.pools_cli", "pools_app", None),
     "tenants": ("corral.client.tenants_cli", "tenants_app", None),
+    "templates": ("corral.client.templates_cli", "templates_app", None),
     "sim": ("corral.sim.cli", "sim_app", "sim"),
 }
 # Commands that pass what follows them on untouched (``exec ID -- CMD ARGS``).

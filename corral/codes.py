@@ -71,6 +71,10 @@ class ErrorCode(StrEnum):
     TENANT_RATE_LIMITED = "tenant_rate_limited", 429, True
     # Any other HTTP error the framework raises keeps its own status; 400 is the usual one.
     HTTP_ERROR = "http_error", 400
+    # A recipe's FROM naming a container registry's image whose registry does not answer (or no skopeo).
+    REGISTRY_UNAVAILABLE = "registry_unavailable", 422
+    # The template's ready check did not pass within the create's bound (its sandbox was removed).
+    SANDBOX_NOT_READY = "sandbox_not_ready", 422
     # A create option corral does not honour (E2B's mcp, volumes, auto-pause...): refused, not dropped.
     UNSUPPORTED_OPTION = "unsupported_option", 400
     # A call of E2B's API that corral does not serve (forks, snapshots, volumes, secrets...): said so,

@@ -42,7 +42,10 @@ SUBSTITUTIONS: list[tuple[str, str]] = [
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\bAsyncBaseTransport\b", "BaseTransport"),
     (r"\bAsyncClient\b", "Client"),
-    (r"\bAsync(Corral|Sandboxes|Sandbox|Hosts|Tokens|Tenants|Pools|Commands|CommandHandle)\b", r"\1"),
+    (
+        r"\bAsync(Corral|Sandboxes|Sandbox|Hosts|Tokens|Tenants|Pools|Templates|Commands|CommandHandle)\b",
+        r"\1",
+    ),
     (r"\bAn asyncio connection\b", "A connection"),
     (r"\bthe asyncio client\b", "the blocking client"),
     # An async generator cannot delegate with ``yield from``; a plain one can.

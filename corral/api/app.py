@@ -10,13 +10,14 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from corral import __version__
-from corral.api import commands, dashboard, domains, e2b, errors, kube, pools
+from corral.api import commands, dashboard, domains, e2b, errors, kube, pools, templates
 from corral.api.e2b.builds import E2BBuilds
 from corral.api.hot import HotRoutes, route
 from corral.api.limits import BodyLimit
 from corral.api.ports import Ports
 from corral.api.requestlog import RequestLog
 from corral.api.routes import router
+from corral.control.builds import BuildService
 from corral.control.plane import ControlPlane
 
 
@@ -51,15 +52,15 @@ def create_app(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     hot_routes: bool = True,
     metrics_open: bool = False,
-    e2b_builds: E2BBuilds | None = None,
+    builds: BuildService | None = None,
 ) -> CorralApp:
     """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
     the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
     process (code after ``Server.serve()`` returns may never run). ``hot_routes``: answer the create,
     get and delete of a sandbox in front of FastAPI's middleware stack (off, the declared routes serve
     them: the reference the fast layer is tested against). ``metrics_open``: /metrics without a token,
-    for a listener that only the scraper can reach. ``e2b_builds``: where E2B's Template SDK builds run
-    (None: refused)."""
+    for a listener that only the scraper can reach. ``builds``: where template builds run, of corral's API
+    and of E2B's Template SDK (None: refused)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -81,9 +82,11 @@ def create_app(
     app.include_router(commands.router)
     app.include_router(pools.router)
     app.include_router(domains.router)
-    app.add_middleware(BodyLimit)
+    app.include_router(templates.router)
+    app.state.builds = builds
+    app.add_middleware(BodyLimit, uploads=templates.upload_cap)
     # In front of the body cap: E2B's data plane streams files under caps of its own.
-    e2b.install(app, plane, e2b_builds)
+    e2b.install(app, plane, E2BBuilds(builds) if builds is not None else None)
     app.ports = Ports(app.dispatch, plane, app.state.e2b_access)
     kube.install(app, plane)
     app.include_router(dashboard.router)

@@ -8,7 +8,7 @@ this is one header lookup and a counter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,17 +23,24 @@ BODY_BYTES: Mapping[str, int] = {"/v1/agent/heartbeat": 4 * MIB}
 
 class BodyLimit:
     def __init__(
-        self, app: ASGIApp, default: int = DEFAULT_BODY_BYTES, per_path: Mapping[str, int] = BODY_BYTES
+        self,
+        app: ASGIApp,
+        default: int = DEFAULT_BODY_BYTES,
+        per_path: Mapping[str, int] = BODY_BYTES,
+        uploads: Callable[[str, str], int | None] | None = None,
     ) -> None:
+        """``uploads``: the cap of a route that takes an archive (by path and method; None for the others)."""
         self.app = app
         self.default = default
         self.per_path = dict(per_path)
+        self.uploads = uploads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        cap = self.per_path.get(scope["path"], self.default)
+        upload = self.uploads(scope["path"], scope["method"]) if self.uploads is not None else None
+        cap = upload if upload is not None else self.per_path.get(scope["path"], self.default)
         declared = _content_length(scope)
         if declared is not None and declared > cap:
             await _refuse(cap, scope, receive, send)

@@ -1,4 +1,4 @@
-"""The public HTTP routes: sandboxes, hosts, templates, tenants, the agents' heartbeat, health and
+"""The public HTTP routes: sandboxes, hosts, tenants, the agents' heartbeat, health and
 metrics. Each handler only translates between HTTP and the control plane."""
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from corral.api.schemas import (
     ExecBody,
     QuotaBody,
     SandboxSpecBody,
-    TemplateBody,
-    TemplateOut,
     TenantBody,
     host_out,
     sandbox_json,
@@ -199,17 +197,6 @@ async def revoke_token(
 ) -> Response:
     await plane.revoke_token(token_id, caller)
     return Response(status_code=204)
-
-
-@router.post("/v1/templates", status_code=201, response_model=TemplateOut)
-async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> TemplateOut:
-    tpl = await plane.create_template(body.record())
-    return TemplateOut.of(tpl)
-
-
-@router.get("/v1/templates")
-async def list_templates(_: User, plane: Plane) -> dict[str, list[TemplateOut]]:
-    return {"templates": [TemplateOut.of(t) for t in await plane.store.list_templates()]}
 
 
 @router.post("/v1/tenants", status_code=201, response_model=Tenant)

@@ -25,11 +25,11 @@ from corral.core.types import (
 from corral.exec_result import DEFAULT_EXEC_TIMEOUT_S, MAX_EXEC_TIMEOUT_S
 from corral.shapes.hosts import JOINING, Host
 from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
+from corral.shapes.templates import Template
 from corral.shapes.tenants import Tenant
 from corral.shapes.tokens import TokenInfo
 from corral.store import (
     DEFAULT_MAX_CPUS,
-    FAILOVER_ORPHAN,
     HostRecord,
     SandboxRecord,
     TemplateRecord,
@@ -250,19 +250,9 @@ def token_info(t: TokenRecord) -> TokenInfo:
     )
 
 
-class TemplateOut(BaseModel):
-    name: str
-    cpus: float
-    memory_mb: int
-    stateful: bool
-    description: str
-    pids: int
-    failover: str = FAILOVER_ORPHAN
-    image: str | None = None
-    disk_mb: int | None = None
-
+class TemplateOut(Template):
     @classmethod
-    def of(cls, t: TemplateRecord) -> TemplateOut:
+    def of(cls, t: TemplateRecord, size_bytes: int | None = None) -> TemplateOut:
         return cls(
             name=t.name,
             cpus=t.cpus,
@@ -273,6 +263,8 @@ class TemplateOut(BaseModel):
             failover=t.failover,
             image=t.image,
             disk_mb=t.disk_mb,
+            version=t.version,
+            size_bytes=size_bytes,
         )
 
 

@@ -21,10 +21,10 @@ from starlette.types import ASGIApp
 from corral.aio import loop_factory
 from corral.api import collector
 from corral.api.app import create_app
-from corral.api.e2b.builds import local_builds
 from corral.api.tokenbound import TokenBound
 from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
+from corral.control.builds import local_builds
 from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import LocalFleet, build_local_fleet
 from corral.control.plane import ControlPlane, build_replica
@@ -301,7 +301,7 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         network=opts.build_network,
     )
     app = create_app(
-        plane, manage=False, on_shutdown=shut_down, metrics_open=opts.metrics_open, e2b_builds=builds
+        plane, manage=False, on_shutdown=shut_down, metrics_open=opts.metrics_open, builds=builds
     )
     try:
         # One process owns this store: the admin token it starts with is the only configured one.

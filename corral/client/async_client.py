@@ -41,6 +41,16 @@ from corral.client.models import (
 from corral.client.pools import Pool, PoolList, pool_path
 from corral.client.retry import CreateStats, RetryBudget, RetryPolicy, TimeSource, retryable_for_create
 from corral.client.sandbox import SandboxView
+from corral.client.templates import (
+    FOLLOW_WAIT_S,
+    UPLOAD_TIMEOUT_S,
+    Build,
+    Template,
+    TemplateList,
+    sizes_params,
+    template_build_body,
+    template_path,
+)
 from corral.client.wire import OutputCallback
 from corral.exec_result import ANSWER_MARGIN_S, KEEPALIVE_S, ExecOutput, ExecResult
 
@@ -83,6 +93,7 @@ class AsyncCorral:
         self.tokens = AsyncTokens(self)
         self.pools = AsyncPools(self)
         self.tenants = AsyncTenants(self)
+        self.templates = AsyncTemplates(self)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -101,12 +112,16 @@ class AsyncCorral:
         path: str,
         *,
         json: Any = None,
-        params: Mapping[str, str | int] | None = None,
+        params: Mapping[str, str | int | float] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        content: bytes | None = None,
     ) -> Any:
-        """One request, no retries: the decoded JSON body, or a typed ``CorralError``."""
+        """One request, no retries: the decoded JSON body, or a typed ``CorralError``. ``content``: a
+        raw body (an archive) instead of ``json``."""
         extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        if content is not None:
+            extra["content"] = content
         try:
             response = await self._http.request(
                 method, path, json=json, params=params, headers=wire.with_request_id(headers), **extra
@@ -561,6 +576,84 @@ class AsyncPools:
 
     async def delete(self, template: str) -> None:
         await self._client.request("DELETE", pool_path(template))
+
+
+class AsyncTemplates:
+    """``client.templates``: templates, their images and their builds. Listing takes any token (a tenant
+    sees the operator's templates and its own); the rest an admin token."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self._client = client
+
+    async def list(self) -> builtins.list[Template]:
+        return parse(TemplateList, await self._client.request("GET", "/v1/templates")).templates
+
+    async def delete(self, name: str) -> None:
+        """Remove the template; its sandboxes keep running on their image."""
+        await self._client.request("DELETE", template_path(name))
+
+    async def build(
+        self,
+        name: str,
+        recipe: str,
+        *,
+        context: bytes | None = None,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+    ) -> Build:
+        """Start a build of ``recipe`` (a Dockerfile subset) as the template's next version; ``context``:
+        a tar archive of the files its COPY steps name. Follow it with :meth:`build_status`."""
+        body = template_build_body(recipe, context is not None, cpus, memory_mb, disk_mb)
+        path = template_path(name) + "/builds"
+        build = parse(Build, await self._client.request("POST", path, json=body))
+        if context is None:
+            return build
+        path = f"{path}/{build.id}/context"
+        return parse(
+            Build, await self._client.request("PUT", path, content=context, timeout_s=UPLOAD_TIMEOUT_S)
+        )
+
+    async def import_image(
+        self,
+        name: str,
+        archive: bytes,
+        *,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+    ) -> Build:
+        """Start an import of ``archive`` (an OCI image layout, a ``docker save`` archive or a rootfs
+        tarball) as the template's next version."""
+        params = sizes_params(cpus, memory_mb, disk_mb)
+        path = template_path(name) + "/imports"
+        answer = await self._client.request(
+            "POST", path, content=archive, params=params, timeout_s=UPLOAD_TIMEOUT_S
+        )
+        return parse(Build, answer)
+
+    async def build_status(self, name: str, build_id: str, *, offset: int = 0, wait_s: float = 0.0) -> Build:
+        """Its state and its log from ``offset``; with ``wait_s``, once there is more or after that long."""
+        path = f"{template_path(name)}/builds/{build_id}"
+        params = {"offset": offset, "wait_s": wait_s}
+        return parse(Build, await self._client.request("GET", path, params=params, timeout_s=wait_s + 30))
+
+    async def cancel(self, name: str, build_id: str) -> Build:
+        path = f"{template_path(name)}/builds/{build_id}/cancel"
+        return parse(Build, await self._client.request("POST", path, timeout_s=60))
+
+    async def follow(self, name: str, build: Build) -> AsyncIterator[str | Build]:
+        """Its log lines as they come, and last the build as it ended."""
+        offset = 0
+        current = build
+        while True:
+            for line in current.logs:
+                yield line
+            offset = current.next_offset
+            if current.done:
+                yield current
+                return
+            current = await self.build_status(name, build.id, offset=offset, wait_s=FOLLOW_WAIT_S)
 
 
 class AsyncSandbox(SandboxView):

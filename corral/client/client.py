@@ -39,6 +39,16 @@ from corral.client.models import (
 from corral.client.pools import Pool, PoolList, pool_path
 from corral.client.retry import CreateStats, RetryBudget, RetryPolicy, TimeSource, retryable_for_create
 from corral.client.sandbox import SandboxView
+from corral.client.templates import (
+    FOLLOW_WAIT_S,
+    UPLOAD_TIMEOUT_S,
+    Build,
+    Template,
+    TemplateList,
+    sizes_params,
+    template_build_body,
+    template_path,
+)
 from corral.client.wire import OutputCallback
 from corral.exec_result import ANSWER_MARGIN_S, KEEPALIVE_S, ExecOutput, ExecResult
 
@@ -81,6 +91,7 @@ class Corral:
         self.tokens = Tokens(self)
         self.pools = Pools(self)
         self.tenants = Tenants(self)
+        self.templates = Templates(self)
 
     def close(self) -> None:
         self._http.close()
@@ -99,12 +110,16 @@ class Corral:
         path: str,
         *,
         json: Any = None,
-        params: Mapping[str, str | int] | None = None,
+        params: Mapping[str, str | int | float] | None = None,
         headers: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        content: bytes | None = None,
     ) -> Any:
-        """One request, no retries: the decoded JSON body, or a typed ``CorralError``."""
+        """One request, no retries: the decoded JSON body, or a typed ``CorralError``. ``content``: a
+        raw body (an archive) instead of ``json``."""
         extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        if content is not None:
+            extra["content"] = content
         try:
             response = self._http.request(
                 method, path, json=json, params=params, headers=wire.with_request_id(headers), **extra
@@ -555,6 +570,81 @@ class Pools:
 
     def delete(self, template: str) -> None:
         self._client.request("DELETE", pool_path(template))
+
+
+class Templates:
+    """``client.templates``: templates, their images and their builds. Listing takes any token (a tenant
+    sees the operator's templates and its own); the rest an admin token."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def list(self) -> builtins.list[Template]:
+        return parse(TemplateList, self._client.request("GET", "/v1/templates")).templates
+
+    def delete(self, name: str) -> None:
+        """Remove the template; its sandboxes keep running on their image."""
+        self._client.request("DELETE", template_path(name))
+
+    def build(
+        self,
+        name: str,
+        recipe: str,
+        *,
+        context: bytes | None = None,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+    ) -> Build:
+        """Start a build of ``recipe`` (a Dockerfile subset) as the template's next version; ``context``:
+        a tar archive of the files its COPY steps name. Follow it with :meth:`build_status`."""
+        body = template_build_body(recipe, context is not None, cpus, memory_mb, disk_mb)
+        path = template_path(name) + "/builds"
+        build = parse(Build, self._client.request("POST", path, json=body))
+        if context is None:
+            return build
+        path = f"{path}/{build.id}/context"
+        return parse(Build, self._client.request("PUT", path, content=context, timeout_s=UPLOAD_TIMEOUT_S))
+
+    def import_image(
+        self,
+        name: str,
+        archive: bytes,
+        *,
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        disk_mb: int | None = None,
+    ) -> Build:
+        """Start an import of ``archive`` (an OCI image layout, a ``docker save`` archive or a rootfs
+        tarball) as the template's next version."""
+        params = sizes_params(cpus, memory_mb, disk_mb)
+        path = template_path(name) + "/imports"
+        answer = self._client.request(
+            "POST", path, content=archive, params=params, timeout_s=UPLOAD_TIMEOUT_S
+        )
+        return parse(Build, answer)
+
+    def build_status(self, name: str, build_id: str, *, offset: int = 0, wait_s: float = 0.0) -> Build:
+        """Its state and its log from ``offset``; with ``wait_s``, once there is more or after that long."""
+        path = f"{template_path(name)}/builds/{build_id}"
+        params = {"offset": offset, "wait_s": wait_s}
+        return parse(Build, self._client.request("GET", path, params=params, timeout_s=wait_s + 30))
+
+    def cancel(self, name: str, build_id: str) -> Build:
+        path = f"{template_path(name)}/builds/{build_id}/cancel"
+        return parse(Build, self._client.request("POST", path, timeout_s=60))
+
+    def follow(self, name: str, build: Build) -> Iterator[str | Build]:
+        """Its log lines as they come, and last the build as it ended."""
+        offset = 0
+        current = build
+        while True:
+            yield from current.logs
+            offset = current.next_offset
+            if current.done:
+                yield current
+                return
+            current = self.build_status(name, build.id, offset=offset, wait_s=FOLLOW_WAIT_S)
 
 
 class Sandbox(SandboxView):

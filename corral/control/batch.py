@@ -41,6 +41,8 @@ class BatchCreate:
                 for r in records:
                     await creates.forget(r)
                 raise
+        if creates.ready is not None:
+            await creates.ready.settle_all(placed)
         for p in placed:
             creates.observe_success(p, started, tenant_id, None)
         return placed

@@ -58,6 +58,9 @@ class ControlConfig:
     default_create_rate: Rate | None = None
     # How often a replica reads the tenants' rates and counts the live replicas again.
     rate_refresh_s: float = 5.0
+    # How long a create waits for its template's ready check to pass before it is refused
+    # (``sandbox_not_ready``) and its sandbox removed (see control/readiness.py).
+    ready_timeout_s: float = 60.0
     # Creates this replica works on at once (record, claim, placement); the rest wait their turn,
     # tenant by tenant round-robin, so one tenant's burst delays another's first create by one turn.
     max_creates_in_flight: int = DEFAULT_CREATES_IN_FLIGHT

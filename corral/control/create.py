@@ -27,6 +27,7 @@ from corral.control.placement import Placement, Start
 from corral.control.pools import WarmClaims
 from corral.control.ports import CreatePort
 from corral.control.rates import TenantRates
+from corral.control.readiness import Readiness
 from corral.control.seal import Sealer, Spec, open_spec
 from corral.control.templates import Templates
 from corral.control.view import ViewCache
@@ -152,6 +153,8 @@ class CreateFlow:
     waiting: WaitingCreates | None = None
     # Each tenant's create rate (None: unbounded), and the creates worked on at once, by turns.
     rates: TenantRates | None = None
+    # Runs a sandbox's template's start command and waits for its ready check (set by the plane).
+    ready: Readiness | None = None
     gate: FairGate = field(init=False)
     # Idempotency keys refused at least once, with when: "time from first refusal to success".
     _first_refusal: dict[str, float] = field(default_factory=dict, init=False)
@@ -286,7 +289,10 @@ class CreateFlow:
             self.waiting.check(spec.wait_s)
         self.admit(tenant_id)
         async with self.gate.slot(tenant_id) as slot:
-            return await self._create(tenant_id, spec, idempotency_key, started, slot)
+            record, replayed = await self._create(tenant_id, spec, idempotency_key, started, slot)
+        if not replayed and self.ready is not None:
+            await self.ready.settle(record)
+        return record, replayed
 
     async def _create(
         self, tenant_id: str, spec: CreateSpec, idempotency_key: str | None, started: float, slot: CreateTurn

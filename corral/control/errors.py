@@ -147,6 +147,28 @@ class BadGateway(ControlError):
     status = 502
 
 
+class RegistryUnavailable(ControlError):
+    """A recipe names a container registry's image, and that registry cannot be reached from here."""
+
+    code = ErrorCode.REGISTRY_UNAVAILABLE
+    status = 422
+
+    def __init__(self, base: str, why: str) -> None:
+        super().__init__(
+            f"FROM {base[:200]!r} names no corral base and no template, and its registry cannot be "
+            f"reached from this control plane: {why} (build from a base, a template, or "
+            "`corral templates import` an image saved elsewhere)",
+            details={"field": "recipe", "base": base[:200], "why": why},
+        )
+
+
+class SandboxNotReady(ControlError):
+    """The template's ready check never passed within the bound: the create made no sandbox."""
+
+    code = ErrorCode.SANDBOX_NOT_READY
+    status = 422
+
+
 class SandboxIsPaused(ControlError):
     """The sandbox is paused: nothing runs in it until it is resumed. The caller's state, not a fault."""
 

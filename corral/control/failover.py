@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from corral.agent.errors import AgentConflict, AgentError
@@ -48,6 +49,9 @@ class Failover:
     sealer: Sealer | None
     clock: Clock
     timeouts: Timeouts
+    # Run once a recreated sandbox's fresh copy has started: its template's start command
+    # (readiness.py). Its failure is logged, never the recreate's.
+    started: Callable[[SandboxRecord], Awaitable[object]] | None = None
     # Host -> the last heartbeat it was failed at: a host that stays dead is failed once, not
     # written to every round (a new leader does it once more, harmlessly).
     _failed: dict[str, float] = field(default_factory=dict, init=False)
@@ -118,13 +122,26 @@ class Failover:
         except AgentConflict as exc:
             if exc.code != ErrorCode.SANDBOX_EXISTS:
                 return False
+            fresh = False  # a previous leader started it (and its start command, if it got that far)
         except AgentError:
             return False
+        else:
+            fresh = True
         with contextlib.suppress(StateConflict):
             await self.store.set_sandbox_state(
                 rec.id, SandboxState.RUNNING, expect=SandboxState.RECREATING, expect_version=rec.version
             )
+            if fresh:
+                await self._started(rec)
         return True
+
+    async def _started(self, rec: SandboxRecord) -> None:
+        if self.started is None:
+            return
+        try:
+            await self.started(rec)
+        except Exception as exc:
+            log.warning("recreated sandbox %s: its start command did not start: %r", rec.id, exc)
 
     async def _recreate(self, rec: SandboxRecord) -> None:
         """Placed as a create is; on the chosen host the record is reassigned (new host, epoch plus
@@ -133,3 +150,4 @@ class Failover:
         exclude = {rec.host_id} if rec.host_id else set()
         placed = await self.placement.place(Start.of(rec, spec), exclude)
         log.warning("sandbox %s recreated on %s (epoch %d)", rec.id, placed.host_id, placed.epoch)
+        await self._started(placed)

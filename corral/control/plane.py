@@ -37,6 +37,7 @@ from corral.control.metrics import Metrics
 from corral.control.placement import Placement
 from corral.control.pools import PoolBook, Pools, WarmClaims, WarmMetrics
 from corral.control.rates import TenantRates
+from corral.control.readiness import Readiness
 from corral.control.reconcile import Reconciler
 from corral.control.retry import RetryAfter
 from corral.control.sandboxes import Sandboxes
@@ -46,6 +47,7 @@ from corral.control.view import ViewCache
 from corral.control.waiting import WaitingCreates
 from corral.core import Clock
 from corral.images import BlobStore
+from corral.images.gc import ImageCollector
 from corral.shapes.hosts import HostCredentials
 from corral.store import (
     DEFAULT_MAX_CPUS,
@@ -159,9 +161,16 @@ class ControlPlane:
             self.config.max_execs_per_tenant,
             self.config.max_execs_per_sandbox,
         )
+        ready = Readiness(self.sandboxes, self.templates, self.config.ready_timeout_s)
+        self.creates.ready = ready
         self.heartbeats = HeartbeatIntake(store, self.metrics)
         self.images = ImageBlobs(blobs)
-        self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t)
+        # The leader collects the images no template and no sandbox names (a rebuild's old version
+        # once its last sandbox is gone).
+        self.image_gc = (
+            ImageCollector(blobs, store.images_in_use, self.clock.now) if blobs is not None else None
+        )
+        self.failover = Failover(store, self.view, self.placement, sealer, self.clock, t, started=ready.start)
         self.reconciler = Reconciler(
             store,
             self.view,
@@ -186,6 +195,8 @@ class ControlPlane:
         self.reconciler.replica_work.append(self.rates.refresh)
         self.reconciler.leader_work.append(self.pools.rebalance)
         self.reconciler.leader_work.append(self.waiting.place_waiting)
+        if self.image_gc is not None:
+            self.reconciler.leader_work.append(self.image_gc.tick)
         self._task: asyncio.Task[None] | None = None
         self.migrated = False
         self.default_tenant_id: str | None = None

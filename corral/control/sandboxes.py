@@ -251,7 +251,11 @@ class Sandboxes:
             raise network.agent_failure(sandbox_id, loc.host_id, e) from e
         return await self.store.set_sandbox_network(sandbox_id, network.network_text(policy))
 
-    async def delete(self, sandbox_id: str, tenant_id: str | None) -> None:
+    async def delete(
+        self, sandbox_id: str, tenant_id: str | None, *, forget_idempotency: bool = False
+    ) -> None:
+        """``forget_idempotency``: the create that made it is refused after all (its template's ready
+        check failed), so its Idempotency-Key, retried, creates anew."""
         rec = await self.get(sandbox_id, tenant_id)
         if rec.state is SandboxState.RESERVED:
             # Still being placed: a tombstone (the leader removes it), not a removal, so the create
@@ -275,7 +279,7 @@ class Sandboxes:
                 await self.store.set_sandbox_state(sandbox_id, SandboxState.DELETED)
                 self.locations.drop(sandbox_id)
                 return
-        await self.store.delete_sandbox(sandbox_id)
+        await self.store.delete_sandbox(sandbox_id, forget_idempotency=forget_idempotency)
         self.locations.drop(sandbox_id)
         if rec.reservation_id:
             # Deleted before a heartbeat showed it: no heartbeat ever will, so end its claim now.

@@ -19,12 +19,12 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from corral.images import importer
+from corral.images import importer, registry
 from corral.images.bases import Bases, canonical
 from corral.images.blobs import BlobStore
 from corral.images.config import ImageConfig
@@ -34,6 +34,9 @@ from corral.images.importer import ImportRefused
 from corral.images.jail import BUILD_UID_BASE, HELPER_FAILED
 from corral.images.layers import LayerCache, LayerInfo, layer_key
 from corral.images.recipe import Recipe, Step
+
+# How a registry image is fetched: its reference, where its OCI archive goes, the time left.
+Pull = Callable[[str, Path, float], Awaitable[Path]]
 
 # The version of the fix-ups every image root gets (see jail.fixups): part of a base layer's key.
 FIXUPS = "fixups-v1"
@@ -187,11 +190,21 @@ def _as_user(user: str, command: str) -> str:
 class Builder:
     """Builds and imports images on one host, under ``root`` (layers, scratch), into ``blobs``."""
 
-    def __init__(self, root: Path, blobs: BlobStore, bases: Bases, *, uid_base: int = BUILD_UID_BASE) -> None:
+    def __init__(
+        self,
+        root: Path,
+        blobs: BlobStore,
+        bases: Bases,
+        *,
+        uid_base: int = BUILD_UID_BASE,
+        pull: Pull | None = None,
+    ) -> None:
+        """``pull``: how a FROM naming a registry's image is fetched (None: such a FROM is refused)."""
         self.root = root
         self.blobs = blobs
         self.bases = bases
         self.uid_base = uid_base
+        self.pull = pull
         self.layers = LayerCache(root / "layers")
         self.scratch_root = root / "scratch"
         shutil.rmtree(self.scratch_root, ignore_errors=True)
@@ -416,6 +429,8 @@ class Builder:
         elif canonical(recipe.base) is not None:
             top = await self._base(recipe.base, run)
             base_config = None
+        elif self.pull is not None and registry.is_reference(recipe.base):
+            top, base_config = await self._pulled(recipe.base, run)
         else:
             raise BuildFailed(
                 "refused", f"unknown base {recipe.base!r}: registry pulls are not available here"
@@ -441,6 +456,34 @@ class Builder:
             top=top, config=recipe.config_over(base_config), steps_run=run.ran, steps_cached=run.cached
         )
 
+    async def _pulled(self, ref: str, run: _Run) -> tuple[str, ImageConfig]:
+        """A registry image as a base layer (its layers applied, cached by their digests) and its config."""
+        assert self.pull is not None
+        scratch = self._scratch()
+        try:
+            run.log(f"--> FROM {ref} (pulling)")
+            try:
+                archive = await self.pull(ref, scratch / "image.tar", run.remaining())
+                found = await asyncio.to_thread(importer.plan, archive, scratch)
+            except (registry.RegistryError, ImportRefused) as exc:
+                raise BuildFailed("refused", f"FROM {ref}: {exc}", step=f"FROM {ref}") from None
+            return await self._imported(found.layers, found.whiteouts, run), found.config
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _imported(self, layers: list[Path], whiteouts: bool, run: _Run) -> str:
+        """The layer of tar ``layers`` applied in order, keyed by their digests (unpacked once)."""
+        hasher = hashlib.sha256()
+        for layer in layers:
+            hasher.update((await asyncio.to_thread(digest_file, layer)).encode())
+        key = layer_key(None, f"import:{FIXUPS}:{int(whiteouts)}:{hasher.hexdigest()}")
+        async with self._lock(key):
+            if not self.layers.has(key):
+                run.log(f"--> unpacking {len(layers)} layer(s)")
+                partial = await self._extract(layers, run, whiteouts=whiteouts)
+                self.layers.commit(partial, LayerInfo(key=key, parent=None, step="import"))
+        return key
+
     async def import_layers(
         self,
         layers: list[Path],
@@ -453,15 +496,7 @@ class Builder:
         """An image from tar layers applied in order (an OCI or docker-save image's, or one plain
         rootfs tarball), with the fix-ups every image gets."""
         run = self._run(limits or BuildLimits(), log)
-        hasher = hashlib.sha256()
-        for layer in layers:
-            hasher.update((await asyncio.to_thread(digest_file, layer)).encode())
-        key = layer_key(None, f"import:{FIXUPS}:{int(whiteouts)}:{hasher.hexdigest()}")
-        async with self._lock(key):
-            if not self.layers.has(key):
-                run.log(f"--> unpacking {len(layers)} layer(s)")
-                partial = await self._extract(layers, run, whiteouts=whiteouts)
-                self.layers.commit(partial, LayerInfo(key=key, parent=None, step="import"))
+        key = await self._imported(layers, whiteouts, run)
         return await self._pack(key, run, config)
 
     async def import_archive(

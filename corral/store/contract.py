@@ -623,6 +623,10 @@ class TemplateStore(TemplateReader, PoolStore, Protocol):
     @abstractmethod
     async def delete_template(self, name: str) -> bool: ...
 
+    @abstractmethod
+    async def images_in_use(self) -> set[str]:
+        """The images a template or a sandbox record (any state) names: what image collection keeps."""
+
 
 class NamedRecords(Protocol):
     """A sandbox by its name, as a surface that names records (Kubernetes) reads it."""

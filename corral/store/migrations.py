@@ -414,6 +414,8 @@ _V21 = (
     "CREATE INDEX sandbox_domains_by_sandbox ON sandbox_domains (sandbox_id)",
 )
 
+_V22 = ("ALTER TABLE templates ADD COLUMN version INTEGER NOT NULL DEFAULT 1",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "hosts, reservations, sandboxes, tenants, leases", _V1),
     Migration(2, "tenant usage counters", _V2),
@@ -443,6 +445,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         20, "sandboxes keep their lifecycle (pause on timeout, auto-resume) and how they are paused", _V20
     ),
     Migration(21, "custom domains bound to sandboxes' ports", _V21),
+    Migration(22, "templates count their versions (a rebuild is the next one)", _V22),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -402,6 +402,7 @@ class TemplateRecord:
     image: str | None = None
     image_config: ImageConfig | None = None
     disk_mb: int | None = None  # its sandboxes' own disk; None: the default (a create may override)
+    version: int = 1  # each build of it is the next version (its image a new digest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,6 +515,8 @@ def check_template(template: TemplateRecord) -> None:
     if not MIN_SANDBOX_PIDS <= template.pids <= MAX_SANDBOX_PIDS:
         raise InvalidRecord(f"pids: must be between {MIN_SANDBOX_PIDS} and {MAX_SANDBOX_PIDS}")
     _check_image(template.image, template.disk_mb)
+    if template.version < 1:
+        raise InvalidRecord("version: at least 1")
     if template.image_config is not None and template.image is None:
         raise InvalidRecord("image_config: only with an image")
 

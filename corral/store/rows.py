@@ -222,7 +222,7 @@ def tenant_from_row(r: Row) -> TenantRecord:
     )
 
 
-TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids, failover, image, image_config, disk_mb"
+TEMPLATE_COLS = "name, cpus, memory_mb, stateful, runtime, description, created_at, pids, failover, image, image_config, disk_mb, version"
 
 
 def template_from_row(r: Row) -> TemplateRecord:
@@ -239,6 +239,7 @@ def template_from_row(r: Row) -> TemplateRecord:
         image=r[9],
         image_config=ImageConfig.from_json(json.loads(r[10])) if r[10] is not None else None,
         disk_mb=int(r[11]) if r[11] is not None else None,
+        version=int(r[12]),
     )
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from corral.agent.errors import AgentConflict
 from corral.agent.protocol import ExecRequest
-from corral.store import SandboxState
+from corral.store import SandboxRecord, SandboxState
 
 from .conftest import ADMIN, Cluster, make_cluster
 
@@ -91,6 +91,21 @@ async def routable_hosts(c: Cluster, sid: str) -> set[str]:
     return out
 
 
+def record_starts(c: Cluster) -> list[str]:
+    """The sandboxes whose fresh copies the leader started their template's start command for
+    (readiness.py), as it does."""
+    started: list[str] = []
+    run_start = c.plane.failover.started
+    assert run_start is not None
+
+    async def start_command(rec: SandboxRecord) -> object:
+        started.append(rec.id)
+        return await run_start(rec)
+
+    c.plane.failover.started = start_command
+    return started
+
+
 async def test_a_dead_host_s_sandboxes_are_recreated_or_orphaned_and_fenced_when_it_returns(
     small: Cluster, tmp_path: Path
 ) -> None:
@@ -108,9 +123,11 @@ async def test_a_dead_host_s_sandboxes_are_recreated_or_orphaned_and_fenced_when
     assert all(s["failover"] == "orphan" for s in orphan)
 
     # The host goes silent; the others keep beating. Past dead_after, one leader round does it all.
+    started = record_starts(c)
     c.clock.advance(c.plane.config.timeouts.dead_after_s + 1)
     await beat_all_but(c, dead)
     await c.plane.reconciler.tick()
+    assert sorted(started) == sorted(s["id"] for s in recreate)
     for s in recreate:
         now = await get(c, s["id"])
         assert now["state"] == "running", now
@@ -213,7 +230,9 @@ async def test_a_leader_that_died_after_the_reassignment_is_finished_by_the_next
     assert (await get(c, s["id"]))["state"] == "recreating"
     r = await c.http.post(f"/v1/sandboxes/{s['id']}/exec", json={"command": ["true"]}, headers=H)
     assert r.status_code == 409  # not routable while recreating: neither copy answers
+    started = record_starts(c)
     await c.plane.reconciler.tick()
+    assert started == [s["id"]]  # the next leader started the copy, and its start command
     now = await get(c, s["id"])
     assert now["state"] == "running" and now["host_id"] == target and now["epoch"] == 1
     assert s["id"] in agent(c, target).sandbox_ids()

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2b import Sandbox, Template, wait_for_port
+from e2b import Sandbox, Template, wait_for_file
 from e2b.exceptions import BuildException
 
-from corral.api.e2b.builds import unavailable_reason
+from corral.control.builds import unavailable_reason
 from corral.testing.images import small_base
 from tests.ci import require
 from tests.e2b.conftest import Corral
@@ -53,7 +53,7 @@ def test_a_template_built_with_the_sdk_starts_sandboxes(sdk_env: Corral, tmp_pat
         .run_cmd("echo $GREETING > ~/greeting; whoami >> ~/greeting")
         .copy("hello.txt", "/home/user/app/")
         .set_workdir("/home/user/app")
-        .set_start_cmd("sleep infinity", wait_for_port(8000))
+        .set_start_cmd("touch /tmp/started && sleep infinity", wait_for_file("/tmp/started"))
     )
     logs: list[str] = []
     info = Template.build(template, alias=name, on_build_logs=lambda e: logs.append(e.message))
@@ -61,8 +61,8 @@ def test_a_template_built_with_the_sdk_starts_sandboxes(sdk_env: Corral, tmp_pat
     assert any("apt-get" in line for line in logs) and any("image sha256:" in line for line in logs), logs
 
     config = _image_config(sdk_env, f"{sdk_env.alice_id}.{name}")
-    assert config["start_cmd"] == "sleep infinity"
-    assert config["ready_cmd"] == '[ -n "$(ss -Htuln sport = :8000)" ]'
+    assert config["start_cmd"] == "touch /tmp/started && sleep infinity"
+    assert config["ready_cmd"] == "[ -f /tmp/started ]"
     assert (config["user"], config["workdir"]) == ("user", "/home/user/app")
     assert config["env"] == {}  # set_envs holds for the build only (the SDK's word)
 
@@ -71,6 +71,8 @@ def test_a_template_built_with_the_sdk_starts_sandboxes(sdk_env: Corral, tmp_pat
         r = sb.commands.run(
             "tree --version; cat ~/greeting; cat hello.txt; ls -l hello.txt; pwd; echo ${GREETING:-unset}"
         )
+        # Ready once its ready check passed: its start command ran (and runs on) before the create answered.
+        assert sb.commands.run("ls /tmp/started").stdout.strip() == "/tmp/started"
         lines = r.stdout.splitlines()
         assert lines[0].startswith("tree v"), r.stdout
         assert lines[1:4] == ["from the build", "user", "copied in"], r.stdout

@@ -22,6 +22,7 @@ EXAMPLE_BODIES: dict[str, Any] = {
     "QuotaBody": {"max_cpus": 8},
     "EgressPolicyBody": {"mode": "none"},
     "DomainBody": {"hostname": "app.example.test", "port": 8080},
+    "BuildBody": {"recipe": "FROM debian:bookworm\nRUN true\n"},
 }
 
 

@@ -27,7 +27,8 @@ from .route_table import Operation, e2b_app, operations
 # things (hosts, templates, images: an image's route is for agents alone) belong to no tenant, so there
 # is nothing of B's to hide.
 TENANT_OWNED = {"sandbox_id", "tenant_id", "name", "token_id"}
-FLEET_WIDE = {"host_id", "template", "digest", "hostname"}  # an image digest names content, no tenant
+# An image digest names content, no tenant; a template's build is the operator's, as its template is.
+FLEET_WIDE = {"host_id", "template", "digest", "hostname", "build_id"}
 # Named within a sandbox (a background command's pid): the victim's real one, the same in both calls,
 # so the two differ only by the sandbox they name.
 WITHIN_SANDBOX = {"pid"}

@@ -60,3 +60,24 @@ async def test_a_sandbox_s_image_is_checked(store: Store) -> None:
     with pytest.raises(InvalidRecord):
         await store.create_sandbox(SandboxRecord("sb-1", tenant.id, "py", 512, 1.0, image="latest"))
     assert await store.get_sandbox("sb-1") is None
+
+
+async def test_the_images_in_use_are_those_templates_and_sandboxes_name_and_versions_are_kept(
+    store: Store,
+) -> None:
+    old, new, other = ("sha256:" + c * 64 for c in "123")
+    await store.create_template(TemplateRecord("web", 1.0, 512, image=old))
+    tenant = await store.create_tenant("alice", max_sandboxes=10, max_memory_mb=1 << 20)
+    await store.create_sandbox(SandboxRecord("sb-1", tenant.id, "web", 512, 1.0, image=old, disk_mb=64))
+    # A rebuild: the template names its next version; the sandbox still names the old image.
+    await store.delete_template("web")
+    await store.create_template(TemplateRecord("web", 1.0, 512, image=new, version=2))
+    await store.create_template(TemplateRecord("plain", 1.0, 512))
+    got = await store.get_template("web")
+    assert got is not None and (got.image, got.version) == (new, 2)
+    assert await store.images_in_use() == {old, new}
+    await store.delete_sandbox("sb-1")
+    assert await store.images_in_use() == {new}
+    assert other not in await store.images_in_use()
+    with pytest.raises(InvalidRecord):
+        await store.create_template(TemplateRecord("v0", 1.0, 512, version=0))

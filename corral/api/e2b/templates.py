@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from corral.api.e2b import names
-from corral.api.e2b.builds import E2BBuilds, Sizes
+from corral.api.e2b.builds import E2BBuilds, Sizes, status_json
 from corral.api.e2b.control import caller
 from corral.api.e2b.translate import from_template, plan
 from corral.api.schemas import MAX_CPUS, MAX_MEMORY_MB
@@ -147,7 +147,7 @@ async def build_status(
     job = _builds(request).job(tenant, template_id, build_id)
     if job is None:
         raise ResourceNotFound(f"no build {build_id[:64]} of template {template_id!r}")
-    return JSONResponse(job.status_json(logs_offset, limit, level))
+    return JSONResponse(status_json(job, logs_offset, limit, level))
 
 
 @router.get("/templates/aliases/{alias}")

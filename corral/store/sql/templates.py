@@ -36,7 +36,7 @@ class TemplatesSql(SqlBase):
 
         async def run(tx: Tx) -> TemplateRecord:
             await tx.execute(
-                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f, :img, :cfg, :disk)",
+                f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f, :img, :cfg, :disk, :ver)",
                 {
                     "n": rec.name,
                     "c": rec.cpus,
@@ -50,6 +50,7 @@ class TemplatesSql(SqlBase):
                     "img": rec.image,
                     "cfg": rows.image_config_text(rec.image_config),
                     "disk": rec.disk_mb,
+                    "ver": rec.version,
                 },
             )
             return rec
@@ -140,6 +141,16 @@ class TemplatesSql(SqlBase):
             return True
 
         return await self._write(run)
+
+    async def images_in_use(self) -> set[str]:
+        async def run(tx: Tx) -> set[str]:
+            got = await tx.fetchall(
+                "SELECT image FROM templates WHERE image IS NOT NULL "
+                "UNION SELECT image FROM sandboxes WHERE image IS NOT NULL"
+            )
+            return {str(r[0]) for r in got}
+
+        return await self._read(run)
 
     async def delete_template(self, name: str) -> bool:
         async def run(tx: Tx) -> bool:

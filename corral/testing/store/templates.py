@@ -34,6 +34,11 @@ class TemplatesModel(ModelBase):
         await self._enter()
         return self.templates.get(name)
 
+    async def images_in_use(self) -> set[str]:
+        await self._enter()
+        named = [t.image for t in self.templates.values()] + [s.image for s in self.sandboxes.values()]
+        return {image for image in named if image is not None}
+
     async def list_templates(self) -> list[TemplateRecord]:
         await self._enter()
         return [self.templates[n] for n in sorted(self.templates)]
