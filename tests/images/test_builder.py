@@ -101,8 +101,7 @@ async def test_the_time_limit_stops_a_step_and_everything_it_started(builder: Bu
     with pytest.raises(BuildFailed) as caught:
         await builder.build_layers(recipe, limits=BuildLimits(timeout_s=2))
     assert caught.value.reason == "timeout" and caught.value.line == 2
-    await asyncio.sleep(0.3)
-    assert not _alive(marker)
+    assert await _gone(marker)
 
 
 async def test_a_cancelled_build_leaves_nothing_running(builder: Builder) -> None:
@@ -117,8 +116,17 @@ async def test_a_cancelled_build_leaves_nothing_running(builder: Builder) -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.3)
-    assert not _alive(marker)
+    assert await _gone(marker)
+
+
+async def _gone(marker: str) -> bool:
+    """Whether the step's processes are gone within a bound (a SIGKILLed tree is reaped a moment
+    after the kill, later on a loaded machine)."""
+    for _ in range(100):
+        if not _alive(marker):
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 async def test_a_step_past_the_disk_limit_fails_with_enospc(builder: Builder) -> None:
