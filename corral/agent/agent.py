@@ -414,9 +414,14 @@ class Agent:
 
     async def _start_attached(self, spec: SandboxSpec, egress: EgressPolicy) -> SandboxHandle:
         """The runtime's start, in a network slot of its own when ``egress`` needs an interface."""
+        if egress.allow_hosts and (self.netslots is None or self.netslots.resolver is None):
+            raise AgentInvalid(ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED, _NO_RESOLVER.format(self.id))
         if egress.attached and self.netslots is not None:
             slot = await self.netslots.take(spec.id, egress)
-            spec = dataclasses.replace(spec, netns=netns_path(slot))
+            served = self.netslots.resolver is not None
+            spec = dataclasses.replace(
+                spec, netns=netns_path(slot), nameserver=str(slot.host_ip) if served else None
+            )
         elif egress.attached and self.runtime.name != "sim":  # the simulator runs nothing to attach
             raise SlotsUnavailable(f"host {self.id} has no network slots (egress {egress.mode!r})")
         try:
@@ -439,6 +444,8 @@ class Agent:
         self._check_epoch(sandbox_id, epoch)
         self._require(sandbox_id)
         egress = _parse_egress(body)
+        if egress.allow_hosts and (self.netslots is None or self.netslots.resolver is None):
+            raise AgentInvalid(ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED, _NO_RESOLVER.format(self.id))
         if self.netslots is not None and self.netslots.slot_of(sandbox_id) is not None:
             await self.netslots.apply(sandbox_id, egress)
         elif egress.attached and self.runtime.name != "sim":
@@ -941,6 +948,9 @@ class Agent:
 
     def _roomier(self) -> bool:
         return self.early.roomier(self.capacity().memory_mb_admittable, self.clock.now())
+
+
+_NO_RESOLVER = "host {} has no resolver for its sandboxes (no DNS upstream): hostnames cannot be enforced"
 
 
 def _parse_egress(body: EgressPolicyBody | None) -> EgressPolicy:

@@ -5,7 +5,10 @@ Nothing a test sends through it leaves the machine.
 
 Each server answers ``GET /`` with the address it was reached at, and ``GET /stream`` with one line
 every 50 ms for as long as the client reads (for changes of policy under an open connection).
-Needs root, ``ip`` and ``python3``.
+
+A DNS server at :data:`DNS` (UDP port 53) answers ``allowed.lab`` with :data:`ALLOWED`,
+``denied.lab`` with :data:`DENIED`, every other name NXDOMAIN, and ``count.lab`` (TXT) with how many
+queries it has had. Needs root, ``ip`` and ``python3`` with dnslib (the test run's own).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from dataclasses import dataclass
 ALLOWED = ipaddress.IPv4Address("198.51.100.10")
 DENIED = ipaddress.IPv4Address("198.51.100.11")
 PRIVATE = ipaddress.IPv4Address("10.98.0.10")
+DNS = ipaddress.IPv4Address("198.51.100.53")
+NAMES = {"allowed.lab": ALLOWED, "denied.lab": DENIED}
 PORT = 8080
 _LINK_HOST = "203.0.113.1/30"
 _LINK_LAB = "203.0.113.2/30"
@@ -64,6 +69,35 @@ server.serve_forever()
 """
 
 
+_DNS_SERVER = r"""
+import socket, sys
+from dnslib import A, QTYPE, RCODE, RR, TXT, DNSRecord
+
+names = dict(arg.split("=") for arg in sys.argv[2:])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 53))
+print("ready", flush=True)
+count = 0
+while True:
+    data, peer = s.recvfrom(4096)
+    try:
+        query = DNSRecord.parse(data)
+    except Exception:
+        continue
+    name = str(query.q.qname).rstrip(".")
+    reply = query.reply()
+    if name == "count.lab":
+        reply.add_answer(RR(query.q.qname, QTYPE.TXT, rdata=TXT(str(count)), ttl=0))
+    else:
+        count += 1
+        if name in names and query.q.qtype == QTYPE.A:
+            reply.add_answer(RR(query.q.qname, QTYPE.A, rdata=A(names[name]), ttl=5))
+        elif name not in names:
+            reply.header.rcode = RCODE.NXDOMAIN
+    s.sendto(reply.pack(), peer)
+"""
+
+
 @dataclass(frozen=True)
 class Lab:
     netns: str
@@ -72,6 +106,13 @@ class Lab:
 
     def url(self, address: ipaddress.IPv4Address, path: str = "/") -> str:
         return f"http://{address}:{PORT}{path}"
+
+    def dns_queries(self) -> int:
+        """How many queries the lab's DNS server has had (asked from the host, not counted)."""
+        from dnslib import DNSRecord
+
+        answer = DNSRecord.question("count.lab", "TXT").send(str(DNS), 53, timeout=5)
+        return int(str(DNSRecord.parse(answer).rr[0].rdata).strip('"'))
 
 
 def _ip(*args: str, stdin: str | None = None) -> None:
@@ -83,8 +124,9 @@ def internet() -> Iterator[Lab]:
     """The lab, torn down (namespace, link, routes, server) when the block ends."""
     tag = uuid.uuid4().hex[:8]
     name, host_if = f"corral-lab-{tag}", f"crl{tag}"
-    addresses = (ALLOWED, DENIED, PRIVATE)
+    addresses = (ALLOWED, DENIED, PRIVATE, DNS)
     server: subprocess.Popen[str] | None = None
+    dns: subprocess.Popen[str] | None = None
     try:
         _ip("netns", "add", name)
         _ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", name)
@@ -108,10 +150,21 @@ def internet() -> Iterator[Lab]:
         assert server.stdout is not None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("the lab's HTTP server did not start")
+        names = [f"{n}={a}" for n, a in NAMES.items()]
+        dns = subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-c", _DNS_SERVER, str(DNS), *names],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
+        assert dns.stdout is not None
+        if dns.stdout.readline().strip() != "ready":
+            raise RuntimeError("the lab's DNS server did not start")
         yield Lab(name, host_if, addresses)
     finally:
-        if server is not None:
-            server.kill()
-            server.wait()
+        for process in (server, dns):
+            if process is not None:
+                process.kill()
+                process.wait()
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)

@@ -41,7 +41,8 @@ async def test_a_policy_is_kept_answered_sent_and_replaced(cluster: Cluster) -> 
 @pytest.mark.parametrize(
     ("network", "code"),
     [
-        ({"allow_out": ["pypi.org"]}, ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED),
+        ({"deny_out": ["pypi.org"]}, ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED),
+        ({"allow_out": ["pypi org"]}, ErrorCode.INVALID_REQUEST),
         ({"deny_out": ["::/0"]}, ErrorCode.INVALID_REQUEST),
         ({"mode": "none", "allow_out": ["1.2.3.4"]}, ErrorCode.INVALID_REQUEST),
         ({"mode": "intranet"}, ErrorCode.INVALID_REQUEST),

@@ -53,7 +53,7 @@ def test_network_options_and_update_through_the_sdk(sdk_env: Corral) -> None:
             offline.update_network({"allow_out": [str(netlab.DENIED)], "deny_out": ["0.0.0.0/0"]})
             assert _reach(offline, lab) == ["closed", str(netlab.DENIED)]
             with pytest.raises(SandboxException):
-                Sandbox.create(network={"allow_out": ["pypi.org"]})
+                Sandbox.create(network={"deny_out": ["pypi.org"]})
         finally:
             listed.kill()
             offline.kill()

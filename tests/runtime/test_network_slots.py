@@ -201,10 +201,11 @@ async def test_a_returned_slot_is_scrubbed_and_a_drained_pool_builds(
 ) -> None:
     await pool.fill()
     assert pool.counts() == {"free": 1, "in_use": 0, "on_demand": 0}
-    first = await _sandbox(runtime, pool, "one", INTERNET)
-    # The pool is drained (its one slot taken, its refill maybe under way): a second create builds.
-    second = await _sandbox(runtime, pool, "two", INTERNET)
-    assert first != second
+    # The pool is drained (its one slot taken, its refill not yet run): the second take builds.
+    taken = [await pool.take(sandbox_id, INTERNET) for sandbox_id in ("one", "two")]
+    assert pool.stats.built_on_demand == 1 and taken[0] != taken[1]
+    for sandbox_id, made in zip(("one", "two"), taken, strict=True):
+        await runtime.start(SandboxSpec(id=sandbox_id, memory_mb=128, netns=netns.netns_path(made)))
     assert await _probe(runtime, "one", netlab.ALLOWED) == f"open {netlab.ALLOWED}"
     slot = pool.slot_of("one")
     assert slot is not None

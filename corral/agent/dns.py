@@ -1,0 +1,233 @@
+"""The resolver of a host's network slots: one UDP socket on each slot's host-side address, port 53,
+which the slot's sandbox has as its only nameserver (its ``/etc/resolv.conf``; the slot's table
+drops DNS to any other address). A query is answered as the slot's policy says
+(:func:`corral.core.netpolicy.dns_verdict`): forwarded to the agent's upstream, or REFUSED (never
+NXDOMAIN: the name may well exist; the policy is what refuses it) without leaving the host. The
+addresses answered for a name of ``allow_out`` enter the slot's ``resolved`` set before the answer
+reaches the sandbox, so its first connection to them passes.
+
+Bounded per slot, so a sandbox that floods it harms only itself: a token bucket (queries past it are
+dropped unread of anything but their source), a bound on its queries in flight upstream (past it,
+dropped), and the socket's own receive buffer as the queue (the kernel drops what overflows it).
+DNS over TCP is not served (a truncated answer cannot be retried over TCP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from dnslib import QTYPE, RCODE, DNSError, DNSRecord
+
+from corral.agent import netns
+from corral.core.netpolicy import DNS_PORT, NO_NETWORK, EgressPolicy, SlotNet, dns_verdict, resolved_elements
+from corral.core.rates import Rate, TokenBucket
+
+log = logging.getLogger("corral.agent.dns")
+
+DEFAULT_RATE = Rate(100.0, 200)  # queries a second per sandbox, and its burst
+DEFAULT_IN_FLIGHT = 32  # queries of one sandbox awaiting the upstream at once
+UPSTREAM_TIMEOUT_S = 3.0
+_MAX_QUERY = 512  # a query without EDNS fits; a larger datagram is no query of ours to forward
+
+
+@dataclass
+class ResolverStats:
+    answered: int = 0
+    refused: int = 0
+    dropped: int = 0  # over the rate or the bound in flight, malformed, or from a foreign source
+    failed: int = 0  # the upstream did not answer, or the set could not be updated (SERVFAIL)
+
+
+@dataclass
+class _Slot:
+    slot: SlotNet
+    transport: asyncio.DatagramTransport
+    policy: EgressPolicy
+    bucket: TokenBucket
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # set updates against policy changes
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    stats: ResolverStats = field(default_factory=ResolverStats)
+
+
+def upstream_of(text: str) -> tuple[str, int]:
+    """``ADDRESS`` or ``ADDRESS:PORT`` (IPv4) as an upstream; ValueError when it is neither."""
+    address, _, port = text.partition(":")
+    ipaddress.IPv4Address(address)
+    number = int(port) if port else DNS_PORT
+    if not 0 < number < 65536:
+        raise ValueError(f"port {number} is out of range")
+    return address, number
+
+
+def host_upstream(path: str = "/etc/resolv.conf") -> tuple[str, int] | None:
+    """The host's own first IPv4 nameserver (the default upstream), or None."""
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] == "nameserver":
+                with contextlib.suppress(ValueError):
+                    return upstream_of(parts[1])
+    return None
+
+
+class SlotResolver:
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        rate: Rate = DEFAULT_RATE,
+        in_flight: int = DEFAULT_IN_FLIGHT,
+        timeout_s: float = UPSTREAM_TIMEOUT_S,
+    ) -> None:
+        self.upstream = upstream
+        self.rate = rate
+        self.in_flight = in_flight
+        self.timeout_s = timeout_s
+        self._slots: dict[int, _Slot] = {}
+
+    def stats(self, slot: SlotNet) -> ResolverStats:
+        return self._slots[slot.index].stats
+
+    async def open(self, slot: SlotNet) -> None:
+        """Listen for ``slot``'s sandbox (refusing every name until a policy is set)."""
+        if slot.index in self._slots:
+            return
+        loop = asyncio.get_running_loop()
+        holder: list[_Slot] = []
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: _Listener(self, holder), local_addr=(str(slot.host_ip), DNS_PORT)
+        )
+        entry = _Slot(slot, transport, NO_NETWORK, TokenBucket(self.rate, time.monotonic()))
+        holder.append(entry)
+        self._slots[slot.index] = entry
+
+    @contextlib.asynccontextmanager
+    async def changing(self, slot: SlotNet, policy: EgressPolicy) -> AsyncIterator[None]:
+        """Around a change of ``slot``'s policy in its table: answers from then on follow ``policy``,
+        and no address resolved under the old one is added once the new one is in force."""
+        await self.open(slot)
+        entry = self._slots[slot.index]
+        async with entry.lock:
+            entry.policy = policy
+            yield
+
+    def release(self, slot: SlotNet) -> None:
+        """``slot``'s sandbox is gone: what it asked and was owed goes with it."""
+        entry = self._slots.get(slot.index)
+        if entry is None:
+            return
+        for task in entry.tasks:
+            task.cancel()
+        entry.policy = NO_NETWORK
+        entry.bucket = TokenBucket(self.rate, time.monotonic())
+        entry.stats = ResolverStats()
+
+    def close(self, slot: SlotNet) -> None:
+        self.release(slot)
+        entry = self._slots.pop(slot.index, None)
+        if entry is not None:
+            entry.transport.close()
+
+    # -- one query -----------------------------------------------------------------------------------
+
+    def received(self, entry: _Slot, data: bytes, source: tuple[str, int]) -> None:
+        if source[0] != str(entry.slot.sandbox_ip) or len(data) > _MAX_QUERY:
+            entry.stats.dropped += 1
+            return
+        if entry.bucket.take(time.monotonic()) is not None or len(entry.tasks) >= self.in_flight:
+            entry.stats.dropped += 1
+            return
+        try:
+            query = DNSRecord.parse(data)
+        except (DNSError, ValueError, IndexError):
+            entry.stats.dropped += 1
+            return
+        if len(query.questions) != 1 or query.header.qr:
+            entry.stats.dropped += 1
+            return
+        verdict = dns_verdict(entry.policy, str(query.q.qname))
+        if verdict == "refuse":
+            entry.stats.refused += 1
+            entry.transport.sendto(_reply(query, RCODE.REFUSED), source)
+            return
+        task = asyncio.get_running_loop().create_task(self._forward(entry, query, data, source))
+        entry.tasks.add(task)
+        task.add_done_callback(entry.tasks.discard)
+
+    async def _forward(self, entry: _Slot, query: DNSRecord, data: bytes, source: tuple[str, int]) -> None:
+        policy = entry.policy
+        try:
+            answer = await asyncio.wait_for(_ask(self.upstream, data), self.timeout_s)
+            parsed = DNSRecord.parse(answer)
+            if parsed.header.id != query.header.id or parsed.q != query.q:
+                raise DNSError("the upstream answered another question")
+            if dns_verdict(policy, str(query.q.qname)) == "allow":
+                answer = await self._allow(entry, query, parsed, answer)
+        except (TimeoutError, OSError, DNSError, ValueError, IndexError, netns.SlotCommandFailed) as exc:
+            log.debug("slot %s: %s not resolved: %s", entry.slot.netns, query.q.qname, exc)
+            entry.stats.failed += 1
+            answer = _reply(query, RCODE.SERVFAIL)
+        else:
+            entry.stats.answered += 1
+        entry.transport.sendto(answer, source)
+
+    async def _allow(self, entry: _Slot, query: DNSRecord, parsed: DNSRecord, answer: bytes) -> bytes:
+        """Make the addresses answered reachable, then give the answer; REFUSED when the policy
+        changed meanwhile and no longer allows the name."""
+        addresses = [ipaddress.IPv4Address(str(rr.rdata)) for rr in parsed.rr if rr.rtype == QTYPE.A]
+        async with entry.lock:
+            if dns_verdict(entry.policy, str(query.q.qname)) != "allow":
+                return _reply(query, RCODE.REFUSED)
+            if addresses:
+                ttl = min(rr.ttl for rr in parsed.rr if rr.rtype == QTYPE.A)
+                await asyncio.to_thread(netns.load, resolved_elements(entry.slot, addresses, ttl))
+        return answer
+
+
+class _Listener(asyncio.DatagramProtocol):
+    def __init__(self, resolver: SlotResolver, holder: list[_Slot]) -> None:
+        self.resolver = resolver
+        self.holder = holder
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.holder:
+            self.resolver.received(self.holder[0], data, addr)
+
+
+def _reply(query: DNSRecord, rcode: int) -> bytes:
+    reply = query.reply()
+    reply.header.rcode = rcode
+    packed: bytes = reply.pack()
+    return packed
+
+
+class _Answer(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if not self.future.done():
+            self.future.set_result(data)
+
+    def error_received(self, exc: Exception) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
+async def _ask(upstream: tuple[str, int], data: bytes) -> bytes:
+    """One query to the upstream from a socket of its own (a random source port, answers from
+    the upstream only: a connected socket takes nothing from anyone else)."""
+    transport, protocol = await asyncio.get_running_loop().create_datagram_endpoint(
+        _Answer, remote_addr=upstream
+    )
+    try:
+        transport.sendto(data)
+        return await protocol.future
+    finally:
+        transport.close()
