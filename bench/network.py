@@ -1,10 +1,16 @@
 """Sandbox networks, measured side by side in one run (root, iproute2 and nftables; JSON lines):
 
 * ``slot``: a slot taken from the agent's pool (built ahead) beside one built on demand (the pool
-  drained), p50/p99 of ``SlotPool.take``;
+  drained), p50/p99 of ``SlotPool.take`` (bar: pooled p50 <= 1 ms); and beside them the same
+  policy transaction a take makes, through the ``nft -f`` command (how takes loaded it before
+  libnftables: the command's start was the 18 ms a pooled take cost);
 * ``port``: ``corral serve`` with one process host; a server in a sandbox (corral.testing.portserver);
   the same ``GET /hello`` over one kept-alive connection direct to the sandbox's slot address and
-  through the replica by Host, interleaved, p50/p99 and the proxied overhead (bar: p50 <= 1 ms);
+  through the replica by Host, interleaved, p50/p99 and the proxied overhead (bar: p50 <= 1 ms).
+  Both clients and the server send without Nagle's delay (TCP_NODELAY), as the replica's own
+  sockets do (asyncio's): a server that writes its headers and its body apart otherwise waits for
+  the headers' ACK, which the reader's delayed ACK holds up to 40 ms, and one path or the other
+  measured that stall rather than the proxy;
 * ``policy``: ``PUT /v1/sandboxes/{id}/network`` on the running sandbox, end to end (the replica,
   the agent's nft transaction, the record), p50/p99 (bar: <= 50 ms).
 
@@ -18,6 +24,7 @@ import asyncio
 import ipaddress
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -33,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api import free_port, wait_ready
 
 from corral.agent.netslots import SlotPool
-from corral.core.netpolicy import INTERNET
+from corral.core.netpolicy import INTERNET, render_policy
 from corral.testing.portserver import start_argv
 
 TOKEN = "bench-network-token-0123456789"
@@ -53,7 +60,7 @@ def summary(samples_s: list[float]) -> dict[str, float]:
 
 async def slots(n: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
-        pooled, built = [], []
+        pooled, built, command = [], [], []
         # Leases of its own, so a range of its own: a pool removes the slots of its range that no
         # lease of its directory accounts for, and the default range is the machine's agents'.
         leases, own = Path(tmp) / "leases", ipaddress.IPv4Network("10.233.0.0/24")
@@ -63,8 +70,11 @@ async def slots(n: int) -> list[dict[str, Any]]:
             for i in range(n):
                 await pool.fill()  # ready ahead, as the pool's background filler keeps it
                 t = time.perf_counter()
-                await pool.take(f"p{i}", INTERNET)
+                slot = await pool.take(f"p{i}", INTERNET)
                 pooled.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                subprocess.run(["nft", "-f", "-"], input=render_policy(slot, INTERNET), text=True, check=True)
+                command.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 await drained.take(f"d{i}", INTERNET)
                 built.append(time.perf_counter() - t)
@@ -78,7 +88,12 @@ async def slots(n: int) -> list[dict[str, Any]]:
     return [
         {"bench": "network.slot", "kind": "pooled", **summary(pooled)},
         {"bench": "network.slot", "kind": "on_demand", **summary(built)},
+        {"bench": "network.slot", "kind": "policy_by_nft_command", **summary(command)},
     ]
+
+
+def _nodelay() -> httpx.HTTPTransport:
+    return httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
 
 
 def ports(requests: int, updates: int) -> list[dict[str, Any]]:
@@ -126,8 +141,8 @@ def ports(requests: int, updates: int) -> list[dict[str, Any]]:
             direct: list[float] = []
             proxied: list[float] = []
             with (
-                httpx.Client(base_url=f"http://{address}:{PORT}") as d,
-                httpx.Client(base_url=url, headers={"Host": host}) as p,
+                httpx.Client(base_url=f"http://{address}:{PORT}", transport=_nodelay()) as d,
+                httpx.Client(base_url=url, headers={"Host": host}, transport=_nodelay()) as p,
             ):
                 for client in (d, p):  # warm both connections
                     client.get("/hello").raise_for_status()
