@@ -11,6 +11,10 @@ A pool starts empty and warms at its host's first networked sandbox: a host whos
 for an interface (the default policy asks for none) keeps no slot. Each slot is a namespace, a veth
 pair, a table and a mount on the host, and every sandbox start reads the mount table: 24 slots built
 ahead at a 12-host ``corral serve``'s start doubled the p99 of its first burst of 50 creates.
+
+Everything of a slot is made when it is built (namespace, link, table with its fixed sets, the
+resolver's socket, :mod:`corral.agent.dns`); a take only puts its sandbox's policy in force (a
+transaction of a few set and chain operations, :func:`corral.core.netpolicy.render_policy`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import threading
@@ -30,7 +35,9 @@ from corral.agent.dns import SlotResolver, host_upstream
 from corral.core.netpolicy import (
     DEFAULT_SLOT_RANGE,
     EgressPolicy,
+    PolicyError,
     SlotNet,
+    parse_policy,
     render_policy,
     slot_count,
     slot_net,
@@ -82,6 +89,9 @@ class SlotPool:
         # The slots' resolver (None: no names answered, and policies naming hosts are refused).
         self.resolver = resolver
         (state_dir / _OWNER).mkdir(parents=True, exist_ok=True)
+        # The policy each slot in use enforces, for the resolver of an agent restarted under it.
+        self._policies = state_dir / "policies"
+        self._policies.mkdir(exist_ok=True)
         self._leases = UidAllocator(lease_dir, range(slot_count(slot_range)), state_dir)
         self.ready: list[SlotNet] = []
         self.in_use: dict[str, SlotNet] = {}
@@ -94,6 +104,7 @@ class SlotPool:
         self._leasing = threading.Lock()
         self._reclaimed = False
         self._wanted = False  # a slot has been asked for: from then on, keep ``size`` ready
+        self._adopting: set[asyncio.Task[None]] = set()
 
     # -- taking and returning --------------------------------------------------------------------
 
@@ -127,6 +138,7 @@ class SlotPool:
             return
         async with self.resolver.changing(slot, policy):
             await _load(render_policy(slot, policy), policy)
+            (self._policies / str(slot.index)).write_text(json.dumps(policy.to_dict()))
 
     def slot_of(self, sandbox_id: str) -> SlotNet | None:
         return self.in_use.get(sandbox_id)
@@ -139,6 +151,7 @@ class SlotPool:
             return
         if self.resolver is not None:
             self.resolver.release(slot)
+            (self._policies / str(slot.index)).unlink(missing_ok=True)
         if len(self.ready) < self.size:
             try:
                 await asyncio.to_thread(netns.scrub, slot)
@@ -164,7 +177,26 @@ class SlotPool:
         with self._leasing:
             self._leased.add(slot.index)
         self.in_use[sandbox_id] = slot
+        if self.resolver is not None:
+            self._serve_adopted(slot)
         return True
+
+    def _serve_adopted(self, slot: SlotNet) -> None:
+        """The resolver answers an adopted slot's sandbox as before the restart (its table kept it)."""
+        try:
+            policy = parse_policy(json.loads((self._policies / str(slot.index)).read_text()))
+        except (OSError, ValueError, PolicyError) as exc:
+            log.warning("slot %s: no names answered until its policy is set again: %s", slot.netns, exc)
+            return
+        assert self.resolver is not None
+        task = asyncio.get_running_loop().create_task(self._answer(slot, policy))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
+
+    async def _answer(self, slot: SlotNet, policy: EgressPolicy) -> None:
+        assert self.resolver is not None
+        async with self.resolver.changing(slot, policy):
+            pass
 
     # -- building ahead ----------------------------------------------------------------------------
 

@@ -206,3 +206,43 @@ async def test_a_query_flood_is_held_to_its_own_sandbox(
     assert pool.resolver.stats(flooded).dropped > 0
     forwarded = upstream - pool.resolver.stats(calm).answered
     assert forwarded <= _RATE.burst + _RATE.rate_per_s * elapsed, (forwarded, sent, elapsed)
+
+
+async def test_an_agent_names_the_resolver_and_a_restarted_one_answers_as_before(
+    runtime: ProcessRuntime, pool: SlotPool, lab: netlab.Lab, tmp_path: Path
+) -> None:
+    from corral.agent.agent import Agent
+    from corral.agent.config import AgentConfig
+    from corral.agent.protocol import EgressPolicyBody, StartSandbox
+
+    agent = Agent(AgentConfig("dns-host", 4096, 4.0), runtime, netslots=pool)
+    egress = EgressPolicyBody(mode="internet", allow_out=["allowed.lab"], deny_out=["0.0.0.0/0"])
+    await agent.start(StartSandbox(id="named", memory_mb=128, egress=egress))
+    conf = await runtime.exec("named", ["cat", "/etc/resolv.conf"])
+    slot = pool.slot_of("named")
+    assert slot is not None and f"nameserver {slot.host_ip}" in conf.stdout
+    assert await _dns(runtime, "named", "resolve", "allowed.lab") == str(netlab.ALLOWED)
+    # The agent is killed (its resolver's socket goes with its process; the sandbox runs on), and
+    # a new one adopts the sandbox: names resolve as its policy said, and no others.
+    assert pool.resolver is not None
+    pool.resolver.close(slot)
+    del pool.in_use["named"]
+    again = SlotPool(
+        tmp_path / "netslots",
+        size=0,
+        lease_dir=tmp_path / "leases",
+        slot_range=_RANGE,
+        resolver=SlotResolver((str(netlab.DNS), 53), rate=_RATE),
+    )
+    try:
+        restarted = Agent(AgentConfig("dns-host", 4096, 4.0), runtime, netslots=again)
+        assert await restarted.adopt() == 1
+        await asyncio.gather(*again._adopting)
+        assert await _dns(runtime, "named", "resolve", "allowed.lab") == str(netlab.ALLOWED)
+        assert await _dns(runtime, "named", "ask", str(slot.host_ip), "denied.lab") == "rcode 5"
+        await restarted.stop("named")
+        assert not again.in_use
+    finally:
+        for sandbox_id in list(again.in_use):
+            await again.give_back(sandbox_id)
+        await again.close()
