@@ -119,14 +119,27 @@ def _ip(*args: str, stdin: str | None = None) -> None:
     subprocess.run(["ip", *args], input=stdin, text=True, check=True, capture_output=True)
 
 
+def _serve(servers: list[subprocess.Popen[str]], netns: str, what: str, code: str, *args: str) -> None:
+    """Start ``code`` in the lab's namespace (noted in ``servers``), once it says it is ready."""
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    servers.append(server)
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"the lab's {what} server did not start")
+
+
 @contextmanager
 def internet() -> Iterator[Lab]:
     """The lab, torn down (namespace, link, routes, server) when the block ends."""
     tag = uuid.uuid4().hex[:8]
     name, host_if = f"corral-lab-{tag}", f"crl{tag}"
     addresses = (ALLOWED, DENIED, PRIVATE, DNS)
-    server: subprocess.Popen[str] | None = None
-    dns: subprocess.Popen[str] | None = None
+    servers: list[subprocess.Popen[str]] = []
     try:
         _ip("netns", "add", name)
         _ip("link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", name)
@@ -141,30 +154,12 @@ def internet() -> Iterator[Lab]:
         # Replies from the lab are forwarded back to the sandboxes' slots: this link only.
         with open(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding", "w") as f:
             f.write("1")
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-c", _SERVER, str(PORT)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-        )
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != "ready":
-            raise RuntimeError("the lab's HTTP server did not start")
-        names = [f"{n}={a}" for n, a in NAMES.items()]
-        dns = subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, "-c", _DNS_SERVER, str(DNS), *names],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-        )
-        assert dns.stdout is not None
-        if dns.stdout.readline().strip() != "ready":
-            raise RuntimeError("the lab's DNS server did not start")
+        _serve(servers, name, "HTTP", _SERVER, str(PORT))
+        _serve(servers, name, "DNS", _DNS_SERVER, str(DNS), *(f"{n}={a}" for n, a in NAMES.items()))
         yield Lab(name, host_if, addresses)
     finally:
-        for process in (server, dns):
-            if process is not None:
-                process.kill()
-                process.wait()
+        for process in servers:
+            process.kill()
+            process.wait()
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)

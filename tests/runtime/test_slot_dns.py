@@ -11,7 +11,7 @@ import ipaddress
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +21,11 @@ from corral.agent.dns import SlotResolver
 from corral.agent.netslots import SlotPool
 from corral.core.netpolicy import INTERNET, EgressPolicy, parse_policy
 from corral.core.rates import Rate
-from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime
 from corral.testing import netlab
+from tests.runtime.slots import emptied, lab, runtime, started
+
+__all__ = ["lab", "runtime"]
 
 pytestmark = [
     pytest.mark.process,
@@ -78,38 +80,24 @@ print({"ask": ask, "resolve": resolve, "flood": flood}[verb](*args))
 """
 
 
-@pytest.fixture
-def lab() -> Iterator[netlab.Lab]:
-    with netlab.internet() as made:
-        yield made
+def _pool(tmp_path: Path, **resolver: object) -> SlotPool:
+    return SlotPool(
+        tmp_path / "netslots",
+        size=0,
+        lease_dir=tmp_path / "leases",
+        slot_range=_RANGE,
+        resolver=SlotResolver((str(netlab.DNS), 53), rate=_RATE, **resolver),  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture
 async def pool(tmp_path: Path) -> AsyncIterator[SlotPool]:
-    resolver = SlotResolver((str(netlab.DNS), 53), rate=_RATE, in_flight=4)
-    made = SlotPool(
-        tmp_path / "netslots", size=0, lease_dir=tmp_path / "leases", slot_range=_RANGE, resolver=resolver
-    )
-    yield made
-    for sandbox_id in list(made.in_use):
-        await made.give_back(sandbox_id)
-    await made.close()
-
-
-@pytest.fixture
-def runtime(pool: SlotPool, make_process_runtime) -> ProcessRuntime:
-    """Set up after the pool, so its sandboxes are stopped before the pool takes its slots back."""
-    made: ProcessRuntime = make_process_runtime()
-    return made
+    async for ready in emptied(_pool(tmp_path, in_flight=4)):
+        yield ready
 
 
 async def _sandbox(runtime: ProcessRuntime, pool: SlotPool, sandbox_id: str, policy: EgressPolicy) -> str:
-    slot = await pool.take(sandbox_id, policy)
-    spec = SandboxSpec(
-        id=sandbox_id, memory_mb=128, netns=netns.netns_path(slot), nameserver=str(slot.host_ip)
-    )
-    await runtime.start(spec)
-    return str(slot.host_ip)
+    return str((await started(runtime, pool, sandbox_id, policy)).host_ip)
 
 
 async def _dns(runtime: ProcessRuntime, sandbox_id: str, *args: object) -> str:
@@ -227,13 +215,7 @@ async def test_an_agent_names_the_resolver_and_a_restarted_one_answers_as_before
     assert pool.resolver is not None
     pool.resolver.close(slot)
     del pool.in_use["named"]
-    again = SlotPool(
-        tmp_path / "netslots",
-        size=0,
-        lease_dir=tmp_path / "leases",
-        slot_range=_RANGE,
-        resolver=SlotResolver((str(netlab.DNS), 53), rate=_RATE),
-    )
+    again = _pool(tmp_path)
     try:
         restarted = Agent(AgentConfig("dns-host", 4096, 4.0), runtime, netslots=again)
         assert await restarted.adopt() == 1

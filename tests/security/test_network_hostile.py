@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,12 +19,12 @@ import pytest
 from corral.agent import netns
 from corral.agent.netslots import SlotPool
 from corral.core.netpolicy import INTERNET
-from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime
 from corral.testing import netlab
-from tests.runtime.conftest import RuntimeFactory, cgroup_root, make_process_runtime
+from tests.runtime.conftest import cgroup_root, make_process_runtime
+from tests.runtime.slots import emptied, lab, runtime, started
 
-__all__ = ["cgroup_root", "make_process_runtime"]
+__all__ = ["cgroup_root", "lab", "make_process_runtime", "runtime"]
 
 pytestmark = [
     pytest.mark.process,
@@ -86,29 +86,14 @@ while True:
 
 
 @pytest.fixture
-def lab() -> Iterator[netlab.Lab]:
-    with netlab.internet() as made:
-        yield made
-
-
-@pytest.fixture
 async def pool(tmp_path: Path) -> AsyncIterator[SlotPool]:
     made = SlotPool(tmp_path / "netslots", size=0, lease_dir=tmp_path / "leases", slot_range=_RANGE)
-    yield made
-    for sandbox_id in list(made.in_use):
-        await made.give_back(sandbox_id)
-    await made.close()
-
-
-@pytest.fixture
-def runtime(pool: SlotPool, make_process_runtime: RuntimeFactory) -> ProcessRuntime:
-    """Set up after the pool, so its sandboxes are stopped before the pool takes its slots back."""
-    return make_process_runtime()
+    async for ready in emptied(made):
+        yield ready
 
 
 async def _start(runtime: ProcessRuntime, pool: SlotPool, sandbox_id: str) -> None:
-    slot = await pool.take(sandbox_id, INTERNET)
-    await runtime.start(SandboxSpec(id=sandbox_id, memory_mb=128, netns=netns.netns_path(slot)))
+    await started(runtime, pool, sandbox_id, INTERNET)
 
 
 async def test_no_datagram_with_a_source_not_its_own_leaves_a_sandbox(
