@@ -90,9 +90,14 @@ class SlotResolver:
         self.in_flight = in_flight
         self.timeout_s = timeout_s
         self._slots: dict[int, _Slot] = {}
+        self.totals = ResolverStats()  # every slot's, since the agent started (its metrics)
 
     def stats(self, slot: SlotNet) -> ResolverStats:
         return self._slots[slot.index].stats
+
+    def _count(self, entry: _Slot, outcome: str) -> None:
+        for stats in (entry.stats, self.totals):
+            setattr(stats, outcome, getattr(stats, outcome) + 1)
 
     async def open(self, slot: SlotNet) -> None:
         """Listen for ``slot``'s sandbox (refusing every name until a policy is set)."""
@@ -138,22 +143,22 @@ class SlotResolver:
 
     def received(self, entry: _Slot, data: bytes, source: tuple[str, int]) -> None:
         if source[0] != str(entry.slot.sandbox_ip) or len(data) > _MAX_QUERY:
-            entry.stats.dropped += 1
+            self._count(entry, "dropped")
             return
         if entry.bucket.take(time.monotonic()) is not None or len(entry.tasks) >= self.in_flight:
-            entry.stats.dropped += 1
+            self._count(entry, "dropped")
             return
         try:
             query = DNSRecord.parse(data)
         except (DNSError, ValueError, IndexError):
-            entry.stats.dropped += 1
+            self._count(entry, "dropped")
             return
         if len(query.questions) != 1 or query.header.qr:
-            entry.stats.dropped += 1
+            self._count(entry, "dropped")
             return
         verdict = dns_verdict(entry.policy, str(query.q.qname))
         if verdict == "refuse":
-            entry.stats.refused += 1
+            self._count(entry, "refused")
             entry.transport.sendto(_reply(query, RCODE.REFUSED), source)
             return
         task = asyncio.get_running_loop().create_task(self._forward(entry, query, data, source))
@@ -171,10 +176,10 @@ class SlotResolver:
                 answer = await self._allow(entry, query, parsed, answer)
         except (TimeoutError, OSError, DNSError, ValueError, IndexError, netns.SlotCommandFailed) as exc:
             log.debug("slot %s: %s not resolved: %s", entry.slot.netns, query.q.qname, exc)
-            entry.stats.failed += 1
+            self._count(entry, "failed")
             answer = _reply(query, RCODE.SERVFAIL)
         else:
-            entry.stats.answered += 1
+            self._count(entry, "answered")
         entry.transport.sendto(answer, source)
 
     async def _allow(self, entry: _Slot, query: DNSRecord, parsed: DNSRecord, answer: bytes) -> bytes:

@@ -199,8 +199,11 @@ async def test_a_query_flood_is_held_to_its_own_sandbox(
 async def test_an_agent_names_the_resolver_and_a_restarted_one_answers_as_before(
     runtime: ProcessRuntime, pool: SlotPool, lab: netlab.Lab, tmp_path: Path
 ) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
     from corral.agent.agent import Agent
     from corral.agent.config import AgentConfig
+    from corral.agent.metrics import AgentCollector
     from corral.agent.protocol import EgressPolicyBody, StartSandbox
 
     agent = Agent(AgentConfig("dns-host", 4096, 4.0), runtime, netslots=pool)
@@ -222,6 +225,11 @@ async def test_an_agent_names_the_resolver_and_a_restarted_one_answers_as_before
         await asyncio.gather(*again._adopting)
         assert await _dns(runtime, "named", "resolve", "allowed.lab") == str(netlab.ALLOWED)
         assert await _dns(runtime, "named", "ask", str(slot.host_ip), "denied.lab") == "rcode 5"
+        registry = CollectorRegistry()
+        registry.register(AgentCollector([restarted]))
+        text = generate_latest(registry).decode()
+        for outcome, n in (("answered", 1), ("refused", 1), ("dropped", 0)):
+            assert f'corral_agent_dns_queries_total{{agent="dns-host",outcome="{outcome}"}} {n}.0' in text
         await restarted.stop("named")
         assert not again.in_use
     finally:
