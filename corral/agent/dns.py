@@ -9,7 +9,8 @@ reaches the sandbox, so its first connection to them passes.
 Bounded per slot, so a sandbox that floods it harms only itself: a token bucket (queries past it are
 dropped unread of anything but their source), a bound on its queries in flight upstream (past it,
 dropped), and the socket's own receive buffer as the queue (the kernel drops what overflows it).
-DNS over TCP is not served (a truncated answer cannot be retried over TCP).
+A TCP connection (a client retrying a truncated answer) is served the same way, its queries one
+after another, asked upstream over TCP; at most four per sandbox, closed when idle.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from dnslib import QTYPE, RCODE, DNSError, DNSRecord
@@ -32,8 +33,13 @@ log = logging.getLogger("corral.agent.dns")
 
 DEFAULT_RATE = Rate(100.0, 200)  # queries a second per sandbox, and its burst
 DEFAULT_IN_FLIGHT = 32  # queries of one sandbox awaiting the upstream at once
+MAX_STREAMS = 4  # TCP connections of one sandbox at once
+STREAM_IDLE_S = 10.0
 UPSTREAM_TIMEOUT_S = 3.0
 _MAX_QUERY = 512  # a query without EDNS fits; a larger datagram is no query of ours to forward
+
+
+_Ask = Callable[[tuple[str, int], bytes], Awaitable[bytes]]
 
 
 @dataclass
@@ -51,7 +57,10 @@ class _Slot:
     policy: EgressPolicy
     bucket: TokenBucket
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # set updates against policy changes
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # its datagrams' answers
+    streams: set[asyncio.StreamWriter] = field(default_factory=set)  # its TCP connections
+    server: asyncio.Server | None = None
+    pending: int = 0  # its queries awaiting the upstream
     stats: ResolverStats = field(default_factory=ResolverStats)
 
 
@@ -110,6 +119,13 @@ class SlotResolver:
         )
         entry = _Slot(slot, transport, NO_NETWORK, TokenBucket(self.rate, time.monotonic()))
         holder.append(entry)
+        try:
+            entry.server = await asyncio.start_server(
+                lambda r, w: self._stream(entry, r, w), str(slot.host_ip), DNS_PORT
+            )
+        except BaseException:
+            transport.close()
+            raise
         self._slots[slot.index] = entry
 
     @contextlib.asynccontextmanager
@@ -129,6 +145,8 @@ class SlotResolver:
             return
         for task in entry.tasks:
             task.cancel()
+        for writer in entry.streams:
+            writer.close()
         entry.policy = NO_NETWORK
         entry.bucket = TokenBucket(self.rate, time.monotonic())
         entry.stats = ResolverStats()
@@ -138,37 +156,71 @@ class SlotResolver:
         entry = self._slots.pop(slot.index, None)
         if entry is not None:
             entry.transport.close()
+            if entry.server is not None:
+                entry.server.close()
 
     # -- one query -----------------------------------------------------------------------------------
 
     def received(self, entry: _Slot, data: bytes, source: tuple[str, int]) -> None:
-        if source[0] != str(entry.slot.sandbox_ip) or len(data) > _MAX_QUERY:
+        """A datagram on ``entry``'s socket: answered from a task of its own, or dropped."""
+        if source[0] != str(entry.slot.sandbox_ip):
             self._count(entry, "dropped")
             return
-        if entry.bucket.take(time.monotonic()) is not None or len(entry.tasks) >= self.in_flight:
-            self._count(entry, "dropped")
-            return
-        try:
-            query = DNSRecord.parse(data)
-        except (DNSError, ValueError, IndexError):
-            self._count(entry, "dropped")
-            return
-        if len(query.questions) != 1 or query.header.qr:
-            self._count(entry, "dropped")
-            return
-        verdict = dns_verdict(entry.policy, str(query.q.qname))
-        if verdict == "refuse":
-            self._count(entry, "refused")
-            entry.transport.sendto(_reply(query, RCODE.REFUSED), source)
-            return
-        task = asyncio.get_running_loop().create_task(self._forward(entry, query, data, source))
-        entry.tasks.add(task)
-        task.add_done_callback(entry.tasks.discard)
+        query = self._admit(entry, data)
+        if query is not None:
+            task = asyncio.get_running_loop().create_task(self._datagram(entry, query, data, source))
+            entry.tasks.add(task)
+            task.add_done_callback(entry.tasks.discard)
 
-    async def _forward(self, entry: _Slot, query: DNSRecord, data: bytes, source: tuple[str, int]) -> None:
-        policy = entry.policy
+    async def _datagram(self, entry: _Slot, query: DNSRecord, data: bytes, source: tuple[str, int]) -> None:
+        entry.transport.sendto(await self._answer(entry, query, data, _ask), source)
+
+    async def _stream(self, entry: _Slot, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A TCP connection to ``entry``'s resolver (what a client does with a truncated answer): its
+        queries one after another, each bounded as a datagram is, until it goes idle."""
+        peer = writer.get_extra_info("peername")
+        if not peer or peer[0] != str(entry.slot.sandbox_ip) or len(entry.streams) >= MAX_STREAMS:
+            self._count(entry, "dropped")
+            writer.close()
+            return
+        entry.streams.add(writer)
         try:
-            answer = await asyncio.wait_for(_ask(self.upstream, data), self.timeout_s)
+            while True:
+                size = int.from_bytes(await asyncio.wait_for(reader.readexactly(2), STREAM_IDLE_S), "big")
+                data = await asyncio.wait_for(reader.readexactly(size), STREAM_IDLE_S)
+                query = self._admit(entry, data)
+                if query is not None:
+                    answer = await self._answer(entry, query, data, _ask_stream)
+                    writer.write(len(answer).to_bytes(2, "big") + answer)
+                    await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            entry.streams.discard(writer)
+            writer.close()
+
+    def _admit(self, entry: _Slot, data: bytes) -> DNSRecord | None:
+        """The query ``data`` holds, if ``entry``'s bounds admit it; None (dropped) if not."""
+        over = entry.bucket.take(time.monotonic()) is not None or entry.pending >= self.in_flight
+        try:
+            query = None if over or len(data) > _MAX_QUERY else DNSRecord.parse(data)
+        except (DNSError, ValueError, IndexError):
+            query = None
+        if query is None or len(query.questions) != 1 or query.header.qr:
+            self._count(entry, "dropped")
+            return None
+        return query
+
+    async def _answer(self, entry: _Slot, query: DNSRecord, data: bytes, ask: _Ask) -> bytes:
+        """The answer to ``query`` as ``entry``'s policy says: REFUSED, or the upstream's (asked by
+        ``ask``), its addresses made reachable first for an allowed name; SERVFAIL on failure."""
+        policy = entry.policy
+        if dns_verdict(policy, str(query.q.qname)) == "refuse":
+            self._count(entry, "refused")
+            return _reply(query, RCODE.REFUSED)
+        entry.pending += 1
+        try:
+            answer = await asyncio.wait_for(ask(self.upstream, data), self.timeout_s)
             parsed = DNSRecord.parse(answer)
             if parsed.header.id != query.header.id or parsed.q != query.q:
                 raise DNSError("the upstream answered another question")
@@ -177,10 +229,11 @@ class SlotResolver:
         except (TimeoutError, OSError, DNSError, ValueError, IndexError, netns.SlotCommandFailed) as exc:
             log.debug("slot %s: %s not resolved: %s", entry.slot.netns, query.q.qname, exc)
             self._count(entry, "failed")
-            answer = _reply(query, RCODE.SERVFAIL)
-        else:
-            self._count(entry, "answered")
-        entry.transport.sendto(answer, source)
+            return _reply(query, RCODE.SERVFAIL)
+        finally:
+            entry.pending -= 1
+        self._count(entry, "answered")
+        return answer
 
     async def _allow(self, entry: _Slot, query: DNSRecord, parsed: DNSRecord, answer: bytes) -> bytes:
         """Make the addresses answered reachable, then give the answer; REFUSED when the policy
@@ -223,6 +276,18 @@ class _Answer(asyncio.DatagramProtocol):
     def error_received(self, exc: Exception) -> None:
         if not self.future.done():
             self.future.set_exception(exc)
+
+
+async def _ask_stream(upstream: tuple[str, int], data: bytes) -> bytes:
+    """One query to the upstream over TCP (for a query that came over TCP: its answer may be long)."""
+    reader, writer = await asyncio.open_connection(*upstream)
+    try:
+        writer.write(len(data).to_bytes(2, "big") + data)
+        await writer.drain()
+        size = int.from_bytes(await reader.readexactly(2), "big")
+        return await reader.readexactly(size)
+    finally:
+        writer.close()
 
 
 async def _ask(upstream: tuple[str, int], data: bytes) -> bytes:

@@ -6,7 +6,7 @@ Nothing a test sends through it leaves the machine.
 Each server answers ``GET /`` with the address it was reached at, and ``GET /stream`` with one line
 every 50 ms for as long as the client reads (for changes of policy under an open connection).
 
-A DNS server at :data:`DNS` (UDP port 53) answers ``allowed.lab`` with :data:`ALLOWED`,
+A DNS server at :data:`DNS` (port 53, UDP and TCP) answers ``allowed.lab`` with :data:`ALLOWED`,
 ``denied.lab`` with :data:`DENIED`, every other name NXDOMAIN, and ``count.lab`` (TXT) with how many
 queries it has had. Needs root, ``ip`` and ``python3`` with dnslib (the test run's own).
 """
@@ -70,20 +70,15 @@ server.serve_forever()
 
 
 _DNS_SERVER = r"""
-import socket, sys
+import socket, sys, threading
 from dnslib import A, QTYPE, RCODE, RR, TXT, DNSRecord
 
 names = dict(arg.split("=") for arg in sys.argv[2:])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], 53))
-print("ready", flush=True)
 count = 0
-while True:
-    data, peer = s.recvfrom(4096)
-    try:
-        query = DNSRecord.parse(data)
-    except Exception:
-        continue
+
+def answer(data):
+    global count
+    query = DNSRecord.parse(data)
     name = str(query.q.qname).rstrip(".")
     reply = query.reply()
     if name == "count.lab":
@@ -94,7 +89,29 @@ while True:
             reply.add_answer(RR(query.q.qname, QTYPE.A, rdata=A(names[name]), ttl=5))
         elif name not in names:
             reply.header.rcode = RCODE.NXDOMAIN
-    s.sendto(reply.pack(), peer)
+    return reply.pack()
+
+def stream(conn):
+    with conn:
+        while len(size := conn.recv(2, socket.MSG_WAITALL)) == 2:
+            out = answer(conn.recv(int.from_bytes(size, "big"), socket.MSG_WAITALL))
+            conn.sendall(len(out).to_bytes(2, "big") + out)
+
+def streams(listener):
+    while True:
+        threading.Thread(target=stream, args=(listener.accept()[0],), daemon=True).start()
+
+tcp = socket.create_server((sys.argv[1], 53))
+threading.Thread(target=streams, args=(tcp,), daemon=True).start()
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind((sys.argv[1], 53))
+print("ready", flush=True)
+while True:
+    data, peer = udp.recvfrom(4096)
+    try:
+        udp.sendto(answer(data), peer)
+    except Exception:
+        pass
 """
 
 

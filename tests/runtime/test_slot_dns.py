@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from corral.agent import netns
-from corral.agent.dns import SlotResolver
+from corral.agent.dns import MAX_STREAMS, SlotResolver
 from corral.agent.netslots import SlotPool
 from corral.core.netpolicy import INTERNET, EgressPolicy, parse_policy
 from corral.core.rates import Rate
@@ -37,7 +37,8 @@ _RATE = Rate(20.0, 20)
 
 # ``resolve NAME``: the address getaddrinfo gives, or the error's class; ``ask SERVER NAME``: the
 # rcode of one raw A query to SERVER:53 (standard library only: the sandbox's own python3), or the
-# error's class; ``flood SERVER NAME SECONDS``: queries sent without waiting for answers, how many.
+# error's class; ``ask-tcp SERVER NAME``: the same over TCP, with the answer's last four bytes (its
+# address, when it has one); ``flood SERVER NAME SECONDS``: queries sent without waiting for answers, how many.
 _DNS = r"""
 import socket, struct, sys, time
 
@@ -57,11 +58,34 @@ def ask(server, name):
     finally:
         s.close()
 
+def ask_tcp(server, name):
+    try:
+        with socket.create_connection((server, 53), timeout=1.5) as s:
+            q = query(name)
+            s.sendall(len(q).to_bytes(2, "big") + q)
+            size = int.from_bytes(s.recv(2, socket.MSG_WAITALL), "big")
+            answer = s.recv(size, socket.MSG_WAITALL)
+            return "rcode %d %s" % (answer[3] & 0xF, socket.inet_ntoa(answer[-4:]))
+    except OSError as exc:
+        return type(exc).__name__
+
 def resolve(name):
     try:
         return socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except socket.gaierror as exc:
         return "gaierror"
+
+def streams(server, name, n):
+    held = [socket.create_connection((server, 53), timeout=3) for _ in range(int(n))]
+    answered = 0
+    for s in held:
+        try:
+            q = query(name)
+            s.sendall(len(q).to_bytes(2, "big") + q)
+            answered += len(s.recv(2, socket.MSG_WAITALL)) == 2
+        except OSError:
+            pass
+    return str(answered)
 
 def flood(server, name, seconds):
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -76,7 +100,8 @@ def flood(server, name, seconds):
     return str(sent)
 
 verb, *args = sys.argv[1:]
-print({"ask": ask, "resolve": resolve, "flood": flood}[verb](*args))
+verbs = {"ask": ask, "ask-tcp": ask_tcp, "resolve": resolve, "flood": flood, "streams": streams}
+print(verbs[verb](*args))
 """
 
 
@@ -138,6 +163,10 @@ async def test_a_name_resolves_as_the_policy_says_and_no_other_resolver_is_reach
     assert await _dns(runtime, "listed", "resolve", "allowed.lab") == str(netlab.ALLOWED)
     assert str(netlab.ALLOWED) in _resolved(pool, "listed")
     assert await _get(runtime, "listed", "allowed.lab") == str(netlab.ALLOWED)
+    # Over TCP too (how a client retries a truncated answer), asked upstream over TCP.
+    tcp = await _dns(runtime, "listed", "ask-tcp", gateway, "allowed.lab")
+    assert tcp == f"rcode 0 {netlab.ALLOWED}"
+    assert (await _dns(runtime, "listed", "ask-tcp", gateway, "denied.lab")).startswith("rcode 5")
     # Another name: REFUSED (rcode 5) by the slot's resolver, never asked upstream; its address
     # stays out of reach by number too.
     before = lab.dns_queries()
@@ -155,6 +184,7 @@ async def test_a_name_resolves_as_the_policy_says_and_no_other_resolver_is_reach
     before = lab.dns_queries()
     for sandbox_id in ("open", "listed"):
         assert await _dns(runtime, sandbox_id, "ask", netlab.DNS, "allowed.lab") != "rcode 0"
+        assert not (await _dns(runtime, sandbox_id, "ask-tcp", netlab.DNS, "allowed.lab")).startswith("rcode")
         # Nor another slot's resolver: the other sandbox's gateway is a host address like any.
         other = gateway if sandbox_id == "open" else open_gateway
         assert await _dns(runtime, sandbox_id, "ask", other, "allowed.lab") != "rcode 0"
@@ -194,6 +224,8 @@ async def test_a_query_flood_is_held_to_its_own_sandbox(
     assert pool.resolver.stats(flooded).dropped > 0
     forwarded = upstream - pool.resolver.stats(calm).answered
     assert forwarded <= _RATE.burst + _RATE.rate_per_s * elapsed, (forwarded, sent, elapsed)
+    # Connections held open: four are served at once, the others closed unanswered.
+    assert await _dns(runtime, "calm", "streams", calm.host_ip, "allowed.lab", 10) == str(MAX_STREAMS)
 
 
 async def test_an_agent_names_the_resolver_and_a_restarted_one_answers_as_before(
