@@ -12,7 +12,10 @@
   the headers' ACK, which the reader's delayed ACK holds up to 40 ms, and one path or the other
   measured that stall rather than the proxy;
 * ``policy``: ``PUT /v1/sandboxes/{id}/network`` on the running sandbox, end to end (the replica,
-  the agent's nft transaction, the record), p50/p99 (bar: <= 50 ms).
+  the agent's nft transaction, the record), p50/p99 (bar: <= 50 ms);
+* ``tables``: what slots cost the rest of the host: a TCP round trip on its loopback (as the
+  control plane's, PostgreSQL's) with no slot table loaded, beside the same with ``--tables`` of
+  them (each its own base chains, which every packet of the host passes through).
 
     .venv/bin/python bench/network.py [--requests 2000] [--slots 40] [--updates 40]
 """
@@ -29,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from api import free_port, wait_ready
 
+from corral.agent import netns
 from corral.agent.netslots import SlotPool
-from corral.core.netpolicy import INTERNET, render_policy
+from corral.core.netpolicy import INTERNET, delete_table, render_policy, render_table, slot_count, slot_net
 from corral.testing.portserver import start_argv
 
 TOKEN = "bench-network-token-0123456789"
@@ -185,11 +190,54 @@ def ports(requests: int, updates: int) -> list[dict[str, Any]]:
             proc.wait(timeout=30)
 
 
+def _loopback_rtts(n: int = 3000) -> list[float]:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        peer, _ = server.accept()
+        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := peer.recv(64):
+            peer.sendall(data)
+        peer.close()
+
+    threading.Thread(target=echo, daemon=True).start()
+    client = socket.create_connection(server.getsockname())
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        client.sendall(b"x")
+        client.recv(64)
+        out.append(time.perf_counter() - t)
+    client.close()
+    server.close()
+    return out
+
+
+def tables(count: int) -> list[dict[str, Any]]:
+    # Tables only (no namespace, no link), of a range of the bench's own.
+    own = ipaddress.IPv4Network("10.233.64.0/20")
+    made = [slot_net(i, own) for i in range(min(count, slot_count(own)))]
+    bare = summary(_loopback_rtts())
+    try:
+        for slot in made:
+            netns.load(render_table(slot, INTERNET))
+        loaded = summary(_loopback_rtts())
+    finally:
+        for slot in made:
+            netns.load(delete_table(slot))
+    return [
+        {"bench": "network.host_loopback_rtt", "slot_tables": 0, **bare},
+        {"bench": "network.host_loopback_rtt", "slot_tables": len(made), **loaded},
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--updates", type=int, default=40)
+    parser.add_argument("--tables", type=int, default=256)
     args = parser.parse_args()
     if os.geteuid() != 0:
         print(json.dumps({"bench": "network", "skipped": "needs root for network slots"}))
@@ -197,6 +245,8 @@ def main() -> None:
     for line in asyncio.run(slots(args.slots)):
         print(json.dumps(line), flush=True)
     for line in ports(args.requests, args.updates):
+        print(json.dumps(line), flush=True)
+    for line in tables(args.tables):
         print(json.dumps(line), flush=True)
 
 
