@@ -414,8 +414,7 @@ class Agent:
 
     async def _start_attached(self, spec: SandboxSpec, egress: EgressPolicy) -> SandboxHandle:
         """The runtime's start, in a network slot of its own when ``egress`` needs an interface."""
-        if egress.allow_hosts and (self.netslots is None or self.netslots.resolver is None):
-            raise AgentInvalid(ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED, _NO_RESOLVER.format(self.id))
+        self._check_names(egress)
         if egress.attached and self.netslots is not None:
             slot = await self.netslots.take(spec.id, egress)
             served = self.netslots.resolver is not None
@@ -444,8 +443,7 @@ class Agent:
         self._check_epoch(sandbox_id, epoch)
         self._require(sandbox_id)
         egress = _parse_egress(body)
-        if egress.allow_hosts and (self.netslots is None or self.netslots.resolver is None):
-            raise AgentInvalid(ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED, _NO_RESOLVER.format(self.id))
+        self._check_names(egress)
         if self.netslots is not None and self.netslots.slot_of(sandbox_id) is not None:
             await self.netslots.apply(sandbox_id, egress)
         elif egress.attached and self.runtime.name != "sim":
@@ -453,6 +451,12 @@ class Agent:
                 ErrorCode.NETWORK_NOT_ATTACHED,
                 f"sandbox {sandbox_id!r} was started without a network interface (egress 'none')",
             )
+
+    def _check_names(self, egress: EgressPolicy) -> None:
+        """A policy naming hosts needs this host's resolver to hold them (the simulator runs nothing)."""
+        served = self.netslots is not None and self.netslots.resolver is not None
+        if egress.allow_hosts and not served and self.runtime.name != "sim":
+            raise AgentInvalid(ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED, _NO_RESOLVER.format(self.id))
 
     def port_address(self, sandbox_id: str, epoch: int | None = None) -> str:
         """The address a running sandbox's ports are reached at from this host: its slot's. A
