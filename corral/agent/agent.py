@@ -416,9 +416,13 @@ class Agent:
 
     async def _start_attached(self, spec: SandboxSpec, egress: EgressPolicy) -> SandboxHandle:
         """The runtime's start, in a network slot of its own when ``egress`` needs an interface."""
+        self._check_names(egress)
         if egress.attached and self.netslots is not None:
             slot = await self.netslots.take(spec.id, egress)
-            spec = dataclasses.replace(spec, netns=netns_path(slot))
+            served = self.netslots.resolver is not None
+            spec = dataclasses.replace(
+                spec, netns=netns_path(slot), nameserver=str(slot.host_ip) if served else None
+            )
         elif egress.attached and self.runtime.name != "sim":  # the simulator runs nothing to attach
             raise SlotsUnavailable(f"host {self.id} has no network slots (egress {egress.mode!r})")
         try:
@@ -441,6 +445,7 @@ class Agent:
         self._check_epoch(sandbox_id, epoch)
         self._require(sandbox_id)
         egress = _parse_egress(body)
+        self._check_names(egress)
         if self.netslots is not None and self.netslots.slot_of(sandbox_id) is not None:
             await self.netslots.apply(sandbox_id, egress)
         elif egress.attached and self.runtime.name != "sim":
@@ -448,6 +453,12 @@ class Agent:
                 ErrorCode.NETWORK_NOT_ATTACHED,
                 f"sandbox {sandbox_id!r} was started without a network interface (egress 'none')",
             )
+
+    def _check_names(self, egress: EgressPolicy) -> None:
+        """A policy naming hosts needs this host's resolver to hold them (the simulator runs nothing)."""
+        served = self.netslots is not None and self.netslots.resolver is not None
+        if egress.allow_hosts and not served and self.runtime.name != "sim":
+            raise AgentInvalid(ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED, _NO_RESOLVER.format(self.id))
 
     def port_address(self, sandbox_id: str, epoch: int | None = None) -> str:
         """The address a running sandbox's ports are reached at from this host: its slot's. A
@@ -954,6 +965,9 @@ class Agent:
 
     def _roomier(self) -> bool:
         return self.early.roomier(self.capacity().memory_mb_admittable, self.clock.now())
+
+
+_NO_RESOLVER = "host {} has no resolver for its sandboxes (no DNS upstream): hostnames cannot be enforced"
 
 
 def _parse_egress(body: EgressPolicyBody | None) -> EgressPolicy:

@@ -19,6 +19,7 @@ from corral import listen_options as lo
 from corral.agent import credentials
 from corral.agent.agent import Agent
 from corral.agent.config import AgentConfig
+from corral.agent.dns import upstream_of
 from corral.agent.http import create_app
 from corral.agent.images import HttpImageSource
 from corral.agent.netslots import DEFAULT_POOL_SIZE, pool_for
@@ -212,6 +213,14 @@ def agent_command(
             "(a drained pool builds on demand; slots left by an agent that died are reclaimed at start).",
         ),
     ] = DEFAULT_POOL_SIZE,
+    dns_upstream: Annotated[
+        str | None,
+        typer.Option(
+            "--dns-upstream",
+            help="ADDRESS[:PORT] (IPv4) the resolver of sandboxes with egress forwards the names their "
+            "policy allows to (default: the host's first nameserver).",
+        ),
+    ] = None,
     header_timeout: lo.HeaderTimeout = lo.DEFAULTS.header_timeout_s,
     body_timeout: lo.BodyTimeout = lo.DEFAULTS.body_timeout_s,
     keep_alive_timeout: lo.KeepAliveTimeout = lo.DEFAULTS.keep_alive_s,
@@ -261,7 +270,7 @@ def agent_command(
     if runtime == "process":
         from corral.runtime.process import DEFAULT_ROOT
 
-        slots = pool_for(rt, state_dir or DEFAULT_ROOT, network_slots)
+        slots = pool_for(rt, state_dir or DEFAULT_ROOT, network_slots, _upstream(dns_upstream))
     agent = Agent(config, rt, pressure=signal, sink=sink, images=images, netslots=slots)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -355,3 +364,12 @@ async def _serve(
 
 
 __all__ = ["agent_command", "agent_server", "parse_listen"]
+
+
+def _upstream(text: str | None) -> tuple[str, int] | None:
+    if text is None:
+        return None
+    try:
+        return upstream_of(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r}: {exc}", param_hint="--dns-upstream") from None

@@ -6,6 +6,7 @@ labelled with its agent's id. Register it in whichever registry exposes ``/metri
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -102,6 +103,12 @@ class AgentCollector(Collector):
             "Slots built for a start because the pool was drained (it never refuses).",
             labels=["agent"],
         )
+        queries = CounterMetricFamily(
+            "corral_agent_dns_queries",
+            "Queries of sandboxes to their slots' resolver by outcome: answered, refused (the policy), "
+            "dropped (over a sandbox's rate or bound in flight, or malformed), failed (SERVFAIL).",
+            labels=["agent", "outcome"],
+        )
         for agent in self._current():
             if agent.netslots is None:
                 continue
@@ -109,7 +116,10 @@ class AgentCollector(Collector):
             slots.add_metric([agent.id, "free"], counts["free"])
             slots.add_metric([agent.id, "in_use"], counts["in_use"])
             on_demand.add_metric([agent.id], counts["on_demand"])
-        yield from (slots, on_demand)
+            if agent.netslots.resolver is not None:
+                for outcome, n in dataclasses.asdict(agent.netslots.resolver.totals).items():
+                    queries.add_metric([agent.id, outcome], n)
+        yield from (slots, on_demand, queries)
 
     def _warm(self) -> Iterator[Metric]:
         label = ["agent"]

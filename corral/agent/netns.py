@@ -11,11 +11,14 @@ the link comes up, so a slot is never reachable unfiltered.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
-from corral.core.netpolicy import NO_NETWORK, SlotNet, delete_table, render_table
+from corral.agent import nftlib
+from corral.core.netpolicy import NO_NETWORK, SlotNet, delete_table, render_policy, render_table
 
 NETNS_DIR = Path("/run/netns")
 _SYSCTL = Path("/proc/sys/net")
@@ -28,7 +31,8 @@ class SlotCommandFailed(Exception):
 
 def tools_missing() -> list[str]:
     """The commands slots need that this host lacks (``make system-deps`` installs them)."""
-    return [tool for tool in ("ip", "nft", "conntrack") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "nft", "conntrack") if shutil.which(tool) is None]
+    return missing if nftlib.available() else [*missing, "libnftables"]
 
 
 def netns_path(slot: SlotNet) -> str:
@@ -43,8 +47,11 @@ def _run(argv: list[str], stdin: str = "", *, check: bool = True) -> subprocess.
 
 
 def load(text: str) -> None:
-    """Load an ``nft -f`` text in one transaction (all of it or none)."""
-    _run(["nft", "-f", "-"], text)
+    """Load an ``nft -f`` text in one transaction (all of it or none), in this process."""
+    try:
+        nftlib.run(text)
+    except nftlib.NftError as exc:
+        raise SlotCommandFailed(f"nft: {exc}") from None
 
 
 def _write_sysctl(path: Path, value: str, *, required: bool) -> None:
@@ -55,11 +62,12 @@ def _write_sysctl(path: Path, value: str, *, required: bool) -> None:
             raise
 
 
-def build(slot: SlotNet) -> None:
+def build(slot: SlotNet, operator_allow: Sequence[ipaddress.IPv4Network] = ()) -> None:
     """Make ``slot`` from nothing (whatever a crashed owner left under its names goes first), its
-    table closed: nothing leaves it until a policy is applied."""
+    table closed: nothing leaves it until a policy is applied (``operator_allow``: the private ranges
+    policies may reach, fixed for the slot's life)."""
     destroy(slot)
-    load(render_table(slot, NO_NETWORK))
+    load(render_table(slot, NO_NETWORK, operator_allow))
     host, sandbox = f"{slot.host_ip}/30", f"{slot.sandbox_ip}/30"
     _run(
         ["ip", "-batch", "-"],
@@ -92,7 +100,7 @@ def scrub(slot: SlotNet) -> None:
     inside = pids_inside(slot)
     if inside:
         raise SlotCommandFailed(f"slot {slot.netns} still holds processes {inside[:5]}")
-    load(render_table(slot, NO_NETWORK))
+    load(render_policy(slot, NO_NETWORK))
     for direction in ("-s", "-d"):
         # Exit status 1 only says there was nothing to delete.
         _run(["conntrack", "-D", direction, str(slot.sandbox_ip)], check=False)

@@ -21,8 +21,14 @@ Inbound, ``allow_public_traffic`` (E2B's ``allowPublicTraffic``, true by default
 sandbox's ports answer anyone who reaches a replica, or only requests carrying the sandbox's traffic
 token. Ports need an interface, so it is false only beside mode ``internet``.
 
-Hostnames are refused (:class:`PolicyError`): an IP filter cannot enforce a name honestly, and a
-policy that pretends to would be a silent "allow".
+Hostnames in ``allow_out`` (``pypi.org``, or ``*.pythonhosted.org`` for every name under it) are
+enforced by resolution the sandbox cannot bypass: its only resolver is corral's, on the slot's host
+side (``corral.agent.dns``), which answers such a name and puts the addresses it answered into the
+slot's ``resolved`` set, accepted beside ``allow_out`` (so, as for addresses, allow wins); DNS to any
+other address is dropped, whatever the policy. :func:`dns_verdict` says what the resolver answers.
+Hostnames in ``deny_out`` are refused (:class:`PolicyError`): a sandbox can reach a name's addresses
+by number, so denying a name would be a silent "allow"; deny addresses, or deny ``0.0.0.0/0`` and
+allow the names.
 
 Pure: no I/O. The agent's slot pool (``corral.agent.netslots``) loads what :func:`render_table`
 returns with ``nft -f``, one transaction, so a policy changes atomically on a running sandbox.
@@ -31,6 +37,7 @@ returns with ``nft -f``, one transaction, so a policy changes atomically on a ru
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -38,6 +45,13 @@ from typing import Literal
 NetworkMode = Literal["none", "internet"]
 MODES: tuple[NetworkMode, ...] = ("none", "internet")
 MAX_RULES = 1024  # entries per list: a table of that size still loads in milliseconds
+# Addresses the resolver answered for allowed names: how many a slot keeps, and how long each stays
+# reachable after its last answer (at least an hour whatever the record's TTL: a connection opened
+# to it must outlive a short TTL, and the set is flushed at every change of policy anyway).
+MAX_RESOLVED = 4096
+RESOLVED_FLOOR_S = 3600
+RESOLVED_CAP_S = 86400
+DNS_PORT = 53
 
 # The machine's slot range: one /30 per slot (network, host side, sandbox side, broadcast), 16,384
 # slots in the /16. Inside 10.0.0.0/8, so it is private and always denied to every sandbox.
@@ -81,6 +95,7 @@ class EgressPolicy:
     allow_out: tuple[ipaddress.IPv4Network, ...] = ()
     deny_out: tuple[ipaddress.IPv4Network, ...] = ()
     public: bool = True  # ports without the traffic token
+    allow_hosts: tuple[str, ...] = ()  # names in allow_out, lower case, "*." for every name under one
 
     @property
     def attached(self) -> bool:
@@ -90,7 +105,7 @@ class EgressPolicy:
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {
             "mode": self.mode,
-            "allow_out": [str(n) for n in self.allow_out],
+            "allow_out": [*(str(n) for n in self.allow_out), *self.allow_hosts],
             "deny_out": [str(n) for n in self.deny_out],
         }
         if not self.public:  # left out when true: the records written before it keep their form
@@ -102,29 +117,59 @@ NO_NETWORK = EgressPolicy()
 INTERNET = EgressPolicy("internet")
 
 
-def parse_networks(entries: Iterable[object], field: str) -> tuple[ipaddress.IPv4Network, ...]:
-    """IPv4 addresses or CIDRs, normalised (host bits cleared), duplicates dropped, order kept."""
-    out: dict[ipaddress.IPv4Network, None] = {}
+_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def hostname(text: str) -> str | None:
+    """``text`` as a hostname rule (lower case, no trailing dot; ``*.`` first for every name under
+    one), or None when it is not one."""
+    name = text.lower().removesuffix(".")
+    labels = name.removeprefix("*.").split(".")
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return None
+    return name
+
+
+def parse_targets(
+    entries: Iterable[object], field: str, *, names: bool
+) -> tuple[tuple[ipaddress.IPv4Network, ...], tuple[str, ...]]:
+    """IPv4 addresses or CIDRs (normalised: host bits cleared) and, where ``names``, hostnames;
+    duplicates dropped, order kept."""
+    nets: dict[ipaddress.IPv4Network, None] = {}
+    hosts: dict[str, None] = {}
     for i, entry in enumerate(entries):
         where = f"{field}[{i}]"
         if not isinstance(entry, str) or not entry.strip():
-            raise PolicyError(f"{where} must be an IPv4 address or CIDR string", where)
+            raise PolicyError(f"{where} must be an IPv4 address, a CIDR or a hostname", where)
         text = entry.strip()
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            raise PolicyError(
-                f"{where} is {text!r}: hostnames are not enforced (an IP filter cannot hold a name "
-                "to its addresses); give IPv4 addresses or CIDRs",
-                where,
-                hostname=True,
-            ) from None
-        if not isinstance(net, ipaddress.IPv4Network):
-            raise PolicyError(f"{where} is {text!r}: sandboxes have IPv4 only", where)
-        out[net] = None
-        if len(out) > MAX_RULES:
+            name = hostname(text)
+            if name is None:
+                raise PolicyError(
+                    f"{where} is {text!r}: neither an address, a CIDR nor a hostname", where
+                ) from None
+            if not names:
+                raise PolicyError(
+                    f"{where} is {text!r}: a name cannot be denied (the sandbox can reach its addresses "
+                    "by number); deny addresses, or deny 0.0.0.0/0 and allow the names it may reach",
+                    where,
+                    hostname=True,
+                ) from None
+            hosts[name] = None
+        else:
+            if not isinstance(net, ipaddress.IPv4Network):
+                raise PolicyError(f"{where} is {text!r}: sandboxes have IPv4 only", where)
+            nets[net] = None
+        if len(nets) + len(hosts) > MAX_RULES:
             raise PolicyError(f"{field} has more than {MAX_RULES} entries", field)
-    return tuple(out)
+    return tuple(nets), tuple(hosts)
+
+
+def parse_networks(entries: Iterable[object], field: str) -> tuple[ipaddress.IPv4Network, ...]:
+    """IPv4 addresses or CIDRs only (an operator's allow-list)."""
+    return parse_targets(entries, field, names=False)[0]
 
 
 def parse_policy(data: Mapping[str, object]) -> EgressPolicy:
@@ -137,12 +182,15 @@ def parse_policy(data: Mapping[str, object]) -> EgressPolicy:
     if mode not in MODES:
         raise PolicyError(f"mode must be one of {', '.join(MODES)}, got {mode!r}", "mode")
     lists: dict[str, tuple[ipaddress.IPv4Network, ...]] = {}
+    hosts: tuple[str, ...] = ()
     for field in ("allow_out", "deny_out"):
         value = data.get(field) or []
         if not isinstance(value, list | tuple):
             raise PolicyError(f"{field} must be a list", field)
-        lists[field] = parse_networks(value, field)
-    if mode == "none" and (lists["allow_out"] or lists["deny_out"]):
+        lists[field], named = parse_targets(value, field, names=field == "allow_out")
+        if named:
+            hosts = named
+    if mode == "none" and (lists["allow_out"] or lists["deny_out"] or hosts):
         raise PolicyError(
             "allow_out and deny_out need mode 'internet' (mode 'none' has no interface)", "mode"
         )
@@ -154,7 +202,40 @@ def parse_policy(data: Mapping[str, object]) -> EgressPolicy:
             "allow_public_traffic false needs mode 'internet' (mode 'none' has no interface, no ports)",
             "allow_public_traffic",
         )
-    return EgressPolicy(mode, lists["allow_out"], lists["deny_out"], public)
+    return EgressPolicy(mode, lists["allow_out"], lists["deny_out"], public, hosts)
+
+
+# -- names -------------------------------------------------------------------------------------------
+
+DnsVerdict = Literal["allow", "forward", "refuse"]
+
+
+def names_match(rules: Iterable[str], qname: str) -> bool:
+    """Whether ``qname`` is one of ``rules`` (``*.example.com``: every name under example.com, not
+    example.com itself)."""
+    name = qname.lower().removesuffix(".")
+    return any(name == rule or (rule.startswith("*.") and name.endswith(rule[1:])) for rule in rules)
+
+
+def denies_all(policy: EgressPolicy) -> bool:
+    """Whether ``deny_out`` covers every IPv4 address (what is reachable is then only what is allowed)."""
+    covered = sum(net.num_addresses for net in ipaddress.collapse_addresses(policy.deny_out))
+    return covered == 1 << 32
+
+
+def dns_verdict(policy: EgressPolicy, qname: str) -> DnsVerdict:
+    """What the slot's resolver does with a query for ``qname``:
+
+    * ``allow``: a name of ``allow_out``: forwarded, and the addresses answered become reachable;
+    * ``forward``: any other name when the policy leaves some public addresses open: forwarded, and
+      the filter holds each connection to what it answers as it holds any address;
+    * ``refuse``: any other name when the policy denies everything it does not allow: answered
+      REFUSED and never forwarded (a name sent upstream is a channel out of the sandbox)."""
+    if not policy.attached:
+        return "refuse"
+    if names_match(policy.allow_hosts, qname):
+        return "allow"
+    return "refuse" if denies_all(policy) else "forward"
 
 
 # -- slots -------------------------------------------------------------------------------------------
@@ -208,21 +289,60 @@ def _set(name: str, nets: Sequence[ipaddress.IPv4Network]) -> str:
     return f"\tset {name} {{ type ipv4_addr; flags interval; auto-merge;{elements} }}\n"
 
 
+def _verdict(policy: EgressPolicy) -> list[str]:
+    """The rules of the ``tenant_policy`` chain: what ``policy`` lets out of what the fixed rules
+    before it did not already drop."""
+    if not policy.attached:
+        return [_REJECT]
+    return [
+        "ip daddr @allow_out accept",
+        "ip daddr @resolved accept",
+        f"ip daddr @deny_out {_REJECT}",
+        "accept",
+    ]
+
+
+def _elements(table: str, name: str, nets: Sequence[ipaddress.IPv4Network]) -> str:
+    flush = f"flush set inet {table} {name}\n"
+    return flush + (f"add element inet {table} {name} {{ {', '.join(map(str, nets))} }}\n" if nets else "")
+
+
+def render_policy(slot: SlotNet, policy: EgressPolicy) -> str:
+    """The ``nft -f`` text that puts ``policy`` in force on ``slot``'s built table (from
+    :func:`render_table`), in one transaction: its two lists, its verdict, and no address resolved
+    under an earlier policy. A few set and chain operations: the whole table is not rebuilt."""
+    chain = f"inet {slot.table} tenant_policy"
+    return "".join(
+        [
+            _elements(slot.table, "allow_out", policy.allow_out),
+            _elements(slot.table, "deny_out", policy.deny_out),
+            f"flush set inet {slot.table} resolved\n",
+            f"flush chain {chain}\n",
+            *(f"add rule {chain} {rule}\n" for rule in _verdict(policy)),
+        ]
+    )
+
+
+def resolved_elements(slot: SlotNet, addresses: Iterable[ipaddress.IPv4Address], ttl_s: int) -> str:
+    """The ``nft -f`` text that makes ``addresses`` (answered for an allowed name) reachable from
+    ``slot`` for ``ttl_s`` within the floor and cap (an address answered again is refreshed)."""
+    timeout = min(max(ttl_s, RESOLVED_FLOOR_S), RESOLVED_CAP_S)
+    listed = ", ".join(f"{a} timeout {timeout}s" for a in addresses)
+    # Deleting first refreshes an element already present (add alone keeps its old expiry); a
+    # delete of an absent element fails, so each is added before it is deleted and added again.
+    return "".join(
+        f"{op} element inet {slot.table} resolved {{ {listed} }}\n" for op in ("add", "delete", "add")
+    )
+
+
 def render_table(
     slot: SlotNet, policy: EgressPolicy, operator_allow: Sequence[ipaddress.IPv4Network] = ()
 ) -> str:
     """The ``nft -f`` text that replaces ``slot``'s table with one enforcing ``policy``, in one
     transaction. A policy of mode ``none`` on a slot renders a table that forwards nothing (a slot
     in the pool, or one being scrubbed)."""
-    iface, me = f'"{slot.host_if}"', str(slot.sandbox_ip)
-    if policy.attached:
-        verdict = [
-            "\t\tip daddr @allow_out accept\n",
-            f"\t\tip daddr @deny_out {_REJECT}\n",
-            "\t\taccept\n",
-        ]
-    else:
-        verdict = [f"\t\t{_REJECT}\n"]
+    iface, me, gateway = f'"{slot.host_if}"', str(slot.sandbox_ip), str(slot.host_ip)
+    dns = f"meta l4proto {{ tcp, udp }} th dport {DNS_PORT}"
     return "".join(
         [
             f"table inet {slot.table}\n",  # created if missing, so the delete below always succeeds
@@ -234,10 +354,13 @@ def render_table(
             _set("operator_allow", list(operator_allow)),
             _set("allow_out", list(policy.allow_out)),
             _set("deny_out", list(policy.deny_out)),
+            f"\tset resolved {{ type ipv4_addr; flags timeout; size {MAX_RESOLVED}; }}\n",
             # The host itself: only answers to connections the host opened (ports it forwards).
             "\tchain to_host {\n",
             "\t\ttype filter hook input priority filter - 10; policy accept;\n",
             f"\t\tiifname {iface} ct state established accept\n",
+            # The slot's resolver (corral.agent.dns), on the host side's address, to the sandbox alone.
+            f"\t\tiifname {iface} ip saddr {me} ip daddr {gateway} {dns} accept\n",
             f"\t\tiifname {iface} meta nfproto ipv4 {_REJECT}\n",
             f"\t\tiifname {iface} drop\n",
             "\t}\n",
@@ -250,6 +373,9 @@ def render_table(
             "\tchain egress {\n",
             "\t\tmeta nfproto != ipv4 drop\n",
             f"\t\tip saddr != {me} drop\n",
+            # Names are answered by the slot's resolver only, or a name rule would be a suggestion.
+            f"\t\t{dns} {_REJECT}\n",
+            f"\t\ttcp dport 853 {_REJECT}\n",  # DNS over TLS
             f"\t\tip daddr @never {_REJECT}\n",
             f"\t\tip daddr @sandboxes {_REJECT}\n",
             "\t\tip daddr @operator_allow goto tenant_policy\n",
@@ -257,7 +383,7 @@ def render_table(
             "\t\tgoto tenant_policy\n",
             "\t}\n",
             "\tchain tenant_policy {\n",
-            *verdict,
+            *(f"\t\t{rule}\n" for rule in _verdict(policy)),
             "\t}\n",
             "\tchain masquerade_out {\n",
             "\t\ttype nat hook postrouting priority srcnat; policy accept;\n",

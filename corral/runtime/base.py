@@ -27,6 +27,9 @@ class SandboxSpec:
     # The network namespace to join (a path: the agent's network slot, see corral.agent.netslots),
     # whose interface and host-side filters the sandbox cannot touch; None: as ``network`` says.
     netns: str | None = None
+    # Its one nameserver (the slot's resolver, see corral.agent.dns), written as its /etc/resolv.conf
+    # in place of the host's; None: the host's resolv.conf when it has the network.
+    nameserver: str | None = None
     pids: int = DEFAULT_PIDS
     epoch: int = 0  # which owner of this id this copy is (kept on disk: it is no secret)
     # The image its root is made of (a digest, see corral.images); None: the host's own system

@@ -172,7 +172,9 @@ def _etc_binds(layout: Layout) -> list[str]:
     argv: list[str] = []
     for name in layout.host_etc:
         source = os.path.join("/etc", name)
-        if os.path.exists(source):  # follows links: /etc/resolv.conf often points into /run
+        if name not in layout.etc_fds and os.path.exists(
+            source
+        ):  # a generated one replaces it  # follows links: /etc/resolv.conf often points into /run
             argv += ["--ro-bind", source, source]
     for name, fd in sorted(layout.etc_fds.items()):
         argv += ["--ro-bind-data", str(fd), f"/etc/{name}"]
@@ -262,7 +264,7 @@ def _image_args(layout: Layout, *, info_fd: int) -> list[str]:
     for name, fd in sorted(layout.etc_fds.items()):
         # bubblewrap is root inside here: its files are root's, and must be readable by the user.
         argv += ["--perms", "0644", "--ro-bind-data", str(fd), f"/etc/{name}"]
-    if layout.network and os.path.exists("/etc/resolv.conf"):
+    if layout.network and "resolv.conf" not in layout.etc_fds and os.path.exists("/etc/resolv.conf"):
         argv += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
     size = ["--size", str(layout.tmpfs_bytes)] if layout.tmpfs_bytes is not None else []
     argv += ["--proc", "/proc", *_proc_binds(layout), "--dev", "/dev"]
@@ -286,6 +288,11 @@ def _init_args(layout: Layout, init_path: str, info_fd: int) -> list[str]:
     if layout.seccomp_fd is not None:
         argv += ["--seccomp", str(layout.seccomp_fd)]
     return [*argv, "--info-fd", str(info_fd)]
+
+
+def resolv_conf(nameserver: str) -> bytes:
+    """A sandbox's /etc/resolv.conf naming its one nameserver (its slot's resolver)."""
+    return f"nameserver {nameserver}\noptions timeout:2 attempts:2\n".encode()
 
 
 def image_etc_files(hostname: str) -> dict[str, bytes]:

@@ -349,7 +349,10 @@ class ProcessRuntime:
                 userns_fd = os.open(paths.userns, os.O_RDONLY | os.O_CLOEXEC)
                 fds.append(userns_fd)
             etc_fds: dict[str, int] = {}
-            for name, data in (bwrap.image_etc_files if image else bwrap.etc_files)(hostname).items():
+            etc = (bwrap.image_etc_files if image else bwrap.etc_files)(hostname)
+            if spec.nameserver is not None:
+                etc["resolv.conf"] = bwrap.resolv_conf(spec.nameserver)
+            for name, data in etc.items():
                 etc_fds[name] = launcher.memfd(name, data)
                 fds.append(etc_fds[name])  # each closed below, even if a later one fails
             proc_fds: dict[str, int] = {}

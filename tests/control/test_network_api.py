@@ -36,12 +36,19 @@ async def test_a_policy_is_kept_answered_sent_and_replaced(cluster: Cluster) -> 
     assert r.json()["network"] == {"mode": "internet", "allow_out": [], "deny_out": []}
     got = await cluster.http.get(f"/v1/sandboxes/{sid}", headers=h)
     assert got.json()["network"]["mode"] == "internet"
+    # Names in allow_out (the slot's resolver holds them), kept in lower case without the final dot.
+    named = {"allow_out": ["PyPI.org.", "*.pythonhosted.org", "198.51.100.10"], "deny_out": ["0.0.0.0/0"]}
+    r = await cluster.http.put(f"/v1/sandboxes/{sid}/network", json=named, headers=h)
+    assert r.status_code == 200, r.text
+    kept = ["198.51.100.10/32", "pypi.org", "*.pythonhosted.org"]
+    assert r.json()["network"] == {"mode": "internet", "allow_out": kept, "deny_out": ["0.0.0.0/0"]}
 
 
 @pytest.mark.parametrize(
     ("network", "code"),
     [
-        ({"allow_out": ["pypi.org"]}, ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED),
+        ({"deny_out": ["pypi.org"]}, ErrorCode.NETWORK_HOSTNAMES_UNSUPPORTED),
+        ({"allow_out": ["pypi org"]}, ErrorCode.INVALID_REQUEST),
         ({"deny_out": ["::/0"]}, ErrorCode.INVALID_REQUEST),
         ({"mode": "none", "allow_out": ["1.2.3.4"]}, ErrorCode.INVALID_REQUEST),
         ({"mode": "intranet"}, ErrorCode.INVALID_REQUEST),

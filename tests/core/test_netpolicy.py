@@ -12,8 +12,13 @@ from corral.core.netpolicy import (
     NO_NETWORK,
     EgressPolicy,
     PolicyError,
+    denies_all,
+    dns_verdict,
+    names_match,
     parse_policy,
+    render_policy,
     render_table,
+    resolved_elements,
     slot_count,
     slot_net,
 )
@@ -32,8 +37,12 @@ def test_the_default_is_no_network_and_lists_imply_internet() -> None:
 @pytest.mark.parametrize(
     ("body", "field", "hostname"),
     [
-        ({"allow_out": ["example.com"]}, "allow_out[0]", True),
         ({"deny_out": ["10.0.0.0/8", "metadata.google.internal"]}, "deny_out[1]", True),
+        ({"allow_out": ["not a name"]}, "allow_out[0]", False),
+        ({"allow_out": ["-bad.example"]}, "allow_out[0]", False),
+        ({"allow_out": ["a." * 130 + "com"]}, "allow_out[0]", False),
+        ({"allow_out": ["ex*ample.com"]}, "allow_out[0]", False),
+        ({"mode": "none", "allow_out": ["example.com"]}, "mode", False),
         ({"allow_out": ["2001:db8::/32"]}, "allow_out[0]", False),
         ({"allow_out": [7]}, "allow_out[0]", False),
         ({"allow_out": "1.2.3.4"}, "allow_out", False),
@@ -47,6 +56,62 @@ def test_what_cannot_be_enforced_is_refused(body: dict[str, object], field: str,
     with pytest.raises(PolicyError) as caught:
         parse_policy(body)
     assert (caught.value.field, caught.value.hostname) == (field, hostname)
+
+
+def test_names_in_allow_out_are_kept_apart_from_addresses_and_round_trip() -> None:
+    policy = parse_policy({"allow_out": ["PyPI.org.", "*.pythonhosted.org", "198.51.100.7", "pypi.org"]})
+    assert policy.allow_hosts == ("pypi.org", "*.pythonhosted.org")
+    assert [str(n) for n in policy.allow_out] == ["198.51.100.7/32"]
+    assert parse_policy(policy.to_dict()) == policy
+
+
+def test_a_wildcard_covers_the_names_under_it_and_not_itself_nor_lookalikes() -> None:
+    rules = ("pypi.org", "*.pythonhosted.org")
+    assert names_match(rules, "PYPI.ORG.")
+    assert names_match(rules, "files.pythonhosted.org")
+    assert names_match(rules, "a.b.pythonhosted.org")
+    assert not names_match(rules, "pythonhosted.org")
+    assert not names_match(rules, "evilpythonhosted.org")
+    assert not names_match(rules, "pypi.org.evil.com")
+    assert not names_match(rules, "xpypi.org")
+
+
+def test_what_the_resolver_answers_follows_the_policy() -> None:
+    closed = parse_policy({"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]})
+    halves = parse_policy({"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/1", "128.0.0.0/1"]})
+    open_ = parse_policy({"allow_out": ["pypi.org"], "deny_out": ["203.0.113.0/24"]})
+    assert denies_all(closed) and denies_all(halves) and not denies_all(open_)
+    for policy in (closed, halves, open_):
+        assert dns_verdict(policy, "pypi.org") == "allow"
+    # An unlisted name is never sent upstream when nothing unlisted is reachable anyway.
+    assert dns_verdict(closed, "exfiltrate.attacker.example") == "refuse"
+    assert dns_verdict(halves, "example.com") == "refuse"
+    assert dns_verdict(open_, "example.com") == "forward"
+    assert dns_verdict(INTERNET, "example.com") == "forward"
+    assert dns_verdict(NO_NETWORK, "pypi.org") == "refuse"
+
+
+def test_a_policy_update_touches_the_lists_and_verdict_only() -> None:
+    slot = slot_net(3)
+    text = render_policy(slot, parse_policy({"allow_out": ["198.51.100.0/24", "pypi.org"]}))
+    assert "delete table" not in text and "operator_allow" not in text
+    assert f"flush set inet {slot.table} resolved" in text  # names of the last policy forgotten
+    assert f"add element inet {slot.table} allow_out {{ 198.51.100.0/24 }}" in text
+    closed = render_policy(slot, NO_NETWORK)
+    assert "accept" not in closed and "add element" not in closed
+    added = resolved_elements(slot, [ipaddress.IPv4Address("198.51.100.9")], 5)
+    assert "198.51.100.9 timeout 3600s" in added  # a short TTL is held to the floor
+
+
+def test_dns_goes_to_the_slots_resolver_only() -> None:
+    slot = slot_net(3)
+    table = render_table(slot, INTERNET)
+    accepted = (
+        f"ip saddr {slot.sandbox_ip} ip daddr {slot.host_ip} meta l4proto {{ tcp, udp }} th dport 53 accept"
+    )
+    assert accepted in table
+    egress = table[table.index("chain egress") :]
+    assert egress.index("th dport 53 reject") < egress.index("goto tenant_policy")
 
 
 def test_slots_tile_the_range_without_overlap() -> None:

@@ -4,6 +4,7 @@ on a running sandbox, and hostnames refused rather than silently allowed."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shlex
 import time
@@ -14,6 +15,7 @@ from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
 from corral.agent import netns
+from corral.core.netpolicy import DEFAULT_SLOT_RANGE
 from corral.testing import netlab
 from corral.testing.portserver import start_argv
 from tests.e2b.conftest import Corral
@@ -52,8 +54,14 @@ def test_network_options_and_update_through_the_sdk(sdk_env: Corral) -> None:
             assert _reach(offline, lab) == ["closed", "closed"]
             offline.update_network({"allow_out": [str(netlab.DENIED)], "deny_out": ["0.0.0.0/0"]})
             assert _reach(offline, lab) == ["closed", str(netlab.DENIED)]
+            # A name: accepted, and held by the slot's resolver, the sandbox's one nameserver (not
+            # asked here: its upstream is this machine's). A name opens no address by number.
+            offline.update_network({"allow_out": ["allowed.lab"], "deny_out": ["0.0.0.0/0"]})
+            assert _reach(offline, lab) == ["closed", "closed"]
+            conf = offline.commands.run("cat /etc/resolv.conf").stdout.split()
+            assert conf[0] == "nameserver" and ipaddress.IPv4Address(conf[1]) in DEFAULT_SLOT_RANGE
             with pytest.raises(SandboxException):
-                Sandbox.create(network={"allow_out": ["pypi.org"]})
+                Sandbox.create(network={"deny_out": ["pypi.org"]})
         finally:
             listed.kill()
             offline.kill()

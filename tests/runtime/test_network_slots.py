@@ -10,7 +10,7 @@ import ipaddress
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,9 @@ from corral.core.netpolicy import (
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime
 from corral.testing import netlab
+from tests.runtime.slots import emptied, lab, runtime, started
+
+__all__ = ["lab", "runtime"]
 
 pytestmark = [
     pytest.mark.process,
@@ -63,32 +66,15 @@ with ThreadPoolExecutor(16) as pool:
 
 
 @pytest.fixture
-def lab() -> Iterator[netlab.Lab]:
-    with netlab.internet() as made:
-        yield made
-
-
-@pytest.fixture
 async def pool(tmp_path: Path) -> AsyncIterator[SlotPool]:
     made = SlotPool(tmp_path / "netslots", size=1, operator_allow=[ipaddress.IPv4Network("10.98.0.0/24")])
-    yield made
-    for sandbox_id in list(made.in_use):
-        await made.give_back(sandbox_id)
-    await made.close()
+    async for ready in emptied(made):
+        yield ready
     assert not made.in_use and not made.ready
 
 
-@pytest.fixture
-def runtime(pool: SlotPool, make_process_runtime) -> ProcessRuntime:
-    """Set up after the pool, so its sandboxes are stopped before the pool takes its slots back."""
-    made: ProcessRuntime = make_process_runtime()
-    return made
-
-
 async def _sandbox(runtime: ProcessRuntime, pool: SlotPool, sandbox_id: str, policy: EgressPolicy) -> str:
-    slot = await pool.take(sandbox_id, policy)
-    await runtime.start(SandboxSpec(id=sandbox_id, memory_mb=128, netns=netns.netns_path(slot)))
-    return str(slot.sandbox_ip)
+    return str((await started(runtime, pool, sandbox_id, policy)).sandbox_ip)
 
 
 async def _probes(runtime: ProcessRuntime, sandbox_id: str, hosts: list[object], port: int) -> list[str]:
@@ -201,10 +187,11 @@ async def test_a_returned_slot_is_scrubbed_and_a_drained_pool_builds(
 ) -> None:
     await pool.fill()
     assert pool.counts() == {"free": 1, "in_use": 0, "on_demand": 0}
-    first = await _sandbox(runtime, pool, "one", INTERNET)
-    # The pool is drained (its one slot taken, its refill maybe under way): a second create builds.
-    second = await _sandbox(runtime, pool, "two", INTERNET)
-    assert first != second
+    # The pool is drained (its one slot taken, its refill not yet run): the second take builds.
+    taken = [await pool.take(sandbox_id, INTERNET) for sandbox_id in ("one", "two")]
+    assert pool.stats.built_on_demand == 1 and taken[0] != taken[1]
+    for sandbox_id, made in zip(("one", "two"), taken, strict=True):
+        await runtime.start(SandboxSpec(id=sandbox_id, memory_mb=128, netns=netns.netns_path(made)))
     assert await _probe(runtime, "one", netlab.ALLOWED) == f"open {netlab.ALLOWED}"
     slot = pool.slot_of("one")
     assert slot is not None

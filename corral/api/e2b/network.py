@@ -4,8 +4,9 @@
 * ``allow_internet_access: true`` is mode ``internet``; ``false`` is ``internet`` with ``deny_out``
   ``0.0.0.0/0`` (what E2B says it is), so ``allowOut`` still opens what it lists and a later
   ``update_network`` can open more. Neither it nor ``network`` given: corral's default, ``none``.
-* ``network.allowOut`` / ``denyOut``: IPv4 addresses and CIDRs, allow winning. Hostnames are refused
-  (422 ``network_hostnames_unsupported``): corral does not enforce names yet, and will not pretend to.
+* ``network.allowOut`` / ``denyOut``: IPv4 addresses and CIDRs, allow winning; hostnames in
+  ``allowOut``, enforced by the slot's resolver (corral.agent.dns). Hostnames in ``denyOut`` are
+  refused (422 ``network_hostnames_unsupported``): a name's addresses are reachable by number.
 * ``network.allowPublicTraffic: false``: the sandbox's ports answer only requests carrying its
   ``e2b-traffic-access-token`` (``trafficAccessToken`` in the create's answer); else 403.
 * What corral does not enforce is refused rather than dropped: ``maskRequestHost``, ``dnsServers``, ``egressProxy``, ``rules``, ``httpsPorts``.
