@@ -59,16 +59,33 @@ class Child:
 
 
 async def start(
-    argv: Sequence[str], *, env: Mapping[str, str], pass_fds: Sequence[int], stdin: bool
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    pass_fds: Sequence[int],
+    stdin: bool,
+    tty: tuple[int, int] | None = None,
 ) -> Child:
-    """Start ``argv`` in a session of its own, with pipes for its output (and input, if asked)."""
+    """Start ``argv`` in a session of its own, with pipes for its output (and input, if asked); or,
+    given a terminal's ``(master, slave)`` (both closed here), with the slave as its standard
+    descriptors: its stdout is then what the master reads, its stdin written to the master, and its
+    stderr empty (a terminal has one stream)."""
     loop = asyncio.get_running_loop()
     ours: list[int] = []  # the loop's ends, until a transport owns them
     theirs: list[int] = []  # the child's ends, closed here once it has them
     try:
-        out_r, out_w = _pipe(ours, theirs)
-        err_r, err_w = _pipe(ours, theirs)
-        in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        if tty is None:
+            out_r, out_w = _pipe(ours, theirs)
+            err_r, err_w = _pipe(ours, theirs)
+            in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        else:
+            ours.append(tty[0])
+            theirs.append(tty[1])
+            out_r, in_w = tty[0], -1
+            if stdin:  # the input's transport owns a descriptor of its own
+                in_w = os.dup(tty[0])
+                ours.append(in_w)
+            err_r = in_r = out_w = err_w = tty[1]
         popen = await loop.run_in_executor(
             _POOL,
             lambda: subprocess.Popen(
@@ -92,10 +109,16 @@ async def start(
     return Child(
         popen,
         _reader(loop, out_r),
-        _reader(loop, err_r),
+        _reader(loop, err_r) if tty is None else _ended(),
         _writer(loop, in_w) if stdin else None,
         _watch_exit(loop, popen),
     )
+
+
+def _ended() -> asyncio.StreamReader:
+    stream = asyncio.StreamReader()
+    stream.feed_eof()
+    return stream
 
 
 def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:

@@ -44,13 +44,14 @@ from corral.runtime.base import (
     SandboxNotFound,
     SandboxPaused,
     SandboxSpec,
+    Unsupported,
     check_timeout,
     shell_exit_code,
 )
 from corral.runtime.capture import DEFAULT_LIMIT, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.statedir import spec_from_dict, spec_to_dict, valid_id
-from corral.runtime.stream import Spawned
+from corral.runtime.stream import PtySize, Spawned
 
 DEFAULT_ROOT = Path("/run/corral/gvisor")
 # The Sentry, its gofer and their Go runtimes take some tens of MiB before the guest runs anything.
@@ -484,7 +485,12 @@ class GvisorRuntime:
         cwd: str | None = None,
         stdin: bool = False,
         user: str | None = None,
+        pty: PtySize | None = None,
     ) -> Spawned:
+        if pty is not None:
+            # runsc can hand out a host pty (--console-socket), but its slave would be a host
+            # terminal inside the Sentry, not one of the guest's devpts; not done yet.
+            raise Unsupported("terminals (pty) are not available on the gvisor runtime yet")
         if user is not None:
             raise InvalidSandbox("the gvisor runtime runs commands as the sandbox's one user", "user")
         proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=stdin)
