@@ -21,6 +21,7 @@ CONNECT_PROTOCOL = {
     "corral/agent/envd/processes.py",
     "corral/agent/envd/files.py",
     "corral/agent/envd/helper.py",
+    "corral/agent/envd/watch.py",
     # E2B's template build API: a build's status and its log levels ("error") are E2B's words.
     "corral/api/e2b/builds.py",
 }
