@@ -108,14 +108,15 @@ async def start(
             os.close(fd)
     return Child(
         popen,
-        _reader(loop, out_r),
-        _reader(loop, err_r) if tty is None else _ended(),
-        _writer(loop, in_w) if stdin else None,
+        reader(loop, out_r),
+        reader(loop, err_r) if tty is None else ended(),
+        writer(loop, in_w) if stdin else None,
         _watch_exit(loop, popen),
     )
 
 
-def _ended() -> asyncio.StreamReader:
+def ended() -> asyncio.StreamReader:
+    """A stream that is over before it began (a terminal's stderr)."""
     stream = asyncio.StreamReader()
     stream.feed_eof()
     return stream
@@ -128,13 +129,15 @@ def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
     return r, w
 
 
-def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+def reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+    """A stream over ``fd`` (a pipe's read end, a terminal's master), which it owns from here on."""
     stream = asyncio.StreamReader(limit=_STREAM_LIMIT)
     pipes.ReadPipe(loop, fd, asyncio.StreamReaderProtocol(stream))  # owns the descriptor from here on
     return stream
 
 
-def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
+def writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
+    """A stream writing to ``fd``, which it owns from here on."""
     protocol = _WriteProtocol(loop)
     return asyncio.StreamWriter(pipes.WritePipe(loop, fd, protocol), protocol, None, loop)
 

@@ -27,6 +27,17 @@ async def typed(spawned: Spawned, keys: bytes, shown: bytearray, until: bytes) -
         shown += chunk
 
 
+async def running(runtime: ProcessRuntime, argument: str, expected: bool = True) -> bool:
+    """Whether a ``sleep <argument>`` runs in the sandbox, once it is as ``expected`` (or never)."""
+    for _ in range(400):  # bounded: a broken test ends instead of hanging
+        listed = await runtime.exec("tty-1", ["pgrep", "-a", "-x", "sleep"])
+        found = f"sleep {argument}" in listed.stdout
+        if found == expected:
+            return found
+        await asyncio.sleep(0.05)
+    return found
+
+
 async def test_the_terminal_s_signals_are_the_tenant_s(process_runtime: ProcessRuntime) -> None:  # noqa: F811
     await process_runtime.start(SandboxSpec(id="tty-1", memory_mb=128))
     shell = await process_runtime.spawn("tty-1", ["sh"], stdin=True, pty=PtySize(rows=20, cols=60))
@@ -34,7 +45,9 @@ async def test_the_terminal_s_signals_are_the_tenant_s(process_runtime: ProcessR
     await typed(shell, b"trap 'echo winched' WINCH; sleep 300 & echo bg=$!; tty\n", shown, b"/dev/pts/")
     # ^C typed ends the foreground command, not the shell, and not the launcher that waits for it.
     await typed(shell, b"sleep 200\n", shown, b"sleep 200")
-    await typed(shell, b"\x03", shown, b"^C")  # echoed as typed; if sleep lived on, what follows would wait
+    assert await running(process_runtime, "200")
+    await typed(shell, b"\x03", shown, b"^C")
+    assert not await running(process_runtime, "200", expected=False)
     await typed(shell, b"echo still-$((1+1))\n", shown, b"still-2")
     assert shell.resize is not None
     shell.resize(PtySize(rows=30, cols=90))
@@ -43,10 +56,5 @@ async def test_the_terminal_s_signals_are_the_tenant_s(process_runtime: ProcessR
     # A kill reaches everything on the terminal: the shell and its background job.
     shell.signal(signal.SIGKILL)
     assert await shell.wait() == 128 + signal.SIGKILL
-    for _ in range(200):
-        left = await process_runtime.exec("tty-1", ["sh", "-c", "pgrep -x sleep || true"])
-        if not left.stdout:
-            break
-        await asyncio.sleep(0.05)
-    assert left.stdout == ""
+    assert not await running(process_runtime, "300", expected=False)  # the background job too
     await process_runtime.stop("tty-1")

@@ -288,7 +288,9 @@ class Processes:
 
     async def send_input(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
         run = self._find(sandbox_id, req.get("process"))
-        given = req.get("input")
+        given = req.get("input") or {}
+        if not given:
+            return {}  # nothing to send (an empty oneof)
         if not isinstance(given, dict) or len(given) != 1 or not {"stdin", "pty"} >= given.keys():
             raise RpcError("invalid_argument", "input must hold one of stdin or pty")
         kind, data = next(iter(given.items()))
