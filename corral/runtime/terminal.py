@@ -28,6 +28,7 @@ _SYS_OPENAT2 = 437  # the same number on every architecture Linux added it to (5
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_IN_ROOT = 0x10
+# ioctl numbers of the generic table (x86-64, arm64), which termios does not all name.
 _TIOCSPTLCK = 0x40045431  # unlock the slave before taking it
 _TIOCGSID = 0x5429
 _TIOCGPTPEER = 0x5441

@@ -354,7 +354,7 @@ async def _hang_up(run: Run) -> None:
         task.cancel()
     close_reader(run.spawned.stdout)
     if run.spawned.stdin is not None:
-        run.spawned.stdin.close()
+        run.spawned.stdin.transport.abort()  # what it held unread goes too: no flush to wait for
 
 
 def _end(code: int, note: str | None = None) -> dict[str, Any]:
