@@ -47,6 +47,7 @@ from corral.runtime.stream import Spawned
 
 MAX_WATCHERS = 8  # per sandbox, streamed and polled: each holds one of its 16 command slots
 MAX_PENDING_EVENTS = 4096  # a polled watch's events between two polls
+START_TIMEOUT_S = 30.0  # for the helper to say its watch is in place (a recursive one walks its tree)
 
 
 @dataclass(eq=False)
@@ -101,7 +102,12 @@ class Watches:
         watcher = Watcher(secrets.token_hex(8), spawned, stream=asyncio.Queue(QUEUE) if streamed else None)
         self.watchers.setdefault(sandbox_id, {})[watcher.id] = watcher
         try:
-            first = await spawned.stdout.readline()
+            try:
+                first = await asyncio.wait_for(spawned.stdout.readuntil(b"\n"), START_TIMEOUT_S)
+            except TimeoutError:
+                raise RpcError("deadline_exceeded", "the watch did not start in time") from None
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                first = b""  # ended before its first line, or said something else: its error below
             if not first.startswith(b'{"start"'):
                 spawned.signal(signal.SIGKILL)
                 err = await read_all(spawned.stderr, MAX_MESSAGE_BYTES)
