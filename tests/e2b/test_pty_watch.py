@@ -61,10 +61,11 @@ class Screen:
 def test_a_terminal_runs_a_shell_resizes_and_is_killed(sandbox: Sandbox) -> None:
     handle = sandbox.pty.create(PtySize(rows=24, cols=80), envs={"PS1": "$ "})
     screen = Screen(handle)
-    sandbox.pty.send_stdin(handle.pid, b"echo hi-$((6*7)); tty; stty size\n")
+    sandbox.pty.send_stdin(handle.pid, b"echo hi-$((6*7)); tty; stty size; echo owner=$(stat -c %U $(tty))\n")
     assert screen.shows("hi-42"), screen.text()
     assert screen.shows("/dev/pts/"), screen.text()  # a terminal of the sandbox's own devpts
     assert screen.shows("24 80"), screen.text()
+    assert screen.shows("owner=user"), screen.text()  # the terminal is its user's, as a login's is
     sandbox.pty.resize(handle.pid, PtySize(rows=33, cols=101))
     sandbox.pty.send_stdin(handle.pid, b"stty size; echo $TERM\n")
     assert screen.shows("33 101"), screen.text()
