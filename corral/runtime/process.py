@@ -36,7 +36,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
@@ -609,11 +609,12 @@ class ProcessRuntime:
         *,
         stdin: bool,
         user: str | None = None,
-        tty: tuple[int, int] | None = None,
+        terminal_of: Callable[[], tuple[int, int]] | None = None,
     ) -> child.Child:
         """The launcher, started on a command for this sandbox (its own process group, so a signal to
-        the group reaches everything the command starts); on the terminal ``tty`` (see
-        :meth:`_terminal`), whose two descriptors it closes, if given."""
+        the group reaches everything the command starts); on the terminal ``terminal_of`` opens (see
+        :meth:`_terminal`), if given: opened once every check has passed, then closed by
+        ``child.start`` whatever happens."""
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise InvalidSandbox("environment variable names and values must be strings", "env")
         record = self._live(sandbox_id)
@@ -646,7 +647,8 @@ class ProcessRuntime:
         spec_fd = launcher.memfd("exec-spec", spec)
         init = record.init
         mode = "exec-root" if image else "exec"
-        argv = [str(launcher.path()), mode, *(["--tty"] if tty else []), str(init.pid), str(init.pid_ns)]
+        tty_flag = ["--tty"] if terminal_of is not None else []
+        argv = [str(launcher.path()), mode, *tty_flag, str(init.pid), str(init.pid_ns)]
         argv.append(str(inside))
         argv += [
             str(inside),
@@ -654,6 +656,7 @@ class ProcessRuntime:
             *(str(p) for p in (cgroup.procs_files if cgroup else [])),
         ]
         try:
+            tty = terminal_of() if terminal_of is not None else None
             # Forked off the event loop (see corral.runtime.child): the loop goes on serving.
             return await child.start(
                 argv, env=launcher.clean_env(), pass_fds=(spec_fd,), stdin=stdin, tty=tty
@@ -672,16 +675,36 @@ class ProcessRuntime:
         user: str | None = None,
         pty: PtySize | None = None,
     ) -> Spawned:
-        control = tty = cgroup = None
+        cgroup = None
+        held: list[int] = []  # the runtime's own descriptor of the terminal's master, once opened
         if pty is not None:
+            try:
+                terminal.check_size(pty)
+            except ValueError as exc:
+                raise InvalidSandbox(str(exc), "pty") from None
             cgroup = _cgroup_of(self._live(sandbox_id))  # whose processes a signal to its session reaches
-            control, tty = self._terminal(sandbox_id, pty, user)
+
+        def open_terminal() -> tuple[int, int]:
+            assert pty is not None
+            control, pair = self._terminal(sandbox_id, pty, user)
+            held.append(control)
+            return pair
+
         try:
-            proc = await self._run_in(sandbox_id, command, env, cwd, stdin=stdin, user=user, tty=tty)
+            proc = await self._run_in(
+                sandbox_id,
+                command,
+                env,
+                cwd,
+                stdin=stdin,
+                user=user,
+                terminal_of=open_terminal if pty is not None else None,
+            )
         except BaseException:
-            if control is not None:
-                os.close(control)
+            for fd in held:
+                os.close(fd)
             raise
+        control = held[0] if held else None
         assert proc.stdout is not None and proc.stderr is not None
 
         exited = asyncio.ensure_future(proc.wait())
@@ -714,24 +737,20 @@ class ProcessRuntime:
 
         if control is None:
             return Spawned(proc.stdout, proc.stderr, proc.stdin, wait, send)
-        held = control
+        master = control
 
         def resize(size: PtySize) -> None:
             if proc.returncode is None:
-                terminal.resize(held, size)
+                terminal.resize(master, size)
 
         # Closed once, when the launcher has exited: resize and signal look at the exit first.
-        exited.add_done_callback(lambda _: _close_quietly(held))
+        exited.add_done_callback(lambda _: _close_quietly(master))
         return Spawned(proc.stdout, proc.stderr, proc.stdin, wait, send, resize)
 
     def _terminal(self, sandbox_id: str, size: PtySize, user: str | None) -> tuple[int, tuple[int, int]]:
         """A terminal of ``size`` in the sandbox's devpts, its slave owned by the host uid the
         command runs as: the runtime keeps one descriptor of its master (to resize it and find
         its session), the launcher gets the pair."""
-        try:
-            terminal.check_size(size)
-        except ValueError as exc:
-            raise InvalidSandbox(str(exc), "pty") from None
         record = self._live(sandbox_id)
         try:
             master, slave = terminal.open_pair(record.init.pid, record.init.pid_ns, size)

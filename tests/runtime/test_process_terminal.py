@@ -5,11 +5,12 @@ host-side launcher, and a signal to the command reaches everything on its termin
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 
 import pytest
 
-from corral.runtime.base import SandboxSpec
+from corral.runtime.base import InvalidSandbox, SandboxPaused, SandboxSpec
 from corral.runtime.process import ProcessRuntime
 from corral.runtime.stream import PtySize, Spawned
 from tests.runtime.conftest import cgroup_root, make_process_runtime, process_runtime  # noqa: F401
@@ -58,3 +59,18 @@ async def test_the_terminal_s_signals_are_the_tenant_s(process_runtime: ProcessR
     assert await shell.wait() == 128 + signal.SIGKILL
     assert not await running(process_runtime, "300", expected=False)  # the background job too
     await process_runtime.stop("tty-1")
+
+
+async def test_a_refused_terminal_leaves_no_descriptor(process_runtime: ProcessRuntime) -> None:  # noqa: F811
+    await process_runtime.start(SandboxSpec(id="tty-2", memory_mb=128))
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(InvalidSandbox):
+        await process_runtime.spawn("tty-2", ["sh"], env={"BAD NAME": "x"}, pty=PtySize(5, 5))
+    with pytest.raises(InvalidSandbox):
+        await process_runtime.spawn("tty-2", ["sh"], pty=PtySize(0, 5))
+    await process_runtime.pause("tty-2")
+    with pytest.raises(SandboxPaused):
+        await process_runtime.spawn("tty-2", ["sh"], pty=PtySize(5, 5))
+    await process_runtime.resume("tty-2")
+    assert len(os.listdir("/proc/self/fd")) == before
+    await process_runtime.stop("tty-2")
