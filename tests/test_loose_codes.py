@@ -21,6 +21,7 @@ CONNECT_PROTOCOL = {
     "corral/agent/envd/processes.py",
     "corral/agent/envd/files.py",
     "corral/agent/envd/helper.py",
+    "corral/agent/envd/watch.py",
     # Template builds: a build's status and its log levels ("error") are E2B's words, which the one
     # build service behind E2B's build API and corral's own speaks.
     "corral/api/e2b/builds.py",

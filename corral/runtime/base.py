@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 from corral.codes import ErrorCode
 from corral.core.types import DEFAULT_CPUS, DEFAULT_SANDBOX_PIDS, DEFAULT_TEMPLATE
 from corral.exec_result import ExecResult
-from corral.runtime.stream import Spawned
+from corral.runtime.stream import PtySize, Spawned
 
 DEFAULT_PIDS = DEFAULT_SANDBOX_PIDS
 
@@ -75,6 +75,12 @@ class InvalidSandbox(RuntimeFailure):
         self.field = field
 
 
+class Unsupported(RuntimeFailure):
+    """This runtime cannot do what was asked (a feature another runtime has); nothing was done."""
+
+    code = ErrorCode.UNSUPPORTED_OPTION
+
+
 class SandboxExists(RuntimeFailure):
     """A sandbox with this id is already on this host; the existing one is untouched."""
 
@@ -118,9 +124,11 @@ class Runtime(Protocol):
         cwd: str | None = None,
         stdin: bool = False,
         user: str | None = None,
+        pty: PtySize | None = None,
     ) -> Spawned:
         """Start a command as the sandbox user (or ``user``: ``root``, in a sandbox of an image, where
-        root inside is an unprivileged uid outside), in the sandbox, and hand it back while it runs."""
+        root inside is an unprivileged uid outside), in the sandbox, and hand it back while it runs;
+        on a terminal of ``pty``'s size if asked (:class:`Unsupported` where the runtime has none)."""
         ...
 
     async def pause(self, sandbox_id: str) -> None:

@@ -59,16 +59,33 @@ class Child:
 
 
 async def start(
-    argv: Sequence[str], *, env: Mapping[str, str], pass_fds: Sequence[int], stdin: bool
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    pass_fds: Sequence[int],
+    stdin: bool,
+    tty: tuple[int, int] | None = None,
 ) -> Child:
-    """Start ``argv`` in a session of its own, with pipes for its output (and input, if asked)."""
+    """Start ``argv`` in a session of its own, with pipes for its output (and input, if asked); or,
+    given a terminal's ``(master, slave)`` (both closed here), with the slave as its standard
+    descriptors: its stdout is then what the master reads, its stdin written to the master, and its
+    stderr empty (a terminal has one stream)."""
     loop = asyncio.get_running_loop()
     ours: list[int] = []  # the loop's ends, until a transport owns them
     theirs: list[int] = []  # the child's ends, closed here once it has them
     try:
-        out_r, out_w = _pipe(ours, theirs)
-        err_r, err_w = _pipe(ours, theirs)
-        in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        if tty is None:
+            out_r, out_w = _pipe(ours, theirs)
+            err_r, err_w = _pipe(ours, theirs)
+            in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+        else:
+            ours.append(tty[0])
+            theirs.append(tty[1])
+            out_r, in_w = tty[0], -1
+            if stdin:  # the input's transport owns a descriptor of its own
+                in_w = os.dup(tty[0])
+                ours.append(in_w)
+            err_r = in_r = out_w = err_w = tty[1]
         popen = await loop.run_in_executor(
             _POOL,
             lambda: subprocess.Popen(
@@ -91,11 +108,18 @@ async def start(
             os.close(fd)
     return Child(
         popen,
-        _reader(loop, out_r),
-        _reader(loop, err_r),
-        _writer(loop, in_w) if stdin else None,
+        reader(loop, out_r),
+        reader(loop, err_r) if tty is None else ended(),
+        writer(loop, in_w) if stdin else None,
         _watch_exit(loop, popen),
     )
+
+
+def ended() -> asyncio.StreamReader:
+    """A stream that is over before it began (a terminal's stderr)."""
+    stream = asyncio.StreamReader()
+    stream.feed_eof()
+    return stream
 
 
 def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
@@ -105,13 +129,15 @@ def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
     return r, w
 
 
-def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+def reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+    """A stream over ``fd`` (a pipe's read end, a terminal's master), which it owns from here on."""
     stream = asyncio.StreamReader(limit=_STREAM_LIMIT)
     pipes.ReadPipe(loop, fd, asyncio.StreamReaderProtocol(stream))  # owns the descriptor from here on
     return stream
 
 
-def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
+def writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
+    """A stream writing to ``fd``, which it owns from here on."""
     protocol = _WriteProtocol(loop)
     return asyncio.StreamWriter(pipes.WritePipe(loop, fd, protocol), protocol, None, loop)
 

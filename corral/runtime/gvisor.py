@@ -13,8 +13,10 @@ A sandbox is made of:
 * no network (``--network=none``: loopback only) until the sandbox's network slot joins it.
 
 Every command runs through ``runsc exec`` with its process spec on a descriptor, never on a command
-line. The platform is probed at start-up (``ptrace`` works everywhere; ``systrap`` and ``kvm`` where
-the runsc release and the host allow). docs/isolation.md compares its layers with the process runtime's.
+line; a command on a terminal gets a host pty that runsc hands the Sentry (see
+:meth:`GvisorRuntime._spawn_on_terminal`). The platform is probed at start-up (``ptrace`` works
+everywhere; ``systrap`` and ``kvm`` where the runsc release and the host allow). docs/isolation.md
+compares its layers with the process runtime's.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from corral.exec_result import ExecResult
-from corral.runtime import bwrap, launcher, oci
+from corral.runtime import bwrap, child, launcher, oci, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -50,7 +52,7 @@ from corral.runtime.base import (
 from corral.runtime.capture import DEFAULT_LIMIT, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.statedir import spec_from_dict, spec_to_dict, valid_id
-from corral.runtime.stream import Spawned
+from corral.runtime.stream import PtySize, Spawned
 
 DEFAULT_ROOT = Path("/run/corral/gvisor")
 # The Sentry, its gofer and their Go runtimes take some tens of MiB before the guest runs anything.
@@ -378,7 +380,12 @@ class GvisorRuntime:
     # -- commands -------------------------------------------------------------------------------
 
     def _process_fd(
-        self, sandbox_id: str, command: Sequence[str], env: Mapping[str, str] | None, cwd: str | None
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        on_terminal: bool = False,
     ) -> int:
         state = self._state(sandbox_id)
         spec = spec_from_dict(state["spec"])
@@ -387,7 +394,12 @@ class GvisorRuntime:
             launcher.check_command(command, dict(env or {}), cwd or bwrap.SANDBOX_HOME)
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
-        process = oci.process(command, bwrap.sandbox_env(hostname, spec.env, env), cwd or bwrap.SANDBOX_HOME)
+        process = oci.process(
+            command,
+            bwrap.sandbox_env(hostname, spec.env, env),
+            cwd or bwrap.SANDBOX_HOME,
+            terminal=on_terminal,
+        )
         return launcher.memfd("process", json.dumps(process).encode())
 
     async def _open(
@@ -398,13 +410,29 @@ class GvisorRuntime:
         cwd: str | None,
         *,
         stdin: bool,
+        tty: int | None = None,
     ) -> tuple[asyncio.subprocess.Process, Path]:
+        """``runsc exec`` of a command, its output on pipes; or, given a terminal's slave ``tty``, on
+        that terminal, which becomes runsc's controlling one (``setsid --ctty``): what the terminal
+        signals (typed ^C, a resize's SIGWINCH) reaches runsc, which forwards every signal to the
+        command inside."""
         if sandbox_id in self._paused:
             raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
-        fd = self._process_fd(sandbox_id, command, env, cwd)
+        fd = self._process_fd(sandbox_id, command, env, cwd, on_terminal=tty is not None)
         pid_file = self._dir(sandbox_id) / f"exec-{os.urandom(6).hex()}.pid"
+        stdio: dict[str, Any] = {
+            "stdin": subprocess.PIPE if stdin else subprocess.DEVNULL,
+            "stdout": subprocess.PIPE,
+            "stderr": subprocess.PIPE,
+            "start_new_session": True,
+        }
+        session: list[str] = []
+        if tty is not None:  # not a session's leader yet, so setsid needs no fork
+            stdio = {"stdin": tty, "stdout": tty, "stderr": tty, "start_new_session": False}
+            session = ["setsid", "--ctty"]
         try:
             proc = await asyncio.create_subprocess_exec(
+                *session,
                 *self._argv(
                     "exec",
                     "--process",
@@ -413,12 +441,9 @@ class GvisorRuntime:
                     str(pid_file),
                     self._cid(sandbox_id),
                 ),
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                **stdio,
                 pass_fds=(fd,),
                 env=launcher.clean_env(),
-                start_new_session=True,
                 cwd="/",
             )
         finally:
@@ -484,12 +509,20 @@ class GvisorRuntime:
         cwd: str | None = None,
         stdin: bool = False,
         user: str | None = None,
+        pty: PtySize | None = None,
     ) -> Spawned:
         if user is not None:
             raise InvalidSandbox("the gvisor runtime runs commands as the sandbox's one user", "user")
+        if pty is not None:
+            return await self._spawn_on_terminal(sandbox_id, command, env, cwd, stdin, pty)
         proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=stdin)
         assert proc.stdout is not None and proc.stderr is not None
+        wait, send = self._watch(sandbox_id, proc, pid_file)
+        return Spawned(proc.stdout, proc.stderr, proc.stdin if stdin else None, wait, send)
 
+    def _watch(
+        self, sandbox_id: str, proc: asyncio.subprocess.Process, pid_file: Path
+    ) -> tuple[Callable[[], Awaitable[int]], Callable[[int], None]]:
         async def wait() -> int:
             try:
                 return shell_exit_code(await proc.wait())
@@ -500,7 +533,52 @@ class GvisorRuntime:
             if proc.returncode is None:
                 self._signal_inside(sandbox_id, pid_file, sig)
 
-        return Spawned(proc.stdout, proc.stderr, proc.stdin if stdin else None, wait, send)
+        return wait, send
+
+    async def _spawn_on_terminal(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        stdin: bool,
+        size: PtySize,
+    ) -> Spawned:
+        """A command on a host terminal the Sentry is handed (runsc's ``terminal``): the guest sees a
+        terminal of gVisor's host-file kind, not one of its own devpts (``tty`` says "not a tty"
+        there), but sizes, line discipline, job control and signals behave as on any terminal."""
+        try:
+            terminal.check_size(size)
+        except ValueError as exc:
+            raise InvalidSandbox(str(exc), "pty") from None
+        master, slave = os.openpty()
+        try:
+            terminal.resize(master, size)
+            control = os.dup(master)
+        except BaseException:
+            os.close(master)
+            os.close(slave)
+            raise
+        try:
+            proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=False, tty=slave)
+        except BaseException:
+            os.close(master)
+            os.close(control)
+            raise
+        finally:
+            os.close(slave)
+        loop = asyncio.get_running_loop()
+        writer = child.writer(loop, os.dup(master)) if stdin else None
+        wait, send = self._watch(sandbox_id, proc, pid_file)
+        exited = asyncio.ensure_future(proc.wait())
+        # Closed once, when runsc has exited: resize looks at the exit first.
+        exited.add_done_callback(lambda _: os.close(control))
+
+        def resize(new: PtySize) -> None:
+            if proc.returncode is None:
+                terminal.resize(control, new)
+
+        return Spawned(child.reader(loop, master), child.ended(), writer, wait, send, resize)
 
     # -- pause, measure, list -------------------------------------------------------------------
 

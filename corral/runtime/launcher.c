@@ -22,6 +22,10 @@
  *       must still be inode PID_NS: a recycled pid is refused) as UID/GID (ids inside
  *       the sandbox's user namespace), in its cgroups, with an empty bounding set, no_new_privs and
  *       the seccomp filter; exit with its status (128+N when killed by signal N)
+ *   launcher exec --tty INIT_PID ...   (and exec-root --tty)
+ *       the same, its standard descriptors a terminal (the slave of a pty the runtime opened in the
+ *       sandbox's own devpts): the command leads a session of its own with that terminal as its
+ *       controlling one (setsid, TIOCSCTTY), so job control and ^C reach it and never the launcher
  *   launcher exec-root INIT_PID PID_NS UID GID SPEC_FD PROCS...
  *       the same, in a sandbox whose user namespace maps a whole range of host uids (an image's
  *       sandbox): uid 0 inside is an unprivileged host uid, so the command keeps the bounding set of
@@ -349,6 +353,11 @@ static void close_other_fds(void) {
 }
 
 static int exec_in(int argc, char **argv, int root_inside) {
+    int tty = argc > 0 && strcmp(argv[0], "--tty") == 0;
+    if (tty) {
+        argc--;
+        argv++;
+    }
     if (argc < 5) fail_msg("usage: exec INIT_PID PID_NS UID GID SPEC_FD PROCS...");
     long init = parse_id(argv[0], "pid");
     char *end;
@@ -393,6 +402,9 @@ static int exec_in(int argc, char **argv, int root_inside) {
     pid_t child = fork();
     if (child < 0) fail("fork");
     if (child == 0) {
+        /* A session of its own, led by the command, on its terminal: the tty's signals (^C, a
+         * hangup, a resize's SIGWINCH) go to the command's process groups, never to the launcher. */
+        if (tty && (setsid() < 0 || ioctl(STDIN_FILENO, TIOCSCTTY, 0) != 0)) fail("controlling terminal");
         /* Not dumpable until the final execve: with the sandbox's user namespace joined, its root
          * (an image's sandbox has one) would otherwise be allowed to ptrace us, still host root. */
         if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");

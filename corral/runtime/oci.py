@@ -20,11 +20,17 @@ def _env_list(env: Mapping[str, str]) -> list[str]:
 
 
 def process(
-    args: Sequence[str], env: Mapping[str, str], cwd: str = SANDBOX_HOME, *, uid: int = SANDBOX_UID
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str = SANDBOX_HOME,
+    *,
+    uid: int = SANDBOX_UID,
+    terminal: bool = False,
 ) -> dict[str, Any]:
-    """One process of the sandbox: as its user, without capabilities or new privileges."""
+    """One process of the sandbox: as its user, without capabilities or new privileges; on the
+    terminal its runtime is given as its standard descriptors, if ``terminal``."""
     return {
-        "terminal": False,
+        "terminal": terminal,
         "user": {"uid": uid, "gid": SANDBOX_GID if uid == SANDBOX_UID else uid},
         "args": list(args),
         "env": _env_list(env),

@@ -12,6 +12,7 @@ protocol to pause past a high-water mark.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 
 _CHUNK = 64 * 1024
@@ -33,8 +34,10 @@ class ReadPipe(asyncio.ReadTransport):
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._lose(exc)
-            return
+            if exc.errno != errno.EIO:
+                self._lose(exc)
+                return
+            data = b""  # a terminal's master once no process holds its slave: its end of file
         if data:
             self._protocol.data_received(data)
         else:

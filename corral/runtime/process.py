@@ -36,7 +36,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Literal
 
@@ -46,7 +46,7 @@ from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
 from corral.images.digest import check_digest
 from corral.images.resolver import ImageResolver
-from corral.runtime import bwrap, child, launcher, procfs, rootfs
+from corral.runtime import bwrap, child, launcher, procfs, rootfs, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -61,7 +61,7 @@ from corral.runtime.base import (
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.statedir import Corrupt, Running, Starting, StateDir, valid_id
-from corral.runtime.stream import Spawned
+from corral.runtime.stream import PtySize, Spawned
 from corral.runtime.uids import (
     DEFAULT_LEASE_DIR,
     DEFAULT_UID_RANGES,
@@ -612,9 +612,12 @@ class ProcessRuntime:
         *,
         stdin: bool,
         user: str | None = None,
+        terminal_of: Callable[[], tuple[int, int]] | None = None,
     ) -> child.Child:
         """The launcher, started on a command for this sandbox (its own process group, so a signal to
-        the group reaches everything the command starts)."""
+        the group reaches everything the command starts); on the terminal ``terminal_of`` opens (see
+        :meth:`_terminal`), if given: opened once every check has passed, then closed by
+        ``child.start`` whatever happens."""
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise InvalidSandbox("environment variable names and values must be strings", "env")
         record = self._live(sandbox_id)
@@ -647,15 +650,20 @@ class ProcessRuntime:
         spec_fd = launcher.memfd("exec-spec", spec)
         init = record.init
         mode = "exec-root" if image else "exec"
-        argv = [str(launcher.path()), mode, str(init.pid), str(init.pid_ns), str(inside)]
+        tty_flag = ["--tty"] if terminal_of is not None else []
+        argv = [str(launcher.path()), mode, *tty_flag, str(init.pid), str(init.pid_ns)]
+        argv.append(str(inside))
         argv += [
             str(inside),
             str(spec_fd),
             *(str(p) for p in (cgroup.procs_files if cgroup else [])),
         ]
         try:
+            tty = terminal_of() if terminal_of is not None else None
             # Forked off the event loop (see corral.runtime.child): the loop goes on serving.
-            return await child.start(argv, env=launcher.clean_env(), pass_fds=(spec_fd,), stdin=stdin)
+            return await child.start(
+                argv, env=launcher.clean_env(), pass_fds=(spec_fd,), stdin=stdin, tty=tty
+            )
         finally:
             os.close(spec_fd)
 
@@ -668,8 +676,38 @@ class ProcessRuntime:
         cwd: str | None = None,
         stdin: bool = False,
         user: str | None = None,
+        pty: PtySize | None = None,
     ) -> Spawned:
-        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=stdin, user=user)
+        cgroup = None
+        held: list[int] = []  # the runtime's own descriptor of the terminal's master, once opened
+        if pty is not None:
+            try:
+                terminal.check_size(pty)
+            except ValueError as exc:
+                raise InvalidSandbox(str(exc), "pty") from None
+            cgroup = _cgroup_of(self._live(sandbox_id))  # whose processes a signal to its session reaches
+
+        def open_terminal() -> tuple[int, int]:
+            assert pty is not None
+            control, pair = self._terminal(sandbox_id, pty, user)
+            held.append(control)
+            return pair
+
+        try:
+            proc = await self._run_in(
+                sandbox_id,
+                command,
+                env,
+                cwd,
+                stdin=stdin,
+                user=user,
+                terminal_of=open_terminal if pty is not None else None,
+            )
+        except BaseException:
+            for fd in held:
+                os.close(fd)
+            raise
+        control = held[0] if held else None
         assert proc.stdout is not None and proc.stderr is not None
 
         exited = asyncio.ensure_future(proc.wait())
@@ -683,11 +721,55 @@ class ProcessRuntime:
             return shell_exit_code(proc.returncode)
 
         def send(sig: int) -> None:
-            if proc.returncode is None:
+            if proc.returncode is not None:
+                return
+            if control is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
+                return
+            # On a terminal the command leads a session of its own; every process of that session
+            # gets the signal (the launcher is alive, so the leader has not been reaped yet).
+            session = terminal.session_of(control)
+            if session is None:
+                return
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                if cgroup is None:
+                    os.killpg(session, sig)  # no cgroup to list: the leader's own group
+                else:
+                    terminal.signal_session(session, cgroup.pids(), sig)
 
-        return Spawned(proc.stdout, proc.stderr, proc.stdin, wait, send)
+        if control is None:
+            return Spawned(proc.stdout, proc.stderr, proc.stdin, wait, send)
+        master = control
+
+        def resize(size: PtySize) -> None:
+            if proc.returncode is None:
+                terminal.resize(master, size)
+
+        # Closed once, when the launcher has exited: resize and signal look at the exit first.
+        exited.add_done_callback(lambda _: _close_quietly(master))
+        return Spawned(proc.stdout, proc.stderr, proc.stdin, wait, send, resize)
+
+    def _terminal(self, sandbox_id: str, size: PtySize, user: str | None) -> tuple[int, tuple[int, int]]:
+        """A terminal of ``size`` in the sandbox's devpts, its slave owned by the host uid the
+        command runs as: the runtime keeps one descriptor of its master (to resize it and find
+        its session), the launcher gets the pair."""
+        record = self._live(sandbox_id)
+        try:
+            master, slave = terminal.open_pair(record.init.pid, record.init.pid_ns, size)
+        except OSError as exc:
+            raise RuntimeFailure(f"sandbox {sandbox_id!r} has no terminal to give: {exc}") from None
+        try:
+            if record.uid is not None:
+                image = record.spec.image is not None
+                inside = _IMAGE_UIDS.get(user or record.spec.user or bwrap.SANDBOX_USER, 0) if image else 0
+                os.fchown(slave, record.uid + inside, record.uid + inside)
+            control = os.dup(master)
+        except BaseException:
+            os.close(master)
+            os.close(slave)
+            raise
+        return control, (master, slave)
 
     # -- pause ----------------------------------------------------------------------------------
 
@@ -805,6 +887,11 @@ class ProcessRuntime:
             started_at=record.started_at,
             ref=f"pid={record.init.pid}" + (f" cgroup={record.cgroup}" if record.cgroup else ""),
         )
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _opened(path: str, fds: list[int]) -> int:

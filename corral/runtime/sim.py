@@ -31,8 +31,9 @@ from corral.runtime.base import (
     SandboxNotFound,
     SandboxPaused,
     SandboxSpec,
+    Unsupported,
 )
-from corral.runtime.stream import Spawned, finished
+from corral.runtime.stream import PtySize, Spawned, finished
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -245,8 +246,11 @@ class SimRuntime:
         cwd: str | None = None,
         stdin: bool = False,
         user: str | None = None,
+        pty: PtySize | None = None,
     ) -> Spawned:
         """The emulated command, already over: a simulation has no process to watch."""
+        if pty is not None:
+            raise Unsupported("the simulated runtime has no terminals")
         r = await self.exec(sandbox_id, command, env=env, cwd=cwd)
         return finished(r.exit_code, r.stdout.encode(), r.stderr.encode())
 

@@ -28,17 +28,22 @@ LIMIT = 64 * 1024
 
 
 @pytest.fixture
-async def envd(process_runtime: ProcessRuntime) -> AsyncIterator[httpx.AsyncClient]:  # noqa: F811
+async def app(process_runtime: ProcessRuntime) -> AsyncIterator[Envd]:  # noqa: F811
     agent = Agent(
         AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), process_runtime, pressure=lambda: 0.0
     )
     await agent.start(StartSandbox(id=SID, memory_mb=256))
-    app = Envd(agent, files_max_bytes=LIMIT, idle_timeout_s=0.5)
+    yield Envd(agent, files_max_bytes=LIMIT, idle_timeout_s=0.5)
+    if SID in agent.sandbox_ids():
+        await agent.stop(SID)
+
+
+@pytest.fixture
+async def envd(app: Envd) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app), base_url="http://envd", headers={"E2b-Sandbox-Id": SID}
     ) as client:
         yield client
-    await agent.stop(SID)
 
 
 async def run(process_runtime: ProcessRuntime, script: str) -> str:  # noqa: F811

@@ -302,9 +302,11 @@ def test_every_envd_rpc_answers_in_protocol_and_leaves_the_connection_usable(
         assert r.status_code == 501 and r.json()["code"] == "unimplemented"
         assert http.get("/health").status_code == 204
     # Through the SDK: a call corral does not serve raises, and the next call on its connection works.
+    reader = sandbox.commands.run("cat", background=True, stdin=True)
     with pytest.raises(SandboxException, match=r"(?i)unimplemented"):
-        sandbox.files.watch_dir("/tmp")
+        sandbox.commands.stream_input(reader.pid, [b"streamed input"])
     assert sandbox.commands.run("echo still").stdout == "still\n"
+    sandbox.commands.kill(reader.pid)
 
 
 def test_metrics_over_a_time_range(sandbox: Sandbox) -> None:

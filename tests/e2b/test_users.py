@@ -9,11 +9,13 @@ import asyncio
 import pytest
 from e2b import CommandExitException, Sandbox
 from e2b.exceptions import SandboxException
+from e2b.sandbox.commands.command_handle import PtySize
 
 from corral.images import DirBlobStore, digest_file
 from corral.store import TemplateRecord, open_store
 from corral.testing.erofs import small_image
 from tests.e2b.conftest import Corral
+from tests.e2b.test_pty_watch import Screen
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 
@@ -45,6 +47,13 @@ def test_root_in_an_image_sandbox_and_a_clear_refusal_on_the_host_s_root(
         with pytest.raises(CommandExitException):
             sb.commands.run("echo no > /etc/made-by-user")  # the default user cannot write there
         assert sb.commands.run("sudo -n id -u").stdout == "0\n"
+        # A terminal as either user: of the image's own devpts, owned by whoever it runs as.
+        for who, uid in (("root", "0"), ("user", "1000")):
+            handle = sb.pty.create(PtySize(rows=5, cols=40), user=who)  # type: ignore[arg-type]
+            screen = Screen(handle)
+            sb.pty.send_stdin(handle.pid, b"echo id=$(id -u) owner=$(stat -c %u $(tty)); exit\n")
+            assert screen.shows(f"id={uid} owner={uid}"), screen.text()
+            screen.thread.join(30)
     finally:
         sb.kill()
 

@@ -1,5 +1,6 @@
-"""The envd app: the data plane's two services (:mod:`~corral.agent.envd.processes` and
-:mod:`~corral.agent.envd.files`) for the sandboxes of this host behind one router, with its health.
+"""The envd app: the data plane's two services (:mod:`~corral.agent.envd.processes`, and
+:mod:`~corral.agent.envd.files` with :mod:`~corral.agent.envd.watch`) for the sandboxes of this host
+behind one router, with its health.
 
 Every request names its sandbox in ``E2b-Sandbox-Id``; whoever routed it here has already decided the
 caller may reach that sandbox. Everything runs in the sandbox, as its one user, through the runtime's
@@ -19,6 +20,7 @@ from corral.agent.envd.calls import MAX_MESSAGE_BYTES, Calls
 from corral.agent.envd.connect import STREAM_CONTENT_TYPE, RpcError, end_stream
 from corral.agent.envd.files import FILES_MAX_BYTES, IDLE_TIMEOUT_S, Files
 from corral.agent.envd.processes import Processes, Run
+from corral.agent.envd.watch import Watches
 
 ENVD_PREFIX = "/envd"  # where an agent's HTTP API serves this
 # The envd protocol level served: the SDK sends no user below 0.4.0 assumptions and uploads
@@ -38,10 +40,12 @@ class Envd:
         self.calls = Calls(agent)
         self.processes = Processes(self.calls)
         self.files = Files(self.calls, files_max_bytes, idle_timeout_s)
+        self.watches = Watches(self.calls)
         self.app = Router(
             routes=[
                 Route("/health", self.health, methods=["GET"]),
                 *self.files.routes(),
+                *self.watches.routes(),
                 *self.processes.routes(),
             ],
             default=self.unimplemented,

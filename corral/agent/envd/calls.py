@@ -18,9 +18,15 @@ from corral.agent.agent import Agent
 from corral.agent.envd.connect import RpcBusy, RpcError, parse_json
 from corral.agent.errors import AgentBusy, AgentError
 from corral.agent.protocol import CALLER_AUTH_HEADER
-from corral.runtime.base import InvalidSandbox, RuntimeFailure, SandboxNotFound, SandboxPaused
+from corral.runtime.base import (
+    InvalidSandbox,
+    RuntimeFailure,
+    SandboxNotFound,
+    SandboxPaused,
+    Unsupported,
+)
 from corral.runtime.bwrap import ROOT_USER, SANDBOX_USER
-from corral.runtime.stream import Spawned
+from corral.runtime.stream import PtySize, Spawned
 
 SANDBOX_HEADER = "e2b-sandbox-id"
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -99,6 +105,7 @@ class Calls:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         stdin: bool = False,
+        pty: PtySize | None = None,
     ) -> Spawned:
         """Every command of this data plane starts here, holding one of the sandbox's command slots
         (the agent's bound, shared with exec) until it exits, as the user the call chose
@@ -109,7 +116,7 @@ class Calls:
             raise RpcBusy(exc.message, exc.retry_after_s) from None
         try:
             spawned = await self.agent.runtime.spawn(
-                sandbox_id, command, env=env, cwd=cwd, stdin=stdin, user=_USER.get()
+                sandbox_id, command, env=env, cwd=cwd, stdin=stdin, user=_USER.get(), pty=pty
             )
         except BaseException as exc:
             self.agent.leave(sandbox_id)
@@ -117,6 +124,8 @@ class Calls:
                 raise RpcError("not_found", f"sandbox {sandbox_id} was not found") from None
             if isinstance(exc, SandboxPaused):
                 raise RpcError("failed_precondition", str(exc)) from None
+            if isinstance(exc, Unsupported):
+                raise RpcError("unimplemented", str(exc)) from None
             if isinstance(exc, InvalidSandbox):
                 raise RpcError("invalid_argument", f"{exc.field}: {exc}") from None
             if isinstance(exc, RuntimeFailure):

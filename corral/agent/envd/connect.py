@@ -8,9 +8,15 @@ JSON; the stream ends with an envelope flagged ``END_STREAM`` holding ``{}`` or 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from corral.codes import retry_after_header
 
@@ -18,6 +24,8 @@ END_STREAM = 0x02
 STREAM_CONTENT_TYPE = "application/connect+json"
 UNARY_CONTENT_TYPE = "application/json"
 _HEADER = struct.Struct(">BI")
+T = TypeVar("T")
+KEEPALIVE_DEFAULT_S = 50.0  # between keepalive events of a stream, unless the client asks otherwise
 
 # Connect codes and the HTTP status a unary error answers with.
 HTTP_STATUS = {
@@ -94,3 +102,52 @@ def unwrap(body: bytes) -> dict[str, Any]:
     if len(body) != _HEADER.size + length:
         raise RpcError("invalid_argument", "the stream request must hold exactly one message")
     return parse_json(body[_HEADER.size :])
+
+
+class DetachingStream(StreamingResponse):
+    """A server stream that lets go of what it follows (a command, a watch) however the response
+    ends: a client gone while its stream was blocked leaves the generator suspended, its
+    ``finally`` never run."""
+
+    def __init__(self, content: AsyncIterator[bytes], detach: Callable[[], None]) -> None:
+        super().__init__(content, media_type=STREAM_CONTENT_TYPE)
+        self._detach = detach
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._detach()
+
+
+def stream_deadline(header: str | None) -> float | None:
+    """When a stream must end, from its ``connect-timeout-ms`` header (None: never)."""
+    try:
+        return time.monotonic() + int(header or "") / 1000.0
+    except ValueError:
+        return None
+
+
+def keepalive_interval(header: str | None) -> float:
+    """Seconds between a stream's keepalive events, from E2B's ``keepalive-ping-interval`` header."""
+    try:
+        return max(1.0, min(float(header or KEEPALIVE_DEFAULT_S), 300.0))
+    except ValueError:
+        return KEEPALIVE_DEFAULT_S
+
+
+async def next_or_keepalive(get: Callable[[], Awaitable[T]], until: float | None, every: float) -> T | None:
+    """The next item ``get`` gives, or None when ``every`` seconds pass without one (the stream's
+    keepalive is due); ``deadline_exceeded`` once the stream's deadline ``until`` has passed."""
+    wait = every if until is None else min(every, until - time.monotonic())
+    if wait <= 0:
+        raise RpcError("deadline_exceeded", "the stream's deadline passed")
+    try:
+        return await asyncio.wait_for(get(), wait)
+    except TimeoutError:
+        return None
+
+
+def stream_error(exc: RpcError) -> Response:
+    # A stream's errors travel in its end envelope, under HTTP 200.
+    return Response(end_stream(exc), media_type=STREAM_CONTENT_TYPE)

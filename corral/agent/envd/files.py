@@ -67,7 +67,7 @@ class Files:
         spawned = await self.calls.spawn(sandbox_id, helper_command(request))
         try:
             out, err = await asyncio.gather(
-                _read_all(spawned.stdout, MAX_ANSWER_BYTES), _read_all(spawned.stderr, MAX_MESSAGE_BYTES)
+                read_all(spawned.stdout, MAX_ANSWER_BYTES), read_all(spawned.stderr, MAX_MESSAGE_BYTES)
             )
         except BaseException:
             spawned.signal(signal.SIGKILL)
@@ -75,7 +75,7 @@ class Files:
             raise
         code = await spawned.wait()
         if code != 0:
-            raise _helper_error(err, code)
+            raise helper_error(err, code)
         return parse_json(out)
 
     def _fs(self, op: str) -> Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]:
@@ -95,7 +95,7 @@ class Files:
         first = await spawned.stdout.read(1)
         if first != b"\0":
             err = await spawned.stderr.read()
-            return _files_error(_helper_error(err, await spawned.wait()))
+            return _files_error(helper_error(err, await spawned.wait()))
         limit = self.files_max_bytes
 
         async def body() -> AsyncIterator[bytes]:
@@ -165,7 +165,7 @@ class Files:
             await asyncio.shield(_abandon(spawned))
             raise
         if code != 0:
-            raise _helper_error(err, code)
+            raise helper_error(err, code)
         result: list[dict[str, Any]] = json.loads(out)
         return result
 
@@ -248,7 +248,7 @@ class Files:
         return written
 
 
-async def _read_all(stream: asyncio.StreamReader, limit: int) -> bytes:
+async def read_all(stream: asyncio.StreamReader, limit: int) -> bytes:
     data = bytearray()
     while chunk := await stream.read(CHUNK):
         data += chunk
@@ -315,7 +315,7 @@ async def _iterate(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def _helper_error(err: bytes, code: int) -> RpcError:
+def helper_error(err: bytes, code: int) -> RpcError:
     try:
         body = json.loads(err)
         return RpcError(str(body["code"]), str(body["message"]))

@@ -102,8 +102,93 @@ def listing(path: str, depth: int) -> list[dict[str, Any]]:
     return found
 
 
+# inotify's masks (linux/inotify.h), and the E2B event each becomes (as Go's fsnotify names them).
+IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM, IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+IN_Q_OVERFLOW, IN_IGNORED, IN_ONLYDIR, IN_ISDIR = 0x4000, 0x8000, 0x1000000, 0x40000000
+WATCHED = (
+    IN_MODIFY
+    | IN_ATTRIB
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_CREATE
+    | IN_DELETE
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+)
+EVENT_TYPES = (
+    (IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE"),
+    (IN_MODIFY, "EVENT_TYPE_WRITE"),
+    (IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE"),
+    (IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME"),
+    (IN_ATTRIB, "EVENT_TYPE_CHMOD"),
+)
+MAX_WATCHES = 4096  # directories one recursive watch follows; past it, deeper ones go unwatched
+
+
+def watch(path: str, recursive: bool) -> None:
+    """Follow the directory ``path`` (and, ``recursive``, every directory under it) with inotify,
+    writing each event as a JSON line on stdout, after a first line saying the watch is in place.
+    Runs until killed. A reader that falls behind blocks these writes; the kernel's own bounded
+    queue then drops events (inotify's overflow), so nothing here grows with a flood."""
+    import ctypes
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+    names: dict[int, str] = {}  # watch descriptor -> its directory, relative to ``path``
+
+    def add(first: str) -> None:
+        pending = [first]  # a stack, not recursion: a deep tree is no deeper a call stack
+        while pending and len(names) < MAX_WATCHES:
+            relative = pending.pop()
+            target = os.path.join(path, relative) if relative else path
+            wd = libc.inotify_add_watch(fd, os.fsencode(target), WATCHED | IN_ONLYDIR)
+            if wd < 0:
+                err = ctypes.get_errno()
+                if not relative:
+                    raise OSError(err, os.strerror(err), path)
+                continue  # a subdirectory gone or unreadable meanwhile: not the watch's failure
+            names[wd] = relative
+            if recursive:
+                with contextlib.suppress(OSError):
+                    for item in os.scandir(target):
+                        if item.is_dir(follow_symlinks=False):
+                            pending.append(os.path.join(relative, item.name))
+
+    if not os.path.isdir(path):
+        if os.path.exists(path):
+            fail("invalid_argument", f"path {path} is not a directory")
+        raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+    add("")
+    out = sys.stdout
+    out.write(json.dumps({"start": path}) + "\n")
+    out.flush()
+    header = struct.Struct("iIII")
+    while True:
+        data = os.read(fd, 64 * 1024)
+        offset = 0
+        while offset + header.size <= len(data):
+            wd, mask, _cookie, length = header.unpack_from(data, offset)
+            raw = data[offset + header.size : offset + header.size + length].rstrip(b"\0")
+            offset += header.size + length
+            if mask & (IN_Q_OVERFLOW | IN_IGNORED) or wd not in names:
+                continue
+            name = os.path.join(names[wd], os.fsdecode(raw)) if raw else names[wd]
+            if recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+                add(name)
+            for bits, kind in EVENT_TYPES:
+                if mask & bits:
+                    out.write(json.dumps({"name": name, "type": kind}) + "\n")
+        out.flush()
+
+
 def run(req: dict[str, Any]) -> Any:
     op = req.get("op")
+    if op == "watch":
+        watch(absolute(req.get("path")), bool(req.get("recursive")))
     if op == "stat":
         return {"entry": entry(absolute(req.get("path")))}
     if op == "list":

@@ -16,28 +16,41 @@ import base64
 import binascii
 import contextlib
 import signal
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from corral.agent.envd.calls import CHUNK, QUEUE, Calls
-from corral.agent.envd.connect import STREAM_CONTENT_TYPE, RpcError, end_stream, envelope, unwrap
+from corral.agent.envd.connect import (
+    DetachingStream,
+    RpcError,
+    end_stream,
+    envelope,
+    keepalive_interval,
+    next_or_keepalive,
+    stream_deadline,
+    stream_error,
+    unwrap,
+)
 from corral.agent.execstream import oom_verdict
 from corral.exec_result import ExecResult
 from corral.runtime.capture import close_reader
-from corral.runtime.stream import Spawned
+from corral.runtime.stream import PtySize, Spawned
+from corral.runtime.terminal import MAX_SIDE
 
 MAX_PROCESSES = 256  # tracked per sandbox
 # Output a command may write while no client listens, per detached spell, read and dropped; then
 # reading stops until a client attaches (Connect).
 UNHEARD_BYTES = 1024 * 1024
-_KEEPALIVE_DEFAULT_S = 50.0
+# Input (stdin or a terminal's) queued for a process that has not read it yet: past this, more is
+# refused until it reads. How long a SendInput waits for the process to take what it sent.
+INPUT_BACKLOG_BYTES = 256 * 1024
+INPUT_WAIT_S = 2.0
+PTY_DRAIN_S = 0.5  # a terminal's output still read once its command has exited
 _SIGNALS = {
     "SIGNAL_SIGKILL": signal.SIGKILL,
     "SIGNAL_SIGTERM": signal.SIGTERM,
@@ -120,6 +133,7 @@ class Processes:
             Route("/process.Process/List", rpc(self.list_processes), methods=["POST"]),
             Route("/process.Process/SendSignal", rpc(self.send_signal), methods=["POST"]),
             Route("/process.Process/SendInput", rpc(self.send_input), methods=["POST"]),
+            Route("/process.Process/Update", rpc(self.update), methods=["POST"]),
             Route("/process.Process/CloseStdin", rpc(self.close_stdin), methods=["POST"]),
         ]
 
@@ -129,7 +143,7 @@ class Processes:
             req = unwrap(await self.calls.message(request))
             run = await self._start(sandbox_id, req)
         except RpcError as exc:
-            return _stream_error(exc)
+            return stream_error(exc)
         return self._stream(request, run)
 
     async def _start(self, sandbox_id: str, req: dict[str, Any]) -> Run:
@@ -143,15 +157,19 @@ class Processes:
             raise RpcError("invalid_argument", "process.envs must map names to strings")
         if cwd is not None and not isinstance(cwd, str):
             raise RpcError("invalid_argument", "process.cwd must be a string")
-        if req.get("pty"):
-            raise RpcError("unimplemented", "terminals (pty) are not supported")
+        size = _pty_size(req["pty"]) if req.get("pty") is not None else None
         tag = req.get("tag") if isinstance(req.get("tag"), str) else None
         runs = self.runs.setdefault(sandbox_id, {})
         if len(runs) >= MAX_PROCESSES:
             raise RpcError("resource_exhausted", f"at most {MAX_PROCESSES} commands run at once")
         oom_kills_before = await self.calls.agent.oom_kills_of(sandbox_id)
         spawned = await self.calls.spawn(
-            sandbox_id, [process["cmd"], *args], env=envs, cwd=cwd, stdin=bool(req.get("stdin"))
+            sandbox_id,
+            [process["cmd"], *args],
+            env=envs,
+            cwd=cwd,
+            stdin=size is not None or bool(req.get("stdin")),
+            pty=size,
         )
         pid = self._next_pid.get(sandbox_id, 1)
         self._next_pid[sandbox_id] = pid + 1
@@ -160,7 +178,8 @@ class Processes:
         runs[pid] = run
         run.attach()
         run.tasks = [
-            asyncio.create_task(self._pump(run, spawned.stdout, "stdout")),
+            # A terminal has one stream, E2B's ``pty`` output.
+            asyncio.create_task(self._pump(run, spawned.stdout, "stdout" if size is None else "pty")),
             asyncio.create_task(self._pump(run, spawned.stderr, "stderr")),
         ]
         run.tasks.append(asyncio.create_task(self._finish(sandbox_id, run)))
@@ -178,6 +197,8 @@ class Processes:
     async def _finish(self, sandbox_id: str, run: Run) -> None:
         code = await run.spawned.wait()
         run.exit()
+        if run.spawned.resize is not None:
+            await _hang_up(run)
         await asyncio.gather(*run.tasks[:2], return_exceptions=True)
         verdict = oom_verdict(
             ExecResult(exit_code=code), run.oom_kills_before, await self.calls.agent.oom_kills_of(sandbox_id)
@@ -197,8 +218,8 @@ class Processes:
     def _stream(self, request: Request, run: Run) -> Response:
         queue = run.listener
         assert queue is not None
-        deadline = _deadline(request.headers.get("connect-timeout-ms"))
-        keepalive = _keepalive(request.headers.get("keepalive-ping-interval"))
+        until = stream_deadline(request.headers.get("connect-timeout-ms"))
+        every = keepalive_interval(request.headers.get("keepalive-ping-interval"))
 
         async def events() -> AsyncIterator[bytes]:
             try:
@@ -208,15 +229,15 @@ class Processes:
                     yield end_stream()
                     return
                 while True:
-                    wait = keepalive if deadline is None else min(keepalive, deadline - time.monotonic())
-                    if wait <= 0:
-                        yield end_stream(RpcError("deadline_exceeded", "the stream's deadline passed"))
-                        return
                     try:
-                        kind, value = await asyncio.wait_for(queue.get(), wait)
-                    except TimeoutError:
+                        item = await next_or_keepalive(queue.get, until, every)
+                    except RpcError as exc:
+                        yield end_stream(exc)
+                        return
+                    if item is None:
                         yield envelope({"event": {"keepalive": {}}})
                         continue
+                    kind, value = item
                     if kind == "end":
                         yield envelope({"event": _end(value, run.error)})
                         break
@@ -226,7 +247,7 @@ class Processes:
             finally:
                 run.detach(queue)  # the command runs on; its output now goes nowhere
 
-        return _Detaching(events(), lambda: run.detach(queue))
+        return DetachingStream(events(), lambda: run.detach(queue))
 
     def _find(self, sandbox_id: str, selector: Any) -> Run:
         runs = self.runs.get(sandbox_id, {})
@@ -245,7 +266,7 @@ class Processes:
             req = unwrap(await self.calls.message(request))
             run = self._find(sandbox_id, req.get("process"))
         except RpcError as exc:
-            return _stream_error(exc)
+            return stream_error(exc)
         run.attach()
         return self._stream(request, run)
 
@@ -267,16 +288,54 @@ class Processes:
 
     async def send_input(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
         run = self._find(sandbox_id, req.get("process"))
-        data = (req.get("input") or {}).get("stdin")
-        if run.spawned.stdin is None:
+        given = req.get("input") or {}
+        if not given:
+            return {}  # nothing to send (an empty oneof)
+        if not isinstance(given, dict) or len(given) != 1 or not {"stdin", "pty"} >= given.keys():
+            raise RpcError("invalid_argument", "input must hold one of stdin or pty")
+        kind, data = next(iter(given.items()))
+        if (kind == "pty") != (run.spawned.resize is not None):
+            raise RpcError(
+                "invalid_argument",
+                "input.pty is for a process started with a pty; input.stdin for one without",
+            )
+        stdin = run.spawned.stdin
+        if stdin is None:
             raise RpcError("failed_precondition", "the process was started without stdin")
         try:
-            run.spawned.stdin.write(base64.b64decode(data or "", validate=True))
-            await run.spawned.stdin.drain()
+            chunk = base64.b64decode(data or "", validate=True)
         except (binascii.Error, TypeError):
-            raise RpcError("invalid_argument", "input.stdin must be base64") from None
-        except (BrokenPipeError, ConnectionResetError):
-            raise RpcError("failed_precondition", "the process no longer reads its stdin") from None
+            raise RpcError("invalid_argument", f"input.{kind} must be base64") from None
+        # What the process has not read yet is held here up to a bound, then refused: a flood of
+        # input to a process that does not read costs the host that bound, no more.
+        if stdin.transport.get_write_buffer_size() >= INPUT_BACKLOG_BYTES:
+            raise RpcError(
+                "resource_exhausted",
+                f"the process is not reading its input: {INPUT_BACKLOG_BYTES} bytes already wait for it",
+            )
+        if stdin.is_closing():
+            raise RpcError("failed_precondition", "the process no longer reads its stdin")
+        stdin.write(chunk)
+        # Accepted once queued; waited for a while, so a reading process has it when this returns.
+        with contextlib.suppress(TimeoutError):
+            try:
+                await asyncio.wait_for(stdin.drain(), INPUT_WAIT_S)
+            except (BrokenPipeError, ConnectionResetError):
+                raise RpcError("failed_precondition", "the process no longer reads its stdin") from None
+        return {}
+
+    async def update(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
+        """E2B's Update: a terminal's new size (the process gets its SIGWINCH)."""
+        run = self._find(sandbox_id, req.get("process"))
+        if req.get("pty") is None:
+            return {}
+        size = _pty_size(req["pty"])
+        if run.spawned.resize is None:
+            raise RpcError("invalid_argument", "the process was started without a pty")
+        try:
+            run.spawned.resize(size)
+        except OSError as exc:
+            raise RpcError("failed_precondition", f"the terminal cannot be resized: {exc}") from None
         return {}
 
     async def close_stdin(self, sandbox_id: str, req: dict[str, Any]) -> dict[str, Any]:
@@ -286,19 +345,16 @@ class Processes:
         return {}
 
 
-class _Detaching(StreamingResponse):
-    """A command's stream that lets go of the command however the response ends: a client gone
-    while its stream was blocked leaves the generator suspended, its ``finally`` never run."""
-
-    def __init__(self, content: AsyncIterator[bytes], detach: Callable[[], None]) -> None:
-        super().__init__(content, media_type=STREAM_CONTENT_TYPE)
-        self._detach = detach
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._detach()
+async def _hang_up(run: Run) -> None:
+    """A terminal's output ends with its command, as a terminal window closes with its shell: what
+    it wrote is read for a short grace, then the terminal is closed (what still runs on it, a
+    background job, gets its hangup), instead of the end waiting for the last process holding it."""
+    _done, pending = await asyncio.wait(run.tasks[:1], timeout=PTY_DRAIN_S)
+    for task in pending:
+        task.cancel()
+    close_reader(run.spawned.stdout)
+    if run.spawned.stdin is not None:
+        run.spawned.stdin.transport.abort()  # what it held unread goes too: no flush to wait for
 
 
 def _end(code: int, note: str | None = None) -> dict[str, Any]:
@@ -316,20 +372,11 @@ def _end(code: int, note: str | None = None) -> dict[str, Any]:
     return {"end": {"exitCode": code, "exited": True, "status": status, **({"error": said} if said else {})}}
 
 
-def _deadline(header: str | None) -> float | None:
-    try:
-        return time.monotonic() + int(header or "") / 1000.0
-    except ValueError:
-        return None
-
-
-def _keepalive(header: str | None) -> float:
-    try:
-        return max(1.0, min(float(header or _KEEPALIVE_DEFAULT_S), 300.0))
-    except ValueError:
-        return _KEEPALIVE_DEFAULT_S
-
-
-def _stream_error(exc: RpcError) -> Response:
-    # A stream's errors travel in its end envelope, under HTTP 200.
-    return Response(end_stream(exc), media_type=STREAM_CONTENT_TYPE)
+def _pty_size(pty: Any) -> PtySize:
+    size = pty.get("size") if isinstance(pty, dict) else None
+    if not isinstance(size, dict):
+        raise RpcError("invalid_argument", "pty.size must give rows and cols")
+    sides = [size.get("rows"), size.get("cols")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and 0 < n <= MAX_SIDE for n in sides):
+        raise RpcError("invalid_argument", f"pty.size's rows and cols are whole numbers from 1 to {MAX_SIDE}")
+    return PtySize(int(sides[0] or 0), int(sides[1] or 0))
