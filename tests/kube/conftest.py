@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from tests.control.conftest import ADMIN, Cluster, cluster
+
+__all__ = ["ADMIN", "Cluster", "cluster"]
