@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from tests.control.conftest import ADMIN, Cluster, cluster
+from tests.control.conftest import ADMIN, Cluster, cluster, make_cluster
 
-__all__ = ["ADMIN", "Cluster", "cluster"]
+__all__ = ["ADMIN", "Cluster", "cluster", "make_cluster"]

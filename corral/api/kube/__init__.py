@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.kube import discovery
 from corral.api.kube.access import Namespaces
+from corral.api.kube.events import Events
 from corral.api.kube.feed import HISTORY, ChangeHub
 from corral.api.kube.frontproxy import FrontProxy
 from corral.api.kube.kinds import GROUPS, VERSION
@@ -39,7 +40,9 @@ def build(plane: ControlPlane, front_proxy: FrontProxyPolicy | None = None) -> t
     verified by the listener against the request-header CA), mapped so."""
     namespaces = Namespaces(plane, FrontProxy(plane, front_proxy) if front_proxy is not None else None)
     hub = ChangeHub(plane.store)
-    surface = Surface(Objects(plane, namespaces), namespaces, hub)
+    objects = Objects(plane, namespaces)
+    surface = Surface(objects, namespaces, hub)
+    happened = Events(objects, namespaces, surface.version)
 
     async def authed(request: Request) -> None:
         await namespaces.access(request, None)
@@ -87,6 +90,8 @@ def build(plane: ControlPlane, front_proxy: FrontProxyPolicy | None = None) -> t
     routes = [
         Route("/version", version),
         Route("/api", api),
+        Route("/api/v1/events", happened.list),
+        Route("/api/v1/namespaces/{namespace}/events", happened.list),
         Route("/api/{rest:path}", api),
         Route("/apis", apis),
         Route("/openapi/v2", openapi_v2),

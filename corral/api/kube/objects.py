@@ -58,7 +58,7 @@ class Objects:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    async def _sandbox(self, a: Access, name: str) -> SandboxRecord | None:
+    async def record(self, a: Access, name: str) -> SandboxRecord | None:
         if a.tenant is None:
             return None
         store = self.plane.store
@@ -74,7 +74,7 @@ class Objects:
     async def get(self, kind: Kind, a: Access, name: str, version: int) -> Obj | None:
         ns = a.namespace or a.own
         if kind is SANDBOX or kind is CLAIM:
-            rec = await self._sandbox(a, name)
+            rec = await self.record(a, name)
             if rec is None or (kind is CLAIM and not render.is_claim(rec)):
                 return None
             return render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
@@ -100,10 +100,8 @@ class Objects:
             if kind is TEMPLATE:
                 return [render.template(t, ns, version) for t in await self.plane.store.list_templates()]
             return [render.pool(s, ns, version) for s in await self.plane.pools.list()]
-        if a.namespace is not None and a.tenant is None:
-            return []
         out = []
-        async for rec in self._records(a.tenant.id if a.tenant is not None else None):
+        async for rec in self.records(a):
             if kind is CLAIM and not render.is_claim(rec):
                 continue
             out.append(await self.sandbox_obj(kind, rec, version))
@@ -112,6 +110,13 @@ class Objects:
     async def sandbox_obj(self, kind: Kind, rec: SandboxRecord, version: int) -> Obj:
         ns = await self.ns.name_of(rec.tenant_id)
         return render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
+
+    async def records(self, a: Access) -> AsyncIterator[SandboxRecord]:
+        """The live sandbox records ``a`` sees: its namespace's, or (the admin, no namespace) all."""
+        if a.namespace is not None and a.tenant is None:
+            return
+        async for rec in self._records(a.tenant.id if a.tenant is not None else None):
+            yield rec
 
     async def _records(self, tenant_id: str | None) -> AsyncIterator[SandboxRecord]:
         cursor = None
@@ -260,7 +265,7 @@ class Objects:
 
     async def delete(self, kind: Kind, a: Access, name: str) -> None:
         if kind is SANDBOX or kind is CLAIM:
-            rec = await self._sandbox(a, name)
+            rec = await self.record(a, name)
             if rec is None or (kind is CLAIM and not render.is_claim(rec)):
                 raise ResourceNotFound(f'{kind.plural}.{kind.group} "{name}" not found')
             await self.plane.sandboxes.delete(rec.id, rec.tenant_id)
@@ -293,7 +298,7 @@ class Objects:
                     cap = _int(cap, "spec.maxPerHost", 1, MAX_POOL_SIZE)
             await self.plane.pools.update(name, size, cap)
         else:
-            rec = await self._sandbox(a, name)
+            rec = await self.record(a, name)
             assert rec is not None
             at = new_spec.get("shutdownTime")
             await self.plane.store.set_sandbox_expiry(rec.id, _expiry(at, self.plane.clock.now()))

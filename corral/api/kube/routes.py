@@ -69,7 +69,7 @@ class Surface:
         sub = request.path_params.get("sub")
         if sub not in (None, "status", "scale") or (sub == "scale" and kind is not POOL):
             raise ResourceNotFound(f"no subresource {sub!r} of {kind.plural}")
-        version = await self._version()
+        version = await self.version()
         if request.method == "GET":
             obj = await self.objects.need(kind, a, name, version)
             if sub == "scale":
@@ -127,7 +127,7 @@ class Surface:
             new = body
         return JSONResponse(await self.objects.update(kind, a, name, new, version))
 
-    async def _version(self) -> int:
+    async def version(self) -> int:
         await self.hub.start()
         return (await self.hub.store.change_bounds())[1]
 
@@ -145,7 +145,7 @@ class Surface:
         return [o for o in objs if by_label(o) and by_field(o)]
 
     async def _list(self, kind: Kind, a: Access, request: Request) -> Response:
-        version = await self._version()
+        version = await self.version()
         objs = await self._matching(kind, a, request, version)
         accept = request.headers.get("accept", "")
         if table.wants_table(accept):
@@ -192,7 +192,7 @@ class Surface:
             raise InvalidRequest("resourceVersion", "resourceVersion: a version this server gave")
         synthetic = since == 0 or initial
         if synthetic:
-            since = await self._version()
+            since = await self.version()
         else:
             try:
                 await self.hub.check(since)
