@@ -141,6 +141,19 @@ def api_server(
     return uvicorn.Server(config)
 
 
+def listener(app: ASGIApp, opts: ServeOptions | ApiOptions) -> uvicorn.Server:
+    """The API's server as a replica's options configure it."""
+    return api_server(
+        app,
+        opts.host,
+        opts.port,
+        opts.listen,
+        opts.requests_per_token,
+        opts.tls_dir,
+        opts.front_proxy.client_ca if opts.front_proxy else None,
+    )
+
+
 def _timeouts(
     heartbeat_interval_s: float, stale_after_s: float | None = None, dead_after_s: float | None = None
 ) -> Timeouts:
@@ -341,15 +354,7 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         # What the runtime no longer runs (a restart after the sandboxes were stopped, a reboot) is
         # stopped in the records before the first request, not seconds later by the reconciler.
         gone = await fleet.correct_records()
-        server = api_server(
-            app,
-            opts.host,
-            opts.port,
-            opts.listen,
-            opts.requests_per_token,
-            opts.tls_dir,
-            opts.front_proxy.client_ca if opts.front_proxy else None,
-        )
+        server = listener(app, opts)
         url = f"{'https' if opts.tls_dir else 'http'}://{opts.host}:{opts.port}"
         print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
         adopted = sum(len(a.list()) for a in fleet.agents)
@@ -445,15 +450,7 @@ async def api(opts: ApiOptions) -> None:
     try:
         # Before serving, so a refused configuration (a revoked CORRAL_TOKEN) stops the process.
         await plane.start(admin_token=admin, agent_token=opts.agent_token)
-        server = api_server(
-            app,
-            opts.host,
-            opts.port,
-            opts.listen,
-            opts.requests_per_token,
-            opts.tls_dir,
-            opts.front_proxy.client_ca if opts.front_proxy else None,
-        )
+        server = listener(app, opts)
         scheme = "https" if opts.tls_dir else "http"
         print(f"corral api replica {config.replica_id} on {scheme}://{opts.host}:{opts.port}", flush=True)
         if generated:

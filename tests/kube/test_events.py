@@ -5,26 +5,13 @@ the caller's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.control.test_failover import H, beat_all_but, make
 
-from .conftest import Cluster, make_cluster
+from .conftest import Cluster
 
 EVENTS = "/api/v1/namespaces/default/events"
-
-
-@pytest.fixture
-async def two(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = await make_cluster(tmp_path, hosts=2, memory_mb=8192)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def events_of(c: Cluster, name: str, kind: str = "Sandbox") -> dict[str, dict[str, Any]]:
@@ -36,8 +23,8 @@ async def events_of(c: Cluster, name: str, kind: str = "Sandbox") -> dict[str, d
     return out
 
 
-async def test_oom_kills_failover_and_a_lost_host_become_events(two: Cluster) -> None:
-    c = two
+async def test_oom_kills_failover_and_a_lost_host_become_events(small: Cluster) -> None:
+    c = small
     kept = await make(c, name="kept", failover="recreate", memory_mb=512)
     dead = kept["host_id"]
     lost = None
@@ -67,8 +54,8 @@ async def test_oom_kills_failover_and_a_lost_host_become_events(two: Cluster) ->
     assert gone["HostLost"]["type"] == "Warning" and dead in gone["HostLost"]["message"]
 
 
-async def test_events_follow_the_callers_namespace_and_selectors(two: Cluster) -> None:
-    c = two
+async def test_events_follow_the_callers_namespace_and_selectors(small: Cluster) -> None:
+    c = small
     await make(c, name="mine", memory_mb=512)
     r = await c.http.post("/v1/tenants", json={"name": "acme"}, headers=H)
     acme = {"Authorization": f"Bearer {r.json()['token']}"}
