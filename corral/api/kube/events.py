@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from corral.api.kube import render
 from corral.api.kube.access import Namespaces
 from corral.api.kube.kinds import CLAIM, SANDBOX, Kind
 from corral.api.kube.objects import Objects
 from corral.api.kube.select import fields, labels
+from corral.api.kube.status import ObjectResponse
 from corral.api.schemas import iso
 from corral.control.errors import InvalidRequest
 from corral.control.explain import expand
@@ -207,7 +208,7 @@ class Events:
                 continue  # gone since it was read
             ns = await self.ns.name_of(r.tenant_id)
             items += [e for e in events_of(r, ns, placement, version) if by_field(e) and by_label(e)]
-        return JSONResponse(
+        return ObjectResponse(
             {
                 "apiVersion": "v1",
                 "kind": "EventList",

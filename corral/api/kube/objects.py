@@ -14,11 +14,13 @@ from pydantic import ValidationError
 from corral.api.kube import render
 from corral.api.kube.access import Access, Namespaces
 from corral.api.kube.kinds import CLAIM, CLAIM_POOL, POOL, SANDBOX, TEMPLATE, Kind
+from corral.api.kube.shared import SharedReads
 from corral.api.pools import MAX_POOL_SIZE
 from corral.api.schemas import MAX_TTL_S, NAME_PATTERN, SandboxSpecBody, TemplateBody
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
-from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState
+from corral.control.pools import PoolStatus
+from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState, TemplateRecord
 
 Obj = dict[str, Any]
 _PAGE = 1000
@@ -55,6 +57,8 @@ class Objects:
     def __init__(self, plane: ControlPlane, namespaces: Namespaces) -> None:
         self.plane = plane
         self.ns = namespaces
+        # What watches read of a change: once on this replica, however many watches are open.
+        self.shared = SharedReads()
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -144,7 +148,9 @@ class Objects:
         out: builtins.list[tuple[ChangeRecord, Obj | None]] = []
         ns = a.namespace or a.own
         if want == "sandbox":
-            records = await self.plane.store.get_sandboxes({c.key for c in mine if not c.deleted})
+            records: dict[str, SandboxRecord] = {}
+            for got in await self.shared.read("sandbox", mine, self._sandboxes_of):
+                records.update(got)
             for c in mine:
                 rec = records.get(c.key)
                 if rec is None or c.deleted or rec.state is SandboxState.DELETED:
@@ -153,15 +159,26 @@ class Objects:
                     out.append((c, await self.sandbox_obj(kind, rec, c.version)))
             return out
         if want == "template":
+            templates: dict[str, TemplateRecord | None] = {}
+            for read in await self.shared.read("template", mine, self._templates_of):
+                templates.update(read)
             for c in mine:
-                t = None if c.deleted else await self.plane.store.get_template(c.key)
+                t = None if c.deleted else templates.get(c.key)
                 out.append((c, render.template(t, ns, c.version) if t is not None else None))
             return out
-        pools = {s.pool.template: s for s in await self.plane.pools.list()}
+        pools: dict[str, PoolStatus] = {}
+        for listed in await self.shared.read("pool", mine, lambda _: self.plane.pools.list()):
+            pools.update({s.pool.template: s for s in listed})
         for c in mine:
             s = None if c.deleted else pools.get(c.key)
             out.append((c, render.pool(s, ns, c.version) if s is not None else None))
         return out
+
+    async def _sandboxes_of(self, changes: builtins.list[ChangeRecord]) -> dict[str, SandboxRecord]:
+        return await self.plane.store.get_sandboxes({c.key for c in changes if not c.deleted})
+
+    async def _templates_of(self, changes: builtins.list[ChangeRecord]) -> dict[str, TemplateRecord | None]:
+        return {c.key: await self.plane.store.get_template(c.key) for c in changes if not c.deleted}
 
     async def gone(self, kind: Kind, c: ChangeRecord, a: Access) -> Obj:
         """The last word on an object that is gone: its kind, name and namespace."""

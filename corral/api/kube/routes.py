@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from corral.api.kube import table
 from corral.api.kube.access import Access, Namespaces
@@ -18,9 +18,10 @@ from corral.api.kube.feed import ChangeHub, Expired
 from corral.api.kube.kinds import BY_PLURAL, POOL, SANDBOX, VERSION, Kind
 from corral.api.kube.objects import Objects, as_object, conflict
 from corral.api.kube.select import fields, labels
-from corral.api.kube.status import status_body, status_response
+from corral.api.kube.status import ObjectResponse, status_body, status_response
 from corral.codes import ErrorCode
 from corral.control.errors import ControlError, InvalidRequest, ResourceNotFound
+from corral.jsontext import dump_bytes
 from corral.store import StoreError
 
 Obj = dict[str, Any]
@@ -73,16 +74,16 @@ class Surface:
         if request.method == "GET":
             obj = await self.objects.need(kind, a, name, version)
             if sub == "scale":
-                return JSONResponse(_scale(obj))
+                return ObjectResponse(_scale(obj))
             if sub is None and table.wants_table(request.headers.get("accept", "")):
                 include = request.query_params.get("includeObject", "Metadata")
-                return JSONResponse(
+                return ObjectResponse(
                     table.table(kind, [obj], version, include, self.objects.plane.clock.now())
                 )
-            return JSONResponse(obj)
+            return ObjectResponse(obj)
         if request.method == "DELETE":
             await self.objects.delete(kind, a, name)
-            return JSONResponse(
+            return ObjectResponse(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
@@ -100,7 +101,7 @@ class Surface:
             if request.method == "PATCH":
                 body = _merge(_scale(await self.objects.need(kind, a, name, version)), body)
             replicas = as_object(body.get("spec"), "spec").get("replicas")
-            return JSONResponse(_scale(await self.objects.scale(a, name, replicas, version)))
+            return ObjectResponse(_scale(await self.objects.scale(a, name, replicas, version)))
         current = await self.objects.get(kind, a, name, version)
         if current is None:
             if ctype == "application/apply-patch+yaml":  # server-side apply creates what is missing
@@ -109,7 +110,7 @@ class Surface:
                     a,
                     {**body, "metadata": {**as_object(body.get("metadata"), "metadata"), "name": name}},
                 )
-                return JSONResponse(obj, status_code=201)
+                return ObjectResponse(obj, status_code=201)
             raise ResourceNotFound(f'{kind.plural}.{kind.group} "{name}" not found')
         if request.method == "PATCH":
             if ctype == "application/json-patch+json":
@@ -125,7 +126,7 @@ class Surface:
             )
         else:
             new = body
-        return JSONResponse(await self.objects.update(kind, a, name, new, version))
+        return ObjectResponse(await self.objects.update(kind, a, name, new, version))
 
     async def version(self) -> int:
         await self.hub.start()
@@ -150,8 +151,8 @@ class Surface:
         accept = request.headers.get("accept", "")
         if table.wants_table(accept):
             include = request.query_params.get("includeObject", "Metadata")
-            return JSONResponse(table.table(kind, objs, version, include, self.objects.plane.clock.now()))
-        return JSONResponse(
+            return ObjectResponse(table.table(kind, objs, version, include, self.objects.plane.clock.now()))
+        return ObjectResponse(
             {
                 "apiVersion": kind.api_version,
                 "kind": f"{kind.kind}List",
@@ -171,7 +172,7 @@ class Surface:
         name = as_object(body.get("metadata"), "metadata").get("name")
         if isinstance(name, str) and await self.objects.get(kind, a, name, 0) is not None:
             raise conflict(kind, name)
-        return JSONResponse(await self.objects.create(kind, a, body), status_code=201)
+        return ObjectResponse(await self.objects.create(kind, a, body), status_code=201)
 
     # -- watch -----------------------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class Surface:
                         headers=first,
                     )
                     first = False
-                return json.dumps({"type": kind_, "object": obj}).encode() + b"\n"
+                return dump_bytes({"type": kind_, "object": obj}) + b"\n"
 
             for obj in start:
                 known.add(obj["metadata"]["uid"])
@@ -244,12 +245,12 @@ class Surface:
                     seen = await surface.objects.changed(kind, a, changes)
                 except Expired as exc:
                     yield (
-                        json.dumps(
+                        dump_bytes(
                             {
                                 "type": "ERROR",
                                 "object": status_body(410, str(exc), ErrorCode.RESOURCE_VERSION_EXPIRED),
                             }
-                        ).encode()
+                        )
                         + b"\n"
                     )
                     return
