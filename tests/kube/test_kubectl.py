@@ -170,6 +170,15 @@ def test_apply_get_watch_scale_claim_delete(kube: tuple[Kube, Path, Proc]) -> No
     # A cold sandbox: kubectl create, then selectors and output formats.
     cold = "apiVersion: agents.x-k8s.io/v1beta1\nkind: Sandbox\nmetadata: {name: s1, labels: {team: a}}\nspec: {memoryMB: 256}\n"
     k.run(admin, "create", "-f", "-", stdin=cold)
+    # A name taken (by a sandbox, or by a claim's sandbox) is refused as Kubernetes says so.
+    for again, said in (
+        (cold, 'sandboxes.agents.x-k8s.io "s1" already exists'),
+        (claim, 'sandboxclaims.extensions.agents.x-k8s.io "c1" already exists'),
+    ):
+        twice = k.run(admin, "create", "-f", "-", stdin=again, check=False)
+        assert twice.returncode != 0 and "AlreadyExists" in twice.stderr and said in twice.stderr, (
+            twice.stderr
+        )
     names = k.run(admin, "get", "sandboxes", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
     assert sorted(names) == ["c1", "s1"]
     assert k.run(admin, "get", "sbx", "-l", "team=a", "-o", "name").stdout.split() == [

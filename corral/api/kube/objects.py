@@ -202,7 +202,12 @@ class Objects:
                 create = await self._claim_spec(name, spec, labels)
             else:
                 create = self._sandbox_spec(name, spec, labels)
-            rec, _ = await self.plane.creates.create(tenant.id, create.create_spec())
+            try:
+                rec, _ = await self.plane.creates.create(tenant.id, create.create_spec())
+            except Conflict as exc:  # the store keeps names unique among the live: no read first
+                if exc.details.get("field") == "name":
+                    raise conflict(kind, name) from exc
+                raise
             await self.plane.sandboxes.remember(rec)
             return await self.sandbox_obj(kind, rec, (await self.plane.store.change_bounds())[1])
         a.need_admin(kind.plural)

@@ -170,7 +170,8 @@ class Surface:
         ):
             raise InvalidRequest("kind", f"this collection holds {kind.api_version} {kind.kind}")
         name = as_object(body.get("metadata"), "metadata").get("name")
-        if isinstance(name, str) and await self.objects.get(kind, a, name, 0) is not None:
+        # A sandbox's or claim's name is checked by its create, in the store.
+        if kind.shared and isinstance(name, str) and await self.objects.get(kind, a, name, 0) is not None:
             raise conflict(kind, name)
         return ObjectResponse(await self.objects.create(kind, a, body), status_code=201)
 
