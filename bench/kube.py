@@ -8,8 +8,9 @@
   (what a kubectl process costs before it asks anything);
 - list: ``kubectl get sandboxes``'s request (a Table) of the 10,000 sandboxes of one namespace, beside
   the REST list of the same records (its pages of 1,000);
-- get: one sandbox by name (the item and the ``--field-selector metadata.name=`` list) at each of
-  ``--records`` (the 100,000 level is the slow part: ``--records 10000`` leaves it out);
+- get: one sandbox by name (the item and the ``--field-selector metadata.name=`` list) from a server
+  of each of ``--records``, all serving at once and asked in turn (the 100,000 level is the slow
+  part to fill: ``--records 10000`` leaves it out);
 - watch: 100 watches open on one ``corral api`` replica, changes made through another on PostgreSQL:
   from the change's request (and from its answer) to each watch's event, p50/p99, for a warm pool
   changed through the API and for sandbox records written by a third process.
