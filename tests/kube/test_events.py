@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.control.test_failover import H, beat_all_but, make
+from tests.control.test_failover import H, beat_all_but, make, on_host
 
 from .conftest import Cluster
 
@@ -27,13 +27,7 @@ async def test_oom_kills_failover_and_a_lost_host_become_events(small: Cluster) 
     c = small
     kept = await make(c, name="kept", failover="recreate", memory_mb=512)
     dead = kept["host_id"]
-    lost = None
-    while lost is None:
-        s = await make(c, memory_mb=512)
-        if s["host_id"] == dead:
-            lost = s
-        else:
-            assert (await c.http.delete(f"/v1/sandboxes/{s['id']}", headers=H)).status_code == 204
+    lost = await on_host(c, dead, memory_mb=512)
     first = await events_of(c, "kept")
     assert set(first) == {"Scheduled"} and f"placed on {dead}" in first["Scheduled"]["message"]
 
