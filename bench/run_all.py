@@ -35,6 +35,7 @@ BENCHES: dict[str, list[str]] = {
     "cli_start": [],
     "isolation": ["--samples", "1000"],
     "fairness": [],
+    "kube": ["--claims", "50", "--kubectl", "5", "--changes", "20"],
 }
 WHAT = {
     "placement": "one placement decision in process, by fleet size and policy; `bare_p2` is the floor",
@@ -52,6 +53,9 @@ WHAT = {
     "(re-sent as each is answered); the bar is B's p99 under the flood <= 3x alone",
     "fairness": "tenant B's create p50/p99 (one per 100 ms) alone, under tenant A's 48 create-and-delete "
     "loops, and under them with A's create rate; the bar is B's p99 under the limited flood <= 2x alone",
+    "kube": "the Kubernetes surface: a SandboxClaim to Ready beside a REST warm create, and through a real "
+    "kubectl; a Table list of 10,000 sandboxes beside the REST list; get by name; a watch event on another "
+    "replica (PostgreSQL, 100 watches). Bars: claim p50 <= 5 ms, Table list <= 200 ms, watch p99 <= 100 ms",
 }
 
 

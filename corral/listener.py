@@ -26,6 +26,11 @@ from corral.core.listen import ListenBounds, connection_cap
 
 log = logging.getLogger("corral.listener")
 
+# The key, in every request's ``scope["state"]``, of its connection's client certificate: present only
+# when the TLS layer asked for one (a client CA: ``ssl_ca_certs``, ``CERT_OPTIONAL``) and verified it,
+# as ``ssl.SSLSocket.getpeercert()`` gives it. Set by the server, never from anything a client sends.
+TLS_PEER = "corral.tls_peer"
+
 
 class Gate:
     """One server's connections: the cap on open ones (total and per peer address)."""
@@ -117,6 +122,7 @@ class _Bounded:
     gate: ClassVar[Gate]
     deadlines: ConnectionDeadlines | None = None
     _peer: str | None = None
+    app_state: dict[str, Any]  # uvicorn's: each request's scope["state"] is a copy of it
 
     def _admit(
         self,
@@ -134,6 +140,11 @@ class _Bounded:
         self._peer = peer
         self.deadlines = ConnectionDeadlines(self.gate.bounds, loop, transport, reading_paused)
         self.deadlines.expect_head()
+        # uvicorn puts no TLS details in the scope: the connection's own copy of the state carries them.
+        tls = transport.get_extra_info("ssl_object")
+        certificate = tls.getpeercert() if tls is not None else None
+        if certificate:
+            self.app_state = {**self.app_state, TLS_PEER: certificate}
 
     def _release(self) -> None:
         if self.deadlines is not None:

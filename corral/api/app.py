@@ -19,6 +19,7 @@ from corral.api.requestlog import RequestLog
 from corral.api.routes import router
 from corral.control.builds import BuildService
 from corral.control.plane import ControlPlane
+from corral.core.frontproxy import FrontProxyPolicy
 
 
 class CorralApp(FastAPI):
@@ -53,6 +54,7 @@ def create_app(
     hot_routes: bool = True,
     metrics_open: bool = False,
     builds: BuildService | None = None,
+    front_proxy: FrontProxyPolicy | None = None,
 ) -> CorralApp:
     """``manage``: start and stop the control plane with the app's lifespan. ``on_shutdown`` runs at
     the end of it: the server's own shutdown, before uvicorn hands a SIGTERM or SIGINT back to the
@@ -60,7 +62,9 @@ def create_app(
     get and delete of a sandbox in front of FastAPI's middleware stack (off, the declared routes serve
     them: the reference the fast layer is tested against). ``metrics_open``: /metrics without a token,
     for a listener that only the scraper can reach. ``builds``: where template builds run, of corral's API
-    and of E2B's Template SDK (None: refused)."""
+    and of E2B's Template SDK (None: refused). ``front_proxy``: the Kubernetes surface trusts an
+    aggregator's identity headers (the listener verifies its client certificate:
+    :func:`corral.api.server.api_server`)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -88,7 +92,7 @@ def create_app(
     # In front of the body cap: E2B's data plane streams files under caps of its own.
     e2b.install(app, plane, E2BBuilds(builds) if builds is not None else None)
     app.ports = Ports(app.dispatch, plane, app.state.e2b_access)
-    kube.install(app, plane)
+    kube.install(app, plane, front_proxy)
     app.include_router(dashboard.router)
     app.state.dashboard_key = dashboard.session_key(admin_token)
     errors.document_errors(app)

@@ -8,7 +8,7 @@ import enum
 import os
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,9 @@ from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 from corral.core.rates import Rate
 from corral.extras import require_extra
+
+if TYPE_CHECKING:
+    from corral.api.server import FrontProxyOptions
 
 # A process sandbox's reserve before its first reading: the runtime's readings are trusted at once
 # (its settle time is 0), so the reserve covers one heartbeat of growth, not a guest's boot; a fresh
@@ -103,6 +106,57 @@ TlsDir = Annotated[
         "--tls-dir", help="Serve HTTPS with the certificate here (a self-signed one made on first use)."
     ),
 ]
+
+
+RequestHeaderCA = Annotated[
+    Path | None,
+    typer.Option(
+        "--requestheader-client-ca-file",
+        help="Aggregated-API mode: the Kubernetes front-proxy CA (the requestheader-client-ca-file of "
+        "kube-system/extension-apiserver-authentication). A client certificate it signed may send "
+        "X-Remote-User and X-Remote-Group for the Kubernetes routes; from anyone else they are ignored. "
+        "Needs --tls-dir.",
+    ),
+]
+RequestHeaderAllowedNames = Annotated[
+    str,
+    typer.Option(
+        "--requestheader-allowed-names",
+        help="Comma-separated common names of the front proxy's client certificate (default: any the "
+        "CA signed; the aggregator's is usually front-proxy-client).",
+    ),
+]
+RequestHeaderAdminGroups = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--requestheader-admin-group",
+        help="A Kubernetes group whose users are corral's admin (repeatable; default: system:masters). "
+        "Other users are the tenant their group corral:tenant:NAME or system:serviceaccounts:NAME names.",
+    ),
+]
+
+
+def front_proxy(
+    ca: Path | None, allowed_names: str, admin_groups: list[str] | None, tls_dir: Path | None
+) -> FrontProxyOptions | None:
+    """The aggregated-API mode the flags name (names or groups alone name none)."""
+    from corral.api.server import FrontProxyOptions
+    from corral.core.frontproxy import DEFAULT_ADMIN_GROUPS, FrontProxyPolicy
+
+    if ca is None:
+        if allowed_names or admin_groups:
+            raise typer.BadParameter("needs --requestheader-client-ca-file", param_hint="--requestheader-*")
+        return None
+    if tls_dir is None:
+        raise typer.BadParameter(
+            "the aggregator reaches corral over HTTPS: needs --tls-dir",
+            param_hint="--requestheader-client-ca-file",
+        )
+    if not ca.is_file():
+        raise typer.BadParameter(f"no such file: {ca}", param_hint="--requestheader-client-ca-file")
+    names = frozenset(n.strip() for n in allowed_names.split(",") if n.strip())
+    groups = frozenset(admin_groups) if admin_groups else DEFAULT_ADMIN_GROUPS
+    return FrontProxyOptions(ca, FrontProxyPolicy(names, groups))
 
 
 def create_rate(rate: float | None, burst: int | None) -> Rate | None:
@@ -211,6 +265,9 @@ def serve(
     tenant_create_burst: TenantCreateBurst = None,
     max_creates_in_flight: MaxCreatesInFlight = DEFAULT_CREATES_IN_FLIGHT,
     tls_dir: TlsDir = None,
+    requestheader_client_ca_file: RequestHeaderCA = None,
+    requestheader_allowed_names: RequestHeaderAllowedNames = "",
+    requestheader_admin_group: RequestHeaderAdminGroups = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
     reserve_floor_mb: Annotated[
         int | None,
@@ -307,6 +364,9 @@ def serve(
         default_create_rate=create_rate(tenant_create_rate, tenant_create_burst),
         max_creates_in_flight=max_creates_in_flight,
         tls_dir=tls_dir,
+        front_proxy=front_proxy(
+            requestheader_client_ca_file, requestheader_allowed_names, requestheader_admin_group, tls_dir
+        ),
         keep_sandboxes=keep_sandboxes,
         build_dir=build_dir,
         bases_dir=bases_dir,
@@ -383,6 +443,9 @@ def api(
     tenant_create_burst: TenantCreateBurst = None,
     max_creates_in_flight: MaxCreatesInFlight = DEFAULT_CREATES_IN_FLIGHT,
     tls_dir: TlsDir = None,
+    requestheader_client_ca_file: RequestHeaderCA = None,
+    requestheader_allowed_names: RequestHeaderAllowedNames = "",
+    requestheader_admin_group: RequestHeaderAdminGroups = None,
     log_format: LogFormat = LogFormatChoice.AUTO,
     domain: Domain = None,
 ) -> None:
@@ -417,6 +480,9 @@ def api(
         default_create_rate=create_rate(tenant_create_rate, tenant_create_burst),
         max_creates_in_flight=max_creates_in_flight,
         tls_dir=tls_dir,
+        front_proxy=front_proxy(
+            requestheader_client_ca_file, requestheader_allowed_names, requestheader_admin_group, tls_dir
+        ),
         domain=domain or f"localhost:{port}",
     )
     _run_replica(api_(opts), log_format)

@@ -10,10 +10,12 @@ import os
 import random
 import secrets
 import shlex
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -29,8 +31,9 @@ from corral.control.config import ControlConfig, default_replica_id
 from corral.control.localfleet import LocalFleet, build_local_fleet
 from corral.control.plane import ControlPlane, build_replica
 from corral.control.seal import SEAL_KEY_ENV, Sealer, SealError, load_keys
-from corral.core import AdmissionMode, AdmissionPolicy, Timeouts
+from corral.core import AdmissionMode, AdmissionPolicy, ConfigError, Timeouts
 from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
+from corral.core.frontproxy import FrontProxyPolicy
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
 from corral.core.listen import DEFAULT_REQUESTS_PER_TOKEN, ListenBounds
 from corral.core.rates import Rate
@@ -41,6 +44,16 @@ from corral.store import open_store, own_blobs
 from corral.tls import self_signed
 
 log = logging.getLogger("corral")
+
+
+@dataclass(frozen=True)
+class FrontProxyOptions:
+    """The aggregated-API mode: a Kubernetes aggregator's client certificates are verified against
+    ``client_ca`` (its request-header CA, PEM) as connections are made, and its identity headers
+    mapped by ``policy``. Needs HTTPS."""
+
+    client_ca: Path
+    policy: FrontProxyPolicy = field(default_factory=FrontProxyPolicy)
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,7 @@ class ServeOptions:
     bases_dir: Path | None = None
     build_network: bool = False
     domain: str | None = None  # where sandboxes' ports are reached ({port}-{id}.{domain})
+    front_proxy: FrontProxyOptions | None = None
 
 
 def api_server(
@@ -98,13 +112,22 @@ def api_server(
     bounds: ListenBounds = ListenBounds(),
     requests_per_token: int = DEFAULT_REQUESTS_PER_TOKEN,
     tls_dir: Path | None = None,
+    client_ca: Path | None = None,
 ) -> uvicorn.Server:
     """The API under its listener's bounds, and each token's requests in flight bounded in front;
-    over HTTPS with ``tls_dir``'s certificate."""
-    tls: dict[str, str] = {}
+    over HTTPS with ``tls_dir``'s certificate. ``client_ca``: a client certificate, when one is
+    presented, is verified against it in the handshake (one from any other CA fails it), and the
+    verified certificate is in each request's scope (:data:`corral.listener.TLS_PEER`)."""
+    tls: dict[str, Any] = {}
     if tls_dir is not None:
         cert, key = self_signed(tls_dir)
         tls = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    if client_ca is not None:
+        if tls_dir is None:
+            raise ConfigError("a request-header CA needs HTTPS (--tls-dir)")
+        if not client_ca.is_file():
+            raise ConfigError(f"no request-header CA file at {client_ca}")
+        tls.update(ssl_ca_certs=str(client_ca), ssl_cert_reqs=ssl.CERT_OPTIONAL)
     config = uvicorn_config(
         TokenBound(app, requests_per_token),
         host,
@@ -116,6 +139,19 @@ def api_server(
         **tls,
     )
     return uvicorn.Server(config)
+
+
+def listener(app: ASGIApp, opts: ServeOptions | ApiOptions) -> uvicorn.Server:
+    """The API's server as a replica's options configure it."""
+    return api_server(
+        app,
+        opts.host,
+        opts.port,
+        opts.listen,
+        opts.requests_per_token,
+        opts.tls_dir,
+        opts.front_proxy.client_ca if opts.front_proxy else None,
+    )
 
 
 def _timeouts(
@@ -301,7 +337,12 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         network=opts.build_network,
     )
     app = create_app(
-        plane, manage=False, on_shutdown=shut_down, metrics_open=opts.metrics_open, builds=builds
+        plane,
+        manage=False,
+        on_shutdown=shut_down,
+        metrics_open=opts.metrics_open,
+        builds=builds,
+        front_proxy=opts.front_proxy.policy if opts.front_proxy else None,
     )
     try:
         # One process owns this store: the admin token it starts with is the only configured one.
@@ -313,7 +354,7 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         # What the runtime no longer runs (a restart after the sandboxes were stopped, a reboot) is
         # stopped in the records before the first request, not seconds later by the reconciler.
         gone = await fleet.correct_records()
-        server = api_server(app, opts.host, opts.port, opts.listen, opts.requests_per_token, opts.tls_dir)
+        server = listener(app, opts)
         url = f"{'https' if opts.tls_dir else 'http'}://{opts.host}:{opts.port}"
         print(f"corral serving on {url}: {opts.hosts} {opts.runtime} hosts, store {opts.store}", flush=True)
         adopted = sum(len(a.list()) for a in fleet.agents)
@@ -355,6 +396,7 @@ class ApiOptions:
     default_create_rate: Rate | None = None
     max_creates_in_flight: int = DEFAULT_CREATES_IN_FLIGHT
     domain: str | None = None
+    front_proxy: FrontProxyOptions | None = None
 
 
 async def api(opts: ApiOptions) -> None:
@@ -398,11 +440,17 @@ async def api(opts: ApiOptions) -> None:
             await plane.stop()
             await store.close()
 
-    app = create_app(plane, manage=False, on_shutdown=shut_down, metrics_open=opts.metrics_open)
+    app = create_app(
+        plane,
+        manage=False,
+        on_shutdown=shut_down,
+        metrics_open=opts.metrics_open,
+        front_proxy=opts.front_proxy.policy if opts.front_proxy else None,
+    )
     try:
         # Before serving, so a refused configuration (a revoked CORRAL_TOKEN) stops the process.
         await plane.start(admin_token=admin, agent_token=opts.agent_token)
-        server = api_server(app, opts.host, opts.port, opts.listen, opts.requests_per_token, opts.tls_dir)
+        server = listener(app, opts)
         scheme = "https" if opts.tls_dir else "http"
         print(f"corral api replica {config.replica_id} on {scheme}://{opts.host}:{opts.port}", flush=True)
         if generated:

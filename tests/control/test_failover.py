@@ -65,6 +65,15 @@ async def on_one_host(c: Cluster, n: int, **body: Any) -> tuple[str, list[dict[s
             return host, group[:n]
 
 
+async def on_host(c: Cluster, host: str, **body: Any) -> dict[str, Any]:
+    """Create sandboxes of ``body`` until one lands on ``host``; delete the others."""
+    while True:
+        s = await make(c, **body)
+        if s["host_id"] == host:
+            return s
+        assert (await c.http.delete(f"/v1/sandboxes/{s['id']}", headers=H)).status_code == 204
+
+
 async def get(c: Cluster, sid: str) -> dict[str, Any]:
     r = await c.http.get(f"/v1/sandboxes/{sid}", headers=H)
     assert r.status_code == 200, r.text
@@ -112,13 +121,7 @@ async def test_a_dead_host_s_sandboxes_are_recreated_or_orphaned_and_fenced_when
     c = small
     body = {"failover": "recreate", "env": {"PLAIN": "p"}, "secrets": {"TOKEN": CANARY}, "memory_mb": 512}
     dead, recreate = await on_one_host(c, 3, **body)
-    orphan = []
-    while len(orphan) < 2:
-        s = await make(c, memory_mb=512)
-        if s["host_id"] == dead:
-            orphan.append(s)
-        else:
-            assert (await c.http.delete(f"/v1/sandboxes/{s['id']}", headers=H)).status_code == 204
+    orphan = [await on_host(c, dead, memory_mb=512) for _ in range(2)]
     assert all(s["failover"] == "recreate" and s["epoch"] == 0 for s in recreate)
     assert all(s["failover"] == "orphan" for s in orphan)
 
@@ -241,13 +244,7 @@ async def test_a_leader_that_died_after_the_reassignment_is_finished_by_the_next
 async def test_drain_with_evacuation_moves_recreate_sandboxes_only(small: Cluster) -> None:
     c = small
     host, (rec_sb,) = await on_one_host(c, 1, failover="recreate", memory_mb=512)
-    stay = None
-    while stay is None:
-        s = await make(c, memory_mb=512)
-        if s["host_id"] == host:
-            stay = s
-        else:
-            assert (await c.http.delete(f"/v1/sandboxes/{s['id']}", headers=H)).status_code == 204
+    stay = await on_host(c, host, memory_mb=512)
     r = await c.http.post(f"/v1/hosts/{host}/drain", params={"evacuate": "true"}, headers=H)
     assert r.status_code == 200, r.text
     await c.advance(5)  # the creates above are in the hosts' heartbeats now, not in this replica's claims
@@ -310,13 +307,7 @@ async def test_a_restarted_agent_gets_secrets_again_for_what_it_owns_only(small:
 async def test_a_host_that_returns_empty_ends_its_orphans(small: Cluster) -> None:
     c = small
     dead, recreate = await on_one_host(c, 2, failover="recreate", memory_mb=512)
-    orphan = []
-    while len(orphan) < 2:
-        s = await make(c, memory_mb=512)
-        if s["host_id"] == dead:
-            orphan.append(s)
-        else:
-            assert (await c.http.delete(f"/v1/sandboxes/{s['id']}", headers=H)).status_code == 204
+    orphan = [await on_host(c, dead, memory_mb=512) for _ in range(2)]
     c.clock.advance(c.plane.config.timeouts.dead_after_s + 1)
     await beat_all_but(c, dead)
     await c.plane.reconciler.tick()

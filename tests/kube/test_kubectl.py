@@ -162,10 +162,23 @@ def test_apply_get_watch_scale_claim_delete(kube: tuple[Kube, Path, Proc]) -> No
     sbx = json.loads(k.run(admin, "get", "sandbox", "c1", "-o", "json").stdout)
     assert sbx["metadata"]["labels"]["agents.x-k8s.io/launch-type"] == "warm"
     assert sbx["metadata"]["ownerReferences"][0]["kind"] == "SandboxClaim"
+    # describe lists the claim's binding as an event, on the sandbox and on the claim.
+    for what in ("sandbox", "sandboxclaim"):
+        events = k.run(admin, "describe", what, "c1").stdout.split("Events:")[1]
+        assert "SandboxAdopted" in events and "took warm sandbox" in events, events
 
     # A cold sandbox: kubectl create, then selectors and output formats.
     cold = "apiVersion: agents.x-k8s.io/v1beta1\nkind: Sandbox\nmetadata: {name: s1, labels: {team: a}}\nspec: {memoryMB: 256}\n"
     k.run(admin, "create", "-f", "-", stdin=cold)
+    # A name taken (by a sandbox, or by a claim's sandbox) is refused as Kubernetes says so.
+    for again, said in (
+        (cold, 'sandboxes.agents.x-k8s.io "s1" already exists'),
+        (claim, 'sandboxclaims.extensions.agents.x-k8s.io "c1" already exists'),
+    ):
+        twice = k.run(admin, "create", "-f", "-", stdin=again, check=False)
+        assert twice.returncode != 0 and "AlreadyExists" in twice.stderr and said in twice.stderr, (
+            twice.stderr
+        )
     names = k.run(admin, "get", "sandboxes", "-o", "jsonpath={.items[*].metadata.name}").stdout.split()
     assert sorted(names) == ["c1", "s1"]
     assert k.run(admin, "get", "sbx", "-l", "team=a", "-o", "name").stdout.split() == [
@@ -174,6 +187,11 @@ def test_apply_get_watch_scale_claim_delete(kube: tuple[Kube, Path, Proc]) -> No
     assert k.run(
         admin, "get", "sbx", "--field-selector", "metadata.name=c1", "-o", "name"
     ).stdout.split() == ["sandbox.agents.x-k8s.io/c1"]
+    # A cold one's placement is its Scheduled event, naming the host it went to.
+    host = json.loads(k.run(admin, "get", "sbx", "s1", "-o", "json").stdout)["status"]["host"]
+    events = k.run(admin, "describe", "sbx", "s1").stdout.split("Events:")[1]
+    assert "Scheduled" in events and f"placed on {host}" in events, events
+    assert "SandboxAdopted" not in events
     wide = k.run(admin, "get", "sbx", "s1", "-o", "wide").stdout.splitlines()
     assert "HOST" in wide[0] and "running" in wide[1]
     assert "name: s1" in k.run(admin, "get", "sbx", "s1", "-o", "yaml").stdout
@@ -214,6 +232,12 @@ def test_a_tenant_sees_its_namespace_only(kube: tuple[Kube, Path, Proc]) -> None
         assert denied.returncode != 0 and "Forbidden" in denied.stderr, denied.stderr
         assert "Forbidden" in k.run(mine, "delete", "sbx", "s1", "-n", ns, check=False).stderr
     assert k.run(mine, "get", "sbx", "-A", "-o", "name").stdout.split() == ["sandbox.agents.x-k8s.io/mine"]
+    # Events: its own sandbox's, never another namespace's.
+    assert "Scheduled" in k.run(mine, "describe", "sbx", "mine").stdout.split("Events:")[1]
+    with k.http(acme) as c:
+        assert c.get("/api/v1/namespaces/default/events").status_code == 403
+        listed = c.get("/api/v1/events").json()["items"]
+        assert listed and {e["involvedObject"]["namespace"] for e in listed} == {"acme"}
     # Shared records: visible, not writable.
     assert "py" in k.run(mine, "get", "sbxt").stdout
     scaled = k.run(mine, "scale", "swp/py", "--replicas=9", check=False)

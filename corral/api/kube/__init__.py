@@ -19,7 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from corral.api.kube import discovery
 from corral.api.kube.access import Namespaces
+from corral.api.kube.events import Events
 from corral.api.kube.feed import HISTORY, ChangeHub
+from corral.api.kube.frontproxy import FrontProxy
 from corral.api.kube.kinds import GROUPS, VERSION
 from corral.api.kube.objects import Objects
 from corral.api.kube.routes import Surface
@@ -28,14 +30,19 @@ from corral.api.limits import BodyLimit
 from corral.codes import ErrorCode
 from corral.control.errors import ResourceNotFound
 from corral.control.plane import ControlPlane
+from corral.core.frontproxy import FrontProxyPolicy
 
 PREFIXES = ("/api", "/openapi/v2", "/openapi/v3", "/version")
 
 
-def build(plane: ControlPlane) -> tuple[Starlette, ChangeHub]:
-    namespaces = Namespaces(plane)
+def build(plane: ControlPlane, front_proxy: FrontProxyPolicy | None = None) -> tuple[Starlette, ChangeHub]:
+    """``front_proxy``: trust a Kubernetes aggregator's identity headers (its client certificate
+    verified by the listener against the request-header CA), mapped so."""
+    namespaces = Namespaces(plane, FrontProxy(plane, front_proxy) if front_proxy is not None else None)
     hub = ChangeHub(plane.store)
-    surface = Surface(Objects(plane, namespaces), namespaces, hub)
+    objects = Objects(plane, namespaces)
+    surface = Surface(objects, namespaces, hub)
+    happened = Events(objects, namespaces, surface.version)
 
     async def authed(request: Request) -> None:
         await namespaces.access(request, None)
@@ -83,6 +90,8 @@ def build(plane: ControlPlane) -> tuple[Starlette, ChangeHub]:
     routes = [
         Route("/version", version),
         Route("/api", api),
+        Route("/api/v1/events", happened.list),
+        Route("/api/v1/namespaces/{namespace}/events", happened.list),
         Route("/api/{rest:path}", api),
         Route("/apis", apis),
         Route("/openapi/v2", openapi_v2),
@@ -146,8 +155,8 @@ class KubeErrors:
             await kube_error(self.plane, exc)(scope, receive, send)
 
 
-def install(app: FastAPI, plane: ControlPlane) -> None:
-    kube, hub = build(plane)
+def install(app: FastAPI, plane: ControlPlane, front_proxy: FrontProxyPolicy | None = None) -> None:
+    kube, hub = build(plane, front_proxy)
     app.state.kube_hub = hub
     plane.reconciler.leader_work.append(lambda: plane.store.prune_changes(HISTORY))
     app.add_middleware(KubeDispatch, kube=BodyLimit(kube))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from corral.api.auth import as_user
+from corral.api.kube.frontproxy import FrontProxy
 from corral.control.errors import Forbidden, ResourceNotFound
 from corral.control.plane import ControlPlane
 from corral.store import Principal, Role, TenantRecord
@@ -46,8 +47,9 @@ class Namespaces:
     """Tenants by id, cached (an id is never given to another tenant), and by name, read each time: a
     name is freed when its tenant is removed, on any replica, and may then name a new tenant."""
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, front_proxy: FrontProxy | None = None) -> None:
         self.plane = plane
+        self.front_proxy = front_proxy
         self._by_id: dict[str, TenantRecord] = {}
 
     async def name_of(self, tenant_id: str) -> str:
@@ -70,8 +72,16 @@ class Namespaces:
         self._by_id.update({t.id: t for t in tenants})
         return tenants
 
+    async def caller(self, request: Request) -> Principal:
+        """The front proxy's user, when a trusted front proxy sent the request; else its token's."""
+        if self.front_proxy is not None:
+            p = await self.front_proxy.principal(request)
+            if p is not None:
+                return p
+        return as_user(await self.plane.authenticate(bearer(request)))
+
     async def access(self, request: Request, namespace: str | None) -> Access:
-        p = as_user(await self.plane.authenticate(bearer(request)))
+        p = await self.caller(request)
         own_id = p.tenant_id or self.plane.default_tenant_id
         own = await self.name_of(own_id) if own_id else "default"
         if namespace is None:

@@ -14,11 +14,13 @@ from pydantic import ValidationError
 from corral.api.kube import render
 from corral.api.kube.access import Access, Namespaces
 from corral.api.kube.kinds import CLAIM, CLAIM_POOL, POOL, SANDBOX, TEMPLATE, Kind
+from corral.api.kube.shared import SharedReads
 from corral.api.pools import MAX_POOL_SIZE
 from corral.api.schemas import MAX_TTL_S, NAME_PATTERN, SandboxSpecBody, TemplateBody
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
-from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState
+from corral.control.pools import PoolStatus
+from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState, TemplateRecord
 
 Obj = dict[str, Any]
 _PAGE = 1000
@@ -55,10 +57,12 @@ class Objects:
     def __init__(self, plane: ControlPlane, namespaces: Namespaces) -> None:
         self.plane = plane
         self.ns = namespaces
+        # What watches read of a change: once on this replica, however many watches are open.
+        self.shared = SharedReads()
 
     # -- reads -----------------------------------------------------------------------------------
 
-    async def _sandbox(self, a: Access, name: str) -> SandboxRecord | None:
+    async def record(self, a: Access, name: str) -> SandboxRecord | None:
         if a.tenant is None:
             return None
         store = self.plane.store
@@ -74,7 +78,7 @@ class Objects:
     async def get(self, kind: Kind, a: Access, name: str, version: int) -> Obj | None:
         ns = a.namespace or a.own
         if kind is SANDBOX or kind is CLAIM:
-            rec = await self._sandbox(a, name)
+            rec = await self.record(a, name)
             if rec is None or (kind is CLAIM and not render.is_claim(rec)):
                 return None
             return render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
@@ -100,10 +104,8 @@ class Objects:
             if kind is TEMPLATE:
                 return [render.template(t, ns, version) for t in await self.plane.store.list_templates()]
             return [render.pool(s, ns, version) for s in await self.plane.pools.list()]
-        if a.namespace is not None and a.tenant is None:
-            return []
         out = []
-        async for rec in self._records(a.tenant.id if a.tenant is not None else None):
+        async for rec in self.records(a):
             if kind is CLAIM and not render.is_claim(rec):
                 continue
             out.append(await self.sandbox_obj(kind, rec, version))
@@ -112,6 +114,13 @@ class Objects:
     async def sandbox_obj(self, kind: Kind, rec: SandboxRecord, version: int) -> Obj:
         ns = await self.ns.name_of(rec.tenant_id)
         return render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
+
+    async def records(self, a: Access) -> AsyncIterator[SandboxRecord]:
+        """The live sandbox records ``a`` sees: its namespace's, or (the admin, no namespace) all."""
+        if a.namespace is not None and a.tenant is None:
+            return
+        async for rec in self._records(a.tenant.id if a.tenant is not None else None):
+            yield rec
 
     async def _records(self, tenant_id: str | None) -> AsyncIterator[SandboxRecord]:
         cursor = None
@@ -139,7 +148,9 @@ class Objects:
         out: builtins.list[tuple[ChangeRecord, Obj | None]] = []
         ns = a.namespace or a.own
         if want == "sandbox":
-            records = await self.plane.store.get_sandboxes({c.key for c in mine if not c.deleted})
+            records: dict[str, SandboxRecord] = {}
+            for got in await self.shared.read("sandbox", mine, self._sandboxes_of):
+                records.update(got)
             for c in mine:
                 rec = records.get(c.key)
                 if rec is None or c.deleted or rec.state is SandboxState.DELETED:
@@ -148,15 +159,26 @@ class Objects:
                     out.append((c, await self.sandbox_obj(kind, rec, c.version)))
             return out
         if want == "template":
+            templates: dict[str, TemplateRecord | None] = {}
+            for read in await self.shared.read("template", mine, self._templates_of):
+                templates.update(read)
             for c in mine:
-                t = None if c.deleted else await self.plane.store.get_template(c.key)
+                t = None if c.deleted else templates.get(c.key)
                 out.append((c, render.template(t, ns, c.version) if t is not None else None))
             return out
-        pools = {s.pool.template: s for s in await self.plane.pools.list()}
+        pools: dict[str, PoolStatus] = {}
+        for listed in await self.shared.read("pool", mine, lambda _: self.plane.pools.list()):
+            pools.update({s.pool.template: s for s in listed})
         for c in mine:
             s = None if c.deleted else pools.get(c.key)
             out.append((c, render.pool(s, ns, c.version) if s is not None else None))
         return out
+
+    async def _sandboxes_of(self, changes: builtins.list[ChangeRecord]) -> dict[str, SandboxRecord]:
+        return await self.plane.store.get_sandboxes({c.key for c in changes if not c.deleted})
+
+    async def _templates_of(self, changes: builtins.list[ChangeRecord]) -> dict[str, TemplateRecord | None]:
+        return {c.key: await self.plane.store.get_template(c.key) for c in changes if not c.deleted}
 
     async def gone(self, kind: Kind, c: ChangeRecord, a: Access) -> Obj:
         """The last word on an object that is gone: its kind, name and namespace."""
@@ -180,7 +202,12 @@ class Objects:
                 create = await self._claim_spec(name, spec, labels)
             else:
                 create = self._sandbox_spec(name, spec, labels)
-            rec, _ = await self.plane.creates.create(tenant.id, create.create_spec())
+            try:
+                rec, _ = await self.plane.creates.create(tenant.id, create.create_spec())
+            except Conflict as exc:  # the store keeps names unique among the live: no read first
+                if exc.details.get("field") == "name":
+                    raise conflict(kind, name) from exc
+                raise
             await self.plane.sandboxes.remember(rec)
             return await self.sandbox_obj(kind, rec, (await self.plane.store.change_bounds())[1])
         a.need_admin(kind.plural)
@@ -260,7 +287,7 @@ class Objects:
 
     async def delete(self, kind: Kind, a: Access, name: str) -> None:
         if kind is SANDBOX or kind is CLAIM:
-            rec = await self._sandbox(a, name)
+            rec = await self.record(a, name)
             if rec is None or (kind is CLAIM and not render.is_claim(rec)):
                 raise ResourceNotFound(f'{kind.plural}.{kind.group} "{name}" not found')
             await self.plane.sandboxes.delete(rec.id, rec.tenant_id)
@@ -293,7 +320,7 @@ class Objects:
                     cap = _int(cap, "spec.maxPerHost", 1, MAX_POOL_SIZE)
             await self.plane.pools.update(name, size, cap)
         else:
-            rec = await self._sandbox(a, name)
+            rec = await self.record(a, name)
             assert rec is not None
             at = new_spec.get("shutdownTime")
             await self.plane.store.set_sandbox_expiry(rec.id, _expiry(at, self.plane.clock.now()))

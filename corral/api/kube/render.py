@@ -50,13 +50,13 @@ def _meta(name: str, namespace: str, uid: str, created: float, version: int, **m
     return meta
 
 
-def _condition(kind: str, ok: bool, reason: str, message: str, at: float) -> Obj:
+def _condition(kind: str, ok: bool, reason: str, message: str, at: str | None) -> Obj:
     return {
         "type": kind,
         "status": "True" if ok else "False",
         "reason": reason,
         "message": message,
-        "lastTransitionTime": iso(at),
+        "lastTransitionTime": at,
         "observedGeneration": 1,
     }
 
@@ -68,10 +68,11 @@ def ready_of(r: SandboxRecord) -> tuple[bool, str]:
 def _conditions(r: SandboxRecord) -> list[Obj]:
     ok, reason = ready_of(r)
     finished = r.state in _FINISHED
+    at = iso(r.updated_at)
     return [
-        _condition("Ready", ok, reason, f"the sandbox is {r.state.value}", r.updated_at),
-        _condition("Suspended", False, "NotSuspended", "", r.updated_at),
-        _condition("Finished", finished, reason if finished else "Running", "", r.updated_at),
+        _condition("Ready", ok, reason, f"the sandbox is {r.state.value}", at),
+        _condition("Suspended", False, "NotSuspended", "", at),
+        _condition("Finished", finished, reason if finished else "Running", "", at),
     ]
 
 
@@ -132,7 +133,9 @@ def claim(r: SandboxRecord, namespace: str, version: int) -> Obj:
             "sandbox": {"name": name_of(r)},
             "launchType": "warm" if r.warm else "cold",
             "observedGeneration": 1,
-            "conditions": [_condition("Ready", ok, reason, f"the sandbox is {r.state.value}", r.updated_at)],
+            "conditions": [
+                _condition("Ready", ok, reason, f"the sandbox is {r.state.value}", iso(r.updated_at))
+            ],
         },
     }
 
@@ -187,7 +190,7 @@ def pool(s: PoolStatus, namespace: str, version: int) -> Obj:
                     ready,
                     "PoolReady" if ready else "Replenishing",
                     f"{s.ready} of {p.size} ready",
-                    p.updated_at,
+                    iso(p.updated_at),
                 )
             ],
         },

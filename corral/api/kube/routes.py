@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from corral.api.kube import table
 from corral.api.kube.access import Access, Namespaces
@@ -18,9 +18,10 @@ from corral.api.kube.feed import ChangeHub, Expired
 from corral.api.kube.kinds import BY_PLURAL, POOL, SANDBOX, VERSION, Kind
 from corral.api.kube.objects import Objects, as_object, conflict
 from corral.api.kube.select import fields, labels
-from corral.api.kube.status import status_body, status_response
+from corral.api.kube.status import ObjectResponse, status_body, status_response
 from corral.codes import ErrorCode
 from corral.control.errors import ControlError, InvalidRequest, ResourceNotFound
+from corral.jsontext import dump_bytes
 from corral.store import StoreError
 
 Obj = dict[str, Any]
@@ -69,20 +70,20 @@ class Surface:
         sub = request.path_params.get("sub")
         if sub not in (None, "status", "scale") or (sub == "scale" and kind is not POOL):
             raise ResourceNotFound(f"no subresource {sub!r} of {kind.plural}")
-        version = await self._version()
+        version = await self.version()
         if request.method == "GET":
             obj = await self.objects.need(kind, a, name, version)
             if sub == "scale":
-                return JSONResponse(_scale(obj))
+                return ObjectResponse(_scale(obj))
             if sub is None and table.wants_table(request.headers.get("accept", "")):
                 include = request.query_params.get("includeObject", "Metadata")
-                return JSONResponse(
+                return ObjectResponse(
                     table.table(kind, [obj], version, include, self.objects.plane.clock.now())
                 )
-            return JSONResponse(obj)
+            return ObjectResponse(obj)
         if request.method == "DELETE":
             await self.objects.delete(kind, a, name)
-            return JSONResponse(
+            return ObjectResponse(
                 {
                     "kind": "Status",
                     "apiVersion": "v1",
@@ -100,7 +101,7 @@ class Surface:
             if request.method == "PATCH":
                 body = _merge(_scale(await self.objects.need(kind, a, name, version)), body)
             replicas = as_object(body.get("spec"), "spec").get("replicas")
-            return JSONResponse(_scale(await self.objects.scale(a, name, replicas, version)))
+            return ObjectResponse(_scale(await self.objects.scale(a, name, replicas, version)))
         current = await self.objects.get(kind, a, name, version)
         if current is None:
             if ctype == "application/apply-patch+yaml":  # server-side apply creates what is missing
@@ -109,7 +110,7 @@ class Surface:
                     a,
                     {**body, "metadata": {**as_object(body.get("metadata"), "metadata"), "name": name}},
                 )
-                return JSONResponse(obj, status_code=201)
+                return ObjectResponse(obj, status_code=201)
             raise ResourceNotFound(f'{kind.plural}.{kind.group} "{name}" not found')
         if request.method == "PATCH":
             if ctype == "application/json-patch+json":
@@ -125,9 +126,9 @@ class Surface:
             )
         else:
             new = body
-        return JSONResponse(await self.objects.update(kind, a, name, new, version))
+        return ObjectResponse(await self.objects.update(kind, a, name, new, version))
 
-    async def _version(self) -> int:
+    async def version(self) -> int:
         await self.hub.start()
         return (await self.hub.store.change_bounds())[1]
 
@@ -145,13 +146,13 @@ class Surface:
         return [o for o in objs if by_label(o) and by_field(o)]
 
     async def _list(self, kind: Kind, a: Access, request: Request) -> Response:
-        version = await self._version()
+        version = await self.version()
         objs = await self._matching(kind, a, request, version)
         accept = request.headers.get("accept", "")
         if table.wants_table(accept):
             include = request.query_params.get("includeObject", "Metadata")
-            return JSONResponse(table.table(kind, objs, version, include, self.objects.plane.clock.now()))
-        return JSONResponse(
+            return ObjectResponse(table.table(kind, objs, version, include, self.objects.plane.clock.now()))
+        return ObjectResponse(
             {
                 "apiVersion": kind.api_version,
                 "kind": f"{kind.kind}List",
@@ -169,9 +170,10 @@ class Surface:
         ):
             raise InvalidRequest("kind", f"this collection holds {kind.api_version} {kind.kind}")
         name = as_object(body.get("metadata"), "metadata").get("name")
-        if isinstance(name, str) and await self.objects.get(kind, a, name, 0) is not None:
+        # A sandbox's or claim's name is checked by its create, in the store.
+        if kind.shared and isinstance(name, str) and await self.objects.get(kind, a, name, 0) is not None:
             raise conflict(kind, name)
-        return JSONResponse(await self.objects.create(kind, a, body), status_code=201)
+        return ObjectResponse(await self.objects.create(kind, a, body), status_code=201)
 
     # -- watch -----------------------------------------------------------------------------------
 
@@ -192,7 +194,7 @@ class Surface:
             raise InvalidRequest("resourceVersion", "resourceVersion: a version this server gave")
         synthetic = since == 0 or initial
         if synthetic:
-            since = await self._version()
+            since = await self.version()
         else:
             try:
                 await self.hub.check(since)
@@ -227,7 +229,7 @@ class Surface:
                         headers=first,
                     )
                     first = False
-                return json.dumps({"type": kind_, "object": obj}).encode() + b"\n"
+                return dump_bytes({"type": kind_, "object": obj}) + b"\n"
 
             for obj in start:
                 known.add(obj["metadata"]["uid"])
@@ -244,12 +246,12 @@ class Surface:
                     seen = await surface.objects.changed(kind, a, changes)
                 except Expired as exc:
                     yield (
-                        json.dumps(
+                        dump_bytes(
                             {
                                 "type": "ERROR",
                                 "object": status_body(410, str(exc), ErrorCode.RESOURCE_VERSION_EXPIRED),
                             }
-                        ).encode()
+                        )
                         + b"\n"
                     )
                     return

@@ -78,8 +78,11 @@ def _field_test(get: Callable[[Obj], str], value: str, neg: bool) -> Test:
     return (lambda o: get(o) != value) if neg else (lambda o: get(o) == value)
 
 
-def fields(text: str | None) -> tuple[Test, str | None]:
-    """The test, and the name it pins (``metadata.name=X``), which a read can go straight to."""
+def fields(
+    text: str | None, known: dict[str, Callable[[Obj], str]] = _FIELDS, pin: str = "metadata.name"
+) -> tuple[Test, str | None]:
+    """The test, and the name it pins (``pin=X``), which a read can go straight to. ``known``: the
+    fields it may select on."""
     if not text:
         return (lambda _: True), None
     if len(text) > MAX_SELECTOR:
@@ -89,10 +92,10 @@ def fields(text: str | None) -> tuple[Test, str | None]:
     for term in _terms(text):
         neg = "!=" in term
         key, _, value = (p.strip() for p in term.replace("!=", "=").replace("==", "=").partition("="))
-        get = _FIELDS.get(key)
+        get = known.get(key)
         if get is None:
             raise BadSelector(f'fieldSelector: "{key[:64]}" is not a field these resources select on')
         tests.append(_field_test(get, value, neg))
-        if not neg and key == "metadata.name":
+        if not neg and key == pin:
             pinned = value
     return (lambda o: all(t(o) for t in tests)), pinned

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from corral.api.errors import response_for
 from corral.control.plane import ControlPlane
+from corral.jsontext import dump_bytes
 
 REASONS = {
     400: "BadRequest",
@@ -28,6 +29,14 @@ REASONS = {
     502: "InternalError",
     503: "ServiceUnavailable",
 }
+
+
+class ObjectResponse(JSONResponse):
+    """An object or list, encoded by orjson: a Table of 10,000 rows is most of a list's time in the
+    standard library's encoder."""
+
+    def render(self, content: Any) -> bytes:
+        return dump_bytes(content)
 
 
 def status_body(code: int, message: str, cause: str, **details: Any) -> dict[str, Any]:
