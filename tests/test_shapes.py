@@ -270,12 +270,15 @@ RECORD_TO_START = Hop(  # StartSandbox.of
 START_TO_RUNTIME = Hop(  # StartSandbox.spec
     StartSandbox,
     SandboxSpec,
-    passes={f: f for f in SandboxSpec.__dataclass_fields__ if f != "netns"},
+    passes={f: f for f in SandboxSpec.__dataclass_fields__ if f not in ("netns", "nameserver")},
     stops={
         "secrets": "held by the agent, in memory only: given to each exec, never to the runtime",
         "egress": "enforced by the agent: the slot it takes for it is the runtime's netns",
     },
-    fills={"netns": "the agent's network slot (Agent._start_attached), for an egress that needs one"},
+    fills={
+        "netns": "the agent's network slot (Agent._start_attached), for an egress that needs one",
+        "nameserver": "the slot's resolver (corral.agent.dns), beside its netns",
+    },
 )
 HOPS = (BODY_TO_SPEC, SPEC_TO_RECORD, RECORD_TO_REQUEST, RECORD_TO_START, START_TO_RUNTIME)
 

@@ -250,22 +250,20 @@ def token_info(t: TokenRecord) -> TokenInfo:
     )
 
 
-class TemplateOut(Template):
-    @classmethod
-    def of(cls, t: TemplateRecord, size_bytes: int | None = None) -> TemplateOut:
-        return cls(
-            name=t.name,
-            cpus=t.cpus,
-            memory_mb=t.memory_mb,
-            stateful=t.stateful,
-            description=t.description,
-            pids=t.pids,
-            failover=t.failover,
-            image=t.image,
-            disk_mb=t.disk_mb,
-            version=t.version,
-            size_bytes=size_bytes,
-        )
+def template_out(t: TemplateRecord, size_bytes: int | None = None) -> Template:
+    return Template(
+        name=t.name,
+        cpus=t.cpus,
+        memory_mb=t.memory_mb,
+        stateful=t.stateful,
+        description=t.description,
+        pids=t.pids,
+        failover=t.failover,
+        image=t.image,
+        disk_mb=t.disk_mb,
+        version=t.version,
+        size_bytes=size_bytes,
+    )
 
 
 def tenant_out(t: TenantRecord, token: str | None = None) -> Tenant:

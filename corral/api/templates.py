@@ -34,7 +34,7 @@ from pydantic import Field
 
 from corral.api.auth import Admin, Plane, User, owner
 from corral.api.e2b import names
-from corral.api.schemas import MAX_CPUS, MAX_MEMORY_MB, TEMPLATE_PATTERN, TemplateBody, TemplateOut, _Body
+from corral.api.schemas import MAX_CPUS, MAX_MEMORY_MB, TEMPLATE_PATTERN, TemplateBody, _Body, template_out
 from corral.control.builds import BuildService, Job, Sizes
 from corral.control.errors import (
     Conflict,
@@ -49,7 +49,7 @@ from corral.images import BlobNotFound, registry
 from corral.images.bases import canonical
 from corral.images.config import ImageConfig
 from corral.images.recipe import MAX_RECIPE_BYTES, Recipe, RecipeError, parse
-from corral.shapes.templates import Build, BuildFailure
+from corral.shapes.templates import Build, BuildFailure, Template
 from corral.store import Principal, Role
 
 router = APIRouter()
@@ -169,19 +169,19 @@ async def _parent(
 # -- the templates ------------------------------------------------------------------------------------
 
 
-@router.post("/v1/templates", status_code=201, response_model=TemplateOut)
-async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> TemplateOut:
+@router.post("/v1/templates", status_code=201, response_model=Template)
+async def create_template(body: TemplateBody, _: Admin, plane: Plane) -> Template:
     tpl = await plane.create_template(body.record())
-    return TemplateOut.of(tpl)
+    return template_out(tpl)
 
 
 @router.get("/v1/templates")
-async def list_templates(p: User, plane: Plane) -> dict[str, list[TemplateOut]]:
+async def list_templates(p: User, plane: Plane) -> dict[str, list[Template]]:
     """The operator's templates and the caller's own (an admin sees every one)."""
     every = await plane.store.list_templates()
     shown = every if p.role is Role.ADMIN else [t for t in every if not names.foreign(p.tenant_id, t.name)]
     sizes = await asyncio.gather(*(_image_size(plane, t.image) for t in shown))
-    return {"templates": [TemplateOut.of(t, size) for t, size in zip(shown, sizes, strict=True)]}
+    return {"templates": [template_out(t, size) for t, size in zip(shown, sizes, strict=True)]}
 
 
 async def _image_size(plane: ControlPlane, digest: str | None) -> int | None:

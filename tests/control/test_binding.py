@@ -6,7 +6,7 @@ from pathlib import Path
 
 from corral.agent.client import AgentClient
 from corral.agent.errors import AgentInvalid, AgentRefusal, AgentUnauthorized, AgentUnavailable
-from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, StartSandbox
+from corral.agent.protocol import Capacity, ExecRequest, SandboxInfo, SandboxSamples, StartSandbox
 from corral.codes import ErrorCode
 from corral.control.binding import elsewhere_reason
 from corral.exec_result import ExecResult
@@ -45,6 +45,9 @@ class Refusing(AgentClient):
         return []
 
     async def capacity(self) -> Capacity:
+        raise self.error
+
+    async def samples(self, sandbox_id: str, start: float, end: float) -> SandboxSamples:
         raise self.error
 
 
