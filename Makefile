@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[server,sim,dev]'
 	touch $(STAMP)
 
-# Debian packages, each installed only when missing: $(call apt,PACKAGES,WHY).
+# Debian packages, each installed only when missing: $(call apt,PACKAGES,WHY) (no comma in WHY: make would cut it there).
 apt = @missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -28,9 +28,9 @@ apt = @missing=""; for p in $(1); do \
 system-deps:
 	$(call apt,bubblewrap gcc libc6-dev libseccomp-dev,the process runtime)
 	$(call apt,chromium,the dashboard's browser test)
-	$(call apt,iproute2 nftables conntrack,network slots: namespaces and veth pairs, their filters, scrubbing their connections)
-	$(call apt,mmdebstrap erofs-utils umoci e2fsprogs,images: bases from Debian's archive, packing, OCI import, the writable layer)
-	$(call apt,skopeo docker-registry,images: a recipe FROM a registry's image, and the loopback registry its tests run)
+	$(call apt,iproute2 nftables conntrack,network slots: namespaces and veth pairs; their filters; scrubbing their connections)
+	$(call apt,mmdebstrap erofs-utils umoci e2fsprogs,images: bases from Debian's archive; packing; OCI import; the writable layer)
+	$(call apt,skopeo docker-registry,images: a recipe FROM a registry's image; and the loopback registry its tests run)
 	$(call apt,runsc,the gvisor runtime)
 
 # What the benchmarks add: wrk (bench/api.py's load generator).
@@ -53,8 +53,10 @@ unasync: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The suite on TEST_JOBS processes, each taking whole test files (their module fixtures built once).
+TEST_JOBS ?= 2
 pytest: $(STAMP) system-deps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test: lint typecheck pytest
 
