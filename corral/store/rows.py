@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from corral.core.types import AdmissionMode, HostState
 from corral.images.config import ImageConfig
 from corral.store.errors import InvalidRecord
@@ -21,6 +23,7 @@ from corral.store.records import (
     ReservationRecord,
     SandboxRecord,
     SandboxState,
+    SandboxSummary,
     TemplateRecord,
     TenantRecord,
 )
@@ -161,6 +164,15 @@ def sandbox_from_row(r: Row) -> SandboxRecord:
         network=r[24],
         lifecycle=r[25],
         paused=r[26],
+    )
+
+
+SUMMARY_COLS = "id, tenant_id, name, template, host_id, state, metadata, created_at, warm"
+
+
+def summary_from_row(r: Row) -> SandboxSummary:
+    return SandboxSummary(
+        r[0], r[1], r[2], r[3], r[4], SandboxState(r[5]), orjson.loads(r[6]), float(r[7]), bool(r[8])
     )
 
 
