@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +19,6 @@ from corral.api.pools import MAX_POOL_SIZE
 from corral.api.schemas import MAX_TTL_S, NAME_PATTERN, SandboxSpecBody, TemplateBody
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
-from corral.control.pools import PoolStatus
 from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState, SandboxSummary, TemplateRecord
 
 Obj = dict[str, Any]
@@ -175,8 +174,8 @@ class Objects:
         ns = a.namespace or a.own
         if want == "sandbox":
             records: dict[str, SandboxRecord] = {}
-            for got in await self.shared.read("sandbox", mine, self._sandboxes_of):
-                records.update(got)
+            for read in await self.shared.read("sandbox", mine, self._sandboxes_of):
+                records.update(read)
             for c in mine:
                 rec = records.get(c.key)
                 if rec is None or c.deleted or rec.state is SandboxState.DELETED:
@@ -189,32 +188,24 @@ class Objects:
                     )
                     out.append((c, shown))
             return out
+        found: dict[str, Any] = {}  # a template's record, or a pool's status, by name
+        draw: Callable[[Any, str, int], Obj]
         if want == "template":
-            templates: dict[str, TemplateRecord | None] = {}
-            for read in await self.shared.read("template", mine, self._templates_of):
-                templates.update(read)
-            for c in mine:
-                t = None if c.deleted else templates.get(c.key)
-                if t is None:
-                    out.append((c, None))
-                    continue
-                key = (kind.plural, c.version, ns)
-                shown = self.rendered.get(key) or self.rendered.put(
-                    key, self._shared_shown(kind, render.template(t, ns, c.version))
-                )
-                out.append((c, shown))
-            return out
-        pools: dict[str, PoolStatus] = {}
-        for listed in await self.shared.read("pool", mine, lambda _: self.plane.pools.list()):
-            pools.update({s.pool.template: s for s in listed})
+            for templates in await self.shared.read("template", mine, self._templates_of):
+                found.update(templates)
+            draw = render.template
+        else:
+            for listed in await self.shared.read("pool", mine, lambda _: self.plane.pools.list()):
+                found.update({s.pool.template: s for s in listed})
+            draw = render.pool
         for c in mine:
-            s = None if c.deleted else pools.get(c.key)
-            if s is None:
+            record = None if c.deleted else found.get(c.key)
+            if record is None:
                 out.append((c, None))
                 continue
             key = (kind.plural, c.version, ns)
             shown = self.rendered.get(key) or self.rendered.put(
-                key, self._shared_shown(kind, render.pool(s, ns, c.version))
+                key, self._shared_shown(kind, draw(record, ns, c.version))
             )
             out.append((c, shown))
         return out

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from corral.api.fleetkey import FleetKey
 from corral.codes import ErrorCode
 from corral.control.errors import ControlError, InvalidRequest
 from corral.store import Store
@@ -50,19 +51,13 @@ def limit_of(text: str | None, most: int) -> int | None:
 
 
 class ContinueTokens:
-    """Issues and reads tokens under one random secret in the store, shared by every replica (a
-    list's pages may be asked of different ones); read once per replica."""
+    """Issues and reads tokens under a key every replica holds (a list's pages may be asked of
+    different ones)."""
 
     NAME = "kube-continue"
 
     def __init__(self, store: Store) -> None:
-        self._store = store
-        self._key: bytes | None = None
-
-    async def _secret(self) -> bytes:
-        if self._key is None:
-            self._key = (await self._store.fleet_secret(self.NAME)).encode()
-        return self._key
+        self._key = FleetKey(store, self.NAME)
 
     @staticmethod
     def _mac(key: bytes, scope: str, plural: str, payload: bytes) -> bytes:
@@ -72,7 +67,7 @@ class ContinueTokens:
     async def issue(self, scope: str, plural: str, at: Position) -> str:
         """``scope``: the namespace's tenant id, or ``*`` for all namespaces."""
         payload = orjson.dumps([at.version, at.after[0], at.after[1]])
-        mac = self._mac(await self._secret(), scope, plural, payload)
+        mac = self._mac(await self._key.get(), scope, plural, payload)
         return f"{_b64(payload)}.{_b64(mac)}"
 
     async def read(self, token: str, scope: str, plural: str) -> Position:
@@ -83,7 +78,7 @@ class ContinueTokens:
             payload, mac = _unb64(body), _unb64(mac_text)
         except (ValueError, binascii.Error):
             raise BadContinue("invalid continue token: not a token this server issued") from None
-        if not hmac.compare_digest(mac, self._mac(await self._secret(), scope, plural, payload)):
+        if not hmac.compare_digest(mac, self._mac(await self._key.get(), scope, plural, payload)):
             raise BadContinue("invalid continue token: not issued for this list (its kind and namespace)")
         version, at, after = orjson.loads(payload)
         return Position(int(version), (float(at), str(after)))
