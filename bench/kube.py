@@ -6,14 +6,16 @@
   REST warm create (``POST /v1/sandboxes``) on the same server, interleaved; then end to end, a real
   kubectl's ``apply -f`` and ``wait --for=condition=Ready`` beside its bare ``get --raw /version``
   (what a kubectl process costs before it asks anything);
-- list: ``kubectl get sandboxes``'s request (a Table) of the 10,000 sandboxes of one namespace, beside
-  the REST list of the same records (its pages of 1,000);
+- list: the 10,000 sandboxes of one namespace as one Table, and as ``kubectl get sandboxes`` reads
+  them (Tables of 500, following ``continue``), beside the REST list of the same records (its pages
+  of 1,000);
 - get: one sandbox by name (the item and the ``--field-selector metadata.name=`` list) from a server
   of each of ``--records``, all serving at once and asked in turn (the 100,000 level is the slow
   part to fill: ``--records 10000`` leaves it out);
 - watch: 100 watches open on one ``corral api`` replica, changes made through another on PostgreSQL:
   from the change's request (and from its answer) to each watch's event, p50/p99, for a warm pool
-  changed through the API and for sandbox records written by a third process.
+  changed through the API and for sandbox records written by a third process; and the watches'
+  replica's CPU per change (what every watch's event costs it).
 
 ``corral serve --runtime sim`` (through bench/filled_serve.py) holds the records, written in bulk
 before it serves. PostgreSQL comes from ``CORRAL_TEST_POSTGRES_URL`` (default
@@ -252,13 +254,18 @@ def kubectl_e2e(url: str, ca: str, tmp: Path, n: int) -> None:
 
 
 def table_bench(c: httpx.Client, cpu: ServerCpu, records: int) -> None:
-    table, rest = [], []
-    rows = listed = 0
+    """The whole namespace as one Table (``kubectl get --chunk-size=0``), and as kubectl gets it by
+    default: pages of 500, each asked with the last one's ``continue`` token, until the last."""
+    whole, paged, rest = [], [], []
+    rows = paged_rows = pages = listed = 0
     for _ in range(LIST_REPS):
         with cpu.on("table"):
-            ms, r = timed(c.get, FLEET, params={"limit": "500"}, headers={"Accept": TABLE})
+            ms, r = timed(c.get, FLEET, headers={"Accept": TABLE})
         rows = len(r.json()["rows"])
-        table.append(ms)
+        whole.append(ms)
+        with cpu.on("table_paged"):
+            ms, (paged_rows, pages) = timed(_table_pages, c)
+        paged.append(ms)
         with cpu.on("rest_list"):
             ms, listed = timed(_rest_all, c)
         rest.append(ms)
@@ -267,12 +274,30 @@ def table_bench(c: httpx.Client, cpu: ServerCpu, records: int) -> None:
         what="table_list",
         records=records,
         rows=rows,
-        **stats(table),
+        **stats(whole),
         server_cpu_ms=cpu.per_request("table", LIST_REPS),
+        kubectl_pages_of_500={
+            **stats(paged),
+            "server_cpu_ms": cpu.per_request("table_paged", LIST_REPS),
+            "rows": paged_rows,
+            "requests": pages,
+        },
         rest_list_pages_of_1000={**stats(rest), "server_cpu_ms": cpu.per_request("rest_list", LIST_REPS)},
         rest_rows=listed,
         bar_ms=200,
     )
+
+
+def _table_pages(c: httpx.Client) -> tuple[int, int]:
+    n = pages = 0
+    token = ""
+    while True:
+        params = {"limit": "500", **({"continue": token} if token else {})}
+        got = c.get(FLEET, params=params, headers={"Accept": TABLE}).json()
+        n, pages = n + len(got["rows"]), pages + 1
+        token = got["metadata"].get("continue", "")
+        if not token:
+            return n, pages
 
 
 def get_bench(clients: dict[int, httpx.Client], reps: int) -> None:
@@ -379,8 +404,15 @@ async def watch_bench(tmp: Path, watches: int, changes: int) -> None:
                 )
                 r.raise_for_status()
 
+            b_cpu = ServerCpu(procs[1].pid)
             await measure_watch(
-                on_b, f"{EXT}/namespaces/default/sandboxwarmpools", watches, changes, patch_pool, "pool"
+                on_b,
+                f"{EXT}/namespaces/default/sandboxwarmpools",
+                watches,
+                changes,
+                patch_pool,
+                "pool",
+                b_cpu,
             )
 
             store = open_store(url)
@@ -395,7 +427,7 @@ async def watch_bench(tmp: Path, watches: int, changes: int) -> None:
                     await store.set_sandbox_expiry(sid, time.time() + 3600 + k)
 
                 await measure_watch(
-                    on_b, f"{CORE}/namespaces/default/sandboxes", watches, changes, touch, "sandbox"
+                    on_b, f"{CORE}/namespaces/default/sandboxes", watches, changes, touch, "sandbox", b_cpu
                 )
             finally:
                 await store.close()
@@ -414,7 +446,9 @@ async def measure_watch(
     changes: int,
     change: Callable[[int], Any],
     what: str,
+    cpu: ServerCpu,
 ) -> None:
+    """``cpu``: the watches' replica's, per change (its share of every watch's event)."""
     listed = await on_b.get(path)
     rv = listed.json()["metadata"]["resourceVersion"]
     seen: list[list[float]] = [[] for _ in range(watches)]
@@ -436,20 +470,11 @@ async def measure_watch(
     tasks = [asyncio.create_task(follow(i)) for i in range(watches)]
     await asyncio.wait_for(opened.wait(), 60)
     await asyncio.sleep(0.5)
-    from_request, from_answer = [], []
+    from_request: list[float] = []
+    from_answer: list[float] = []
     try:
-        for k in range(1, changes + 1):
-            t0 = time.perf_counter()
-            await change(k)
-            t1 = time.perf_counter()
-            deadline = t1 + 10
-            while any(len(s) < k for s in seen) and time.perf_counter() < deadline:
-                await asyncio.sleep(0.001)
-            for s in seen:
-                if len(s) >= k:
-                    from_request.append((s[k - 1] - t0) * 1000)
-                    from_answer.append((s[k - 1] - t1) * 1000)
-            await asyncio.sleep(0.05)
+        with cpu.on(what):
+            await _changes(changes, change, seen, from_request, from_answer)
     finally:
         for t in tasks:
             t.cancel()
@@ -462,9 +487,31 @@ async def measure_watch(
         changes=changes,
         from_change_request=stats(from_request),
         from_change_answer=stats(from_answer),
+        watch_replica_cpu_ms_per_change=cpu.per_request(what, changes),
         missed=watches * changes - len(from_request),
         bar_p99_ms=100,
     )
+
+
+async def _changes(
+    changes: int,
+    change: Callable[[int], Any],
+    seen: list[list[float]],
+    from_request: list[float],
+    from_answer: list[float],
+) -> None:
+    for k in range(1, changes + 1):
+        t0 = time.perf_counter()
+        await change(k)
+        t1 = time.perf_counter()
+        deadline = t1 + 10
+        while any(len(s) < k for s in seen) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.001)
+        for s in seen:
+            if len(s) >= k:
+                from_request.append((s[k - 1] - t0) * 1000)
+                from_answer.append((s[k - 1] - t1) * 1000)
+        await asyncio.sleep(0.05)
 
 
 def main() -> None:

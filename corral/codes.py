@@ -61,9 +61,11 @@ class ErrorCode(StrEnum):
     # token's open connections. 429 with Retry-After: the same call succeeds once one of its own ends.
     TOO_MANY_CONCURRENT = "too_many_concurrent", 429
     TOO_MANY_CONNECTIONS = "too_many_connections", 429
-    # The Kubernetes surface: a label or field selector it cannot read; a watch from a version the
-    # change feed's history no longer holds; a body in a media type it does not take.
+    # The Kubernetes surface: a label or field selector it cannot read; a list's ``continue`` token
+    # it did not issue for that list (altered, another list's or another namespace's); a watch from
+    # a version the change feed's history no longer holds; a body in a media type it does not take.
     BAD_SELECTOR = "bad_selector", 400
+    BAD_CONTINUE = "bad_continue", 400
     RESOURCE_VERSION_EXPIRED = "resource_version_expired", 410
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", 415
     # A tenant's creates past its create rate (a token bucket per tenant, summed over the replicas).

@@ -17,23 +17,17 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from corral.api.auth import authenticated_user, owner
 from corral.api.auth import scope as tenant_scope
 from corral.api.errors import invalid_request, response_for
+from corral.api.jsonresponse import OrjsonResponse
 from corral.api.schemas import SandboxSpecBody, sandbox_json
 from corral.control.errors import ResourceNotFound
 from corral.control.plane import ControlPlane
-from corral.jsontext import dump_bytes
 from corral.store import Principal, SandboxRecord
-
-
-class _Json(JSONResponse):
-    def render(self, content: Any) -> bytes:
-        return dump_bytes(content)
-
 
 COLLECTION = "/v1/sandboxes"
 _ONE = COLLECTION + "/"
@@ -86,7 +80,7 @@ async def _create(plane: ControlPlane, request: Request, _: str) -> Response:
         record, replayed = await create(plane, p, body, key)
     else:
         record, replayed = await _while_connected(create(plane, p, body, key), request)
-    response = _Json(sandbox_json(record), status_code=201)
+    response = OrjsonResponse(sandbox_json(record), status_code=201)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return response
@@ -117,7 +111,7 @@ async def _while_connected(
 
 async def _get(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:
     p = await authenticated_user(plane, request)
-    return _Json(sandbox_json(await plane.sandboxes.get(sandbox_id, tenant_scope(p))))
+    return OrjsonResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, tenant_scope(p))))
 
 
 async def _delete(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:

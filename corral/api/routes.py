@@ -13,6 +13,7 @@ from corral.agent.execstream import ExecResponse, unless_caller_goes
 from corral.agent.protocol import AgentHeartbeat, EgressPolicyBody, HeartbeatReply
 from corral.api import hot
 from corral.api.auth import Admin, Agent, MetricsReader, Plane, User, owner, scope
+from corral.api.jsonresponse import OrjsonResponse
 from corral.api.schemas import (
     NAME_PATTERN,
     BatchBody,
@@ -88,9 +89,13 @@ async def list_sandboxes(
     host_id: Annotated[str | None, Query(max_length=256)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=1024)] = None,
-) -> SandboxPage:
+) -> Response:
     page = await plane.sandboxes.list(scope(p), state=state, host_id=host_id, limit=limit, cursor=cursor)
-    return SandboxPage(sandboxes=[sandbox_out(r) for r in page.items], next_cursor=page.next_cursor)
+    # ``SandboxPage``'s shape, each row built as GET builds one: no model pass per row, which cost a
+    # page of 1,000 more than reading it.
+    return OrjsonResponse(
+        {"sandboxes": [sandbox_json(r) for r in page.items], "next_cursor": page.next_cursor}
+    )
 
 
 @router.delete("/v1/sandboxes/{sandbox_id}", status_code=204)

@@ -50,6 +50,7 @@ from corral.store.records import (
     Role,
     SandboxRecord,
     SandboxState,
+    SandboxSummary,
     TemplateRecord,
     TenantRecord,
     TokenRecord,
@@ -336,6 +337,20 @@ class RecordReads(Protocol):
         """Filtered, ordered by (created_at, id), or its reverse when ``newest_first``; keyset
         pagination with an opaque, stable cursor (a page's cursor continues in the order that made
         it). ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
+
+    @abstractmethod
+    async def list_sandbox_summaries(
+        self,
+        *,
+        tenant_id: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int = 1000,
+    ) -> list[SandboxSummary]:
+        """The live (not deleted) sandboxes' summaries, of one tenant or all, in the order
+        ``list_sandboxes`` pages in, those after the position ``after`` (a summary's
+        :attr:`~SandboxSummary.position`): keyset paging whose position the caller keeps, so a
+        sandbox created or deleted between two reads neither repeats nor moves another. One query.
+        ``limit`` is 1..10,000."""
 
 
 class RecordStates(Protocol):

@@ -324,6 +324,26 @@ class Page(NamedTuple):
     next_cursor: str | None
 
 
+class SandboxSummary(NamedTuple):
+    """What a listing of many shows of a sandbox (``kubectl get``'s rows): its record's identity,
+    state and labels, read without the rest of it. Named as :class:`SandboxRecord`'s fields are."""
+
+    id: str
+    tenant_id: str
+    name: str | None
+    template: str
+    host_id: str | None
+    state: SandboxState
+    metadata: Mapping[str, str]
+    created_at: float
+    warm: bool
+
+    @property
+    def position(self) -> tuple[float, str]:
+        """Where it stands in the listing's order: what ``after`` takes to list those after it."""
+        return (self.created_at, self.id)
+
+
 # A tenant's CPU quota when none is given: generous (a thousand one-CPU sandboxes, as many as a
 # tenant's default count), yet a bound: CPU is overcommitted on every host, so without one a single
 # tenant could take a fleet's whole CPU. Tenants that predate the CPU quota got it too (migration 14).
@@ -432,14 +452,16 @@ def as_states(value: SandboxState | Collection[SandboxState] | None) -> frozense
 
 # The most rows one page of a listing holds.
 MAX_PAGE = 1000
+# The most summaries one read holds: a namespace's whole Table in one query.
+MAX_SUMMARIES = 10_000
 
 
 def check_page(
-    limit: int, state: SandboxState | Collection[SandboxState] | None
+    limit: int, state: SandboxState | Collection[SandboxState] | None, most: int = MAX_PAGE
 ) -> frozenset[SandboxState] | None:
     """A listing's page size and state filter as every store takes them (the states, normalised)."""
-    if not 1 <= limit <= MAX_PAGE:
-        raise InvalidRecord(f"limit: must be 1..{MAX_PAGE}")
+    if not 1 <= limit <= most:
+        raise InvalidRecord(f"limit: must be 1..{most}")
     try:
         return as_states(state)
     except ValueError as exc:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.shapes.sandboxes import SandboxPage
 from corral.store import SandboxState
 
 from .conftest import ADMIN, AGENT, Cluster, make_cluster
@@ -453,3 +454,19 @@ async def test_oom_kills_travel_from_the_agent_to_the_sandbox(cluster: Cluster) 
     await cluster.beat()
     got = await cluster.http.get(f"/v1/sandboxes/{sb['id']}", headers=cluster.as_(ADMIN))
     assert got.json()["oom_kills"] == 3
+
+
+async def test_a_listed_sandbox_is_what_get_answers(cluster: Cluster) -> None:
+    """The list builds its rows as GET does (no model pass): the same fields, the same text."""
+    await create(cluster, name="web-1", metadata={"team": "a"}, ttl_seconds=600, memory_mb=512)
+    await create(cluster, memory_mb=256, cpus=0.5)
+    first = await cluster.http.get("/v1/sandboxes", params={"limit": 1}, headers=cluster.as_(ADMIN))
+    rest = await cluster.http.get(
+        "/v1/sandboxes", params={"cursor": first.json()["next_cursor"]}, headers=cluster.as_(ADMIN)
+    )
+    rows = first.json()["sandboxes"] + rest.json()["sandboxes"]
+    assert len(rows) == 2 and rest.json()["next_cursor"] is None
+    for row in rows:
+        got = await cluster.http.get(f"/v1/sandboxes/{row['id']}", headers=cluster.as_(ADMIN))
+        assert row == got.json()
+    assert SandboxPage.model_validate(first.json()).sandboxes[0].id == rows[0]["id"]

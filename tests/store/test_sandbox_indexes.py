@@ -65,15 +65,20 @@ async def test_sqlite_reads_by_state_and_by_host_go_through_their_partial_indexe
         await store.list_sandboxes(state=[SandboxState.RESERVED, SandboxState.ORPHANED])
         await store.list_sandboxes(host_id="h00")
         await store.list_sandboxes(state=SandboxState.RUNNING)
+        tenant = await store.get_tenant_by_name("t")
+        assert tenant is not None
+        await store.list_sandbox_summaries(tenant_id=tenant.id, after=(1_000.0, "sb-r010"))
     finally:
         await store.close()
-    reads = [s for s in seen if s.startswith("SELECT")]
-    assert len(reads) == 3
+    reads = [s for s in seen if s.startswith("SELECT") and "FROM sandboxes" in s]
+    assert len(reads) == 4
     plans = list(_plans(path, reads).values())
     assert "sandboxes_state_page" in plans[0], plans[0]
     assert "sandboxes_host_page" in plans[1], plans[1]
     # running is most of a fleet: read in creation order, not through the state index
     assert "sandboxes_state_page" not in plans[2] and "TEMP B-TREE" not in plans[2], plans[2]
+    # a namespace's summaries: its tenant's rows in listing order, from where the last page ended
+    assert "sandboxes_tenant_page" in plans[3] and "TEMP B-TREE" not in plans[3], plans[3]
 
 
 async def test_a_live_name_stays_unique_in_its_tenant_through_an_index_of_named_sandboxes_only(

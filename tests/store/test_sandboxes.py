@@ -393,6 +393,45 @@ async def test_pagination_visits_everything_once_in_order(
     assert seen == [i for i in expected if i in seen]
 
 
+async def test_summaries_are_the_records_fields_paged_after_a_position(
+    store: Store, tenant: TenantRecord, clock: ManualClock
+) -> None:
+    other = await store.create_tenant("other", max_sandboxes=5, max_memory_mb=4096)
+    await store.create_sandbox(sandbox("s2", tenant, name="web", metadata={"team": "a"}, host_id="h1"))
+    await store.create_sandbox(sandbox("s1", tenant, warm=True))  # same instant: the id orders them
+    clock.advance(1)
+    await store.create_sandbox(sandbox("s3", other))
+    await store.create_sandbox(sandbox("s4", tenant))
+    await store.set_sandbox_state("s4", SandboxState.DELETED)
+    mine = await store.list_sandbox_summaries(tenant_id=tenant.id)
+    assert [s.id for s in mine] == ["s1", "s2"]  # another tenant's and the deleted are not listed
+    for s in mine:
+        rec = await store.get_sandbox(s.id)
+        assert rec is not None
+        assert s == (
+            rec.id,
+            rec.tenant_id,
+            rec.name,
+            rec.template,
+            rec.host_id,
+            rec.state,
+            dict(rec.metadata),
+            rec.created_at,
+            rec.warm,
+        )
+    assert [s.id for s in await store.list_sandbox_summaries()] == ["s1", "s2", "s3"]
+    assert [s.id for s in await store.list_sandbox_summaries(after=mine[0].position)] == ["s2", "s3"]
+    assert [s.id for s in await store.list_sandbox_summaries(limit=1, after=mine[0].position)] == ["s2"]
+    # A create after the position is listed after it; a delete before it moves nothing.
+    await store.delete_sandbox("s1")
+    clock.advance(1)
+    await store.create_sandbox(sandbox("s0", tenant))
+    assert [s.id for s in await store.list_sandbox_summaries(after=mine[0].position)] == ["s2", "s3", "s0"]
+    for bad in (0, 10_001):
+        with pytest.raises(InvalidRecord):
+            await store.list_sandbox_summaries(limit=bad)
+
+
 async def test_oom_kills_follow_their_host_and_never_go_down(store: Store) -> None:
     tenant = await store.create_tenant("ooms", max_sandboxes=10, max_memory_mb=10_000)
     await store.create_sandbox(sandbox("sb-oom", tenant, host_id="h1"))

@@ -321,7 +321,9 @@ class Driver:
             await s.sealed_specs("", 1000),
             await s.sealed_specs("sb-2", 2),
         )
-        return hosts, usage, [_fields(r) for r in page.items], listings, intent
+        # Tenant ids are random in each store: the one tenant is the same tenant.
+        summaries = [x._replace(tenant_id="") for x in await s.list_sandbox_summaries()]
+        return hosts, usage, [_fields(r) for r in page.items], listings, intent, summaries
 
 
 def _fields(r: SandboxRecord) -> dict[str, object]:

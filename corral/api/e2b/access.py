@@ -6,23 +6,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from corral.api.fleetkey import FleetKey
 from corral.store import Store
 
 
-class AccessKey:
-    """The key that signs access tokens: one random secret in the store, shared by every replica and
-    kept across restarts and admin-token rotations; read once per replica, then held in memory."""
+class AccessKey(FleetKey):
+    """The key that signs access tokens."""
 
     NAME = "e2b-access"
 
     def __init__(self, store: Store) -> None:
-        self._store = store
-        self._key: bytes | None = None
-
-    async def get(self) -> bytes:
-        if self._key is None:
-            self._key = (await self._store.fleet_secret(self.NAME)).encode()
-        return self._key
+        super().__init__(store, self.NAME)
 
 
 def access_token(secret: bytes, sandbox_id: str) -> str:

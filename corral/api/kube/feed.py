@@ -30,7 +30,9 @@ class ChangeHub:
         self.store = store
         self.recent: deque[ChangeRecord] = deque(maxlen=memory)
         self.latest = 0
-        self._changed = asyncio.Condition()
+        # Set when changes arrive, and replaced by a new one: every waiting watch wakes in one pass
+        # (a Condition hands its lock from one waiter to the next, one loop turn each).
+        self._arrived = asyncio.Event()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stop: Callable[[], None] | None = None
@@ -66,8 +68,8 @@ class ChangeHub:
                         break
                     self.recent.extend(batch)
                     self.latest = batch[-1].version
-                    async with self._changed:
-                        self._changed.notify_all()
+                    arrived, self._arrived = self._arrived, asyncio.Event()
+                    arrived.set()
                     if len(batch) < _BATCH:
                         break
             except StoreError as exc:
@@ -87,15 +89,22 @@ class ChangeHub:
         if got:
             return got
         with contextlib.suppress(TimeoutError):
-            async with self._changed:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.latest > version), timeout)
+            async with asyncio.timeout(timeout):  # no task per wait, as wait_for makes
+                while self.latest <= version:
+                    await self._arrived.wait()
         return await self._read(version)
 
     async def _read(self, version: int) -> list[ChangeRecord]:
         if version >= self.latest:
             return []
         if self.recent and self.recent[0].version <= version + 1:
-            return [c for c in self.recent if c.version > version]
+            # The newest first, back to ``version``: a watch is rarely far behind, the memory long.
+            newer = []
+            for c in reversed(self.recent):
+                if c.version <= version:
+                    break
+                newer.append(c)
+            return newer[::-1]
         got = await self.store.changes_since(version, limit=_BATCH)
         if got and got[0].version != version + 1:
             raise Expired(f"too old resource version: {version}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -14,15 +14,16 @@ from pydantic import ValidationError
 from corral.api.kube import render
 from corral.api.kube.access import Access, Namespaces
 from corral.api.kube.kinds import CLAIM, CLAIM_POOL, POOL, SANDBOX, TEMPLATE, Kind
-from corral.api.kube.shared import SharedReads
+from corral.api.kube.shared import Memo, SharedReads
 from corral.api.pools import MAX_POOL_SIZE
 from corral.api.schemas import MAX_TTL_S, NAME_PATTERN, SandboxSpecBody, TemplateBody
 from corral.control.errors import Conflict, InvalidRequest, ResourceNotFound
 from corral.control.plane import ControlPlane
-from corral.control.pools import PoolStatus
-from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState, TemplateRecord
+from corral.store import UNSET, ChangeRecord, SandboxRecord, SandboxState, SandboxSummary, TemplateRecord
 
 Obj = dict[str, Any]
+# An object and its Table row's cells, rendered together from one read.
+Shown = tuple[Obj, list[Any]]
 _PAGE = 1000
 
 
@@ -57,8 +58,10 @@ class Objects:
     def __init__(self, plane: ControlPlane, namespaces: Namespaces) -> None:
         self.plane = plane
         self.ns = namespaces
-        # What watches read of a change: once on this replica, however many watches are open.
+        # What watches read of a change, and what they show of it: once on this replica, however
+        # many watches are open.
         self.shared = SharedReads()
+        self.rendered: Memo[tuple[str, int, str], Shown] = Memo()
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -76,19 +79,30 @@ class Objects:
         return rec
 
     async def get(self, kind: Kind, a: Access, name: str, version: int) -> Obj | None:
+        got = await self.shown(kind, a, name, version)
+        return got[0] if got is not None else None
+
+    async def shown(self, kind: Kind, a: Access, name: str, version: int) -> Shown | None:
         ns = a.namespace or a.own
         if kind is SANDBOX or kind is CLAIM:
             rec = await self.record(a, name)
             if rec is None or (kind is CLAIM and not render.is_claim(rec)):
                 return None
-            return render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
+            return self.show_sandbox(kind, rec, ns, version)
         if kind is TEMPLATE:
             t = await self.plane.store.get_template(name)
-            return render.template(t, ns, version) if t is not None else None
+            return self._shared_shown(kind, render.template(t, ns, version)) if t is not None else None
         for s in await self.plane.pools.list():
             if s.pool.template == name:
-                return render.pool(s, ns, version)
+                return self._shared_shown(kind, render.pool(s, ns, version))
         return None
+
+    def show_sandbox(self, kind: Kind, rec: SandboxRecord, ns: str, version: int) -> Shown:
+        obj = render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
+        return obj, render.sandbox_cells(kind, rec, self.plane.clock.now())
+
+    def _shared_shown(self, kind: Kind, obj: Obj) -> Shown:
+        return obj, render.cells(kind, obj, self.plane.clock.now())
 
     async def need(self, kind: Kind, a: Access, name: str, version: int) -> Obj:
         obj = await self.get(kind, a, name, version)
@@ -96,24 +110,34 @@ class Objects:
             raise ResourceNotFound(f'{kind.plural}.{kind.group} "{name}" not found')
         return obj
 
-    async def list(self, kind: Kind, a: Access, version: int) -> list[Obj]:
+    async def list(self, kind: Kind, a: Access, version: int) -> list[Shown]:
         if kind.shared:
             ns = a.namespace or a.own
             if a.namespace is not None and a.tenant is None:
                 return []
             if kind is TEMPLATE:
-                return [render.template(t, ns, version) for t in await self.plane.store.list_templates()]
-            return [render.pool(s, ns, version) for s in await self.plane.pools.list()]
+                objs = [render.template(t, ns, version) for t in await self.plane.store.list_templates()]
+            else:
+                objs = [render.pool(s, ns, version) for s in await self.plane.pools.list()]
+            return [self._shared_shown(kind, o) for o in objs]
         out = []
         async for rec in self.records(a):
             if kind is CLAIM and not render.is_claim(rec):
                 continue
-            out.append(await self.sandbox_obj(kind, rec, version))
+            out.append(await self.sandbox_shown(kind, rec, version))
         return out
 
-    async def sandbox_obj(self, kind: Kind, rec: SandboxRecord, version: int) -> Obj:
-        ns = await self.ns.name_of(rec.tenant_id)
-        return render.sandbox(rec, ns, version) if kind is SANDBOX else render.claim(rec, ns, version)
+    async def sandbox_shown(self, kind: Kind, rec: SandboxRecord, version: int) -> Shown:
+        return self.show_sandbox(kind, rec, await self.ns.name_of(rec.tenant_id), version)
+
+    async def summaries(
+        self, a: Access, after: tuple[float, str] | None, limit: int
+    ) -> builtins.list[SandboxSummary]:
+        """The summaries of the live sandboxes ``a`` sees (as :meth:`records`), after ``after``."""
+        if a.namespace is not None and a.tenant is None:
+            return []
+        tenant_id = a.tenant.id if a.tenant is not None else None
+        return await self.plane.store.list_sandbox_summaries(tenant_id=tenant_id, after=after, limit=limit)
 
     async def records(self, a: Access) -> AsyncIterator[SandboxRecord]:
         """The live sandbox records ``a`` sees: its namespace's, or (the admin, no namespace) all."""
@@ -135,8 +159,9 @@ class Objects:
 
     async def changed(
         self, kind: Kind, a: Access, changes: Iterable[ChangeRecord]
-    ) -> builtins.list[tuple[ChangeRecord, Obj | None]]:
-        """What each change of ``kind`` visible to ``a`` is now: its object, or None (it is gone)."""
+    ) -> builtins.list[tuple[ChangeRecord, Shown | None]]:
+        """What each change of ``kind`` visible to ``a`` is now: its object, or None (it is gone).
+        Rendered once per change and namespace on this replica: every watch shares it."""
         want = {SANDBOX: "sandbox", CLAIM: "sandbox", TEMPLATE: "template", POOL: "pool"}[kind]
         mine = [c for c in changes if c.kind == want]
         if not kind.shared and a.tenant is not None:
@@ -145,33 +170,44 @@ class Objects:
             mine = []
         if not mine:
             return []
-        out: builtins.list[tuple[ChangeRecord, Obj | None]] = []
+        out: builtins.list[tuple[ChangeRecord, Shown | None]] = []
         ns = a.namespace or a.own
         if want == "sandbox":
             records: dict[str, SandboxRecord] = {}
-            for got in await self.shared.read("sandbox", mine, self._sandboxes_of):
-                records.update(got)
+            for read in await self.shared.read("sandbox", mine, self._sandboxes_of):
+                records.update(read)
             for c in mine:
                 rec = records.get(c.key)
                 if rec is None or c.deleted or rec.state is SandboxState.DELETED:
                     out.append((c, None))
                 elif kind is SANDBOX or render.is_claim(rec):
-                    out.append((c, await self.sandbox_obj(kind, rec, c.version)))
+                    own = await self.ns.name_of(rec.tenant_id)
+                    key = (kind.plural, c.version, own)
+                    shown = self.rendered.get(key) or self.rendered.put(
+                        key, self.show_sandbox(kind, rec, own, c.version)
+                    )
+                    out.append((c, shown))
             return out
+        found: dict[str, Any] = {}  # a template's record, or a pool's status, by name
+        draw: Callable[[Any, str, int], Obj]
         if want == "template":
-            templates: dict[str, TemplateRecord | None] = {}
-            for read in await self.shared.read("template", mine, self._templates_of):
-                templates.update(read)
-            for c in mine:
-                t = None if c.deleted else templates.get(c.key)
-                out.append((c, render.template(t, ns, c.version) if t is not None else None))
-            return out
-        pools: dict[str, PoolStatus] = {}
-        for listed in await self.shared.read("pool", mine, lambda _: self.plane.pools.list()):
-            pools.update({s.pool.template: s for s in listed})
+            for templates in await self.shared.read("template", mine, self._templates_of):
+                found.update(templates)
+            draw = render.template
+        else:
+            for listed in await self.shared.read("pool", mine, lambda _: self.plane.pools.list()):
+                found.update({s.pool.template: s for s in listed})
+            draw = render.pool
         for c in mine:
-            s = None if c.deleted else pools.get(c.key)
-            out.append((c, render.pool(s, ns, c.version) if s is not None else None))
+            record = None if c.deleted else found.get(c.key)
+            if record is None:
+                out.append((c, None))
+                continue
+            key = (kind.plural, c.version, ns)
+            shown = self.rendered.get(key) or self.rendered.put(
+                key, self._shared_shown(kind, draw(record, ns, c.version))
+            )
+            out.append((c, shown))
         return out
 
     async def _sandboxes_of(self, changes: builtins.list[ChangeRecord]) -> dict[str, SandboxRecord]:
@@ -209,7 +245,7 @@ class Objects:
                     raise conflict(kind, name) from exc
                 raise
             await self.plane.sandboxes.remember(rec)
-            return await self.sandbox_obj(kind, rec, (await self.plane.store.change_bounds())[1])
+            return (await self.sandbox_shown(kind, rec, (await self.plane.store.change_bounds())[1]))[0]
         a.need_admin(kind.plural)
         version = (await self.plane.store.change_bounds())[1]
         if kind is TEMPLATE:

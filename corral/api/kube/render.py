@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from corral.api.kube.kinds import CLAIM, CLAIM_POOL, LAUNCH_TYPE, POOL, SANDBOX, TEMPLATE, Kind
 from corral.api.schemas import iso
@@ -12,6 +13,29 @@ from corral.control.pools import PoolStatus
 from corral.store import SandboxRecord, SandboxState, TemplateRecord
 
 Obj = dict[str, Any]
+
+
+class Listed(Protocol):
+    """What a sandbox's metadata and row are made of: a whole record, or the summary a list reads
+    (:class:`corral.store.SandboxSummary`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def template(self) -> str: ...
+    @property
+    def host_id(self) -> str | None: ...
+    @property
+    def state(self) -> SandboxState: ...
+    @property
+    def metadata(self) -> Mapping[str, str]: ...
+    @property
+    def created_at(self) -> float: ...
+    @property
+    def warm(self) -> bool: ...
+
 
 # corral's state of a sandbox -> (Ready, its reason).
 _READY: dict[SandboxState, tuple[bool, str]] = {
@@ -28,12 +52,12 @@ _READY: dict[SandboxState, tuple[bool, str]] = {
 _FINISHED = {SandboxState.STOPPED, SandboxState.FAILED, SandboxState.DELETED}
 
 
-def name_of(r: SandboxRecord) -> str:
+def name_of(r: Listed) -> str:
     """A sandbox's Kubernetes name: its own name, else its id (ids are unique, names among the live)."""
     return r.name or r.id
 
 
-def is_claim(r: SandboxRecord) -> bool:
+def is_claim(r: Listed) -> bool:
     return CLAIM_POOL in r.metadata
 
 
@@ -61,8 +85,9 @@ def _condition(kind: str, ok: bool, reason: str, message: str, at: str | None) -
     }
 
 
-def ready_of(r: SandboxRecord) -> tuple[bool, str]:
-    return _READY.get(r.state, (False, r.state.value))
+def ready_of(r: Listed) -> tuple[bool, str]:
+    got = _READY.get(r.state)
+    return got if got is not None else (False, r.state.value)
 
 
 def _conditions(r: SandboxRecord) -> list[Obj]:
@@ -76,24 +101,25 @@ def _conditions(r: SandboxRecord) -> list[Obj]:
     ]
 
 
-def _labels(r: SandboxRecord) -> dict[str, str]:
+def _labels(r: Listed) -> dict[str, str]:
     labels = {k: v for k, v in r.metadata.items() if k != CLAIM_POOL}
     labels[LAUNCH_TYPE] = "warm" if r.warm else "cold"
     return labels
 
 
+def sandbox_meta(kind: Kind, r: Listed, namespace: str, version: int) -> Obj:
+    """A Sandbox's or SandboxClaim's metadata: the whole object's, and a Table row's (built
+    without :func:`_meta`'s keywords: a list renders 10,000 of them)."""
+    name = name_of(r)
+    meta = _meta(name, namespace, f"claim-{r.id}" if kind is CLAIM else r.id, r.created_at, version)
+    meta["labels"] = _labels(r)
+    if kind is not CLAIM and is_claim(r):
+        owner = {"apiVersion": CLAIM.api_version, "kind": CLAIM.kind, "name": name, "uid": f"claim-{r.id}"}
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    return meta
+
+
 def sandbox(r: SandboxRecord, namespace: str, version: int) -> Obj:
-    owners = []
-    if is_claim(r):
-        owners.append(
-            {
-                "apiVersion": CLAIM.api_version,
-                "kind": CLAIM.kind,
-                "name": name_of(r),
-                "uid": f"claim-{r.id}",
-                "controller": True,
-            }
-        )
     spec: Obj = {
         "sandboxTemplateRef": {"name": r.template},
         "memoryMB": r.memory_mb,
@@ -106,9 +132,7 @@ def sandbox(r: SandboxRecord, namespace: str, version: int) -> Obj:
     return {
         "apiVersion": SANDBOX.api_version,
         "kind": SANDBOX.kind,
-        "metadata": _meta(
-            name_of(r), namespace, r.id, r.created_at, version, labels=_labels(r), ownerReferences=owners
-        ),
+        "metadata": sandbox_meta(SANDBOX, r, namespace, version),
         "spec": spec,
         "status": {
             "phase": r.state.value,
@@ -127,7 +151,7 @@ def claim(r: SandboxRecord, namespace: str, version: int) -> Obj:
     return {
         "apiVersion": CLAIM.api_version,
         "kind": CLAIM.kind,
-        "metadata": _meta(name_of(r), namespace, f"claim-{r.id}", r.created_at, version, labels=_labels(r)),
+        "metadata": sandbox_meta(CLAIM, r, namespace, version),
         "spec": {"warmPoolRef": {"name": r.metadata[CLAIM_POOL]}},
         "status": {
             "sandbox": {"name": name_of(r)},
@@ -201,7 +225,11 @@ def age(created: str | None, now: float) -> str:
     """Kubernetes' short human duration (``45s``, ``3m12s``, ``5h``, ``12d``)."""
     if not created:
         return "<unknown>"
-    s = max(0, int(now - datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()))
+    return age_of(datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp(), now)
+
+
+def age_of(created: float, now: float) -> str:
+    s = max(0, int(now - created))
     if s < 120:
         return f"{s}s"
     m = s // 60
@@ -215,30 +243,28 @@ def age(created: str | None, now: float) -> str:
     return f"{h // 24}d"
 
 
+def sandbox_cells(kind: Kind, r: Listed, now: float) -> list[Any]:
+    """A Sandbox's or SandboxClaim's row, in :attr:`Kind.columns` order, from its record."""
+    ok, reason = ready_of(r)
+    name, ready, age_ = (
+        name_of(r),
+        "True" if ok else "False",
+        age_of(r.created_at, now) if r.created_at else "<unknown>",
+    )
+    if kind is SANDBOX:
+        return [name, ready, reason, age_, r.state.value, r.host_id or "", r.template]
+    return [name, ready, name, reason, age_, "warm" if r.warm else "cold"]
+
+
+def gone_cells(kind: Kind, gone: Obj) -> list[Any]:
+    """The row of an object that is gone (a watch's DELETED event): its name, nothing else known."""
+    return [gone["metadata"]["name"]] + [""] * (len(kind.columns) - 1)
+
+
 def cells(kind: Kind, obj: Obj, now: float) -> list[Any]:
-    """The row ``kubectl get`` prints, in :attr:`Kind.columns` order."""
+    """A template's or pool's row, in :attr:`Kind.columns` order."""
     meta, status, spec = obj["metadata"], obj.get("status", {}), obj.get("spec", {})
     age_ = age(meta.get("creationTimestamp"), now)
-    if kind is SANDBOX or kind is CLAIM:
-        ready = status["conditions"][0]
-        if kind is SANDBOX:
-            return [
-                meta["name"],
-                ready["status"],
-                ready["reason"],
-                age_,
-                status["phase"],
-                status["host"] or "",
-                spec["sandboxTemplateRef"]["name"],
-            ]
-        return [
-            meta["name"],
-            ready["status"],
-            status["sandbox"]["name"],
-            ready["reason"],
-            age_,
-            status["launchType"],
-        ]
     if kind is TEMPLATE:
         return [meta["name"], spec["cpus"], spec["memoryMB"], age_]
     return [meta["name"], status["readyReplicas"], spec["replicas"], age_, status["startingReplicas"]]

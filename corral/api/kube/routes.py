@@ -12,17 +12,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from corral.api.kube import table
+from corral.api.kube import render, table
 from corral.api.kube.access import Access, Namespaces
 from corral.api.kube.feed import ChangeHub, Expired
 from corral.api.kube.kinds import BY_PLURAL, POOL, SANDBOX, VERSION, Kind
-from corral.api.kube.objects import Objects, as_object, conflict
+from corral.api.kube.listing import SandboxLists, scope_of
+from corral.api.kube.objects import Objects, Shown, as_object, conflict
 from corral.api.kube.select import fields, labels
+from corral.api.kube.shared import Memo
 from corral.api.kube.status import ObjectResponse, status_body, status_response
 from corral.codes import ErrorCode
 from corral.control.errors import ControlError, InvalidRequest, ResourceNotFound
 from corral.jsontext import dump_bytes
-from corral.store import StoreError
+from corral.store import ChangeRecord, StoreError
 
 Obj = dict[str, Any]
 BOOKMARK_EVERY_S = 5.0
@@ -43,6 +45,10 @@ class Surface:
         self.objects = objects
         self.ns = namespaces
         self.hub = hub
+        self.lists = SandboxLists(objects)
+        # Each change's watch event, encoded once per kind, namespace and format on this replica
+        # and shared by every watch that gets it.
+        self.encoded: Memo[tuple[Any, ...], bytes] = Memo()
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -72,13 +78,16 @@ class Surface:
             raise ResourceNotFound(f"no subresource {sub!r} of {kind.plural}")
         version = await self.version()
         if request.method == "GET":
-            obj = await self.objects.need(kind, a, name, version)
+            shown = await self.objects.shown(kind, a, name, version)
+            if shown is None:
+                raise ResourceNotFound(f'{kind.plural}.{kind.group} "{name}" not found')
+            obj, cells = shown
             if sub == "scale":
                 return ObjectResponse(_scale(obj))
             if sub is None and table.wants_table(request.headers.get("accept", "")):
                 include = request.query_params.get("includeObject", "Metadata")
                 return ObjectResponse(
-                    table.table(kind, [obj], version, include, self.objects.plane.clock.now())
+                    table.table(kind, [table.row(cells, obj["metadata"], obj, include)], version)
                 )
             return ObjectResponse(obj)
         if request.method == "DELETE":
@@ -134,30 +143,57 @@ class Surface:
 
     # -- list, create ----------------------------------------------------------------------------
 
-    async def _matching(self, kind: Kind, a: Access, request: Request, version: int) -> list[Obj]:
+    async def _matching(self, kind: Kind, a: Access, request: Request, version: int) -> list[Shown]:
         q = request.query_params
         by_label = labels(q.get("labelSelector"))
         by_field, pinned = fields(q.get("fieldSelector"))
         if pinned is not None and a.namespace is not None:
-            one = await self.objects.get(kind, a, pinned, version)
-            objs = [one] if one is not None else []
+            one = await self.objects.shown(kind, a, pinned, version)
+            got = [one] if one is not None else []
         else:
-            objs = await self.objects.list(kind, a, version)
-        return [o for o in objs if by_label(o) and by_field(o)]
+            got = await self.objects.list(kind, a, version)
+        return [s for s in got if by_label(s[0]) and by_field(s[0])]
 
     async def _list(self, kind: Kind, a: Access, request: Request) -> Response:
+        q = request.query_params
         version = await self.version()
-        objs = await self._matching(kind, a, request, version)
-        accept = request.headers.get("accept", "")
-        if table.wants_table(accept):
-            include = request.query_params.get("includeObject", "Metadata")
-            return ObjectResponse(table.table(kind, objs, version, include, self.objects.plane.clock.now()))
+        as_table = table.wants_table(request.headers.get("accept", ""))
+        include = q.get("includeObject", "Metadata")
+        more = None
+        pinned = fields(q.get("fieldSelector"))[1] is not None and a.namespace is not None
+        if kind.shared or pinned:
+            # A few records (templates, pools; one name): answered whole, as a server may whatever
+            # the limit. A token is still read, so that a bad one is refused here as anywhere.
+            if q.get("continue"):
+                await self.lists.tokens.read(q["continue"], scope_of(a), kind.plural)
+            shown = await self._matching(kind, a, request, version)
+        else:
+            by_label = labels(q.get("labelSelector"))
+            by_field, _ = fields(q.get("fieldSelector"))
+            page = await self.lists.page(
+                kind, a, version, q.get("limit"), q.get("continue"), lambda o: by_label(o) and by_field(o)
+            )
+            version, more = page.version, page.more
+            if as_table and include != "Object":
+                now = self.objects.plane.clock.now()
+                rows = [
+                    table.row(render.sandbox_cells(kind, s, now), meta, None, include)
+                    for s, meta in page.rows
+                ]
+                return ObjectResponse(table.table(kind, rows, version, more=more))
+            shown = await self.lists.objects_of(kind, page)
+        if as_table:
+            rows = [table.row(cells, obj["metadata"], obj, include) for obj, cells in shown]
+            return ObjectResponse(table.table(kind, rows, version, more=more))
+        meta: Obj = {"resourceVersion": str(version)}
+        if more is not None:
+            meta["continue"] = more
         return ObjectResponse(
             {
                 "apiVersion": kind.api_version,
                 "kind": f"{kind.kind}List",
-                "metadata": {"resourceVersion": str(version)},
-                "items": objs,
+                "metadata": meta,
+                "items": [obj for obj, _ in shown],
             }
         )
 
@@ -211,29 +247,35 @@ class Surface:
             raise InvalidRequest("timeoutSeconds", "timeoutSeconds: a number") from None
         bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
         surface = self
-        clock = self.objects.plane.clock
+        form = ("table", include) if as_table else ("json",)
 
         async def stream() -> AsyncIterator[bytes]:
-            first = True
+            first = True  # a Table watch's first row carries the column definitions
             known: set[str] = set()
 
-            def event(kind_: str, obj: Obj) -> bytes:
+            def event(type_: str, obj: Obj, cells: list[Any] | None = None) -> bytes:
                 nonlocal first
-                if as_table and kind_ in ("ADDED", "MODIFIED", "DELETED"):
-                    obj = table.table(
-                        kind,
-                        [obj],
-                        int(obj["metadata"]["resourceVersion"]),
-                        include,
-                        clock.now(),
-                        headers=first,
-                    )
+                if cells is not None and as_table:
+                    meta = obj["metadata"]
+                    row = table.row(cells, meta, obj, include)
+                    obj = table.table(kind, [row], int(meta["resourceVersion"]), headers=first)
                     first = False
-                return dump_bytes({"type": kind_, "object": obj}) + b"\n"
+                return dump_bytes({"type": type_, "object": obj}) + b"\n"
 
-            for obj in start:
+            def shared(type_: str, c: ChangeRecord, obj: Obj, cells: list[Any]) -> bytes:
+                """A change's event as every watch of this kind, namespace and form on this replica
+                gets it: encoded by the first, the same bytes for the others."""
+                nonlocal first
+                key = (kind.plural, c.version, obj["metadata"]["namespace"], form, type_, as_table and first)
+                got = surface.encoded.get(key)
+                if got is None:
+                    return surface.encoded.put(key, event(type_, obj, cells))
+                first = False
+                return got
+
+            for obj, cells in start:
                 known.add(obj["metadata"]["uid"])
-                yield event("ADDED", obj)
+                yield event("ADDED", obj, cells)
             version = since
             if initial:
                 yield event("BOOKMARK", _bookmark(kind, version, end=True))
@@ -260,18 +302,19 @@ class Surface:
                     continue
                 if changes:
                     version = changes[-1].version
-                for c, now in seen:
-                    if now is None:
+                for c, shown in seen:
+                    if shown is None:
                         gone = await surface.objects.gone(kind, c, a)
                         if gone["metadata"]["uid"] in known or kind is SANDBOX:
                             known.discard(gone["metadata"]["uid"])
                             if by_field(gone):
-                                yield event("DELETED", gone)
+                                yield shared("DELETED", c, gone, render.gone_cells(kind, gone))
                         continue
+                    now, cells = shown
                     if not (by_label(now) and by_field(now)):
                         continue
                     uid = now["metadata"]["uid"]
-                    yield event("MODIFIED" if uid in known else "ADDED", now)
+                    yield shared("MODIFIED" if uid in known else "ADDED", c, now, cells)
                     known.add(uid)
                 if bookmarks and loop.time() - last_mark >= BOOKMARK_EVERY_S:
                     last_mark = loop.time()

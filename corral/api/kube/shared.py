@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from corral.store import ChangeRecord
 
 T = TypeVar("T")
+K = TypeVar("K")
 KEEP = 4096  # changes remembered: more than one batch of the feed (1,000)
 
 
@@ -51,3 +52,22 @@ class SharedReads:
             for k in keys:
                 if self._reads.get(k) is task:
                     del self._reads[k]
+
+
+class Memo(Generic[K, T]):
+    """What every watch on this replica shows of one change (its object, its encoded event), made by
+    the first watch that needs it and kept for the newest ``keep`` keys. A key names all that the
+    value depends on, so a value kept is the one any watch would have made."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self.keep = keep
+        self._got: OrderedDict[K, T] = OrderedDict()
+
+    def get(self, key: K) -> T | None:
+        return self._got.get(key)
+
+    def put(self, key: K, value: T) -> T:
+        self._got[key] = value
+        if len(self._got) > self.keep:
+            self._got.popitem(last=False)
+        return value

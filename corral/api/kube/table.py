@@ -1,11 +1,11 @@
-"""``kubectl get``'s Table: the server formats the cells (:func:`render.cells`), each row carrying
-the object's metadata (``PartialObjectMetadata``) or, when asked, the whole object."""
+"""``kubectl get``'s Table: the server formats the cells (:func:`render.sandbox_cells`,
+:func:`render.cells`), each row carrying the object's metadata (``PartialObjectMetadata``) or, when
+asked, the whole object."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from corral.api.kube import render
 from corral.api.kube.kinds import Kind
 
 Obj = dict[str, Any]
@@ -28,26 +28,25 @@ def columns(kind: Kind) -> list[Obj]:
     ]
 
 
-def row(kind: Kind, obj: Obj, include: str, now: float) -> Obj:
+def row(cells: list[Any], meta: Obj, obj: Obj | None, include: str) -> Obj:
+    """A row: its cells, and what ``includeObject`` asks of it (``Object`` needs ``obj``)."""
+    out: Obj = {"cells": cells}
     if include == "Object":
-        inner: Obj | None = obj
-    elif include == "None":
-        inner = None
-    else:
-        inner = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
-    out: Obj = {"cells": render.cells(kind, obj, now)}
-    if inner is not None:
-        out["object"] = inner
+        out["object"] = obj
+    elif include != "None":
+        out["object"] = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}
     return out
 
 
-def table(
-    kind: Kind, objs: list[Obj], version: int, include: str, now: float, *, headers: bool = True
-) -> Obj:
+def table(kind: Kind, rows: list[Obj], version: int, *, headers: bool = True, more: str | None = None) -> Obj:
+    """``more``: the ``continue`` token of the next page, if there is one."""
+    meta: Obj = {"resourceVersion": str(version)}
+    if more is not None:
+        meta["continue"] = more
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": {"resourceVersion": str(version)},
+        "metadata": meta,
         "columnDefinitions": columns(kind) if headers else [],
-        "rows": [row(kind, o, include, now) for o in objs],
+        "rows": rows,
     }

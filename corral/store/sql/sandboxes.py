@@ -14,11 +14,13 @@ from corral.store.errors import (
 )
 from corral.store.records import (
     LIVE_STATES,
+    MAX_SUMMARIES,
     UNSET,
     CreateOutcome,
     Page,
     SandboxRecord,
     SandboxState,
+    SandboxSummary,
     Usage,
     _Unset,
     check_lifecycle,
@@ -427,6 +429,33 @@ class SandboxesSql(SqlBase):
                 return Page(got, None)
             last = got[limit - 1]
             return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
+
+        return await self._read(run)
+
+    async def list_sandbox_summaries(
+        self,
+        *,
+        tenant_id: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int = 1000,
+    ) -> list[SandboxSummary]:
+        check_page(limit, None, MAX_SUMMARIES)
+        # The state test is written so that no state index is chosen: the order's index is the read.
+        where = [f"{UNINDEXED_STATE} <> :deleted"]
+        params: dict[str, Any] = {"deleted": SandboxState.DELETED.value, "lim": limit}
+        if tenant_id is not None:
+            where.append("tenant_id = :t")
+            params["t"] = tenant_id
+        if after is not None:
+            where.append("(created_at > :ca OR (created_at = :ca AND id > :cid))")
+            params.update(ca=after[0], cid=after[1])
+        sql = (
+            f"SELECT {rows.SUMMARY_COLS} FROM sandboxes WHERE {' AND '.join(where)} "
+            "ORDER BY created_at, id LIMIT :lim"
+        )
+
+        async def run(tx: Tx) -> list[SandboxSummary]:
+            return [rows.summary_from_row(r) for r in await tx.fetchall(sql, params)]
 
         return await self._read(run)
 

@@ -15,11 +15,13 @@ from corral.store.errors import (
 )
 from corral.store.records import (
     LIVE_STATES,
+    MAX_SUMMARIES,
     UNSET,
     CreateOutcome,
     Page,
     SandboxRecord,
     SandboxState,
+    SandboxSummary,
     _Unset,
     check_lifecycle,
     check_network,
@@ -225,6 +227,40 @@ class SandboxesModel(ModelBase):
             return Page(got, None)
         last = got[limit - 1]
         return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
+
+    async def list_sandbox_summaries(
+        self,
+        *,
+        tenant_id: str | None = None,
+        after: tuple[float, str] | None = None,
+        limit: int = 1000,
+    ) -> list[SandboxSummary]:
+        check_page(limit, None, MAX_SUMMARIES)
+        await self._enter()
+        got = sorted(
+            (
+                sb
+                for sb in self.sandboxes.values()
+                if (tenant_id is None or sb.tenant_id == tenant_id)
+                and sb.state is not SandboxState.DELETED
+                and (after is None or (sb.created_at, sb.id) > after)
+            ),
+            key=lambda sb: (sb.created_at, sb.id),
+        )[:limit]
+        return [
+            SandboxSummary(
+                sb.id,
+                sb.tenant_id,
+                sb.name,
+                sb.template,
+                sb.host_id,
+                sb.state,
+                dict(sb.metadata),
+                sb.created_at,
+                sb.warm,
+            )
+            for sb in got
+        ]
 
     async def delete_sandbox(
         self, sandbox_id: str, *, forget_idempotency: bool = False, expect: SandboxState | None = None
