@@ -20,7 +20,7 @@ Obj = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
-class Page:
+class RowPage:
     rows: list[tuple[SandboxSummary, Obj]]  # each sandbox's summary and its metadata
     version: int  # the list's resourceVersion: its first page's
     more: str | None  # the next page's ``continue`` token; None: this is the last
@@ -46,7 +46,7 @@ class SandboxLists:
         limit_text: str | None,
         token: str | None,
         keep: Callable[[Obj], bool],
-    ) -> Page:
+    ) -> RowPage:
         """The page ``token`` continues (the first without one): up to ``limit`` of the sandboxes
         (or claims) ``a`` sees whose metadata ``keep`` takes, in the store's listing order."""
         limit = limit_of(limit_text, MAX_SUMMARIES)
@@ -80,9 +80,9 @@ class SandboxLists:
         next_token = None
         if more:
             next_token = await self.tokens.issue(scope, kind.plural, Position(version, rows[-1][0].position))
-        return Page(rows, version, next_token)
+        return RowPage(rows, version, next_token)
 
-    async def objects_of(self, kind: Kind, page: Page) -> list[Shown]:
+    async def objects_of(self, kind: Kind, page: RowPage) -> list[Shown]:
         """The page's sandboxes as whole objects, with their cells, from their records as they are
         now (one read); one deleted since is left out."""
         records = await self.objects.plane.store.get_sandboxes([s.id for s, _ in page.rows])
