@@ -41,6 +41,8 @@ _LOCK = ".lock"
 _MNT_DETACH = 2
 _READY = "ready-"
 _MAKING = ".making-"
+_DISK = ".img"
+_MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode", "-E", "nodiscard")
 
 
 class RootfsError(Exception):
@@ -103,6 +105,17 @@ def mounted(path: Path) -> bool:
     target = os.fsencode(path)
     with open("/proc/self/mountinfo", "rb") as info:
         return any(line.split(b" ")[4] == target for line in info)
+
+
+def disk_owners(disk_root: Path) -> list[str]:
+    """The sandbox ids whose disks (``<id>.img``) lie in ``disk_root``."""
+    if not disk_root.is_dir():
+        return []
+    return sorted(p.name.removesuffix(_DISK) for p in disk_root.glob(f"*{_DISK}") if p.is_file())
+
+
+def disk_path(disk_root: Path, sandbox_id: str) -> Path:
+    return disk_root / f"{sandbox_id}{_DISK}"
 
 
 def unmake(paths: RootPaths) -> None:
@@ -332,8 +345,11 @@ class DiskPool:
         try:
             with open(path, "wb") as disk:
                 disk.truncate(size_mb * _MIB)
+            # No journal (the disk dies with its sandbox) and no blocks reserved for online growth
+            # (it never grows): a fresh 1 GiB disk then takes 144 KiB of the host's, not 656 KiB, which
+            # is most of what hundreds of idle sandboxes of one image cost beside the image itself.
             done = subprocess.run(
-                ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard", str(path)],
+                [*_MKFS, str(path)],
                 capture_output=True,
                 env=launcher.clean_env(),
                 check=False,
