@@ -21,7 +21,6 @@ from corral.api.schemas import (
     SandboxSpecBody,
     TenantBody,
     host_out,
-    sandbox_json,
     sandbox_out,
     tenant_out,
     token_info,
@@ -71,7 +70,7 @@ async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchCreated:
 
 @router.get("/v1/sandboxes/{sandbox_id}", response_model=SandboxOut)
 async def get_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
-    return JSONResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, scope(p))))
+    return JSONResponse(await hot.read_sandbox(plane, sandbox_id, scope(p)))
 
 
 @router.get("/v1/sandboxes/{sandbox_id}/placement")
