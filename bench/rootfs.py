@@ -1,6 +1,6 @@
 """Image sandboxes beside host-root ones, in one run. Prints one JSON object per line.
 
-    .venv/bin/python bench/rootfs.py [--n 30] [--disk-mb 256] [--fetches 3] [--density 200]
+    .venv/bin/python bench/rootfs.py [--n 30] [--disk-mb 1024] [--fetches 3] [--density 200]
                                      [--write-kib 1024] [--image FILE]
 
 - ``rootfs``: create -> first exec from a cached image (its erofs already mounted, the disk pool
@@ -35,6 +35,7 @@ from corral.images.dirstore import DirBlobStore
 from corral.runtime.base import SandboxSpec
 from corral.runtime.cgroups import CgroupRoot, detect
 from corral.runtime.process import ProcessRuntime, unavailable_reason
+from corral.runtime.rootfs import DEFAULT_DISK_MB
 from corral.testing.erofs import small_image
 from corral.testing.resolver import DictResolver
 
@@ -118,12 +119,13 @@ async def first_create(
     transfer is a local copy: a remote host's would add the network's time)."""
     blobs = DirBlobStore(work / "blobs")
     await blobs.put(digest, image)
-    disks = work / "disks"
     cold: list[float] = []
     cached: list[float] = []
     fetches = 0
     for r in range(rounds):
         cache = ImageCache(work / f"cache-{r}", blobs, DEFAULT_IMAGE_CACHE_MB * _MIB)
+        # A disk root of its own, as each state root has (a runtime reclaims the disks it has no record of).
+        disks = work / f"disks-{r}"
         runtime = ProcessRuntime(work / f"fetch-{r}", cgroup_root=cgroups, images=cache, disk_root=disks)
         for kind, samples in (("cold", cold), ("cached", cached)):
             await _filled(runtime, disks, disk_mb)
@@ -245,7 +247,7 @@ def skipped() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=30)
-    parser.add_argument("--disk-mb", type=int, default=256)
+    parser.add_argument("--disk-mb", type=int, default=DEFAULT_DISK_MB)
     parser.add_argument("--fetches", type=int, default=3)
     parser.add_argument("--density", type=int, default=200)
     parser.add_argument("--write-kib", type=int, default=1024)

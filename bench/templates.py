@@ -1,7 +1,7 @@
 """Template builds: a cold build beside a rebuild with only the last step changed (bar: the rebuild
 <= 10 s), in one run on one machine. Prints one JSON object per line.
 
-    .venv/bin/python bench/templates.py [--base python] [--network] [--rounds 3] [--sandboxes]
+    .venv/bin/python bench/templates.py [--base python] [--network] [--rounds 3] [--sandboxes] [--disk-mb 1024]
 
 ``--base python`` (the default) is Debian + python3 and a pip package (``--network``: steps reach the
 package index); ``--base debian:bookworm`` with ``--offline`` steps needs no network. The base
@@ -31,6 +31,7 @@ from corral.images.bases import BASES, Bases, canonical, debootstrap
 from corral.images.builder import Builder
 from corral.images.dirstore import DirBlobStore
 from corral.images.recipe import parse
+from corral.runtime.rootfs import DEFAULT_DISK_MB
 
 PYTHON_RECIPE = """\
 FROM python
@@ -57,6 +58,7 @@ async def main() -> None:
     parser.add_argument("--network", action="store_true", help="steps share the host's network")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sandboxes", action="store_true", help="then image sandboxes of the image built")
+    parser.add_argument("--disk-mb", type=int, default=DEFAULT_DISK_MB, help="each image sandbox's disk")
     args = parser.parse_args()
     base = canonical(args.base)
     if base is None:
@@ -112,7 +114,9 @@ async def main() -> None:
                 print(json.dumps({"bench": "rootfs", "skipped": reason}))
                 return
             image = DirBlobStore(root / "blobs").path(warm.digest)
-            for line in await rootfs.run(image, n=30, disk_mb=256, fetches=3, dense=200, write_kib=1024):
+            for line in await rootfs.run(
+                image, n=30, disk_mb=args.disk_mb, fetches=3, dense=200, write_kib=1024
+            ):
                 print(json.dumps({**line, "image": f"{base} + the recipe's steps"}))
 
 
