@@ -3,8 +3,9 @@
 
     .venv/bin/python bench/templates.py [--base python] [--network] [--rounds 3] [--sandboxes] [--disk-mb 1024]
 
-``--base python`` (the default) is Debian + python3 and a pip package (``--network``: steps reach the
-package index); ``--base debian:bookworm`` with ``--offline`` steps needs no network. The base
+``--base python --network`` is Debian + python3 and a pip package (its steps reach the package index,
+trusting the host's CA bundle as a tenant's build does); without ``--network`` (any base) the steps
+are offline ones (a file written, 8 MiB of data) and need no network. The base
 tarball is built once per machine (mmdebstrap; its time is printed when it is built here). A cold
 build starts from an empty layer cache (the base unpacked, every step run, the image packed); a
 rebuild changes the last step only.
