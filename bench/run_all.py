@@ -29,6 +29,7 @@ BENCHES: dict[str, list[str]] = {
     "agent": ["--quick"],
     "client_retry": [],
     "runtime": ["--sequential", "20", "--rounds", "3", "--idle", "10"],
+    "rootfs": ["--n", "20", "--fetches", "2", "--density", "200"],
     "api": ["--duration", "5"],
     "heartbeat": [],
     "first_run": [],
@@ -44,6 +45,10 @@ WHAT = {
     "agent": "agent start / heartbeat costs and a start burst against its limiter",
     "client_retry": "how a refused wave returns per retry strategy, and the SDK's cost per create",
     "runtime": "process sandboxes: create to first exec, and memory per idle sandbox",
+    "rootfs": "image sandboxes (the test suite's small base): create to first exec beside a host-root create "
+    "(bar: p50 <= 2x and <= 50 ms), the first create on a host without the image beside a cached one, and "
+    "the host disk of 200 sandboxes of one image beside 200 x the image (bar: < 1.2 x one image plus "
+    "what their layers hold)",
     "api": "creates/s over HTTP (wrk) beside a bare FastAPI endpoint on the same server settings, "
     "with 0, 20,000 and 100,000 live sandboxes already recorded",
     "heartbeat": "the control plane's CPU per heartbeat for a host of 10, 1,000 and 10,000 sandboxes",

@@ -1,13 +1,17 @@
 """Template builds: a cold build beside a rebuild with only the last step changed (bar: the rebuild
 <= 10 s), in one run on one machine. Prints one JSON object per line.
 
-    .venv/bin/python bench/templates.py [--base python] [--network] [--rounds 3]
+    .venv/bin/python bench/templates.py [--base python] [--network] [--rounds 3] [--sandboxes] [--disk-mb 1024]
 
-``--base python`` (the default) is Debian + python3 and a pip package (``--network``: steps reach the
-package index); ``--base debian:bookworm`` with ``--offline`` steps needs no network. The base
+``--base python --network`` is Debian + python3 and a pip package (its steps reach the package index,
+trusting the host's CA bundle as a tenant's build does); without ``--network`` (any base) the steps
+are offline ones (a file written, 8 MiB of data) and need no network. The base
 tarball is built once per machine (mmdebstrap; its time is printed when it is built here). A cold
 build starts from an empty layer cache (the base unpacked, every step run, the image packed); a
 rebuild changes the last step only.
+
+``--sandboxes``: then bench/rootfs.py's image-sandbox figures (create -> first exec beside a host-root
+create, the first create on a host without the image, the disk of 200 sandboxes) on the image built.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import rootfs  # bench/rootfs.py, beside this file
+
+from corral.control.builds import build_limits
 from corral.images.bases import BASES, Bases, canonical, debootstrap
-from corral.images.builder import Builder, BuildLimits
+from corral.images.builder import Builder
 from corral.images.dirstore import DirBlobStore
 from corral.images.recipe import parse
+from corral.runtime.rootfs import DEFAULT_DISK_MB
 
 PYTHON_RECIPE = """\
 FROM python
@@ -50,6 +58,8 @@ async def main() -> None:
     parser.add_argument("--base", default="python")
     parser.add_argument("--network", action="store_true", help="steps share the host's network")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sandboxes", action="store_true", help="then image sandboxes of the image built")
+    parser.add_argument("--disk-mb", type=int, default=DEFAULT_DISK_MB, help="each image sandbox's disk")
     args = parser.parse_args()
     base = canonical(args.base)
     if base is None:
@@ -65,7 +75,8 @@ async def main() -> None:
             )
         )
     text = PYTHON_RECIPE if base == "python" and args.network else OFFLINE_RECIPE
-    limits = BuildLimits(network=args.network)
+    # As a tenant's build: with the network, the host's CA bundle is trusted inside (a proxy's CA).
+    limits = build_limits(network=args.network)
     with tempfile.TemporaryDirectory(prefix="corral-bench-templates-") as tmp:
         root = Path(tmp)
         builder = Builder(root / "builder", DirBlobStore(root / "blobs"), Bases(_cache(), {base: tarball}))
@@ -98,6 +109,16 @@ async def main() -> None:
                     }
                 )
             )
+        if args.sandboxes:
+            reason = rootfs.skipped()
+            if reason is not None:
+                print(json.dumps({"bench": "rootfs", "skipped": reason}))
+                return
+            image = DirBlobStore(root / "blobs").path(warm.digest)
+            for line in await rootfs.run(
+                image, n=30, disk_mb=args.disk_mb, fetches=3, dense=200, write_kib=1024
+            ):
+                print(json.dumps({**line, "image": f"{base} + the recipe's steps"}))
 
 
 if __name__ == "__main__":

@@ -734,6 +734,17 @@ class Agent:
             raise AgentSandboxNotFound(message=f"no sandbox {sandbox_id!r} on this host")
         return self._info(sandbox_id, live)
 
+    async def read(self, sandbox_id: str) -> SandboxInfo:
+        """:meth:`get` with what its disk holds, read now (a statfs: for one sandbox, never a list)."""
+        info = self.get(sandbox_id)
+        if self._live[sandbox_id].spec.image is None:
+            return info
+        try:
+            used = await self.runtime.disk_used_mb(sandbox_id)
+        except SandboxNotFound:
+            used = None
+        return info.model_copy(update={"disk_used_mb": used})
+
     def list(self) -> list[SandboxInfo]:
         return [self._info(i, s) for i, s in self._live.items()]
 

@@ -100,6 +100,10 @@ class AgentClient(ABC):
     @abstractmethod
     async def list(self) -> list[SandboxInfo]: ...
 
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        """One sandbox as its host sees it now, what its disk holds included."""
+        raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot describe one sandbox")
+
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
         """Freeze it in place (``memory``), or end its processes and keep its files (not ``memory``)."""
         raise AgentError(ErrorCode.RUNTIME_FAILED, "this agent cannot pause sandboxes")
@@ -167,6 +171,9 @@ class LocalAgentClient(AgentClient):
 
     async def list(self) -> list[SandboxInfo]:
         return self.agent.list()
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return await self.agent.read(sandbox_id)
 
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
         return await self.agent.pause(sandbox_id, memory=memory)
@@ -352,6 +359,11 @@ class HttpAgentClient(AgentClient):
 
     async def list(self) -> list[SandboxInfo]:
         result: list[SandboxInfo] = self._parse(_INFOS, await self._call("GET", "/v1/sandboxes"))
+        return result
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}"
+        result: SandboxInfo = self._parse(SandboxInfo, await self._call("GET", path))
         return result
 
     async def capacity(self) -> Capacity:

@@ -148,7 +148,7 @@ def create_app(agent: Agent, token: str) -> FastAPI:
 
     @api.get("/v1/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> SandboxInfo:
-        return agent.get(sandbox_id)
+        return await agent.read(sandbox_id)
 
     @api.delete("/v1/sandboxes/{sandbox_id}", status_code=204)
     async def stop(sandbox_id: str, epoch: EpochHeader = None) -> Response:

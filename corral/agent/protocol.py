@@ -207,6 +207,8 @@ class SandboxInfo(_Lenient):
     role: str = ROLE_OWNED
     epoch: int = 0
     paused: bool = False  # frozen in place: nothing runs until it is resumed
+    # What its own disk holds (MiB), read when one sandbox is asked for; None: no disk of its own.
+    disk_used_mb: int | None = None
 
     @classmethod
     def of(

@@ -109,9 +109,17 @@ async def _while_connected(
             await asyncio.wait({task})
 
 
+async def read_sandbox(plane: ControlPlane, sandbox_id: str, tenant_id: str | None) -> dict[str, object]:
+    """GET of one sandbox: its record, with what its disk holds read from its host now."""
+    record = await plane.sandboxes.get(sandbox_id, tenant_id)
+    body = sandbox_json(record)
+    body["disk_used_mb"] = await plane.sandboxes.disk_used_mb(record)
+    return body
+
+
 async def _get(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:
     p = await authenticated_user(plane, request)
-    return OrjsonResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, tenant_scope(p))))
+    return OrjsonResponse(await read_sandbox(plane, sandbox_id, tenant_scope(p)))
 
 
 async def _delete(plane: ControlPlane, request: Request, sandbox_id: str) -> Response:

@@ -72,7 +72,7 @@ async def create_batch(body: BatchBody, p: User, plane: Plane) -> BatchCreated:
 
 @router.get("/v1/sandboxes/{sandbox_id}", response_model=SandboxOut)
 async def get_sandbox(sandbox_id: str, p: User, plane: Plane) -> Response:
-    return JSONResponse(sandbox_json(await plane.sandboxes.get(sandbox_id, scope(p))))
+    return JSONResponse(await hot.read_sandbox(plane, sandbox_id, scope(p)))
 
 
 @router.get("/v1/sandboxes/{sandbox_id}/placement")

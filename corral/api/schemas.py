@@ -216,6 +216,7 @@ def sandbox_json(r: SandboxRecord) -> dict[str, object]:
         "recreated_at": iso(r.recreated_at),
         "image": r.image,
         "disk_mb": r.disk_mb,
+        "disk_used_mb": None,  # a live reading of its host's (GET of one sandbox fills it in)
         "network": json.loads(r.network) if r.network is not None else NO_NETWORK.to_dict(),
     }
 

@@ -112,6 +112,17 @@ class Sandboxes:
             raise ResourceNotFound(f"no sandbox {sandbox_id}")
         return rec
 
+    async def disk_used_mb(self, record: SandboxRecord) -> int | None:
+        """What a running image sandbox's disk holds, asked of its host now; None for a sandbox
+        without a disk of its own, and when its host does not answer (the record is still shown)."""
+        if record.image is None or record.state is not SandboxState.RUNNING or record.host_id is None:
+            return None
+        try:
+            client = self.agents.client(record.host_id, await self._address(record.host_id))
+            return (await client.get(record.id)).disk_used_mb
+        except (AgentError, StoreUnavailable):
+            return None
+
     async def list(
         self,
         tenant_id: str | None,

@@ -147,6 +147,10 @@ class Runtime(Protocol):
         """Processes of the sandbox the kernel killed for overrunning its memory limit, so far."""
         ...
 
+    async def disk_used_mb(self, sandbox_id: str) -> int | None:
+        """What its own writable disk holds (MiB); None when it has none (no image) or it cannot be read."""
+        return None
+
     async def list(self) -> list[SandboxHandle]:
         """What is running now; an agent restarted while sandboxes run re-adopts these."""
         ...

@@ -603,6 +603,9 @@ class GvisorRuntime:
             return None
         return -(-cgroup.working_set_bytes() // _MIB)
 
+    async def disk_used_mb(self, sandbox_id: str) -> int | None:
+        return None  # its sandboxes start from the host's root, never an image with a disk
+
     async def oom_kills(self, sandbox_id: str) -> int:
         self._state(sandbox_id)
         cgroup = self._cgroup(sandbox_id)

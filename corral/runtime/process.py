@@ -156,6 +156,7 @@ class ProcessRuntime:
         self._image_mounts: rootfs.ImageMounts | None = None
         self._pool: rootfs.DiskPool | None = None
         self._held: set[str] = set()
+        self._reclaimed = False
         self._filling: asyncio.Task[int] | None = None
         self._privileged = privileged
         self._output_limit = output_limit_bytes
@@ -302,7 +303,7 @@ class ProcessRuntime:
         return rootfs.RootPaths(
             self.statedir.dir(sandbox_id),
             rootfs.ROOTS_DIR / f"{self._root_key}-{sandbox_id}",
-            self._disk_root / f"{sandbox_id}.img",
+            rootfs.disk_path(self._disk_root, sandbox_id),
         )
 
     async def _make_root(self, spec: SandboxSpec, base: int | None) -> Path:
@@ -834,6 +835,9 @@ class ProcessRuntime:
     async def list(self) -> list[SandboxHandle]:
         """Live sandboxes under this root, including those another runtime object (or an agent that
         has since restarted) started. Leftovers of dead sandboxes and of crashed starts are removed."""
+        if not self._reclaimed:
+            self._reclaimed = True
+            await asyncio.to_thread(self._reclaim_disks)
         handles: list[SandboxHandle] = []
         for sandbox_id in self.statedir.ids():
             if sandbox_id in self._starting:
@@ -847,6 +851,25 @@ class ProcessRuntime:
             ):
                 await asyncio.to_thread(self._teardown_record, sandbox_id, record)
         return handles
+
+    def _reclaim_disks(self) -> int:
+        """Remove the disks of sandboxes this root has no record of, once (at the first list, which is
+        an agent's adoption at start): a host restarted loses the records (under /run) but not the
+        disks (on a disk), and state removed under a dead agent leaves them too. A start records its
+        sandbox before it takes a disk, and a teardown removes the disk before the record, so a disk
+        without a record is nobody's. The pool's ready disks stay: no sandbox has used them."""
+        gone = 0
+        for sandbox_id in rootfs.disk_owners(self._disk_root):
+            if sandbox_id in self._starting or (
+                valid_id(sandbox_id) and self.statedir.dir(sandbox_id).exists()
+            ):
+                continue
+            if valid_id(sandbox_id):
+                rootfs.unmake(self._root_paths(sandbox_id))
+            else:
+                rootfs.disk_path(self._disk_root, sandbox_id).unlink(missing_ok=True)
+            gone += 1
+        return gone
 
     async def _hold_image(self, record: Running) -> None:
         """A re-adopted sandbox's image is held from this object's resolver too (a cache must not

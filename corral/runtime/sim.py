@@ -182,6 +182,9 @@ class SimRuntime:
         self.state.reclaim(now)
         return self._get(sandbox_id).resident_mb(now)
 
+    async def disk_used_mb(self, sandbox_id: str) -> int | None:
+        return None  # a simulated sandbox has no disk of its own
+
     async def oom_kills(self, sandbox_id: str) -> int:
         """Kills by the host's OOM killer (its own limit is never overrun: the model stops at it)."""
         self.state.reclaim(self.clock.now())

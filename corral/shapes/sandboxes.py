@@ -35,6 +35,9 @@ class SandboxRecord(Wire):
     recreated_at: datetime | None = None
     image: str | None = None  # the image its root is made of (a digest); None: the host's own
     disk_mb: int | None = None  # its own disk's size, MiB
+    # What its disk holds now (MiB), read from its host by GET of one sandbox; None elsewhere, and
+    # when it has no disk of its own or its host did not answer.
+    disk_used_mb: int | None = None
     # Its egress policy: {"mode": "none" | "internet", "allow_out": [CIDR...], "deny_out": [CIDR...]}.
     network: dict[str, Any] = Field(default_factory=lambda: {"mode": "none", "allow_out": [], "deny_out": []})
 

@@ -63,6 +63,9 @@ class InMemoryAgentClient(AgentClient):
     async def list(self) -> list[SandboxInfo]:
         return self._agent().list()
 
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return await self._agent().read(sandbox_id)
+
     async def capacity(self) -> Capacity:
         return self._agent().capacity()
 

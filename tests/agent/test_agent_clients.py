@@ -65,6 +65,8 @@ async def test_round_trip(client: AgentClient, clock: ManualClock) -> None:
     assert out.exit_code != 0 and "simulation" in out.stderr
 
     assert [i.id for i in await client.list()] == ["a"]
+    one = await client.get("a")
+    assert (one.id, one.memory_mb, one.disk_used_mb) == ("a", 2048, None)  # no disk of its own
     cap = await client.capacity()
     assert cap.memory_mb_admittable == 16_384 - 2048 - 2048 and cap.cpu_used == 2.0
     assert cap.templates == ["python"] and cap.max_concurrent_starts == 8
@@ -83,6 +85,8 @@ async def test_same_errors(client: AgentClient) -> None:
         await client.stop("nope")
     with pytest.raises(AgentSandboxNotFound):
         await client.exec("nope", ExecRequest(command=["true"]))
+    with pytest.raises(AgentSandboxNotFound):
+        await client.get("nope")
     with pytest.raises(AgentConflict) as conflict:
         await client.start(StartSandbox(id="a", memory_mb=1024))
     assert conflict.value.code == ErrorCode.SANDBOX_EXISTS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -250,3 +251,27 @@ async def test_root_user_and_workdir(runtime: ProcessRuntime, image: Image) -> N
     await runtime.start(_spec(image, "img-root", user="root", workdir="/tmp"))
     who = await runtime.exec("img-root", ["sh", "-c", "id -u; pwd; echo $HOME"])
     assert who.stdout.split() == ["0", "/tmp", "/root"], who
+
+
+async def test_disks_without_a_record_are_reclaimed_when_an_agent_starts(
+    make_process_runtime: RuntimeFactory, tmp_path: Path, resolver: DictResolver, image: Image
+) -> None:
+    first = image_runtime(make_process_runtime, tmp_path, resolver)
+    await first.start(_spec(image, "img-kept", disk_mb=24))
+    await first.fill_disks(24)
+    disks = tmp_path / "disks"
+    # A host that restarted: the records (under /run) are gone, the disks (on a disk) are not.
+    orphan = disks / "img-lost.img"
+    shutil.copyfile(disks / "img-kept.img", orphan)
+    odd = disks / "not an id.img"
+    odd.write_bytes(b"")
+    ready = sorted((disks / ".pool").glob("ready-24m-*"))
+    assert ready
+    second = image_runtime(make_process_runtime, tmp_path, resolver)
+    assert [h.id for h in await second.list()] == ["img-kept"]
+    assert not orphan.exists() and not odd.exists()
+    assert (disks / "img-kept.img").exists()  # a live sandbox's disk stays
+    assert sorted((disks / ".pool").glob("ready-24m-*")) == ready  # never used by anyone: kept
+    kept = await second.exec("img-kept", ["sh", "-c", "echo ok > ~/f && cat ~/f"])
+    assert kept.stdout == "ok\n"
+    await second.stop("img-kept")
