@@ -12,6 +12,7 @@ child runs. What the caller gets behaves as asyncio's ``Process`` for what the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,11 @@ class Child:
         """The exit status (negative for a signal, as subprocess gives it), once the child has
         exited; its pipes may stay open in a grandchild and are not waited for."""
         return await asyncio.shield(self._exited)
+
+    def signal(self, sig: int) -> None:
+        """To the child's process group (its session: see :func:`start`)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
 
 
 async def start(
