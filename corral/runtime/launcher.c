@@ -759,7 +759,8 @@ static void serve_one(int c) {
     ssize_t n = recvmsg(conns[c].fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     int fds[CHAN_FDS + 4], nfds = 0;
-    for (struct cmsghdr *h = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL; h != NULL; h = CMSG_NXTHDR(&msg, h)) {
+    /* An empty message may carry descriptors too. */
+    for (struct cmsghdr *h = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; h != NULL; h = CMSG_NXTHDR(&msg, h)) {
         if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
         size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (size_t i = 0; i < count; i++) {
