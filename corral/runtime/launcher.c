@@ -7,11 +7,14 @@
  *
  *   launcher seccomp
  *       write the sandbox seccomp filter, as BPF, to stdout (bubblewrap's --seccomp for the init)
- *   launcher init
+ *   launcher init [--channel FD]
  *       be the sandbox's pid 1 (bubblewrap --as-pid-1 execs this inside): not dumpable, so no process
  *       of the sandbox's uid can ptrace it, take its descriptors or read its /proc entries; say
- *       "ready" on stdout, then hold only /dev/null, reap every orphan, and exit on a SIGTERM from
- *       outside the sandbox (SIGKILL from outside ends it too)
+ *       "ready" on stdout, then hold only /dev/null (and the guest channel), reap every orphan, and
+ *       exit on a SIGTERM from outside the sandbox (SIGKILL from outside ends it too). With a channel
+ *       (the runtime's listening socket, inherited on FD), run the commands the runtime sends over it:
+ *       fork, and in the child, already the sandbox's unprivileged user under its filter, do what
+ *       `exec` does last (see the guest channel below and corral/runtime/guest.py)
  *   launcher spawn UID GID [--netns FD] PROCS... -- PROGRAM ARG...
  *       join the cgroups (write our pid to each PROCS file), join the network namespace open on FD
  *       if given (the sandbox's network slot, owned by the host's user namespace: nothing inside can

@@ -635,7 +635,8 @@ class ProcessRuntime:
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise InvalidSandbox("environment variable names and values must be strings", "env")
         record = self._live(sandbox_id)
-        if self.paused(sandbox_id):
+        cgroup = _cgroup_of(record)
+        if cgroup is not None and cgroup.frozen():
             raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
         hostname = record.spec.hostname or record.spec.id[:64]
         image = record.spec.image is not None
@@ -664,7 +665,6 @@ class ProcessRuntime:
                 return await channel.start(spec, stdin=stdin)
             except guest.ChannelLost:
                 pass  # the launcher then says what is wrong (the sandbox gone, no process left to fork)
-        cgroup = _cgroup_of(record)
         # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
