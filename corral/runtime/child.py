@@ -81,9 +81,9 @@ async def start(
     theirs: list[int] = []  # the child's ends, closed here once it has them
     try:
         if tty is None:
-            out_r, out_w = _pipe(ours, theirs)
-            err_r, err_w = _pipe(ours, theirs)
-            in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+            out_r, out_w = pipe(ours, theirs)
+            err_r, err_w = pipe(ours, theirs)
+            in_r, in_w = pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
         else:
             ours.append(tty[0])
             theirs.append(tty[1])
@@ -128,7 +128,8 @@ def ended() -> asyncio.StreamReader:
     return stream
 
 
-def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
+def pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
+    """A pipe, its read end noted in ``reader_side`` and its write end in ``writer_side``."""
     r, w = os.pipe2(os.O_CLOEXEC)
     reader_side.append(r)
     writer_side.append(w)

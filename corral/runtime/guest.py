@@ -160,12 +160,12 @@ class Channel:
             spec_fd = launcher.memfd("exec-spec", spec)
             theirs.append(spec_fd)
             if stdin:
-                in_r, in_w = _pipe(theirs, ours)
+                in_r, in_w = child.pipe(theirs, ours)
             else:
                 in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
                 theirs.append(in_r)
-            out_r, out_w = _pipe(ours, theirs)
-            err_r, err_w = _pipe(ours, theirs)
+            out_r, out_w = child.pipe(ours, theirs)
+            err_r, err_w = child.pipe(ours, theirs)
             self._starting[request] = (started, exited)
             await self._send(MESSAGE.pack(MAGIC, EXEC, request, 0), [spec_fd, in_r, out_w, err_w])
             for fd in theirs:
@@ -266,10 +266,3 @@ def _settle(future: asyncio.Future[int], outcome: int | BaseException) -> None:
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
-
-
-def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
-    r, w = os.pipe2(os.O_CLOEXEC)
-    reader_side.append(r)
-    writer_side.append(w)
-    return r, w

@@ -366,6 +366,22 @@ static void close_fds_except(int keep) {
 
 static void close_other_fds(void) { close_fds_except(-1); }
 
+static void enter_cwd(const struct spec *s) {
+    if (chdir(s->cwd) != 0) {
+        fprintf(stderr, "%s: %s\n", s->cwd, strerror(errno));
+        _exit(EXIT_SETUP);
+    }
+}
+
+/* The final step of both paths: from here on nothing may fail silently, errors are reported the way
+ * a shell does. */
+static void run_command(const struct spec *s) {
+    execvpe(s->argv[0], s->argv, s->envp);
+    int err = errno;
+    fprintf(stderr, "%s: %s\n", s->argv[0], err == ENOENT ? "command not found" : strerror(err));
+    _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
+}
+
 static int exec_in(int argc, char **argv, int root_inside) {
     int tty = argc > 0 && strcmp(argv[0], "--tty") == 0;
     if (tty) {
@@ -437,16 +453,9 @@ static int exec_in(int argc, char **argv, int root_inside) {
             if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS");
         }
         close_other_fds();
-        if (chdir(s.cwd) != 0) {
-            fprintf(stderr, "%s: %s\n", s.cwd, strerror(errno));
-            _exit(EXIT_SETUP);
-        }
+        enter_cwd(&s);
         if (!root_inside && seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
-        /* From here on nothing may fail silently: errors are reported the way a shell does. */
-        execvpe(s.argv[0], s.argv, s.envp);
-        int err = errno;
-        fprintf(stderr, "%s: %s\n", s.argv[0], err == ENOENT ? "command not found" : strerror(err));
-        _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
+        run_command(&s);
     }
     close(fds[N_NS - 1]);
     seccomp_release(filter);
@@ -711,14 +720,8 @@ static void job_exec(const int fds[CHAN_FDS]) {
      * lets it write its own /proc files. */
     if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
     prefer_for_oom_kill();
-    if (chdir(s.cwd) != 0) {
-        fprintf(stderr, "%s: %s\n", s.cwd, strerror(errno));
-        _exit(EXIT_SETUP);
-    }
-    execvpe(s.argv[0], s.argv, s.envp);
-    int err = errno;
-    fprintf(stderr, "%s: %s\n", s.argv[0], err == ENOENT ? "command not found" : strerror(err));
-    _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
+    enter_cwd(&s);
+    run_command(&s);
 }
 
 static void start_job(int c, uint32_t id, const int fds[CHAN_FDS]) {
