@@ -34,7 +34,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-from corral.runtime import child, launcher, procfs
+from corral.runtime import child, launcher
 
 MAGIC = 0x31637263
 EXEC, SIGNAL = 1, 2
@@ -111,9 +111,8 @@ class Job:
 class Channel:
     """One connection to a sandbox's init, serving every command of the sandbox from one loop."""
 
-    def __init__(self, sock: socket.socket, pidfd: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._sock = sock
-        self._pidfd = pidfd
         self.loop = loop
         self._ids = itertools.count(1)
         # Per request: its start's answer and its exit; then, once started, its exit alone.
@@ -121,30 +120,22 @@ class Channel:
         self._running: dict[int, asyncio.Future[int]] = {}
         self.closed = False
         loop.add_reader(sock.fileno(), self._readable)
-        # bubblewrap's monitor holds a copy of the listening socket, so a connection made as the init
-        # dies may be taken by nobody: the channel ends with the init itself, seen through its pidfd.
-        loop.add_reader(pidfd, self.close)
 
     @classmethod
-    def connect(cls, directory: Path, init: procfs.ProcessIdentity) -> Channel | None:
-        """A connection to the init ``init`` listening in ``directory``, or None when it offers none
-        (a sandbox started without the channel, an init that no longer accepts or has exited)."""
-        try:
-            pidfd = os.pidfd_open(init.pid)
-        except OSError:
-            return None
+    def connect(cls, directory: Path) -> Channel | None:
+        """A connection to the init listening in ``directory``, or None when it offers none (a sandbox
+        started without the channel, or an init that has exited: the init alone holds the listening
+        socket, bubblewrap's monitor closes its copy, so a dead init's is refused, and the
+        connections of an init that dies end with it)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         sock.setblocking(False)  # a full backlog is EAGAIN, never a wait on the loop
         try:
-            if not procfs.is_alive(init):  # the pid names another process now (or a zombie)
-                raise ProcessLookupError(init.pid)
             with _short_path(directory) as where:
                 sock.connect(f"{where}/{SOCKET_NAME}")
         except OSError:
             sock.close()
-            os.close(pidfd)
             return None
-        return cls(sock, pidfd, asyncio.get_running_loop())
+        return cls(sock, asyncio.get_running_loop())
 
     async def start(self, spec: bytes, *, stdin: bool) -> Job:
         """Run the command ``spec`` encodes (see :func:`corral.runtime.launcher.encode`) with pipes for
@@ -247,9 +238,7 @@ class Channel:
         self.closed = True
         with contextlib.suppress(RuntimeError):  # the loop itself may be closed already
             self.loop.remove_reader(self._sock.fileno())
-            self.loop.remove_reader(self._pidfd)
         self._sock.close()
-        os.close(self._pidfd)
         for started, exited in self._starting.values():
             _settle(started, ChannelLost("the sandbox's init closed its channel"))
             _settle(exited, _LOST)

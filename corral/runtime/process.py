@@ -701,7 +701,7 @@ class ProcessRuntime:
             return channel
         if channel is not None:
             channel.close()
-        channel = guest.Channel.connect(self.statedir.dir(sandbox_id), record.init)
+        channel = guest.Channel.connect(self.statedir.dir(sandbox_id))
         if channel is None:
             self._channels.pop(sandbox_id, None)
         else:

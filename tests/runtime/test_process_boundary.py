@@ -227,6 +227,8 @@ async def test_the_sandbox_skeleton_holds_no_host_file(
     # The monitor outside: pipes, /dev/null, its own event descriptors; never a file of the host's.
     monitor = held(record.monitor.pid)
     assert not [t for t in monitor if t.startswith("/") and t != "/dev/null"], monitor
+    # Nor the guest channel's listening socket: the init alone holds it, so it dies with the init.
+    assert not [t for t in monitor if t.startswith("socket:")], monitor
     # bubblewrap's stderr is a pipe nobody reads any more: the runtime closed its end once ready.
     stderr = os.readlink(f"/proc/{record.monitor.pid}/fd/2")
     assert stderr.startswith("pipe:") and stderr not in held(os.getpid())
