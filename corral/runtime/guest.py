@@ -147,6 +147,7 @@ class Channel:
         request = next(self._ids) & 0xFFFFFFFF
         started: asyncio.Future[int] = self.loop.create_future()
         exited: asyncio.Future[int] = self.loop.create_future()
+        sent = False
         try:
             spec_fd = launcher.memfd("exec-spec", spec)
             theirs.append(spec_fd)
@@ -159,14 +160,19 @@ class Channel:
             err_r, err_w = child.pipe(ours, theirs)
             self._starting[request] = (started, exited)
             await self._send(MESSAGE.pack(MAGIC, EXEC, request, 0), [spec_fd, in_r, out_w, err_w])
+            sent = True
             for fd in theirs:
                 os.close(fd)
             theirs.clear()
             pid = await started
-        except BaseException:
+        except BaseException as exc:
             self._starting.pop(request, None)
             for fd in ours + theirs:
                 os.close(fd)
+            if sent and not isinstance(exc, ChannelLost):
+                # Given up on (a timeout while the sandbox was frozen, a caller gone): the init reads
+                # this after the request, so whatever it starts is killed rather than left unwatched.
+                self.send_signal(request, signal.SIGKILL)
             raise
         streams = (
             child.reader(self.loop, out_r),

@@ -582,7 +582,16 @@ class ProcessRuntime:
     ) -> ExecResult:
         check_timeout(timeout_s)
         started = time.monotonic()
-        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=False)
+        try:
+            # Under the timeout too: a sandbox paused right after the check holds its init's answer.
+            proc = await asyncio.wait_for(self._run_in(sandbox_id, command, env, cwd, stdin=False), timeout_s)
+        except TimeoutError:
+            return ExecResult(
+                exit_code=shell_exit_code(-signal.SIGKILL),
+                duration_ms=(time.monotonic() - started) * 1000.0,
+                timed_out=True,
+                note=_PAUSED_NOTE if self._frozen(sandbox_id) else None,
+            )
         assert proc.stdout is not None and proc.stderr is not None
         capture = Capture(proc.stdout, proc.stderr, self._output_limit)
         timed_out = paused = killed = False
@@ -1059,13 +1068,14 @@ def _empty(cgroup: SandboxCgroup, init_pid: int, timeout_s: float = 5.0) -> None
             cgroup.thaw()
 
 
+_PAUSED_NOTE = (
+    "the sandbox was paused while the command ran; it was killed at its timeout and ends "
+    "when the sandbox is resumed or stopped"
+)
+
+
 def _exec_note(paused: bool, out: BoundedBuffer, err: BoundedBuffer) -> str | None:
-    notes = []
-    if paused:
-        notes.append(
-            "the sandbox was paused while the command ran; it was killed at its timeout and ends "
-            "when the sandbox is resumed or stopped"
-        )
+    notes = [_PAUSED_NOTE] if paused else []
     for name, buffer in (("stdout", out), ("stderr", err)):
         if buffer.cut_off:
             notes.append(

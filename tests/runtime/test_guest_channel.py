@@ -13,12 +13,14 @@ import socket
 import struct
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 from corral.runtime import guest, launcher, procfs
 from corral.runtime.base import SandboxNotFound, SandboxSpec
-from corral.runtime.process import ProcessRuntime
+from corral.runtime.cgroups import SandboxCgroup
+from corral.runtime.process import ProcessRuntime, _cgroup_of
 from corral.runtime.statedir import Running
 from tests.runtime.conftest import RuntimeFactory
 
@@ -324,3 +326,35 @@ async def test_without_the_channel_the_launcher_runs_commands(make_process_runti
     assert not (runtime.statedir.dir("plain") / guest.SOCKET_NAME).exists()
     result = await runtime.exec("plain", ["sh", "-c", "echo $PPID"])
     assert result.stdout == "0\n" and not runtime._channels  # its parent, the launcher, is outside
+
+
+async def test_a_sandbox_frozen_under_a_starting_command_holds_it_only_to_its_timeout(
+    process_runtime: ProcessRuntime,
+    eventually: Callable[..., Awaitable[bool]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race of a pause between the exec's check and the init's answer: the exec ends at its
+    timeout, and what the init starts once thawed is killed, not left running unwatched."""
+    await process_runtime.start(SandboxSpec(id="racy", memory_mb=64))
+    await _still_serves(process_runtime, "racy")  # connected
+    cgroup = _cgroup_of(_record(process_runtime, "racy"))
+    assert cgroup is not None
+    cgroup.freeze()
+    with monkeypatch.context() as patched:
+        patched.setattr(SandboxCgroup, "frozen", lambda self: False)  # the check ran before the pause
+        result = await process_runtime.exec("racy", ["sh", "-c", "sleep 4242"], timeout_s=1)
+    assert result.timed_out and result.exit_code == 137  # (its note is the patched check's: not paused)
+    cgroup.thaw()
+    # Served after the request and the kill behind it, on the same connection: both were read.
+    await _still_serves(process_runtime, "racy")
+
+    def cmdline(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    async def nothing_left() -> bool:
+        return not any(b"4242" in cmdline(pid) for pid in cgroup.pids())
+
+    assert await eventually(nothing_left)
