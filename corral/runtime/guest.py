@@ -77,7 +77,7 @@ def _short_path(directory: Path) -> Iterator[str]:
         os.close(fd)
 
 
-class Job:
+class InitCommand:
     """A command the init started: what :mod:`corral.runtime.child`'s ``Child`` offers the runtime."""
 
     def __init__(
@@ -137,7 +137,7 @@ class Channel:
             return None
         return cls(sock, asyncio.get_running_loop())
 
-    async def start(self, spec: bytes, *, stdin: bool) -> Job:
+    async def start(self, spec: bytes, *, stdin: bool) -> InitCommand:
         """Run the command ``spec`` encodes (see :func:`corral.runtime.launcher.encode`) with pipes for
         its output, and for its input if asked. Raises :class:`ChannelLost` if the init did not."""
         if self.closed:
@@ -179,7 +179,7 @@ class Channel:
             child.reader(self.loop, err_r),
             child.writer(self.loop, in_w) if stdin else None,
         )
-        return Job(self, request, pid, exited, streams)
+        return InitCommand(self, request, pid, exited, streams)
 
     def send_signal(self, request: int, sig: int) -> None:
         if self.closed:

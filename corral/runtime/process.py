@@ -635,7 +635,7 @@ class ProcessRuntime:
         stdin: bool,
         user: str | None = None,
         terminal_of: Callable[[], tuple[int, int]] | None = None,
-    ) -> child.Child | guest.Job:
+    ) -> child.Child | guest.InitCommand:
         """A command started in this sandbox, in a process group of its own (so a signal to the group
         reaches everything the command starts): by its init through the guest channel when it offers
         one (see :meth:`_channel`), else by the launcher; on the terminal ``terminal_of`` opens (see
@@ -1027,7 +1027,7 @@ def _read_held(fd: int, limit: int) -> str:
 _REAPING: set[asyncio.Future[int]] = set()
 
 
-async def _kill(proc: child.Child | guest.Job, grace_s: float) -> None:
+async def _kill(proc: child.Child | guest.InitCommand, grace_s: float) -> None:
     """SIGKILL the command's process group and wait up to ``grace_s`` for it to be reaped; past that
     it is reaped in the background whenever it exits."""
     proc.signal(signal.SIGKILL)
