@@ -7,7 +7,7 @@ descriptor to the init, which accepts the runtime's connections on it. The init 
 process of the sandbox can take its descriptors. One connection per sandbox carries every command,
 multiplexed by a request id.
 
-Every message is 16 bytes, little-endian ``magic, type, id, value``:
+Every message is 16 bytes in the host's byte order, ``magic, type, id, value``:
 
 * ``EXEC`` (runtime -> init), with four descriptors: the spec (a memfd, the launcher's spec encoding,
   see :mod:`corral.runtime.launcher`), stdin, stdout, stderr. The init forks; the child, already the
@@ -39,7 +39,7 @@ from corral.runtime import child, launcher
 MAGIC = 0x31637263
 EXEC, SIGNAL = 1, 2
 STARTED, EXITED, FAILED = 1, 2, 3
-MESSAGE = struct.Struct("<IIIi")
+MESSAGE = struct.Struct("=IIIi")  # the C struct: native order, no padding
 SOCKET_NAME = "channel"
 _BACKLOG = 8
 # What the commands of a lost connection are reported as: the init is gone, and with it its pid

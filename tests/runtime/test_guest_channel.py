@@ -10,7 +10,6 @@ import os
 import random
 import signal
 import socket
-import struct
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -208,7 +207,7 @@ async def test_the_decoder_survives_a_fuzz(process_runtime: ProcessRuntime) -> N
             if size >= 16 and rng.random() < 0.7:  # mostly well-framed, so the checks past the magic run
                 kind = rng.choice([guest.EXEC, guest.SIGNAL, 0, 3, 0xFFFFFFFF])
                 value = rng.choice([0, 9, 64, 65, -1, 2**31 - 1])
-                message[:16] = struct.pack("<IIIi", guest.MAGIC, kind, rng.getrandbits(32), value)
+                message[:16] = guest.MESSAGE.pack(guest.MAGIC, kind, rng.getrandbits(32), value)
             fds = [devnull] * rng.choice([0, 0, 1, 3, 4, 5, 8])
             try:
                 sock.sendmsg([bytes(message)], _rights(fds))
