@@ -1,9 +1,13 @@
-"""Process-runtime benchmark: create-to-first-exec latency (sequential and concurrent) and the host
-memory each idle sandbox costs. Prints one JSON object per line.
+"""Process-runtime benchmark: create-to-first-exec latency (sequential and concurrent), the exec round
+trip and a warm sandbox's first exec through the sandbox's init (the guest channel) beside the
+host-side launcher, interleaved in the same run, and the host memory each idle sandbox costs. Prints
+one JSON object per line.
 
     .venv/bin/python bench/runtime.py [--sequential 50] [--concurrency 8] [--rounds 5] [--idle 20]
+                                      [--execs 200] [--warm 30] [--only-exec]
 
-Needs what the runtime needs (bubblewrap, root for the cgroup); bar: create-to-first-exec p50 <= 50 ms.
+Needs what the runtime needs (bubblewrap, root for the cgroup); bars: create-to-first-exec p50 <= 50 ms;
+exec round trip through the channel p50 <= 3 ms and <= 1/2 of the launcher's; warm first exec p50 <= 10 ms.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 
 from corral.runtime import procfs
 from corral.runtime.base import SandboxSpec
-from corral.runtime.cgroups import detect
+from corral.runtime.cgroups import CgroupRoot, detect
 from corral.runtime.process import ProcessRuntime, unavailable_reason
 from corral.runtime.statedir import Running
 
@@ -64,12 +68,69 @@ def _pss_mb(runtime: ProcessRuntime, sandbox_id: str) -> float:
     return sum(procfs.proportional_kib(pid) for pid in pids) / 1024
 
 
-async def run(sequential: int, concurrency: int, rounds: int, idle: int) -> list[dict[str, object]]:
+async def _timed_exec(runtime: ProcessRuntime, sandbox_id: str) -> float:
+    started = time.perf_counter()
+    result = await runtime.exec(sandbox_id, ["true"])
+    elapsed = (time.perf_counter() - started) * 1000.0
+    if result.exit_code != 0:
+        raise RuntimeError(f"exec failed: {result.stderr}")
+    return elapsed
+
+
+def _side_by_side(mode: str, channel: list[float], launcher: list[float]) -> list[dict[str, object]]:
+    ratio = round(statistics.median(channel) / statistics.median(launcher), 3)
+    return [
+        _summary(f"{mode}_channel", channel, path="guest channel"),
+        _summary(f"{mode}_launcher", launcher, path="launcher"),
+        {"bench": "runtime", "mode": f"{mode}_ratio", "channel_over_launcher_p50": ratio},
+    ]
+
+
+async def run_exec(root: Path, cgroups: CgroupRoot | None, execs: int, warm: int) -> list[dict[str, object]]:
+    """The exec round trip (``true``) and a warm sandbox's first exec, through the guest channel and
+    through the launcher, alternated sample by sample on the same sandboxes so that the machine's load
+    lands on both: two runtime objects over one root, one of which never uses the channel."""
+    channel_rt = ProcessRuntime(root, cgroup_root=cgroups)
+    launcher_rt = ProcessRuntime(root, cgroup_root=cgroups, guest_channel=False)
+    results: list[dict[str, object]] = []
+    await channel_rt.start(SandboxSpec(id="exec", memory_mb=256))
+    try:
+        by_path: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(2 * execs + 20):
+            use_channel = i % 2 == 0
+            elapsed = await _timed_exec(channel_rt if use_channel else launcher_rt, "exec")
+            if i >= 20:  # the first few of each warm the caches
+                by_path[use_channel].append(elapsed)
+        results += _side_by_side("exec", by_path[True], by_path[False])
+    finally:
+        await channel_rt.stop("exec")
+    # Warm: started ahead, as a warm pool's are; the first command is what a claim waits for.
+    by_path = {True: [], False: []}
+    for i in range(2 * warm):
+        sandbox_id = f"warm-{i}"
+        await channel_rt.start(SandboxSpec(id=sandbox_id, memory_mb=256))
+        try:
+            use_channel = i % 2 == 0
+            by_path[use_channel].append(
+                await _timed_exec(channel_rt if use_channel else launcher_rt, sandbox_id)
+            )
+        finally:
+            await channel_rt.stop(sandbox_id)
+    results += _side_by_side("warm_first_exec", by_path[True], by_path[False])
+    return results
+
+
+async def run(
+    sequential: int, concurrency: int, rounds: int, idle: int, execs: int, warm: int, only_exec: bool
+) -> list[dict[str, object]]:
     results: list[dict[str, object]] = []
     cgroups = detect(f"corral-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as root:
         runtime = ProcessRuntime(Path(root), cgroup_root=cgroups)
         try:
+            results += await run_exec(Path(root), cgroups, execs, warm)
+            if only_exec:
+                return results
             # Warm the page cache for bwrap, nsenter and sleep so the first sample is not an outlier.
             await _create_to_first_exec(runtime, "warm")
             await runtime.stop("warm")
@@ -131,12 +192,18 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--idle", type=int, default=20)
+    parser.add_argument("--execs", type=int, default=200, help="exec round trips per path")
+    parser.add_argument("--warm", type=int, default=30, help="warm sandboxes' first execs per path")
+    parser.add_argument("--only-exec", action="store_true", help="only the channel/launcher comparisons")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:
         print(json.dumps({"bench": "runtime", "skipped": reason}))
         return
-    for line in asyncio.run(run(args.sequential, args.concurrency, args.rounds, args.idle)):
+    lines = run(
+        args.sequential, args.concurrency, args.rounds, args.idle, args.execs, args.warm, args.only_exec
+    )
+    for line in asyncio.run(lines):
         print(json.dumps(line))
 
 

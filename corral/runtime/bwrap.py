@@ -300,10 +300,12 @@ def image_etc_files(hostname: str) -> dict[str, bytes]:
     return {"hosts": etc_files(hostname)["hosts"]}
 
 
-def init_command(image: bool = False) -> list[str]:
+def init_command(image: bool = False, channel_fd: int | None = None) -> list[str]:
     """What follows bubblewrap's options on its own command line (``--args`` carries options only):
-    the launcher's ``init``, which announces readiness on stdout, then holds the namespaces open."""
-    return ["--", IMAGE_INIT_PATH if image else INIT_PATH, "init"]
+    the launcher's ``init``, which announces readiness on stdout, then holds the namespaces open, and
+    serves the guest channel listening on ``channel_fd`` if given (see :mod:`corral.runtime.guest`)."""
+    channel = ["--channel", str(channel_fd)] if channel_fd is not None else []
+    return ["--", IMAGE_INIT_PATH if image else INIT_PATH, "init", *channel]
 
 
 def encode_args(args: Sequence[str]) -> bytes:

@@ -12,6 +12,7 @@ child runs. What the caller gets behaves as asyncio's ``Process`` for what the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -57,6 +58,11 @@ class Child:
         exited; its pipes may stay open in a grandchild and are not waited for."""
         return await asyncio.shield(self._exited)
 
+    def signal(self, sig: int) -> None:
+        """To the child's process group (its session: see :func:`start`)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
 
 async def start(
     argv: Sequence[str],
@@ -75,9 +81,9 @@ async def start(
     theirs: list[int] = []  # the child's ends, closed here once it has them
     try:
         if tty is None:
-            out_r, out_w = _pipe(ours, theirs)
-            err_r, err_w = _pipe(ours, theirs)
-            in_r, in_w = _pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
+            out_r, out_w = pipe(ours, theirs)
+            err_r, err_w = pipe(ours, theirs)
+            in_r, in_w = pipe(theirs, ours) if stdin else (subprocess.DEVNULL, -1)
         else:
             ours.append(tty[0])
             theirs.append(tty[1])
@@ -122,7 +128,8 @@ def ended() -> asyncio.StreamReader:
     return stream
 
 
-def _pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
+def pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
+    """A pipe, its read end noted in ``reader_side`` and its write end in ``writer_side``."""
     r, w = os.pipe2(os.O_CLOEXEC)
     reader_side.append(r)
     writer_side.append(w)

@@ -7,11 +7,14 @@
  *
  *   launcher seccomp
  *       write the sandbox seccomp filter, as BPF, to stdout (bubblewrap's --seccomp for the init)
- *   launcher init
+ *   launcher init [--channel FD]
  *       be the sandbox's pid 1 (bubblewrap --as-pid-1 execs this inside): not dumpable, so no process
  *       of the sandbox's uid can ptrace it, take its descriptors or read its /proc entries; say
- *       "ready" on stdout, then hold only /dev/null, reap every orphan, and exit on a SIGTERM from
- *       outside the sandbox (SIGKILL from outside ends it too)
+ *       "ready" on stdout, then hold only /dev/null (and the guest channel), reap every orphan, and
+ *       exit on a SIGTERM from outside the sandbox (SIGKILL from outside ends it too). With a channel
+ *       (the runtime's listening socket, inherited on FD), run the commands the runtime sends over it:
+ *       fork, and in the child, already the sandbox's unprivileged user under its filter, do what
+ *       `exec` does last (see the guest channel below and corral/runtime/guest.py)
  *   launcher spawn UID GID [--netns FD] PROCS... -- PROGRAM ARG...
  *       join the cgroups (write our pid to each PROCS file), join the network namespace open on FD
  *       if given (the sandbox's network slot, owned by the host's user namespace: nothing inside can
@@ -60,7 +63,11 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <poll.h>
+#include <stdint.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -345,11 +352,34 @@ static void prefer_for_oom_kill(void) {
     close(fd);
 }
 
-static void close_other_fds(void) {
+/* Every descriptor above 2 but keep (-1: none). */
+static void close_fds_except(int keep) {
 #ifdef SYS_close_range
-    if (syscall(SYS_close_range, 3u, ~0u, 0u) == 0) return;
+    if (keep < 3 && syscall(SYS_close_range, 3u, ~0u, 0u) == 0) return;
+    if (keep >= 3 && (keep == 3 || syscall(SYS_close_range, 3u, (unsigned)keep - 1, 0u) == 0) &&
+        syscall(SYS_close_range, (unsigned)keep + 1, ~0u, 0u) == 0)
+        return;
 #endif
-    for (int fd = 3; fd < 65536; fd++) close(fd);
+    for (int fd = 3; fd < 65536; fd++)
+        if (fd != keep) close(fd);
+}
+
+static void close_other_fds(void) { close_fds_except(-1); }
+
+static void enter_cwd(const struct spec *s) {
+    if (chdir(s->cwd) != 0) {
+        fprintf(stderr, "%s: %s\n", s->cwd, strerror(errno));
+        _exit(EXIT_SETUP);
+    }
+}
+
+/* The final step of both paths: from here on nothing may fail silently, errors are reported the way
+ * a shell does. */
+static void run_command(const struct spec *s) {
+    execvpe(s->argv[0], s->argv, s->envp);
+    int err = errno;
+    fprintf(stderr, "%s: %s\n", s->argv[0], err == ENOENT ? "command not found" : strerror(err));
+    _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
 }
 
 static int exec_in(int argc, char **argv, int root_inside) {
@@ -423,16 +453,9 @@ static int exec_in(int argc, char **argv, int root_inside) {
             if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("PR_SET_NO_NEW_PRIVS");
         }
         close_other_fds();
-        if (chdir(s.cwd) != 0) {
-            fprintf(stderr, "%s: %s\n", s.cwd, strerror(errno));
-            _exit(EXIT_SETUP);
-        }
+        enter_cwd(&s);
         if (!root_inside && seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
-        /* From here on nothing may fail silently: errors are reported the way a shell does. */
-        execvpe(s.argv[0], s.argv, s.envp);
-        int err = errno;
-        fprintf(stderr, "%s: %s\n", s.argv[0], err == ENOENT ? "command not found" : strerror(err));
-        _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
+        run_command(&s);
     }
     close(fds[N_NS - 1]);
     seccomp_release(filter);
@@ -599,23 +622,232 @@ static int allow_suid(int argc, char **argv) {
     return 0;
 }
 
-/* ---- init: the sandbox's pid 1 ---------------------------------------------------------------------- */
+/* ---- init: the sandbox's pid 1, and its guest channel -------------------------------------------- */
 
 #define READY "ready\n"
 
-static int init_main(void) {
+/* The guest channel: a SOCK_SEQPACKET unix socket the runtime bound in its own state directory (no
+ * path to it exists inside the sandbox) and listened on before bubblewrap started; the init inherits
+ * the listening descriptor and accepts the runtime's connections on it. Only fixed-size messages
+ * cross it, so the init's decoder reads 16 bytes and a few descriptors, never tenant data: a command's
+ * spec travels in a memfd that the forked child reads and parses (a bad one ends that child, never the
+ * init). The init is not dumpable, so no process of the sandbox can take these descriptors. */
+#define CHAN_MAGIC 0x31637263u /* "crc1" */
+#define CHAN_EXEC 1u   /* fds: spec, stdin, stdout, stderr; answered STARTED (pid) or FAILED (errno) */
+#define CHAN_SIGNAL 2u /* arg: the signal, for the process group of the job id; no answer */
+#define CHAN_STARTED 1u
+#define CHAN_EXITED 2u /* value: the shell's code (128+N for signal N) */
+#define CHAN_FAILED 3u
+#define CHAN_FDS 4
+#define MAX_CONNS 8
+#define MAX_JOBS 1024
+
+struct chan_msg {
+    uint32_t magic, type, id;
+    int32_t value;
+};
+
+struct conn {
+    int fd;
+    unsigned gen;
+    int blocked; /* its buffer was full: answers wait for POLLOUT */
+};
+
+/* A command the init started for a connection. Its answers (STARTED, then EXITED) are kept here
+ * until the connection takes them, so none is lost to a runtime slower than its commands. */
+struct job {
+    pid_t pid; /* > 0 running, JOB_EXITED once reaped, 0 a free slot */
+    uint32_t id;
+    int conn;
+    unsigned gen;
+    int code;
+    int started_unsent;
+};
+#define JOB_EXITED (-1)
+
+static struct conn conns[MAX_CONNS];
+static struct job jobs[MAX_JOBS];
+static unsigned conn_gen;
+
+static int job_of(const struct job *job, int c) { return job->conn == c && job->gen == conns[c].gen; }
+
+static void conn_close(int c) {
+    if (conns[c].fd < 0) return;
+    for (int j = 0; j < MAX_JOBS; j++) {
+        if (jobs[j].pid == JOB_EXITED && job_of(&jobs[j], c)) jobs[j].pid = 0;
+    }
+    close(conns[c].fd);
+    conns[c].fd = -1;
+}
+
+/* 1 sent, 0 the connection's buffer is full (it is then polled for room), -1 the connection is gone. */
+static int send_msg(int c, uint32_t type, uint32_t id, int32_t value) {
+    struct chan_msg m = {CHAN_MAGIC, type, id, value};
+    if (send(conns[c].fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof m) return 1;
+    if (errno == EAGAIN || errno == EINTR) {
+        conns[c].blocked = 1;
+        return 0;
+    }
+    conn_close(c);
+    return -1;
+}
+
+/* Every answer the jobs of connection c hold, in order per job, until its buffer is full. */
+static void flush(int c) {
+    for (int j = 0; j < MAX_JOBS && conns[c].fd >= 0 && !conns[c].blocked; j++) {
+        struct job *job = &jobs[j];
+        if (job->pid == 0 || !job_of(job, c)) continue;
+        if (job->started_unsent) {
+            if (send_msg(c, CHAN_STARTED, job->id, job->pid > 0 ? job->pid : 0) != 1) return;
+            job->started_unsent = 0;
+        }
+        if (job->pid == JOB_EXITED && send_msg(c, CHAN_EXITED, job->id, job->code) == 1) job->pid = 0;
+    }
+}
+
+/* In the forked child, already the sandbox's user with the init's empty bounding set, no_new_privs,
+ * seccomp filter and cgroups: what `launcher exec` does last, then the tenant's command. */
+static void job_exec(const int fds[CHAN_FDS]) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); /* the init's blocked signals would outlive execve */
+    setpgid(0, 0);                          /* a group of its own: a signal reaches all it starts */
+    for (int i = 1; i < CHAN_FDS; i++) /* every received descriptor is above 2 (0-2 are /dev/null) */
+        if (dup2(fds[i], i - 1) < 0) _exit(EXIT_SETUP);
+    struct spec s = parse_spec(fds[0]);
+    close_other_fds(); /* the init's listener and connections among them */
+    /* Holding nothing of the init's now: dumpable (as execve would make it anyway), which is what
+     * lets it write its own /proc files. */
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+    prefer_for_oom_kill();
+    enter_cwd(&s);
+    run_command(&s);
+}
+
+static void start_job(int c, uint32_t id, const int fds[CHAN_FDS]) {
+    int slot = -1;
+    for (int j = 0; j < MAX_JOBS && slot < 0; j++)
+        if (jobs[j].pid == 0) slot = j;
+    pid_t pid = slot < 0 ? 0 : fork();
+    if (pid == 0 && slot >= 0) job_exec(fds);
+    if (slot < 0 || pid < 0) {
+        /* A refusal is not kept: a runtime that lets it find no room loses its connection. */
+        if (send_msg(c, CHAN_FAILED, id, slot < 0 ? EAGAIN : errno) == 0) conn_close(c);
+        return;
+    }
+    setpgid(pid, pid); /* as the child does: a signal right after STARTED finds its group */
+    jobs[slot] = (struct job){pid, id, c, conns[c].gen, 0, 1};
+    flush(c);
+}
+
+static void signal_job(int c, uint32_t id, int sig) {
+    for (int j = 0; j < MAX_JOBS; j++) {
+        struct job *job = &jobs[j];
+        if (job->pid > 0 && job->id == id && job_of(job, c)) {
+            if (kill(-job->pid, sig) != 0) kill(job->pid, sig);
+            return;
+        }
+    }
+}
+
+/* One message from connection c. Anything but a well-formed request ends that connection: whatever
+ * sent it is not a runtime that speaks this protocol. Every received descriptor is closed here. */
+static void serve_one(int c) {
+    struct chan_msg m;
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * (CHAN_FDS + 4))];
+        struct cmsghdr align;
+    } control;
+    char extra; /* a longer message sets MSG_TRUNC */
+    struct iovec iov[2] = {{&m, sizeof m}, {&extra, 1}};
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t n = recvmsg(conns[c].fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    int fds[CHAN_FDS + 4], nfds = 0;
+    /* An empty message may carry descriptors too. */
+    for (struct cmsghdr *h = n >= 0 ? CMSG_FIRSTHDR(&msg) : NULL; h != NULL; h = CMSG_NXTHDR(&msg, h)) {
+        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+        size_t count = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
+            if (nfds < CHAN_FDS + 4) fds[nfds++] = fd;
+            else close(fd);
+        }
+    }
+    int ok = n == (ssize_t)sizeof m && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && m.magic == CHAN_MAGIC;
+    if (ok && m.type == CHAN_EXEC && nfds == CHAN_FDS) {
+        start_job(c, m.id, fds);
+    } else if (ok && m.type == CHAN_SIGNAL && nfds == 0 && m.value > 0 && m.value < 65) {
+        signal_job(c, m.id, m.value);
+    } else {
+        conn_close(c);
+    }
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+}
+
+static void reap(void) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int j = 0; j < MAX_JOBS; j++) {
+            struct job *job = &jobs[j];
+            if (job->pid != pid) continue;
+            int c = job->conn;
+            job->pid = JOB_EXITED;
+            job->code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+            if (conns[c].fd >= 0 && job_of(job, c)) flush(c);
+            else job->pid = 0; /* its connection is gone: nobody to tell */
+            break;
+        }
+    }
+}
+
+static void accept_one(int *listener) {
+    int fd = accept4(*listener, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+        if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+            close(*listener); /* it cannot serve: the runtime falls back to its launcher */
+            *listener = -1;
+        }
+        return;
+    }
+    for (int c = 0; c < MAX_CONNS; c++) {
+        if (conns[c].fd < 0) {
+            conns[c] = (struct conn){fd, ++conn_gen, 0};
+            return;
+        }
+    }
+    close(fd); /* every slot taken */
+}
+
+static int init_main(int argc, char **argv) {
     /* Not dumpable: the kernel's ptrace access check then refuses every process without
      * CAP_SYS_PTRACE (none inside has it), though of the same uid: no ptrace, no pidfd_getfd, no
      * /proc/1/fd, environ, mem or root. execve resets the flag, so it is set here, after it. */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+    int listener = -1;
+    if (argc == 2 && strcmp(argv[0], "--channel") == 0) listener = (int)parse_id(argv[1], "fd");
+    else if (argc != 0) fail_msg("usage: init [--channel FD]");
     sigset_t waited;
     sigemptyset(&waited);
     sigaddset(&waited, SIGCHLD);
     sigaddset(&waited, SIGTERM);
-    /* Blocked, then taken with sigwaitinfo: a blocked signal is queued even for a pid 1 that has no
+    /* Blocked, then read from a signalfd: a blocked signal is queued even for a pid 1 that has no
      * handler, with its sender, so a SIGTERM is told apart by where it came from. */
     if (sigprocmask(SIG_BLOCK, &waited, NULL) != 0) fail("sigprocmask");
-    close_other_fds();
+    close_fds_except(listener);
+    int sfd = signalfd(-1, &waited, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) fail("signalfd");
+    if (listener >= 0) {
+        int type = 0;
+        socklen_t len = sizeof type;
+        if (getsockopt(listener, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_SEQPACKET ||
+            fcntl(listener, F_SETFD, FD_CLOEXEC) != 0 || fcntl(listener, F_SETFL, O_NONBLOCK) != 0)
+            fail_msg("the channel is not a listening seqpacket socket");
+    }
+    for (int c = 0; c < MAX_CONNS; c++) conns[c].fd = -1;
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (null < 0) fail("/dev/null");
     if (write(STDOUT_FILENO, READY, sizeof READY - 1) != (ssize_t)(sizeof READY - 1)) fail("ready");
@@ -625,12 +857,45 @@ static int init_main(void) {
         _exit(EXIT_SETUP);
     close(null);
     for (;;) {
-        siginfo_t info;
-        int sig = sigwaitinfo(&waited, &info);
-        /* si_pid is 0 for a sender outside our pid namespace: only the host ends the sandbox this
-         * way; a tenant's SIGTERM to pid 1 is read and dropped (its SIGKILL never arrives). */
-        if (sig == SIGTERM && info.si_pid == 0) return 0;
-        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        struct pollfd p[2 + MAX_CONNS];
+        int owner[2 + MAX_CONNS], n = 0;
+        unsigned gen[2 + MAX_CONNS];
+        p[n] = (struct pollfd){sfd, POLLIN, 0};
+        owner[n++] = -2;
+        if (listener >= 0) {
+            p[n] = (struct pollfd){listener, POLLIN, 0};
+            owner[n++] = -1;
+        }
+        for (int c = 0; c < MAX_CONNS; c++) {
+            if (conns[c].fd < 0) continue;
+            p[n] = (struct pollfd){conns[c].fd, (short)(POLLIN | (conns[c].blocked ? POLLOUT : 0)), 0};
+            gen[n] = conns[c].gen;
+            owner[n++] = c;
+        }
+        if (poll(p, (nfds_t)n, -1) < 0) continue;
+        for (int i = 0; i < n; i++) {
+            if (p[i].revents == 0) continue;
+            if (owner[i] == -2) {
+                struct signalfd_siginfo info;
+                while (read(sfd, &info, sizeof info) == (ssize_t)sizeof info) {
+                    /* ssi_pid is 0 for a sender outside our pid namespace: only the host ends the
+                     * sandbox this way; a tenant's SIGTERM to pid 1 is read and dropped. */
+                    if (info.ssi_signo == SIGTERM && info.ssi_pid == 0) return 0;
+                }
+                reap();
+            } else if (owner[i] == -1) {
+                accept_one(&listener);
+            } else if (conns[owner[i]].fd >= 0 && conns[owner[i]].gen == gen[i]) { /* not closed since */
+                int c = owner[i];
+                if (p[i].revents & POLLOUT) {
+                    conns[c].blocked = 0;
+                    flush(c);
+                }
+                if (conns[c].fd < 0) continue;
+                if (p[i].revents & POLLIN) serve_one(c);
+                else if (p[i].revents & (POLLHUP | POLLERR | POLLNVAL))
+                    conn_close(c); /* hung up or failed, with nothing left to read */
+            }
         }
     }
 }
@@ -644,7 +909,7 @@ int main(int argc, char **argv) {
         seccomp_release(ctx);
         return rc == 0 ? 0 : EXIT_SETUP;
     }
-    if (strcmp(mode, "init") == 0) return init_main();
+    if (strcmp(mode, "init") == 0) return init_main(argc - 2, argv + 2);
     if (strcmp(mode, "spawn") == 0) return spawn(argc - 2, argv + 2);
     if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2, 0);
     if (strcmp(mode, "exec-root") == 0) return exec_in(argc - 2, argv + 2, 1);

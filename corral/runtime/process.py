@@ -46,7 +46,7 @@ from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
 from corral.images.digest import check_digest
 from corral.images.resolver import ImageResolver
-from corral.runtime import bwrap, child, launcher, procfs, rootfs, terminal
+from corral.runtime import bwrap, child, guest, launcher, procfs, rootfs, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -134,6 +134,7 @@ class ProcessRuntime:
         uid_ranges: range = DEFAULT_UID_RANGES,
         disk_root: Path | None = None,
         disk_pool_depth: int = rootfs.DEFAULT_POOL_DEPTH,
+        guest_channel: bool = True,
     ) -> None:
         self.statedir = StateDir(root or DEFAULT_ROOT)
         # None: no writable cgroup here; memory is then read from /proc and the limit is not enforced.
@@ -168,6 +169,9 @@ class ProcessRuntime:
         self._starting: set[str] = set()
         # Monitors of starts in flight, for a failed start to tear down.
         self._launching: dict[str, subprocess.Popen[bytes]] = {}
+        # Whether new sandboxes' inits serve the guest channel, and this object's connections to them.
+        self._guest_channel = guest_channel
+        self._channels: dict[str, guest.Channel] = {}
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -366,6 +370,14 @@ class ProcessRuntime:
             fds.append(init_fd)
             # The network slot's namespace, joined by the launcher before it drops to the sandbox's uid.
             netns = ["--netns", str(_opened(spec.netns, fds))] if spec.netns is not None else []
+            # The guest channel's listening socket, inherited by the init (an image's root user runs
+            # through the launcher, which alone can give it root's capabilities inside).
+            channel_fd = None
+            if self._guest_channel and not image:
+                listener = guest.listen(self.statedir.dir(spec.id))
+                channel_fd = os.dup(listener.fileno())  # inheritable copy; the socket object closes now
+                listener.close()
+                fds.append(channel_fd)
             layout = bwrap.Layout(
                 hostname=hostname,
                 etc_fds=etc_fds,
@@ -389,7 +401,7 @@ class ProcessRuntime:
             host_gid = str(uid if uid is not None else os.getgid())
             procs = [str(p) for p in cgroup.procs_files] if cgroup else []
             argv = [str(launcher.path()), "spawn", host_uid, host_gid, *netns, *procs, "--"]
-            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(image)]
+            argv += [self._bwrap, "--args", str(args_fd), *bwrap.init_command(image, channel_fd)]
             # stderr is a pipe, not a file: the sandbox's init starts with bubblewrap's descriptors,
             # and nothing a sandbox holds may be a host file it could grow.
             monitor = subprocess.Popen(
@@ -461,6 +473,7 @@ class ProcessRuntime:
         record = self.statedir.load(sandbox_id) if valid_id(sandbox_id) else None
         if record is None or sandbox_id in self._starting:
             raise SandboxNotFound(sandbox_id)
+        self._forget_channel(sandbox_id)
         await asyncio.to_thread(self._teardown_record, sandbox_id, record)
 
     def _teardown_record(self, sandbox_id: str, record: Running | Starting | Corrupt) -> None:
@@ -570,7 +583,16 @@ class ProcessRuntime:
     ) -> ExecResult:
         check_timeout(timeout_s)
         started = time.monotonic()
-        proc = await self._run_in(sandbox_id, command, env, cwd, stdin=False)
+        try:
+            # Under the timeout too: a sandbox paused right after the check holds its init's answer.
+            proc = await asyncio.wait_for(self._run_in(sandbox_id, command, env, cwd, stdin=False), timeout_s)
+        except TimeoutError:
+            return ExecResult(
+                exit_code=shell_exit_code(-signal.SIGKILL),
+                duration_ms=(time.monotonic() - started) * 1000.0,
+                timed_out=True,
+                note=_PAUSED_NOTE if self._frozen(sandbox_id) else None,
+            )
         assert proc.stdout is not None and proc.stderr is not None
         capture = Capture(proc.stdout, proc.stderr, self._output_limit)
         timed_out = paused = killed = False
@@ -614,15 +636,17 @@ class ProcessRuntime:
         stdin: bool,
         user: str | None = None,
         terminal_of: Callable[[], tuple[int, int]] | None = None,
-    ) -> child.Child:
-        """The launcher, started on a command for this sandbox (its own process group, so a signal to
-        the group reaches everything the command starts); on the terminal ``terminal_of`` opens (see
+    ) -> child.Child | guest.InitCommand:
+        """A command started in this sandbox, in a process group of its own (so a signal to the group
+        reaches everything the command starts): by its init through the guest channel when it offers
+        one (see :meth:`_channel`), else by the launcher; on the terminal ``terminal_of`` opens (see
         :meth:`_terminal`), if given: opened once every check has passed, then closed by
         ``child.start`` whatever happens."""
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise InvalidSandbox("environment variable names and values must be strings", "env")
         record = self._live(sandbox_id)
-        if self.paused(sandbox_id):
+        cgroup = _cgroup_of(record)
+        if cgroup is not None and cgroup.frozen():
             raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
         hostname = record.spec.hostname or record.spec.id[:64]
         image = record.spec.image is not None
@@ -645,7 +669,12 @@ class ProcessRuntime:
             )
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
-        cgroup = _cgroup_of(record)
+        channel = self._channel(record, tty=terminal_of is not None)
+        if channel is not None:
+            try:
+                return await channel.start(spec, stdin=stdin)
+            except guest.ChannelLost:
+                pass  # the launcher then says what is wrong (the sandbox gone, no process left to fork)
         # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
@@ -667,6 +696,32 @@ class ProcessRuntime:
             )
         finally:
             os.close(spec_fd)
+
+    def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
+        """The one place that chooses how a command enters a sandbox: this loop's connection to its
+        init's guest channel (made now if need be), or None for the launcher: a terminal's command
+        (it needs the terminal's session set up by the launcher), an image's sandbox (its root user's
+        capabilities are the launcher's to give), a sandbox whose init offers no channel."""
+        if not self._guest_channel or tty or record.spec.image is not None:
+            return None
+        sandbox_id = record.spec.id
+        loop = asyncio.get_running_loop()
+        channel = self._channels.get(sandbox_id)
+        if channel is not None and not channel.closed and channel.loop is loop:
+            return channel
+        if channel is not None:
+            channel.close()
+        channel = guest.Channel.connect(self.statedir.dir(sandbox_id))
+        if channel is None:
+            self._channels.pop(sandbox_id, None)
+        else:
+            self._channels[sandbox_id] = channel
+        return channel
+
+    def _forget_channel(self, sandbox_id: str) -> None:
+        channel = self._channels.pop(sandbox_id, None)
+        if channel is not None:
+            channel.close()
 
     async def spawn(
         self,
@@ -725,8 +780,7 @@ class ProcessRuntime:
             if proc.returncode is not None:
                 return
             if control is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
+                proc.signal(sig)
                 return
             # On a terminal the command leads a session of its own; every process of that session
             # gets the signal (the launcher is alive, so the leader has not been reaped yet).
@@ -849,6 +903,7 @@ class ProcessRuntime:
             elif isinstance(record, Running | Corrupt) or (
                 isinstance(record, Starting) and not procfs.is_alive(record.starter)
             ):
+                self._forget_channel(sandbox_id)
                 await asyncio.to_thread(self._teardown_record, sandbox_id, record)
         return handles
 
@@ -995,11 +1050,10 @@ def _read_held(fd: int, limit: int) -> str:
 _REAPING: set[asyncio.Future[int]] = set()
 
 
-async def _kill(proc: child.Child, grace_s: float) -> None:
-    """SIGKILL the launcher's process group and wait up to ``grace_s`` for it to be reaped; past that
+async def _kill(proc: child.Child | guest.InitCommand, grace_s: float) -> None:
+    """SIGKILL the command's process group and wait up to ``grace_s`` for it to be reaped; past that
     it is reaped in the background whenever it exits."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    proc.signal(signal.SIGKILL)
     waiting = asyncio.ensure_future(proc.wait())
     done, _pending = await asyncio.wait({waiting}, timeout=grace_s)
     if not done:
@@ -1037,13 +1091,14 @@ def _empty(cgroup: SandboxCgroup, init_pid: int, timeout_s: float = 5.0) -> None
             cgroup.thaw()
 
 
+_PAUSED_NOTE = (
+    "the sandbox was paused while the command ran; it was killed at its timeout and ends "
+    "when the sandbox is resumed or stopped"
+)
+
+
 def _exec_note(paused: bool, out: BoundedBuffer, err: BoundedBuffer) -> str | None:
-    notes = []
-    if paused:
-        notes.append(
-            "the sandbox was paused while the command ran; it was killed at its timeout and ends "
-            "when the sandbox is resumed or stopped"
-        )
+    notes = [_PAUSED_NOTE] if paused else []
     for name, buffer in (("stdout", out), ("stderr", err)):
         if buffer.cut_off:
             notes.append(

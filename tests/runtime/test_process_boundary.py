@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from corral.runtime.cgroups import SandboxCgroup
 from corral.runtime.process import InvalidSandbox, ProcessRuntime
 from corral.runtime.statedir import Running
 from corral.runtime.uids import DEFAULT_LEASE_DIR, DEFAULT_UIDS
+from tests.runtime.conftest import RuntimeFactory
 
 pytestmark = pytest.mark.process
 
@@ -153,27 +155,36 @@ async def test_what_execve_would_refuse_is_invalid_not_a_failure(process_runtime
     assert (await process_runtime.exec("bounded", ["true"], env=largest)).exit_code == 0
 
 
-async def test_the_host_side_launcher_carries_no_tenant_input(process_runtime: ProcessRuntime) -> None:
+@pytest.mark.parametrize("guest_channel", [True, False], ids=["channel", "launcher"])
+async def test_the_host_side_launcher_carries_no_tenant_input(
+    make_process_runtime: RuntimeFactory, guest_channel: bool
+) -> None:
+    process_runtime = make_process_runtime(guest_channel=guest_channel)
     secret = "tenant-secret-5d1e0c"
     await process_runtime.start(SandboxSpec(id="quiet", memory_mb=64, env={"SPEC_SECRET": secret}))
     running = asyncio.create_task(
         process_runtime.exec("quiet", ["sleep", "3"], env={"EXEC_SECRET": secret}, cwd="/tmp")
     )
     host_ns = os.readlink("/proc/self/ns/pid")
-    seen_launcher = False
+    init_pid = _record(process_runtime, "quiet").init.pid
+    seen_launcher = seen_command = False
     for _ in range(100):
         await asyncio.sleep(0.02)
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                if os.readlink(f"/proc/{pid}/ns/pid") != host_ns:
-                    continue  # the sandbox's own processes may hold it
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if os.readlink(f"/proc/{pid}/ns/pid") != host_ns:
+                    seen_command = seen_command or cmdline == b"sleep\x003\x00"
+                    continue  # the sandbox's own processes may hold it
                 environ = Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:
                 continue
             assert secret.encode() not in cmdline + environ, cmdline
-            seen_launcher = seen_launcher or (b"launcher-" in cmdline and b"\0exec\0" in cmdline)
-    assert seen_launcher, "the scan ran while the exec's launcher was on the host"
+            ours = b"\0exec\0%d\0" % init_pid  # neighbours' launchers may run meanwhile
+            seen_launcher = seen_launcher or (b"launcher-" in cmdline and ours in cmdline)
+    assert seen_command, "the scan ran while the command ran"
+    # Through the guest channel no host-side process is started for a command at all.
+    assert seen_launcher is not guest_channel, "the exec's launcher is on the host only without the channel"
     assert (await running).exit_code == 0
 
 
@@ -184,7 +195,9 @@ async def test_state_is_private(process_runtime: ProcessRuntime) -> None:
     directory = process_runtime.statedir.dir("private")
     assert directory.stat().st_mode & 0o777 == 0o700
     files = list(directory.iterdir())
-    assert {f.name for f in files} == {"sandbox.json"}  # no log: bubblewrap's stderr is a pipe
+    # No log (bubblewrap's stderr is a pipe); the guest channel's socket, which only root can reach.
+    assert {f.name for f in files} == {"sandbox.json", "channel"}
+    assert stat.S_ISSOCK((directory / "channel").stat().st_mode)
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
 
 
@@ -205,12 +218,17 @@ async def test_the_sandbox_skeleton_holds_no_host_file(
         return targets
 
     async def init_let_go() -> bool:  # it says ready, then trades bubblewrap's pipes for /dev/null
-        return held(record.init.pid) == ["/dev/null"] * 3
+        # Beyond them: its signalfd and the guest channel's sockets, never a file of the host's.
+        own = held(record.init.pid)
+        rest = own[3:]
+        return own[:3] == ["/dev/null"] * 3 and all(t.startswith(("socket:", "anon_inode:")) for t in rest)
 
     assert await eventually(init_let_go), held(record.init.pid)
     # The monitor outside: pipes, /dev/null, its own event descriptors; never a file of the host's.
     monitor = held(record.monitor.pid)
     assert not [t for t in monitor if t.startswith("/") and t != "/dev/null"], monitor
+    # Nor the guest channel's listening socket: the init alone holds it, so it dies with the init.
+    assert not [t for t in monitor if t.startswith("socket:")], monitor
     # bubblewrap's stderr is a pipe nobody reads any more: the runtime closed its end once ready.
     stderr = os.readlink(f"/proc/{record.monitor.pid}/fd/2")
     assert stderr.startswith("pipe:") and stderr not in held(os.getpid())
