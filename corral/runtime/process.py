@@ -92,9 +92,6 @@ _EXIT_POLL_S = 0.25
 # whichever runtime object stops a sandbox (a second one over the same root re-adopts it) reaps
 # the child through the Popen that made it, so no Popen is left believing a reaped pid still runs.
 _SPAWNED: dict[int, subprocess.Popen[bytes]] = {}
-# The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should pick: if it
-# went, the whole sandbox would go with it, instead of the one process that overran the limit.
-_SKELETON_OOM_SCORE_ADJ = -999
 
 
 def available(host_uid: int = NOBODY, host_gid: int = NOBODY) -> bool:
@@ -447,8 +444,10 @@ class ProcessRuntime:
         if init is None or monitor_identity is None or init.pid_ns != int(info["pid-namespace"]):
             raise RuntimeFailure("the sandbox's init exited right after it started")
         if self._privileged:
+            # The sandbox's skeleton (bubblewrap and its init) is the last thing the OOM killer should
+            # pick: if it went, the whole sandbox would go with it, not the process that overran.
             for pid in (monitor.pid, init_pid, *procfs.children(init_pid)):
-                procfs.set_oom_score_adj(pid, _SKELETON_OOM_SCORE_ADJ)
+                procfs.protect_from_oom_killer(pid)
         if image:
             # bubblewrap mounts everything nosuid; the image's root must honour its sudo. The user
             # namespace's pin goes too: the sandbox's processes hold it from now on.

@@ -67,13 +67,22 @@ def children(pid: int) -> list[int]:
         return []
 
 
-def set_oom_score_adj(pid: int, value: int) -> bool:
-    """Best effort: some hosts refuse to lower it, and the process may already be gone."""
+def protect_from_oom_killer(pid: int) -> bool:
+    """Make ``pid`` about the last the OOM killer picks (oom_score_adj -941). Written through the
+    legacy ``oom_adj`` file on purpose: a privileged write to ``oom_score_adj`` also lowers the
+    process's floor (``oom_score_adj_min``), which every child it forks inherits, so a tenant's
+    command started by the sandbox's init could lower itself past every other tenant's; the legacy
+    file sets the score and leaves the floor alone. Best effort: some hosts refuse to lower it, and
+    the process may already be gone."""
     try:
-        (_PROC / str(pid) / "oom_score_adj").write_text(str(value))
+        (_PROC / str(pid) / "oom_adj").write_text(str(_LEGACY_OOM_ADJ))
     except OSError:
         return False
     return True
+
+
+# oom_adj's scale is -17..15; -16 is oom_score_adj -941 (-17 would exempt the process entirely).
+_LEGACY_OOM_ADJ = -16
 
 
 def pids_in_namespace(ns_inode: int) -> list[int]:
