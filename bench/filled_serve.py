@@ -1,7 +1,7 @@
 """``corral serve --runtime sim`` with ``N`` live sandboxes already recorded before it serves: bench/api.py
 runs this to measure the create path as the fleet fills.
 
-    python bench/filled_serve.py N --port P --store sqlite:///x.db [--hosts 12]
+    python bench/filled_serve.py N --port P --store sqlite:///x.db [--hosts 12] [--tls-dir D]
 
 The sandboxes are real to everything that looks: each runs in its sim host's runtime (the agent adopts
 it at start and lists it in every heartbeat) and has a running record in the store, owned by a tenant of
@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 from seed import record_running, sandbox_id  # bench/ is the script's directory
 
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--store", required=True)
     parser.add_argument("--hosts", type=int, default=12)
+    parser.add_argument("--tls-dir", type=Path, help="serve HTTPS with the certificate there")
     args = parser.parse_args()
     opts = ServeOptions(
         port=args.port,
@@ -62,6 +64,7 @@ def main() -> None:
         host_memory_mb=64 * 1024 * 1024,
         host_cpus=1_000_000.0,
         admin_token=os.environ["CORRAL_TOKEN"],
+        tls_dir=args.tls_dir,
     )
 
     async def prepare(plane: ControlPlane, fleet: LocalFleet) -> None:
