@@ -1,9 +1,13 @@
 """The ceiling for bench/api.py: a FastAPI endpoint that answers a create with a fixed 201, served by
-the same uvicorn settings as corral. Whatever corral costs above this is corral's own."""
+the same uvicorn settings as corral. Whatever corral costs above this is corral's own.
+
+    python bench/bare_app.py PORT [--tls-dir D]
+"""
 
 from __future__ import annotations
 
-import sys
+import argparse
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -40,4 +44,8 @@ async def ready() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    api_server(app, "127.0.0.1", int(sys.argv[1])).run()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("port", type=int)
+    parser.add_argument("--tls-dir", type=Path, help="serve HTTPS with the certificate there")
+    args = parser.parse_args()
+    api_server(app, "127.0.0.1", args.port, tls_dir=args.tls_dir).run()

@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--store", required=True)
     parser.add_argument("--hosts", type=int, default=12)
-    parser.add_argument("--tls-dir", type=Path, default=None)
+    parser.add_argument("--tls-dir", type=Path, default=None, help="serve HTTPS with the certificate there")
     parser.add_argument("--heartbeat-interval", type=float, default=2.0)
     args = parser.parse_args()
     opts = ServeOptions(

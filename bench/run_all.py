@@ -49,8 +49,10 @@ WHAT = {
     "(bar: p50 <= 2x and <= 50 ms), the first create on a host without the image beside a cached one, and "
     "the host disk of 200 sandboxes of one image beside 200 x the image (bar: < 1.2 x one image plus "
     "what their layers hold)",
-    "api": "creates/s over HTTP (wrk) beside a bare FastAPI endpoint on the same server settings, "
-    "with 0, 20,000 and 100,000 live sandboxes already recorded",
+    "api": "creates/s over HTTP and HTTPS (wrk; kept-alive connections, and a new one per create) beside "
+    "a bare FastAPI endpoint on the same server settings and transport, with 0, 20,000 and 100,000 live "
+    "sandboxes already recorded; an https line's `tls_cost_*` is what TLS costs beside http (the bar: "
+    "<= 0.15 of creates/s)",
     "heartbeat": "the control plane's CPU per heartbeat for a host of 10, 1,000 and 10,000 sandboxes",
     "first_run": "`corral serve` + `corral burst -n 50`, beside the same with the previous 512 MiB reserve floor",
     "cli_start": "a CLI call's wall time (`corral version`, `corral ps`) beside `python -c pass` and every command imported",

@@ -123,6 +123,10 @@ class ErrorCode(StrEnum):
     UNREACHABLE = "unreachable", None
     BAD_RESPONSE = "bad_response", None
     INVALID_SCENARIO = "invalid_scenario", None
+    # ``--runtime vm`` refused at start-up: this host cannot boot a stock guest kernel under KVM (no
+    # /dev/kvm, or a paravirtual one, or no VMX/SVM); or it can, but no VM runtime is built yet.
+    VM_HOST_UNSUPPORTED = "vm_host_unsupported", None
+    VM_RUNTIME_NOT_BUILT = "vm_runtime_not_built", None
 
 
 RETRYABLE = frozenset(c for c in ErrorCode if c.retryable)

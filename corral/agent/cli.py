@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("corral.agent")
 
-RUNTIMES = ("sim", "process", "gvisor")
+RUNTIMES = ("sim", "process", "gvisor", "vm")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -87,6 +87,11 @@ def build_runtime(
         if (why := unavailable_reason()) is not None:
             raise typer.BadParameter(f"the gvisor runtime is not available: {why}", param_hint="--runtime")
         return GvisorRuntime(root=state_dir, cgroup_prefix=_state_prefix(state_dir))
+    if name == "vm":
+        # Probed, then refused whatever the verdict: no VM runtime is built yet (docs/runtimes.md).
+        from corral.runtime import vm
+
+        raise typer.BadParameter(vm.unavailable_reason(), param_hint="--runtime")
     raise typer.BadParameter(
         f"unknown runtime {name!r} (one of {', '.join(RUNTIMES)})", param_hint="--runtime"
     )
@@ -141,7 +146,9 @@ def agent_command(
             "--token", envvar="CORRAL_AGENT_TOKEN", help="The shared token (only with --dev-shared-token)."
         ),
     ] = None,
-    runtime: Annotated[str, typer.Option("--runtime", help="sim | process")] = "sim",
+    runtime: Annotated[
+        str, typer.Option("--runtime", help="sim | process | gvisor | vm (vm: probed, not built yet)")
+    ] = "sim",
     memory_mb: Annotated[
         int | None, typer.Option("--memory-mb", min=1, help="Memory to offer (default: the host's).")
     ] = None,

@@ -223,7 +223,12 @@ def serve(
         int, typer.Option("--hosts", min=1, max=1000, help="Local hosts (agents in this process).")
     ] = 12,
     runtime: Annotated[
-        str | None, typer.Option("--runtime", help="process | sim (default: process where bubblewrap works).")
+        str | None,
+        typer.Option(
+            "--runtime",
+            help="process | gvisor | sim | vm (vm: probed, not built yet; default: process where "
+            "bubblewrap works).",
+        ),
     ] = None,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8700,
@@ -318,6 +323,10 @@ def serve(
     from corral.control.localfleet import process_runtime_available
 
     kind = runtime or ("process" if process_runtime_available() else "sim")
+    if kind == "vm":
+        from corral.runtime import vm
+
+        raise typer.BadParameter(vm.unavailable_reason(), param_hint="--runtime")
     if kind not in ("process", "gvisor", "sim"):
         raise typer.BadParameter("one of: process, gvisor, sim", param_hint="--runtime")
     if kind == "gvisor":

@@ -56,7 +56,7 @@ def test_credentials_are_required_and_the_shared_token_only_in_development_mode(
     result = runner.invoke(APP, ["--control-plane", "http://x:1", "--id", "b", "--token-file", str(creds)])
     assert result.exit_code != 0 and "credentials are for a" in result.output
     base = [*base, "--dev-shared-token"]
-    result = runner.invoke(APP, [*base, "--runtime", "vm"], env={"CORRAL_AGENT_TOKEN": "t"})
+    result = runner.invoke(APP, [*base, "--runtime", "qemu"], env={"CORRAL_AGENT_TOKEN": "t"})
     assert result.exit_code != 0 and "unknown runtime" in result.output
     result = runner.invoke(APP, [*base, "--listen", "nowhere"], env={"CORRAL_AGENT_TOKEN": "t"})
     assert result.exit_code != 0 and "HOST:PORT" in result.output
