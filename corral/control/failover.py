@@ -41,6 +41,15 @@ log = logging.getLogger("corral.failover")
 RECREATE_BATCH = 200
 
 
+def reassignment_unfinished(rec: SandboxRecord) -> bool:
+    """Whether a ``recreating`` record's last write was its reassignment (step 2), whose start is
+    still to be done on the host it names. ``recreated_at`` alone does not say so: it outlives the
+    recreate that set it, and a sandbox recreated once whose new host is then declared dead is
+    ``recreating`` again naming that host, which its fence tells to stop the copy: it must be
+    placed anew, not started there again at the epoch the fence ends."""
+    return rec.recreated_at is not None and rec.updated_at <= rec.recreated_at
+
+
 @dataclass(eq=False, repr=False)
 class Failover:
     store: FailoverPort
@@ -93,7 +102,7 @@ class Failover:
             live = host is not None and now - host.heartbeat_at <= self.timeouts.stale_after_s
             try:
                 # A reassignment a previous round (or leader) wrote: finish it on that host.
-                resumable = rec.recreated_at is not None and live and host is not None
+                resumable = reassignment_unfinished(rec) and live and host is not None
                 if (
                     resumable
                     and host is not None

@@ -241,6 +241,35 @@ async def test_a_leader_that_died_after_the_reassignment_is_finished_by_the_next
     assert s["id"] in agent(c, target).sandbox_ids()
 
 
+async def test_a_sandbox_recreated_once_whose_new_host_dies_and_returns_is_recreated_again(
+    small: Cluster,
+) -> None:
+    c = small
+    first, (s,) = await on_one_host(c, 1, failover="recreate", memory_mb=512)
+    c.clock.advance(c.plane.config.timeouts.dead_after_s + 1)
+    await beat_all_but(c, first)
+    await c.plane.reconciler.tick()
+    moved = await get(c, s["id"])
+    assert moved["state"] == "running" and moved["epoch"] == 1 and moved["recreated_at"]
+    # Its new host is declared dead in turn; it returns before the leader's next round. The record
+    # still carries the first recreate's ``recreated_at``: that reassignment is finished, not one to
+    # resume on the host that was just declared dead (whose copy the fence stops).
+    second = moved["host_id"]
+    c.clock.advance(c.plane.config.timeouts.dead_after_s + 1)
+    await beat_all_but(c, second)
+    await c.plane.store.fail_host(second, c.clock.now() - c.plane.config.timeouts.dead_after_s)
+    back = agent(c, second)
+    await back.beat()
+    c.plane.view.invalidate()
+    assert s["id"] not in back.sandbox_ids()  # the fence's reply stopped its copy
+    await c.plane.reconciler.tick()
+    now = await get(c, s["id"])
+    assert now["state"] == "running" and now["host_id"] != second and now["epoch"] == 2, now
+    await back.beat()
+    await beat_all_but(c, second)
+    assert await routable_hosts(c, s["id"]) == {now["host_id"]}
+
+
 async def test_drain_with_evacuation_moves_recreate_sandboxes_only(small: Cluster) -> None:
     c = small
     host, (rec_sb,) = await on_one_host(c, 1, failover="recreate", memory_mb=512)

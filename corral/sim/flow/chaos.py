@@ -60,6 +60,7 @@ from corral.sim.flow.vtime import VirtualClock
 from corral.store import (
     FAILOVER_ORPHAN,
     FAILOVER_RECREATE,
+    HeartbeatResult,
     ReservationRecord,
     SandboxRecord,
     SandboxState,
@@ -185,6 +186,8 @@ class World:
         self.calming = False  # faults have stopped
         self.parked: dict[str, Parked] = {}  # parked creates not yet seen to leave the queue
         self.waits_in_flight: dict[str, float] = {}  # a waiting create's key -> when it was asked
+        # (host, heartbeat seq) -> the listing the store held right after applying that heartbeat's.
+        self.applied_listings: dict[tuple[str, int], dict[str, int]] = {}
 
     def rng(self, name: str) -> random.Random:
         return random.Random(f"{self.seed}/{name}")
@@ -316,9 +319,12 @@ class World:
                 self.violate("parked_create_lost", f"{sid} left the queue {rec.state.value}")
 
     def check_listing(self, host_id: str, hb: AgentHeartbeat) -> None:
-        """A heartbeat whose listing the store says it now holds: the store's copy is the set the agent
-        described (its digest), entry for entry."""
-        held = {sid: e.epoch for sid, e in self.store.hosts[host_id].listing.items() if e.present}
+        """A heartbeat whose listing the store said it held: the store's copy, as it stood when that
+        heartbeat was applied, is the set the agent described (its digest), entry for entry. Not the
+        copy as it stands when the reply is back: a newer heartbeat may have been applied meanwhile
+        (one delayed past its successor, or sent while this reply was being built), and the copy is
+        then that one's, checked by its own delivery."""
+        held = self.applied_listings.pop((host_id, hb.seq))
         if hb.digest is not None and digest_of(held) != hb.digest:
             self.violate(
                 "listing_diverged",
@@ -406,6 +412,11 @@ class World:
             self.parked[result.id] = Parked(
                 result.tenant_id, (result.created_at, result.id), self.loop.time(), result.wait_until
             )
+        if name == "upsert_heartbeat" and isinstance(result, HeartbeatResult):
+            h = result.host
+            if result.accepted and result.listed_seq == h.seq:
+                listing = self.store.hosts[h.id].listing
+                self.applied_listings[h.id, h.seq] = {s: e.epoch for s, e in listing.items() if e.present}
         if name in RESERVE_CALLS and result:
             self.check_grant(result)
         self.check()
