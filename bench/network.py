@@ -18,7 +18,7 @@
   ``port`` lines, whose replica holds its agent in-process (the owner);
 * ``websockets``: in that fleet, ``--websockets`` connections held open at once through one replica
   (its connection and per-token bounds raised for the run; every connection carries the tenant's
-  token) to the echo server in the sandbox (its pids raised by a template, a thread per
+  token; more than 1,024 meet the replica's per-sandbox port bound, which has no flag) to the echo server in the sandbox (its pids raised by a template, a thread per
   connection): the replica's and the agent's RSS before and with them open, per connection, and
   that every one echoed;
 * ``policy``: ``PUT /v1/sandboxes/{id}/network`` on the running sandbox, end to end (the replica,
@@ -292,8 +292,10 @@ def fleet(requests: int, websockets: int) -> list[dict[str, Any]]:
     except psycopg.Error as exc:
         return [{"bench": "network.forwarded", "skipped": f"PostgreSQL at {base}: {exc}"}]
     schema = new_schema_name("corral_netbench")
-    # The bounds a 1,000-connection run needs, raised for this run only: connections open at once on
-    # the replica, and requests in flight for the one tenant token every connection carries.
+    # Bounds raised for this run only: connections open at once on the replica (the one that binds:
+    # under 300 the run's connections are closed on accept), and requests in flight for the one
+    # tenant token every connection carries (port traffic does not count toward it: 400 held under
+    # its default 256). The replica's per-sandbox port bound (1,024, a setting without a flag) stays.
     bound = str(max(4096, 2 * websockets))
     extra = ["--domain", "sb.bench", "--max-connections", bound, "--max-requests-per-token", bound]
     try:
