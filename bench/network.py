@@ -11,6 +11,16 @@
   sockets do (asyncio's): a server that writes its headers and its body apart otherwise waits for
   the headers' ACK, which the reader's delayed ACK holds up to 40 ms, and one path or the other
   measured that stall rather than the proxy;
+* ``forwarded``: two ``corral api`` replicas on PostgreSQL (a schema of the run's own) and one
+  ``corral agent``, the layout of a fleet whose replicas hold no agent: the same ``GET /hello``
+  direct to the slot address and through a replica, which forwards it to the sandbox's agent (the
+  hop, ``Corral-Forwarded``), interleaved, p50/p99, req/s and the hop's overhead; beside the
+  ``port`` lines, whose replica holds its agent in-process (the owner);
+* ``websockets``: in that fleet, ``--websockets`` connections held open at once through one replica
+  (its connection and per-token bounds raised for the run; every connection carries the tenant's
+  token; more than 1,024 meet the replica's per-sandbox port bound, which has no flag) to the echo server in the sandbox (its pids raised by a template, a thread per
+  connection): the replica's and the agent's RSS before and with them open, per connection, and
+  that every one echoed;
 * ``policy``: ``PUT /v1/sandboxes/{id}/network`` on the running sandbox, end to end (the replica,
   the agent's nft transaction, the record), p50/p99 (bar: <= 50 ms);
 * ``tables``: what slots cost the rest of the host: a TCP round trip on its loopback (as the
@@ -18,6 +28,10 @@
   them (each its own base chains, which every packet of the host passes through).
 
     .venv/bin/python bench/network.py [--requests 2000] [--slots 40] [--updates 40]
+        [--websockets 1000] [--no-forwarded] [--no-websockets]
+
+The fleet needs PostgreSQL (``CORRAL_TEST_POSTGRES_URL``, default the local ``test`` database);
+without it its lines say ``skipped``.
 """
 
 from __future__ import annotations
@@ -38,8 +52,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+from websockets.asyncio.client import connect as ws_connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.e2e.procs: the fleet's processes
 
 from api import free_port, wait_ready
 
@@ -47,9 +64,12 @@ from corral.agent import netns
 from corral.agent.netslots import SlotPool
 from corral.core.netpolicy import INTERNET, delete_table, render_policy, render_table, slot_count, slot_net
 from corral.testing.portserver import start_argv
+from tests.e2e.procs import process_fleet
+from tests.pg import drop_schema, new_schema_name, pg_base_url, with_schema
 
 TOKEN = "bench-network-token-0123456789"
 PORT = 8080
+_NO_EGRESS = {"mode": "internet", "deny_out": ["0.0.0.0/0"]}
 _ADDRESS = "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('198.51.100.1', 9)); print(s.getsockname()[0])"
 
 
@@ -101,6 +121,65 @@ def _nodelay() -> httpx.HTTPTransport:
     return httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
 
 
+def create_sandbox(api: httpx.Client, body: dict[str, Any]) -> str:
+    """A running sandbox, created once its host has heartbeated in."""
+    deadline = time.monotonic() + 30
+    while True:
+        r = api.post("/v1/sandboxes", json=body)
+        if r.status_code == 201 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    r.raise_for_status()
+    return str(r.json()["id"])
+
+
+def serve_port(api: httpx.Client, sid: str) -> str:
+    """Start the port server in sandbox ``sid``; its slot address."""
+    ran = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": start_argv(PORT)}).json()
+    assert ran["stdout"].strip() == "listening", ran
+    got = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": ["python3", "-c", _ADDRESS]}).json()
+    return str(got["stdout"].strip())
+
+
+def interleaved(address: str, replica: str, host: str, requests: int) -> tuple[list[float], list[float]]:
+    """``GET /hello`` direct to ``address`` and through ``replica`` by ``host``, alternately, each
+    over its one kept-alive connection: (direct, proxied) seconds."""
+    direct: list[float] = []
+    proxied: list[float] = []
+    with (
+        httpx.Client(base_url=f"http://{address}:{PORT}", transport=_nodelay()) as d,
+        httpx.Client(base_url=replica, headers={"Host": host}, transport=_nodelay()) as p,
+    ):
+        for client in (d, p):  # warm both connections
+            client.get("/hello").raise_for_status()
+        for _ in range(requests):
+            for client, samples in ((d, direct), (p, proxied)):
+                t = time.perf_counter()
+                client.get("/hello")
+                samples.append(time.perf_counter() - t)
+    return direct, proxied
+
+
+def line(path: str, samples: list[float]) -> dict[str, Any]:
+    return {
+        "bench": "network.port",
+        "path": path,
+        **summary(samples),
+        "rps": round(len(samples) / sum(samples)),
+    }
+
+
+def overhead(path: str, direct: list[float], proxied: list[float], **bar: float) -> dict[str, Any]:
+    d, p = summary(direct), summary(proxied)
+    return {
+        "bench": "network.port",
+        "path": path,
+        "p50_ms": round(p["p50_ms"] - d["p50_ms"], 3),
+        "p99_ms": round(p["p99_ms"] - d["p99_ms"], 3),
+        **bar,
+    }
+
+
 def ports(requests: int, updates: int) -> list[dict[str, Any]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -124,54 +203,13 @@ def ports(requests: int, updates: int) -> list[dict[str, Any]]:
         try:
             wait_ready(url, proc)
             api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
-            deadline = time.monotonic() + 30
-            while True:
-                r = api.post(
-                    "/v1/sandboxes",
-                    json={"memory_mb": 256, "network": {"mode": "internet", "deny_out": ["0.0.0.0/0"]}},
-                )
-                if r.status_code == 201 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-            r.raise_for_status()
-            sid = r.json()["id"]
-            ran = api.post(f"/v1/sandboxes/{sid}/exec", json={"command": start_argv(PORT)}).json()
-            assert ran["stdout"].strip() == "listening", ran
-            address = (
-                api.post(f"/v1/sandboxes/{sid}/exec", json={"command": ["python3", "-c", _ADDRESS]})
-                .json()["stdout"]
-                .strip()
-            )
-            host = f"{PORT}-{sid}.sb.bench"
-            direct: list[float] = []
-            proxied: list[float] = []
-            with (
-                httpx.Client(base_url=f"http://{address}:{PORT}", transport=_nodelay()) as d,
-                httpx.Client(base_url=url, headers={"Host": host}, transport=_nodelay()) as p,
-            ):
-                for client in (d, p):  # warm both connections
-                    client.get("/hello").raise_for_status()
-                for _ in range(requests):
-                    for client, samples in ((d, direct), (p, proxied)):
-                        t = time.perf_counter()
-                        client.get("/hello")
-                        samples.append(time.perf_counter() - t)
-            d_sum, p_sum = summary(direct), summary(proxied)
-            out: list[dict[str, Any]] = [
-                {"bench": "network.port", "path": "direct", **d_sum, "rps": round(len(direct) / sum(direct))},
-                {
-                    "bench": "network.port",
-                    "path": "replica",
-                    **p_sum,
-                    "rps": round(len(proxied) / sum(proxied)),
-                },
-                {
-                    "bench": "network.port",
-                    "path": "overhead",
-                    "p50_ms": round(p_sum["p50_ms"] - d_sum["p50_ms"], 3),
-                    "p99_ms": round(p_sum["p99_ms"] - d_sum["p99_ms"], 3),
-                    "bar_p50_ms": 1.0,
-                },
+            sid = create_sandbox(api, {"memory_mb": 256, "network": _NO_EGRESS})
+            address = serve_port(api, sid)
+            direct, proxied = interleaved(address, url, f"{PORT}-{sid}.sb.bench", requests)
+            out = [
+                line("direct", direct),
+                line("replica", proxied),
+                overhead("overhead", direct, proxied, bar_p50_ms=1.0),
             ]
             applied = []
             for i in range(updates):
@@ -188,6 +226,115 @@ def ports(requests: int, updates: int) -> list[dict[str, Any]]:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def rss_kib(pid: int) -> int:
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith("VmRSS:"):
+            return int(row.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+async def _hold_websockets(url: str, n: int, key: str, open_at_once: int = 64) -> tuple[list[Any], int]:
+    """``n`` WebSocket connections to ``url``, all open at once (opened ``open_at_once`` at a time, as
+    clients arriving rather than one burst at the accept queue): the connections, and how many
+    echoed a message of their own."""
+    gate = asyncio.Semaphore(open_at_once)
+    headers = {"Authorization": f"Bearer {key}"}
+
+    async def one(i: int) -> tuple[Any, bool]:
+        async with gate:
+            ws = await ws_connect(url, additional_headers=headers, open_timeout=120, max_size=2**16)
+        message = f"echo {i}"
+        await ws.send(message)
+        return ws, await asyncio.wait_for(ws.recv(), 60) == message
+
+    got = await asyncio.gather(*(one(i) for i in range(n)))
+    return [ws for ws, _ in got], sum(ok for _, ok in got)
+
+
+def websockets_held(replica_pid: int, agent_pid: int, url: str, n: int, key: str) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        before = rss_kib(replica_pid), rss_kib(agent_pid)
+        t = time.perf_counter()
+        held, echoed = await _hold_websockets(url, n, key)
+        opened_s = time.perf_counter() - t
+        await asyncio.sleep(1)  # settled: buffers the opening burst grew are what they stay at
+        during = rss_kib(replica_pid), rss_kib(agent_pid)
+
+        # Every one still echoes with all of them open.
+        async def again(i: int, ws: Any) -> bool:
+            await ws.send(f"again {i}")
+            return bool(await asyncio.wait_for(ws.recv(), 60) == f"again {i}")
+
+        again_ok = sum(await asyncio.gather(*(again(i, ws) for i, ws in enumerate(held))))
+        await asyncio.gather(*(ws.close() for ws in held))
+        return {
+            "bench": "network.websockets",
+            "connections": n,
+            "echoed": echoed,
+            "echoed_all_open": again_ok,
+            "open_all_s": round(opened_s, 2),
+            "replica_rss_kib": [before[0], during[0]],
+            "agent_rss_kib": [before[1], during[1]],
+            "replica_kib_per_conn": round((during[0] - before[0]) / n, 1),
+            "agent_kib_per_conn": round((during[1] - before[1]) / n, 1),
+        }
+
+    return asyncio.run(run())
+
+
+def fleet(requests: int, websockets: int) -> list[dict[str, Any]]:
+    """Direct beside forwarded through a replica that holds no agent; WebSockets held through one."""
+    base = pg_base_url()
+    try:
+        drop_schema(base, "corral_netbench_probe")
+    except psycopg.Error as exc:
+        return [{"bench": "network.forwarded", "skipped": f"PostgreSQL at {base}: {exc}"}]
+    schema = new_schema_name("corral_netbench")
+    # Bounds raised for this run only: connections open at once on the replica (the one that binds:
+    # under 300 the run's connections are closed on accept), and requests in flight for the one
+    # tenant token every connection carries (port traffic does not count toward it: 400 held under
+    # its default 256). The replica's per-sandbox port bound (1,024, a setting without a flag) stays.
+    bound = str(max(4096, 2 * websockets))
+    extra = ["--domain", "sb.bench", "--max-connections", bound, "--max-requests-per-token", bound]
+    try:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            process_fleet(Path(tmp), with_schema(base, schema), TOKEN, api_extra=extra) as (replicas, agent),
+        ):
+            admin = {"Authorization": f"Bearer {TOKEN}"}
+            r = httpx.post(f"{replicas[0].url}/v1/tenants", json={"name": "bench"}, headers=admin, timeout=30)
+            r.raise_for_status()
+            key = r.json()["token"]
+            # A thread per connection in the echo server: pids for them, from a template.
+            r = httpx.post(
+                f"{replicas[0].url}/v1/templates",
+                json={"name": "wsbench", "memory_mb": 1024, "pids": 4 * max(websockets, 256)},
+                headers=admin,
+                timeout=30,
+            )
+            r.raise_for_status()
+            replica = replicas[1]
+            with httpx.Client(
+                base_url=replica.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+            ) as api:
+                sid = create_sandbox(api, {"template": "wsbench", "network": _NO_EGRESS})
+                address = serve_port(api, sid)
+            out: list[dict[str, Any]] = []
+            if requests:
+                direct, forwarded = interleaved(address, replica.url, f"{PORT}-{sid}.sb.bench", requests)
+                out += [
+                    line("fleet_direct", direct),
+                    line("forwarded", forwarded),
+                    overhead("forwarded_overhead", direct, forwarded),
+                ]
+            if websockets:
+                ws_url = replica.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/ports/{PORT}/ws"
+                out.append(websockets_held(replica.popen.pid, agent.popen.pid, ws_url, websockets, key))
+            return out
+    finally:
+        drop_schema(base, schema)
 
 
 def _loopback_rtts(n: int = 3000) -> list[float]:
@@ -238,16 +385,24 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--tables", type=int, default=256)
+    parser.add_argument("--websockets", type=int, default=1000)
+    parser.add_argument("--no-forwarded", action="store_true", help="skip the forwarded requests")
+    parser.add_argument("--no-websockets", action="store_true", help="skip the WebSocket connections")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print(json.dumps({"bench": "network", "skipped": "needs root for network slots"}))
         return
-    for line in asyncio.run(slots(args.slots)):
-        print(json.dumps(line), flush=True)
-    for line in ports(args.requests, args.updates):
-        print(json.dumps(line), flush=True)
-    for line in tables(args.tables):
-        print(json.dumps(line), flush=True)
+    for row in asyncio.run(slots(args.slots)):
+        print(json.dumps(row), flush=True)
+    for row in ports(args.requests, args.updates):
+        print(json.dumps(row), flush=True)
+    requests = 0 if args.no_forwarded else args.requests
+    websockets = 0 if args.no_websockets else args.websockets
+    if requests or websockets:
+        for row in fleet(requests, websockets):
+            print(json.dumps(row), flush=True)
+    for row in tables(args.tables):
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

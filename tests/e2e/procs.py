@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from corral.agent.credentials import HostCredentials
 from corral.client.credentials import write_private
+from corral.shapes.hosts import HostCredentials
 
 CORRAL = [sys.executable, "-m", "corral"]
 
