@@ -15,7 +15,11 @@ import typer
 from corral import listen_options as lo
 from corral.core import AdmissionMode, AdmissionPolicy, ConfigError
 from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
-from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
+from corral.core.inflight import (
+    DEFAULT_EXECS_PER_SANDBOX,
+    DEFAULT_EXECS_PER_TENANT,
+    DEFAULT_PORT_REQUESTS_PER_SANDBOX,
+)
 from corral.core.rates import Rate
 from corral.extras import require_extra
 
@@ -168,6 +172,15 @@ def create_rate(rate: float | None, burst: int | None) -> Rate | None:
     return Rate.of(rate, burst)
 
 
+MaxPortRequestsPerSandbox = Annotated[
+    int,
+    typer.Option(
+        "--max-port-requests-per-sandbox",
+        min=1,
+        help="Requests to one sandbox's ports this replica relays at once (WebSockets included); more "
+        "are refused with 429 too_many_concurrent.",
+    ),
+]
 MaxExecsPerTenant = Annotated[
     int,
     typer.Option(
@@ -266,6 +279,7 @@ def serve(
     metrics_open: MetricsOpen = False,
     max_execs_per_sandbox: MaxExecsPerSandbox = DEFAULT_EXECS_PER_SANDBOX,
     max_execs_per_tenant: MaxExecsPerTenant = DEFAULT_EXECS_PER_TENANT,
+    max_port_requests_per_sandbox: MaxPortRequestsPerSandbox = DEFAULT_PORT_REQUESTS_PER_SANDBOX,
     tenant_create_rate: TenantCreateRate = None,
     tenant_create_burst: TenantCreateBurst = None,
     max_creates_in_flight: MaxCreatesInFlight = DEFAULT_CREATES_IN_FLIGHT,
@@ -370,6 +384,7 @@ def serve(
         metrics_open=metrics_open,
         max_execs_per_sandbox=max_execs_per_sandbox,
         max_execs_per_tenant=max_execs_per_tenant,
+        max_port_requests_per_sandbox=max_port_requests_per_sandbox,
         default_create_rate=create_rate(tenant_create_rate, tenant_create_burst),
         max_creates_in_flight=max_creates_in_flight,
         tls_dir=tls_dir,
@@ -448,6 +463,7 @@ def api(
     max_requests_per_token: lo.MaxRequestsPerToken = lo.DEFAULT_REQUESTS_PER_TOKEN,
     metrics_open: MetricsOpen = False,
     max_execs_per_tenant: MaxExecsPerTenant = DEFAULT_EXECS_PER_TENANT,
+    max_port_requests_per_sandbox: MaxPortRequestsPerSandbox = DEFAULT_PORT_REQUESTS_PER_SANDBOX,
     tenant_create_rate: TenantCreateRate = None,
     tenant_create_burst: TenantCreateBurst = None,
     max_creates_in_flight: MaxCreatesInFlight = DEFAULT_CREATES_IN_FLIGHT,
@@ -486,6 +502,7 @@ def api(
         requests_per_token=max_requests_per_token,
         metrics_open=metrics_open,
         max_execs_per_tenant=max_execs_per_tenant,
+        max_port_requests_per_sandbox=max_port_requests_per_sandbox,
         default_create_rate=create_rate(tenant_create_rate, tenant_create_burst),
         max_creates_in_flight=max_creates_in_flight,
         tls_dir=tls_dir,

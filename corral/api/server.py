@@ -34,7 +34,11 @@ from corral.control.seal import SEAL_KEY_ENV, Sealer, SealError, load_keys
 from corral.core import AdmissionMode, AdmissionPolicy, ConfigError, Timeouts
 from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
 from corral.core.frontproxy import FrontProxyPolicy
-from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
+from corral.core.inflight import (
+    DEFAULT_EXECS_PER_SANDBOX,
+    DEFAULT_EXECS_PER_TENANT,
+    DEFAULT_PORT_REQUESTS_PER_SANDBOX,
+)
 from corral.core.listen import DEFAULT_REQUESTS_PER_TOKEN, ListenBounds
 from corral.core.rates import Rate
 from corral.images import DirBlobStore
@@ -85,6 +89,7 @@ class ServeOptions:
     metrics_open: bool = False
     max_execs_per_sandbox: int = DEFAULT_EXECS_PER_SANDBOX
     max_execs_per_tenant: int = DEFAULT_EXECS_PER_TENANT
+    max_port_requests_per_sandbox: int = DEFAULT_PORT_REQUESTS_PER_SANDBOX
     # Where the admin token is kept when CORRAL_TOKEN is not set (None: beside the SQLite file).
     admin_token_file: Path | None = None
     # Leave the process runtime's sandboxes running at shutdown, for the next start to re-adopt.
@@ -271,6 +276,7 @@ async def serve(opts: ServeOptions, prepare: Prepare | None = None) -> None:
         policy=policy,
         k=opts.k,
         max_execs_per_tenant=opts.max_execs_per_tenant,
+        max_port_requests_per_sandbox=opts.max_port_requests_per_sandbox,
         max_execs_per_sandbox=opts.max_execs_per_sandbox,  # the same as this process's agents'
         default_create_rate=opts.default_create_rate,
         max_creates_in_flight=opts.max_creates_in_flight,
@@ -392,6 +398,7 @@ class ApiOptions:
     # /metrics without a token: only for a listener that only the scraper can reach.
     metrics_open: bool = False
     max_execs_per_tenant: int = DEFAULT_EXECS_PER_TENANT
+    max_port_requests_per_sandbox: int = DEFAULT_PORT_REQUESTS_PER_SANDBOX
     tls_dir: Path | None = None
     default_create_rate: Rate | None = None
     max_creates_in_flight: int = DEFAULT_CREATES_IN_FLIGHT
@@ -419,6 +426,7 @@ async def api(opts: ApiOptions) -> None:
         replica_lease_s=opts.lease_s,
         reconcile_interval_s=min(opts.reconcile_interval_s, opts.lease_s / 3),
         max_execs_per_tenant=opts.max_execs_per_tenant,
+        max_port_requests_per_sandbox=opts.max_port_requests_per_sandbox,
         default_create_rate=opts.default_create_rate,
         max_creates_in_flight=opts.max_creates_in_flight,
         domain=opts.domain,

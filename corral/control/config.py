@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 
 from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
 from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
-from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX, DEFAULT_EXECS_PER_TENANT
+from corral.core.inflight import (
+    DEFAULT_EXECS_PER_SANDBOX,
+    DEFAULT_EXECS_PER_TENANT,
+    DEFAULT_PORT_REQUESTS_PER_SANDBOX,
+)
 from corral.core.rates import Rate
 from corral.runtime.process import MIN_MEMORY_MB
 
@@ -68,7 +72,7 @@ class ControlConfig:
     # after the name is ignored when matching). Returned on creates; None: ports by path only.
     domain: str | None = None
     # Requests to one sandbox's ports this replica relays at once (WebSockets included); more: 429.
-    max_port_requests_per_sandbox: int = 1024
+    max_port_requests_per_sandbox: int = DEFAULT_PORT_REQUESTS_PER_SANDBOX
 
     @property
     def create_deadline_s(self) -> float:

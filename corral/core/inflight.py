@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 # An agent UI runs a handful of commands at once in a sandbox; 16 leaves room for a burst of them.
 DEFAULT_EXECS_PER_SANDBOX = 16
+# Requests to one sandbox's ports a replica relays at once (WebSockets included).
+DEFAULT_PORT_REQUESTS_PER_SANDBOX = 1024
 # Per tenant, per API replica: several sandboxes' worth of that.
 DEFAULT_EXECS_PER_TENANT = 64
 # What a refused caller is told to wait: a slot frees when one of its own calls ends, and a command
