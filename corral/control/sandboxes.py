@@ -3,6 +3,7 @@ is simply not found."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterator
@@ -43,6 +44,9 @@ from corral.shapes.commands import CommandInfo, CommandList, CommandOutput
 from corral.store import Page, SandboxRecord, SandboxState, StateConflict, StoreUnavailable
 
 GONE_STATES = {SandboxState.DELETED, SandboxState.STOPPED, SandboxState.FAILED}
+# How long a GET waits for a host to say what a sandbox's disk holds: a GET is polled, and a slow or
+# unreachable host must not make it slow; past this the field is null and the record is shown.
+DISK_USED_WAIT_S = 0.5
 
 
 @dataclass(eq=False, repr=False)
@@ -114,14 +118,16 @@ class Sandboxes:
 
     async def disk_used_mb(self, record: SandboxRecord) -> int | None:
         """What a running image sandbox's disk holds, asked of its host now; None for a sandbox
-        without a disk of its own, and when its host does not answer (the record is still shown)."""
+        without a disk of its own, and when its host does not answer within ``DISK_USED_WAIT_S``
+        (the record is still shown)."""
         if record.image is None or record.state is not SandboxState.RUNNING or record.host_id is None:
             return None
         try:
             client = self.agents.client(record.host_id, await self._address(record.host_id))
-            return (await client.get(record.id)).disk_used_mb
-        except (AgentError, StoreUnavailable):
+            info = await asyncio.wait_for(client.get(record.id), DISK_USED_WAIT_S)
+        except (AgentError, StoreUnavailable, TimeoutError):
             return None
+        return info.disk_used_mb
 
     async def list(
         self,

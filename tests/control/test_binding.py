@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from pathlib import Path
 
 from corral.agent.client import AgentClient
@@ -94,6 +96,38 @@ async def test_a_batch_larger_than_the_hosts_starts_limit_lands_whole(tmp_path: 
         assert r.status_code == 201, r.text
         assert len(r.json()["sandboxes"]) == 60
         assert sum(len(a.sandbox_ids()) for a in c.fleet.agents) == 60
+    finally:
+        await c.http.aclose()
+        await c.plane.stop()
+        await c.plane.store.close()
+
+
+class Hanging(Refusing):
+    """An agent that takes a GET and never answers."""
+
+    def __init__(self) -> None:
+        super().__init__(AgentUnavailable())
+        self.gets = 0
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        self.gets += 1
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_host_that_does_not_say_what_a_disk_holds_leaves_the_field_null(tmp_path: Path) -> None:
+    c = await make_cluster(tmp_path, hosts=1)
+    try:
+        r = await c.http.post("/v1/sandboxes", json={}, headers=c.as_(ADMIN))
+        assert r.status_code == 201
+        record = await c.plane.store.get_sandbox(r.json()["id"])
+        assert record is not None
+        hanging = Hanging()
+        c.plane.agents.add("host-01", hanging)  # type: ignore[attr-defined]
+        # An image sandbox's GET asks its host; a host that never answers costs the GET a bound.
+        imaged = dataclasses.replace(record, image="sha256:" + "0" * 64)
+        assert await c.plane.sandboxes.disk_used_mb(imaged) is None
+        assert hanging.gets == 1
     finally:
         await c.http.aclose()
         await c.plane.stop()
