@@ -184,7 +184,10 @@ class BuildService:
         return job if job is not None and job.tenant_id == tenant_id and job.name == name else None
 
     def has_open(self, tenant_id: str, name: str) -> bool:
-        return any(j.tenant_id == tenant_id and j.name == name for j in self.jobs.values())
+        """Whether the tenant has a build of ``name`` not finished yet (files go to one of those)."""
+        return any(
+            j.tenant_id == tenant_id and j.name == name and j.finished_at is None for j in self.jobs.values()
+        )
 
     # -- uploads -----------------------------------------------------------------------------------------
 

@@ -28,6 +28,9 @@ from corral.store import SandboxRecord
 log = logging.getLogger("corral.control.readiness")
 
 DEFAULT_READY_TIMEOUT_S = 60.0
+# Start and ready commands this replica runs at once, across every create it waits on: the work is the
+# control plane's own, so it counts against no tenant's data-plane slots, and is bounded here instead.
+MAX_CHECKS_IN_FLIGHT = 64
 READY_POLL_S = 0.2
 CHECK_TIMEOUT_S = 10.0  # one run of the ready command
 TAIL_CHARS = 2000
@@ -44,6 +47,7 @@ class Readiness:
         self.sandboxes = sandboxes
         self.templates = templates
         self.timeout_s = timeout_s
+        self._in_flight = asyncio.Semaphore(MAX_CHECKS_IN_FLIGHT)
 
     async def start(self, record: SandboxRecord) -> ImageConfig | None:
         """The start command started (if the template has one); the config, when it has a ready check."""
@@ -52,7 +56,10 @@ class Readiness:
             return None
         if config.start_cmd:
             req = ExecRequest(command=_shell(config.start_cmd), timeout_s=MAX_EXEC_TIMEOUT_S)
-            await self.sandboxes.start_command(record.id, record.tenant_id, req)
+            async with self._in_flight:
+                # As the control plane (no tenant): a tenant busy with its own execs still gets the
+                # sandbox it asked for; the record was just made for that tenant.
+                await self.sandboxes.start_command(record.id, None, req)
         return config if config.ready_cmd else None
 
     async def settle(self, record: SandboxRecord) -> None:
@@ -84,7 +91,8 @@ class Readiness:
             if left <= 0:
                 break
             req = ExecRequest(command=_shell(ready_cmd), timeout_s=max(0.1, min(CHECK_TIMEOUT_S, left)))
-            result = await self.sandboxes.exec(record.id, record.tenant_id, req)
+            async with self._in_flight:
+                result = await self.sandboxes.exec(record.id, None, req)
             if result.exit_code == 0:
                 return
             if last is None or not result.timed_out:  # a run the deadline cut short says less
