@@ -135,8 +135,12 @@ class SlotResolver:
         await self.open(slot)
         entry = self._slots[slot.index]
         async with entry.lock:
-            entry.policy = policy
-            yield
+            old, entry.policy = entry.policy, policy
+            try:
+                yield
+            except BaseException:
+                entry.policy = old  # the table kept the old policy: so do the answers
+                raise
 
     def release(self, slot: SlotNet) -> None:
         """``slot``'s sandbox is gone: what it asked and was owed goes with it."""
@@ -192,7 +196,7 @@ class SlotResolver:
                 if query is not None:
                     answer = await self._answer(entry, query, data, _ask_stream)
                     writer.write(len(answer).to_bytes(2, "big") + answer)
-                    await writer.drain()
+                    await asyncio.wait_for(writer.drain(), STREAM_IDLE_S)  # a reader that stops
         except (TimeoutError, asyncio.IncompleteReadError, OSError):
             pass
         finally:

@@ -54,6 +54,14 @@ def load(text: str) -> None:
         raise SlotCommandFailed(f"nft: {exc}") from None
 
 
+def load_if_free(text: str) -> bool:
+    """:func:`load` now, or False (nothing loaded) while another thread's transaction is running."""
+    try:
+        return nftlib.run_if_free(text) is not None
+    except nftlib.NftError as exc:
+        raise SlotCommandFailed(f"nft: {exc}") from None
+
+
 def _write_sysctl(path: Path, value: str, *, required: bool) -> None:
     try:
         path.write_text(value)

@@ -307,15 +307,15 @@ class SlotPool:
 
 
 # A policy of up to this many listed entries loads in well under a millisecond (0.2-0.4 ms
-# measured), less than handing it to a thread and back costs on a busy host: it runs on the loop.
+# measured), less than handing it to a thread and back costs on a busy host: it runs on the loop,
+# unless another thread's transaction holds nftables (the loop never waits on a thread).
 _INLINE_ENTRIES = 64
 
 
 async def _load(text: str, policy: EgressPolicy) -> None:
-    if len(policy.allow_out) + len(policy.deny_out) <= _INLINE_ENTRIES:
-        netns.load(text)
-    else:
-        await asyncio.to_thread(netns.load, text)
+    if len(policy.allow_out) + len(policy.deny_out) <= _INLINE_ENTRIES and netns.load_if_free(text):
+        return
+    await asyncio.to_thread(netns.load, text)
 
 
 def pool_for(

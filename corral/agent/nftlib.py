@@ -40,11 +40,15 @@ class _Nft:
         lib.nft_ctx_buffer_error(self._ctx)
         self._lock = threading.Lock()
 
-    def run(self, text: str) -> str:
-        with self._lock:
+    def run(self, text: str, *, wait: bool = True) -> str | None:
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             rc = self._lib.nft_run_cmd_from_buffer(self._ctx, text.encode())
             out = (self._lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode(errors="replace")
             err = (self._lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode(errors="replace")
+        finally:
+            self._lock.release()
         if rc != 0:
             raise NftError(err.strip() or f"nftables refused the transaction ({rc})")
         return out
@@ -60,9 +64,21 @@ def available() -> bool:
 
 def run(text: str) -> str:
     """Run ``text`` (``nft -f`` syntax) as one transaction: all of it or, on :class:`NftError`, none."""
+    out = _context().run(text)
+    assert out is not None  # waited for the context
+    return out
+
+
+def run_if_free(text: str) -> str | None:
+    """:func:`run`, or None at once (nothing run) while another thread's transaction holds the
+    context: for a caller on an event loop, which must not wait on a thread."""
+    return _context().run(text, wait=False)
+
+
+def _context() -> _Nft:
     global _nft
     if _nft is None:
         with _making:
             if _nft is None:
                 _nft = _Nft()
-    return _nft.run(text)
+    return _nft

@@ -48,7 +48,11 @@ _LOST = 128 + signal.SIGKILL
 
 
 class ChannelLost(Exception):
-    """The init did not take the command: its connection is gone (the sandbox stopped) or it refused."""
+    """The init did not take the command: its connection is gone (the sandbox stopped) or it refused.
+    ``sent``: the request had reached the init before the loss, so it may have started the command;
+    starting it another way would run it twice."""
+
+    sent = False
 
 
 def listen(directory: Path) -> socket.socket:
@@ -169,6 +173,8 @@ class Channel:
             self._starting.pop(request, None)
             for fd in ours + theirs:
                 os.close(fd)
+            if sent and isinstance(exc, ChannelLost):
+                exc.sent = True
             if sent and not isinstance(exc, ChannelLost):
                 # Given up on (a timeout while the sandbox was frozen, a caller gone): the init reads
                 # this after the request, so whatever it starts is killed rather than left unwatched.
@@ -184,8 +190,12 @@ class Channel:
     def send_signal(self, request: int, sig: int) -> None:
         if self.closed:
             return
-        with contextlib.suppress(BlockingIOError):  # 16 bytes: only a stalled init leaves no room
+        try:
             self._sock.send(MESSAGE.pack(MAGIC, SIGNAL, request, sig))
+        except BlockingIOError:
+            pass  # 16 bytes: only a stalled init leaves no room
+        except OSError:
+            self.close()  # the init closed its end: nothing of it is left to signal
 
     async def _send(self, message: bytes, fds: list[int]) -> None:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]

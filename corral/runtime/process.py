@@ -672,8 +672,11 @@ class ProcessRuntime:
         if channel is not None:
             try:
                 return await channel.start(spec, stdin=stdin)
-            except guest.ChannelLost:
-                pass  # the launcher then says what is wrong (the sandbox gone, no process left to fork)
+            except guest.ChannelLost as lost:
+                if lost.sent:
+                    # The init may have started it: never a second copy through the launcher.
+                    raise RuntimeFailure(f"the sandbox's init was lost with the command: {lost}") from None
+                # Not taken: the launcher then says what is wrong (the sandbox gone, no process to fork).
         # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
@@ -708,8 +711,10 @@ class ProcessRuntime:
         channel = self._channels.get(sandbox_id)
         if channel is not None and not channel.closed and channel.loop is loop:
             return channel
-        if channel is not None:
-            channel.close()
+        if channel is not None and not channel.closed:
+            # Another loop's connection: closed on its own loop, whose futures are its own to settle.
+            with contextlib.suppress(RuntimeError):  # that loop is closed already: nothing waits on it
+                channel.loop.call_soon_threadsafe(channel.close)
         channel = guest.Channel.connect(self.statedir.dir(sandbox_id))
         if channel is None:
             self._channels.pop(sandbox_id, None)
