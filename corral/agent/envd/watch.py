@@ -10,7 +10,9 @@ command slots while it runs.
 
 Bounds: at most ``MAX_WATCHERS`` per sandbox; a polled watch keeps at most ``MAX_PENDING_EVENTS``
 events between two polls (later ones are dropped, as inotify's own overflow drops); a streamed watch
-reads no faster than its client, so a flood waits in the kernel's bounded queue. A watch ends with
+reads no faster than its client, so a flood waits in the kernel's bounded queue. Either reads its
+helper at most ``READ_BYTES_S`` (what the agent spends on a sandbox's flood of events is bounded; the
+rest waits in the helper's pipe, in the sandbox's charge). A watch ends with
 RemoveWatcher, its stream's end, or its sandbox's.
 """
 
@@ -30,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from corral.agent.commands import ReadRate
 from corral.agent.envd.calls import MAX_MESSAGE_BYTES, QUEUE, Calls
 from corral.agent.envd.connect import (
     DetachingStream,
@@ -47,6 +50,9 @@ from corral.runtime.stream import Spawned
 
 MAX_WATCHERS = 8  # per sandbox, streamed and polled: each holds one of its 16 command slots
 MAX_PENDING_EVENTS = 4096  # a polled watch's events between two polls
+# A watch's events read from its helper, bytes a second (an event is about 100 bytes: some 2,500
+# events a second, far past what a client polls or a person reads).
+READ_BYTES_S = 256 * 1024
 START_TIMEOUT_S = 30.0  # for the helper to say its watch is in place (a recursive one walks its tree)
 
 
@@ -58,6 +64,7 @@ class Watcher:
     # that); a streamed one's go through ``stream`` instead.
     pending: collections.deque[dict[str, str]] = field(default_factory=collections.deque)
     dropped: int = 0
+    rate: ReadRate = field(default_factory=lambda: ReadRate(READ_BYTES_S, READ_BYTES_S))
     stream: asyncio.Queue[dict[str, str] | None] | None = None
     reader: asyncio.Task[None] | None = None
     ended: bool = False
@@ -122,10 +129,12 @@ class Watches:
         """The helper's events to where its watch keeps them, until it ends (or is stopped)."""
         try:
             while True:
+                await watcher.rate.allowance(1)
                 try:
                     line = await watcher.spawned.stdout.readuntil(b"\n")
                 except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                     return
+                watcher.rate.spend(len(line))
                 event = _event(line)
                 if event is None:
                     return  # not the helper's own words: the watch is over
