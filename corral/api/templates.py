@@ -128,8 +128,7 @@ def _operator_name(name: str) -> str:
 
 
 def _sizes(plane: ControlPlane, sizes: Sizes) -> Sizes:
-    if sizes.memory_mb < plane.config.min_memory_mb:
-        raise InvalidRequest("memory_mb", f"memory_mb: at least {plane.config.min_memory_mb} MiB")
+    plane.config.check_memory(sizes.memory_mb)
     return sizes
 
 

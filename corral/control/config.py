@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from corral.control.errors import InvalidRequest
 from corral.core import AdmissionPolicy, ConfigError, Strategy, Timeouts
 from corral.core.fair import DEFAULT_CREATES_IN_FLIGHT
 from corral.core.inflight import (
@@ -73,6 +74,12 @@ class ControlConfig:
     domain: str | None = None
     # Requests to one sandbox's ports this replica relays at once (WebSockets included); more: 429.
     max_port_requests_per_sandbox: int = DEFAULT_PORT_REQUESTS_PER_SANDBOX
+
+    def check_memory(self, memory_mb: int, field: str = "memory_mb") -> None:
+        """A sandbox's (or a template's) memory is at least ``min_memory_mb``, else a 422 naming
+        ``field`` as the caller spelled it."""
+        if memory_mb < self.min_memory_mb:
+            raise InvalidRequest(field, f"{field}: at least {self.min_memory_mb} MiB, got {memory_mb}")
 
     @property
     def create_deadline_s(self) -> float:

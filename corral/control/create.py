@@ -168,10 +168,7 @@ class CreateFlow:
         if tpl is None:
             raise InvalidRequest("template", f"unknown template {spec.template!r}")
         memory_mb = spec.memory_mb if spec.memory_mb is not None else tpl.memory_mb
-        if memory_mb < self.config.min_memory_mb:
-            raise InvalidRequest(
-                "memory_mb", f"memory_mb: at least {self.config.min_memory_mb} MiB, got {memory_mb}"
-            )
+        self.config.check_memory(memory_mb)
         cpu_m = to_millicores(spec.cpus if spec.cpus is not None else tpl.cpus)
         if cpu_m < 1:
             raise InvalidRequest("cpus", "cpus: at least 0.001 (CPU is counted in millicores)")

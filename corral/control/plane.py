@@ -23,7 +23,6 @@ from corral.control.errors import (
     Conflict,
     Forbidden,
     HostInUse,
-    InvalidRequest,
     ResourceNotFound,
     TenantInUse,
     Unauthorized,
@@ -422,8 +421,7 @@ class ControlPlane:
     # -- templates and tenants ----------------------------------------------------------------
 
     async def create_template(self, tpl: TemplateRecord) -> TemplateRecord:
-        if tpl.memory_mb < self.config.min_memory_mb:
-            raise InvalidRequest("memory_mb", f"memory_mb: at least {self.config.min_memory_mb} MiB")
+        self.config.check_memory(tpl.memory_mb)
         try:
             return await self.store.create_template(tpl)
         except NameConflict as e:

@@ -76,8 +76,7 @@ def _name(new: NewBuild) -> str:
 
 def _sizes(plane: ControlPlane, new: NewBuild) -> Sizes:
     memory = new.memory_mb or DEFAULT_SIZES.memory_mb
-    if memory < plane.config.min_memory_mb:
-        raise InvalidRequest("memoryMB", f"memoryMB: at least {plane.config.min_memory_mb} MiB")
+    plane.config.check_memory(memory, "memoryMB")
     disk = max(MIN_SANDBOX_DISK_MB, new.min_free_disk_mb) if new.min_free_disk_mb else None
     return Sizes(cpus=float(new.cpu_count or DEFAULT_SIZES.cpus), memory_mb=memory, disk_mb=disk)
 
