@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from dnslib import QTYPE, RCODE, DNSError, DNSRecord
+from dnslib import QTYPE, RCODE, DNSError, DNSHeader, DNSQuestion, DNSRecord
 
 from corral.agent import netns
 from corral.core.netpolicy import DNS_PORT, NO_NETWORK, EgressPolicy, SlotNet, dns_verdict, resolved_elements
@@ -177,7 +177,7 @@ class SlotResolver:
             task.add_done_callback(entry.tasks.discard)
 
     async def _datagram(self, entry: _Slot, query: DNSRecord, data: bytes, source: tuple[str, int]) -> None:
-        entry.transport.sendto(await self._answer(entry, query, data, _ask), source)
+        entry.transport.sendto(await self._answer(entry, query, _ask), source)
 
     async def _stream(self, entry: _Slot, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """A TCP connection to ``entry``'s resolver (what a client does with a truncated answer): its
@@ -194,7 +194,7 @@ class SlotResolver:
                 data = await asyncio.wait_for(reader.readexactly(size), STREAM_IDLE_S)
                 query = self._admit(entry, data)
                 if query is not None:
-                    answer = await self._answer(entry, query, data, _ask_stream)
+                    answer = await self._answer(entry, query, _ask_stream)
                     writer.write(len(answer).to_bytes(2, "big") + answer)
                     await asyncio.wait_for(writer.drain(), STREAM_IDLE_S)  # a reader that stops
         except (TimeoutError, asyncio.IncompleteReadError, OSError):
@@ -215,7 +215,7 @@ class SlotResolver:
             return None
         return query
 
-    async def _answer(self, entry: _Slot, query: DNSRecord, data: bytes, ask: _Ask) -> bytes:
+    async def _answer(self, entry: _Slot, query: DNSRecord, ask: _Ask) -> bytes:
         """The answer to ``query`` as ``entry``'s policy says: REFUSED, or the upstream's (asked by
         ``ask``), its addresses made reachable first for an allowed name; SERVFAIL on failure."""
         policy = entry.policy
@@ -224,7 +224,7 @@ class SlotResolver:
             return _reply(query, RCODE.REFUSED)
         entry.pending += 1
         try:
-            answer = await asyncio.wait_for(ask(self.upstream, data), self.timeout_s)
+            answer = await asyncio.wait_for(ask(self.upstream, _forwarded(query)), self.timeout_s)
             parsed = DNSRecord.parse(answer)
             if parsed.header.id != query.header.id or parsed.q != query.q:
                 raise DNSError("the upstream answered another question")
@@ -260,6 +260,16 @@ class _Listener(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         if self.holder:
             self.resolver.received(self.holder[0], data, addr)
+
+
+def _forwarded(query: DNSRecord) -> bytes:
+    """The query as the upstream gets it: its one question and id, rebuilt here, so nothing else the
+    sandbox put in its message (extra sections, EDNS options, flags) reaches the host's resolver."""
+    q = query.q
+    packed: bytes = DNSRecord(
+        DNSHeader(id=query.header.id, rd=1), q=DNSQuestion(q.qname, q.qtype, q.qclass)
+    ).pack()
+    return packed
 
 
 def _reply(query: DNSRecord, rcode: int) -> bytes:
