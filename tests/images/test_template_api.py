@@ -173,10 +173,32 @@ async def test_bad_names_recipes_and_build_ids_are_refused_with_422(api: Api) ->
         r = await api.http.post("/v1/templates/t/builds", json={"recipe": recipe}, headers=api.admin)
         assert r.status_code == 422, r.text[:300]
         assert r.json()["error"]["code"] == "invalid_request"
-    r = await api.http.get("/v1/templates/t/builds/..%2F..%2Fetc", headers=api.admin)
-    assert r.status_code in (404, 422), r.text
-    r = await api.http.get(f"/v1/templates/t/builds/{uuid.uuid4()}", headers=api.admin)
+    # A slash smuggled into the id makes another path, which no route has; an id not of a build's
+    # shape is refused by name.
+    for build_id, status, code in (
+        ("..%2F..%2Fetc", 404, "not_found"),
+        ("not-a-build-id", 422, "invalid_request"),
+    ):
+        r = await api.http.get(f"/v1/templates/t/builds/{build_id}", headers=api.admin)
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        r = await api.http.put(f"/v1/templates/t/builds/{build_id}/context", content=b"x", headers=api.admin)
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+    unknown = uuid.uuid4()
+    r = await api.http.get(f"/v1/templates/t/builds/{unknown}", headers=api.admin)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    r = await api.http.put(f"/v1/templates/t/builds/{unknown}/context", content=b"x", headers=api.admin)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    # An import's sizes and name are checked before its archive is read: bad ones are 422 and start
+    # nothing.
+    for params in ({"cpus": "0"}, {"memory_mb": "1"}, {"memory_mb": "-5"}, {"disk_mb": "1"}, {"cpus": "nan"}):
+        r = await api.http.post("/v1/templates/imp/imports", params=params, content=b"x", headers=api.admin)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", (params, r.text)
+    r = await api.http.post("/v1/templates/tn_0123456789abcdef.x/imports", content=b"x", headers=api.admin)
+    assert r.status_code == 422, r.text
+    assert all(
+        t["name"] != "imp"
+        for t in (await api.http.get("/v1/templates", headers=api.admin)).json()["templates"]
+    )
 
 
 async def test_a_context_is_taken_once_within_its_cap_and_never_climbs_out(
