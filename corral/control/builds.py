@@ -21,7 +21,7 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from corral.images import registry
 from corral.images.builder import Builder, BuildFailed, BuildLimits, Built
 from corral.images.config import ImageConfig
 from corral.images.recipe import Recipe
-from corral.store import TemplateRecord
+from corral.store import NameConflict, TemplateRecord
 
 log = logging.getLogger("corral.control.builds")
 
@@ -39,6 +39,7 @@ MAX_OPEN_BUILDS = 4  # a tenant's builds requested or running at once
 MAX_RUNNING = 2  # builds running at once on this replica
 MAX_LOG_LINES = 20_000
 KEEP_S = 3600.0  # a finished build (or one requested and never started) is forgotten after this
+_PUBLISH_TRIES = 5  # builds of one template on other replicas publishing at the same moment
 HOST_CA_FILE = "/etc/ssl/certs/ca-certificates.crt"
 LEVELS = ("debug", "info", "warn", "error")
 
@@ -301,26 +302,34 @@ class BuildService:
             job.finished_at = time.time()
 
     async def _name(self, job: Job, built: Built) -> None:
-        """The template now names the new image as its next version (a rebuild replaces the record)."""
+        """The template now names the new image as its next version. A rebuild replaces the record in
+        one write and keeps what the build does not set (runtime, stateful, pids, failover); a build
+        on another replica that published first makes this one the version after it."""
         name = job.template
+        store = self.plane.store
+        self.plane.config.check_memory(job.sizes.memory_mb)
         async with self._names.setdefault(name, asyncio.Lock()):
-            store = self.plane.store
-            old = await store.get_template(name)
-            record = TemplateRecord(
-                name=name,
-                cpus=job.sizes.cpus,
-                memory_mb=job.sizes.memory_mb,
-                description=job.description or (old.description if old is not None else ""),
-                image=built.digest,
-                image_config=built.config,
-                disk_mb=job.sizes.disk_mb,
-                version=old.version + 1 if old is not None else 1,
-            )
-            if old is not None:
-                await store.delete_template(name)
-            await self.plane.create_template(record)
-            self.plane.templates.forget(name)
-        job.digest, job.version = built.digest, record.version
+            for _ in range(_PUBLISH_TRIES):
+                # Version 0 stands for "none yet": the first build publishes version 1.
+                old = await store.get_template(name) or TemplateRecord(name, 1.0, 1, version=0)
+                record = replace(
+                    old,
+                    cpus=job.sizes.cpus,
+                    memory_mb=job.sizes.memory_mb,
+                    disk_mb=job.sizes.disk_mb,
+                    image=built.digest,
+                    image_config=built.config,
+                    description=job.description or old.description,
+                    version=old.version + 1,
+                )
+                try:
+                    await store.publish_template(record)
+                except NameConflict:
+                    continue
+                self.plane.templates.forget(name)
+                job.digest, job.version = built.digest, record.version
+                return
+        raise BuildFailed("builder", f"template {name!r} kept changing while this build published it")
 
     async def close(self) -> None:
         tasks = [j.task for j in self.jobs.values() if j.task is not None and not j.task.done()]

@@ -639,6 +639,13 @@ class TemplateStore(TemplateReader, PoolStore, Protocol):
     async def delete_template(self, name: str) -> bool: ...
 
     @abstractmethod
+    async def publish_template(self, template: TemplateRecord) -> TemplateRecord:
+        """The template at ``template.version``, in one write: version 1 is created (as
+        :meth:`create_template`); a later version replaces the record only while the store holds the
+        version before it, else :class:`NameConflict` (another build published first, or the
+        template was deleted)."""
+
+    @abstractmethod
     async def images_in_use(self) -> set[str]:
         """The images a template or a sandbox record (any state) names: what image collection keeps."""
 

@@ -539,6 +539,8 @@ def check_template(template: TemplateRecord) -> None:
     _check_image(template.image, template.disk_mb)
     if template.version < 1:
         raise InvalidRecord("version: at least 1")
+    if template.failover not in FAILOVER_POLICIES:
+        raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
     if template.image_config is not None and template.image is None:
         raise InvalidRecord("image_config: only with an image")
 

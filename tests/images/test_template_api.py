@@ -9,6 +9,7 @@ The builds reuse the session's builder root (the small base unpacked once)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import tarfile
 import uuid
@@ -122,12 +123,20 @@ async def test_a_cancelled_build_ends_and_names_no_template(api: Api) -> None:
 
 async def test_an_imported_rootfs_tarball_is_a_template_and_a_reimport_its_next_version(api: Api) -> None:
     archive = tar_of({"etc/os-release": b"ID=imported\n", "srv/app.txt": b"app\n"})
-    for version in (1, 2):
+    for version in (1, 3):
         r = await api.http.post("/v1/templates/imported/imports", content=archive, headers=api.admin)
         assert r.status_code == 202, r.text
         done, logs = await api.wait("imported", r.json())
         assert done["status"] == "ready" and done["version"] == version, (done, logs)
-    assert (await api.templates())["imported"]["version"] == 2
+        if version == 1:
+            # What an operator set on the template that a build does not (its failover policy) is kept.
+            store = api.service.plane.store
+            first = await store.get_template("imported")
+            assert first is not None
+            await store.publish_template(dataclasses.replace(first, failover="recreate", version=2))
+    assert (await api.templates())["imported"]["version"] == 3
+    kept = await api.service.plane.store.get_template("imported")
+    assert kept is not None and kept.failover == "recreate"
 
 
 async def test_a_registry_from_is_refused_with_its_code(api: Api) -> None:

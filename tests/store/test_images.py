@@ -3,10 +3,15 @@ was created from (kept through a rebuild of its template, which names a new dige
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 
+from corral.core import ManualClock
 from corral.images import ImageConfig
-from corral.store import InvalidRecord, SandboxRecord, Store, TemplateRecord
+from corral.store import InvalidRecord, NameConflict, SandboxRecord, Store, TemplateRecord
+from corral.testing.store import ModelStore
 
 IMAGE = "sha256:" + "ab" * 32
 
@@ -70,8 +75,7 @@ async def test_the_images_in_use_are_those_templates_and_sandboxes_name_and_vers
     tenant = await store.create_tenant("alice", max_sandboxes=10, max_memory_mb=1 << 20)
     await store.create_sandbox(SandboxRecord("sb-1", tenant.id, "web", 512, 1.0, image=old, disk_mb=64))
     # A rebuild: the template names its next version; the sandbox still names the old image.
-    await store.delete_template("web")
-    await store.create_template(TemplateRecord("web", 1.0, 512, image=new, version=2))
+    await store.publish_template(TemplateRecord("web", 1.0, 512, image=new, version=2))
     await store.create_template(TemplateRecord("plain", 1.0, 512))
     got = await store.get_template("web")
     assert got is not None and (got.image, got.version) == (new, 2)
@@ -81,3 +85,47 @@ async def test_the_images_in_use_are_those_templates_and_sandboxes_name_and_vers
     assert other not in await store.images_in_use()
     with pytest.raises(InvalidRecord):
         await store.create_template(TemplateRecord("v0", 1.0, 512, version=0))
+
+
+@pytest.fixture(params=["sql", "model"])
+def either(request: pytest.FixtureRequest, store: Store, clock: ManualClock) -> Store:
+    """The SQL store of this case, or the model the simulator and the tests' doubles run on."""
+    return store if request.param == "sql" else ModelStore(clock, random.Random(0))
+
+
+async def test_a_template_is_published_by_compare_and_set_on_its_version(either: Store) -> None:
+    store = either
+    first, second = ("sha256:" + c * 64 for c in "45")
+    got = await store.publish_template(TemplateRecord("web", 1.0, 512, image=first, runtime="gvisor"))
+    assert got.version == 1
+    # Version 1 is a create: the name taken, a second "first version" is refused.
+    with pytest.raises(NameConflict):
+        await store.publish_template(TemplateRecord("web", 1.0, 512, image=second))
+    # Version 3 while the store holds 1 (another build published 2 first, here none did): refused,
+    # and the record is untouched.
+    with pytest.raises(NameConflict):
+        await store.publish_template(TemplateRecord("web", 2.0, 1024, image=second, version=3))
+    kept = await store.get_template("web")
+    assert kept is not None and (kept.image, kept.version, kept.cpus) == (first, 1, 1.0)
+    # The next version replaces the record in place: never absent in between.
+    got = await store.publish_template(TemplateRecord("web", 2.0, 1024, image=second, version=2))
+    now = await store.get_template("web")
+    assert now == got and (now.image, now.version, now.cpus, now.memory_mb) == (second, 2, 2.0, 1024)
+    # A template that is gone is not brought back by a later version.
+    assert await store.delete_template("web")
+    with pytest.raises(NameConflict):
+        await store.publish_template(TemplateRecord("web", 1.0, 512, image=first, version=3))
+    assert await store.get_template("web") is None
+
+
+@pytest.mark.parametrize("bad", [{"failover": "sometimes"}, {"version": 0}, {"cpus": 0.0}])
+async def test_a_published_template_is_checked_as_a_created_one(
+    either: Store, bad: dict[str, object]
+) -> None:
+    for version in (1, 2):
+        record = replace(TemplateRecord("web", 1.0, 512), **{"version": version, **bad})
+        with pytest.raises(InvalidRecord):
+            await either.publish_template(record)
+        with pytest.raises(InvalidRecord):
+            await either.create_template(record)
+    assert await either.get_template("web") is None

@@ -12,7 +12,6 @@ from corral.store.errors import (
     RecordNotFound,
 )
 from corral.store.records import (
-    FAILOVER_POLICIES,
     UNSET,
     PoolRecord,
     TemplateRecord,
@@ -29,33 +28,40 @@ from corral.store.sql.base import (
 
 class TemplatesSql(SqlBase):
     async def create_template(self, template: TemplateRecord) -> TemplateRecord:
-        check_template(template)
-        rec = replace(template, created_at=self._now())
-        if rec.failover not in FAILOVER_POLICIES:
-            raise InvalidRecord(f"failover: one of {', '.join(FAILOVER_POLICIES)}")
+        rec = self._checked(template)
 
         async def run(tx: Tx) -> TemplateRecord:
             await tx.execute(
                 f"INSERT INTO templates ({rows.TEMPLATE_COLS}) VALUES (:n, :c, :m, :s, :r, :d, :now, :p, :f, :img, :cfg, :disk, :ver)",
-                {
-                    "n": rec.name,
-                    "c": rec.cpus,
-                    "m": rec.memory_mb,
-                    "s": bool(rec.stateful),
-                    "r": rec.runtime,
-                    "d": rec.description,
-                    "now": rec.created_at,
-                    "p": rec.pids,
-                    "f": rec.failover,
-                    "img": rec.image,
-                    "cfg": rows.image_config_text(rec.image_config),
-                    "disk": rec.disk_mb,
-                    "ver": rec.version,
-                },
+                _template_params(rec),
             )
             return rec
 
         return await self._write_unique(run, f"template {template.name!r} exists")
+
+    async def publish_template(self, template: TemplateRecord) -> TemplateRecord:
+        if template.version == 1:
+            return await self.create_template(template)
+        rec = self._checked(template)
+
+        async def run(tx: Tx) -> TemplateRecord:
+            # A compare-and-set on the version: the record is replaced in one write, so a reader never
+            # finds the name missing, and of two builds that read one version only one publishes.
+            changed = await tx.execute(
+                "UPDATE templates SET cpus = :c, memory_mb = :m, stateful = :s, runtime = :r,"
+                " description = :d, created_at = :now, pids = :p, failover = :f, image = :img,"
+                " image_config = :cfg, disk_mb = :disk, version = :ver WHERE name = :n AND version = :prev",
+                {**_template_params(rec), "prev": rec.version - 1},
+            )
+            if changed == 0:
+                raise NameConflict(f"template {rec.name!r} is not at version {rec.version - 1}")
+            return rec
+
+        return await self._write(run)
+
+    def _checked(self, template: TemplateRecord) -> TemplateRecord:
+        check_template(template)
+        return replace(template, created_at=self._now())
 
     async def get_template(self, name: str) -> TemplateRecord | None:
         sql = f"SELECT {rows.TEMPLATE_COLS} FROM templates WHERE name = :n"
@@ -157,3 +163,21 @@ class TemplatesSql(SqlBase):
             return await tx.execute("DELETE FROM templates WHERE name = :n", {"n": name}) > 0
 
         return await self._write(run)
+
+
+def _template_params(rec: TemplateRecord) -> dict[str, object]:
+    return {
+        "n": rec.name,
+        "c": rec.cpus,
+        "m": rec.memory_mb,
+        "s": bool(rec.stateful),
+        "r": rec.runtime,
+        "d": rec.description,
+        "now": rec.created_at,
+        "p": rec.pids,
+        "f": rec.failover,
+        "img": rec.image,
+        "cfg": rows.image_config_text(rec.image_config),
+        "disk": rec.disk_mb,
+        "ver": rec.version,
+    }

@@ -30,6 +30,21 @@ class TemplatesModel(ModelBase):
         self.templates[template.name] = rec = replace(template, created_at=self._now())
         return rec
 
+    async def publish_template(self, template: TemplateRecord) -> TemplateRecord:
+        if template.version == 1:
+            return await self.create_template(template)
+        check_template(template)
+        await self._enter()
+        current = self.templates.get(template.name)
+        if current is None or current.version != template.version - 1:
+            raise NameConflict(f"template {template.name!r} is not at version {template.version - 1}")
+        self.templates[template.name] = rec = replace(template, created_at=self._now())
+        return rec
+
+    async def delete_template(self, name: str) -> bool:
+        await self._enter()
+        return self.templates.pop(name, None) is not None
+
     async def get_template(self, name: str) -> TemplateRecord | None:
         await self._enter()
         return self.templates.get(name)
