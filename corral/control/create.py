@@ -287,8 +287,8 @@ class CreateFlow:
         self.admit(tenant_id)
         async with self.gate.slot(tenant_id) as slot:
             record, replayed = await self._create(tenant_id, spec, idempotency_key, started, slot)
-        if not replayed and self.ready is not None:
-            await self.ready.settle(record)
+        if self.ready is not None:
+            await (self.ready.replayed(record) if replayed else self.ready.settle(record))
         return record, replayed
 
     async def _create(

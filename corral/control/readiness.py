@@ -23,7 +23,7 @@ from corral.control.sandboxes import Sandboxes
 from corral.control.templates import Templates
 from corral.exec_result import MAX_EXEC_TIMEOUT_S, ExecResult
 from corral.images.config import ImageConfig
-from corral.store import SandboxRecord
+from corral.store import SandboxRecord, SandboxState
 
 log = logging.getLogger("corral.control.readiness")
 
@@ -73,6 +73,28 @@ class Readiness:
             # Shielded: a caller gone mid-wait still leaves no sandbox behind.
             await asyncio.shield(self.remove(record))
             raise
+
+    async def replayed(self, record: SandboxRecord) -> None:
+        """A create answered again (its Idempotency-Key) waits, as the first answer does, for the ready
+        check, without starting the start command again or removing anything: the first create runs
+        and removes. A sandbox removed meanwhile (the first create's check failed) is not ready; one
+        no longer running (stopped or deleted since) is answered as it is, as before."""
+        if record.state != SandboxState.RUNNING:
+            return
+        config = await self.templates.image_config(record)
+        if config is None or not config.ready_cmd:
+            return
+        try:
+            await self._ready(record, config.ready_cmd)
+        except ResourceNotFound:
+            raise SandboxNotReady(
+                f"template {record.template!r}'s ready check did not pass; the sandbox was removed",
+                details={
+                    "template": record.template,
+                    "ready_cmd": config.ready_cmd,
+                    "timeout_s": self.timeout_s,
+                },
+            ) from None
 
     async def settle_all(self, records: list[SandboxRecord]) -> None:
         """:meth:`settle` of each at once; when one fails, every one is removed and its error raised."""

@@ -298,3 +298,39 @@ async def test_a_claimed_warm_sandbox_runs_its_start_command_before_the_create_a
     r = await api.create("warm")
     assert r.status_code == 201 and r.json()["warm"] is True, r.text
     assert await api.run(r.json()["id"], "ls /tmp/started") == "/tmp/started\n"
+
+
+async def test_a_replayed_create_answers_once_its_sandbox_is_ready_too(api: Api) -> None:
+    # The start command takes a while before the ready check can pass: a client that retries its
+    # create (the same Idempotency-Key) while the first still waits must not be handed the sandbox
+    # before it is ready, nor start the start command a second time.
+    recipe = (
+        "FROM debian:bookworm\n"
+        "CMD echo run >> /tmp/runs && sleep 1 && touch /tmp/started && sleep infinity\n"
+        "READY test -f /tmp/started\n"
+    )
+    built, logs = await api.wait("slowready", await api.build("slowready", recipe))
+    assert built["status"] == "ready", (built, logs)
+    headers = {**api.admin, "Idempotency-Key": "replay-1"}
+    first = asyncio.create_task(
+        api.http.post("/v1/sandboxes", json={"template": "slowready"}, headers=headers)
+    )
+    sandbox_id = None
+    for _ in range(200):  # the replay is sent once the first create's record exists
+        listed = await api.http.get("/v1/sandboxes", headers=api.admin)
+        running = [
+            s for s in listed.json()["sandboxes"] if s["template"] == "slowready" and s["state"] == "running"
+        ]
+        if running:
+            sandbox_id = running[0]["id"]
+            break
+        await asyncio.sleep(0.05)
+    assert sandbox_id is not None
+    again = await api.http.post("/v1/sandboxes", json={"template": "slowready"}, headers=headers)
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true", again.text
+    assert again.json()["id"] == sandbox_id
+    # Answered: so the ready check has passed.
+    assert await api.run(sandbox_id, "ls /tmp/started") == "/tmp/started\n"
+    answered = await first
+    assert answered.status_code == 201 and answered.json()["id"] == sandbox_id, answered.text
+    assert await api.run(sandbox_id, "cat /tmp/runs") == "run\n"
