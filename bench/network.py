@@ -24,8 +24,9 @@
 * ``policy``: ``PUT /v1/sandboxes/{id}/network`` on the running sandbox, end to end (the replica,
   the agent's nft transaction, the record), p50/p99 (bar: <= 50 ms);
 * ``tables``: what slots cost the rest of the host: a TCP round trip on its loopback (as the
-  control plane's, PostgreSQL's) with no slot table loaded, beside the same with ``--tables`` of
-  them (each its own base chains, which every packet of the host passes through).
+  control plane's, PostgreSQL's) with none of the bench's slots loaded, beside the same with
+  ``--tables`` of them (their chains in the machine's one table, whose hooks every packet of the
+  host passes once whatever the count; a table per slot, as before, passed it through each).
 
     .venv/bin/python bench/network.py [--requests 2000] [--slots 40] [--updates 40]
         [--websockets 1000] [--no-forwarded] [--no-websockets]
@@ -62,7 +63,7 @@ from api import free_port, wait_ready
 
 from corral.agent import netns
 from corral.agent.netslots import SlotPool
-from corral.core.netpolicy import INTERNET, delete_table, render_policy, render_table, slot_count, slot_net
+from corral.core.netpolicy import INTERNET, remove_slot, render_policy, render_table, slot_count, slot_net
 from corral.testing.portserver import start_argv
 from tests.e2e.procs import process_fleet
 from tests.pg import drop_schema, new_schema_name, pg_base_url, with_schema
@@ -362,7 +363,7 @@ def _loopback_rtts(n: int = 3000) -> list[float]:
 
 
 def tables(count: int) -> list[dict[str, Any]]:
-    # Tables only (no namespace, no link), of a range of the bench's own.
+    # Chains and sets only (no namespace, no link), of a range of the bench's own.
     own = ipaddress.IPv4Network("10.233.64.0/20")
     made = [slot_net(i, own) for i in range(min(count, slot_count(own)))]
     bare = summary(_loopback_rtts())
@@ -372,10 +373,10 @@ def tables(count: int) -> list[dict[str, Any]]:
         loaded = summary(_loopback_rtts())
     finally:
         for slot in made:
-            netns.load(delete_table(slot))
+            netns.load(remove_slot(slot))
     return [
-        {"bench": "network.host_loopback_rtt", "slot_tables": 0, **bare},
-        {"bench": "network.host_loopback_rtt", "slot_tables": len(made), **loaded},
+        {"bench": "network.host_loopback_rtt", "slots": 0, **bare},
+        {"bench": "network.host_loopback_rtt", "slots": len(made), **loaded},
     ]
 
 

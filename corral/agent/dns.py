@@ -1,6 +1,6 @@
 """The resolver of a host's network slots: one UDP socket on each slot's host-side address, port 53,
-which the slot's sandbox has as its only nameserver (its ``/etc/resolv.conf``; the slot's table
-drops DNS to any other address). A query is answered as the slot's policy says
+which the slot's sandbox has as its only nameserver (its ``/etc/resolv.conf``; the slot's chains
+drop DNS to any other address). A query is answered as the slot's policy says
 (:func:`corral.core.netpolicy.dns_verdict`): forwarded to the agent's upstream, or REFUSED (never
 NXDOMAIN: the name may well exist; the policy is what refuses it) without leaving the host. The
 addresses answered for a name of ``allow_out`` enter the slot's ``resolved`` set before the answer
@@ -130,7 +130,7 @@ class SlotResolver:
 
     @contextlib.asynccontextmanager
     async def changing(self, slot: SlotNet, policy: EgressPolicy) -> AsyncIterator[None]:
-        """Around a change of ``slot``'s policy in its table: answers from then on follow ``policy``,
+        """Around a change of ``slot``'s policy in its chains: answers from then on follow ``policy``,
         and no address resolved under the old one is added once the new one is in force."""
         await self.open(slot)
         entry = self._slots[slot.index]
@@ -139,7 +139,7 @@ class SlotResolver:
             try:
                 yield
             except BaseException:
-                entry.policy = old  # the table kept the old policy: so do the answers
+                entry.policy = old  # the chains kept the old policy: so do the answers
                 raise
 
     def release(self, slot: SlotNet) -> None:

@@ -4,8 +4,8 @@ conntrack), run as root. Blocking: the slot pool runs them off the event loop.
 A slot is a named network namespace (``/run/netns/corral-<tag>``) holding ``eth0`` with the
 sandbox's address and a default route to the host side of a veth pair (``crv<tag>``), which
 forwards (only that interface: the host's global forwarding switch is left alone) through the
-slot's own nftables table (:func:`corral.core.netpolicy.render_table`). The table is loaded before
-the link comes up, so a slot is never reachable unfiltered.
+slot's own chains in the machine's one nftables table (:func:`corral.core.netpolicy.render_table`).
+The chains are loaded before the link comes up, so a slot is never reachable unfiltered.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from corral.agent import nftlib
-from corral.core.netpolicy import NO_NETWORK, SlotNet, delete_table, render_policy, render_table
+from corral.core.netpolicy import NO_NETWORK, SlotNet, remove_slot, render_policy, render_table
 
 NETNS_DIR = Path("/run/netns")
 _SYSCTL = Path("/proc/sys/net")
@@ -72,7 +72,7 @@ def _write_sysctl(path: Path, value: str, *, required: bool) -> None:
 
 def build(slot: SlotNet, operator_allow: Sequence[ipaddress.IPv4Network] = ()) -> None:
     """Make ``slot`` from nothing (whatever a crashed owner left under its names goes first), its
-    table closed: nothing leaves it until a policy is applied (``operator_allow``: the private ranges
+    chains closed: nothing leaves it until a policy is applied (``operator_allow``: the private ranges
     policies may reach, fixed for the slot's life)."""
     destroy(slot)
     load(render_table(slot, NO_NETWORK, operator_allow))
@@ -102,7 +102,7 @@ def pids_inside(slot: SlotNet) -> list[int]:
 
 
 def scrub(slot: SlotNet) -> None:
-    """Make a returned slot carry nothing of its last sandbox: its table closed again, its
+    """Make a returned slot carry nothing of its last sandbox: its chains closed again, its
     connection-tracking entries and neighbour entries gone. Refuses (:class:`SlotCommandFailed`)
     while any process is still inside: such a slot is destroyed, never reused."""
     inside = pids_inside(slot)
@@ -117,10 +117,10 @@ def scrub(slot: SlotNet) -> None:
 
 
 def destroy(slot: SlotNet) -> None:
-    """Remove everything of ``slot`` that exists (its link, namespace and table); silent about what
-    does not."""
+    """Remove everything of ``slot`` that exists (its link, namespace, chains and sets); silent about
+    what does not."""
     _run(["ip", "link", "del", slot.host_if], check=False)
     _run(["ip", "netns", "del", slot.netns], check=False)
     with contextlib.suppress(SlotCommandFailed):
-        load(delete_table(slot))
+        load(remove_slot(slot))
     _run(["conntrack", "-D", "-s", str(slot.sandbox_ip)], check=False)

@@ -9,10 +9,11 @@ machine never hold the same index, hence never the same names or addresses.
 
 A pool starts empty and warms at its host's first networked sandbox: a host whose sandboxes never ask
 for an interface (the default policy asks for none) keeps no slot. Each slot is a namespace, a veth
-pair, a table and a mount on the host, and every sandbox start reads the mount table: 24 slots built
-ahead at a 12-host ``corral serve``'s start doubled the p99 of its first burst of 50 creates.
+pair, chains in the machine's table and a mount on the host, and every sandbox start reads the
+mount table: 24 slots built ahead at a 12-host ``corral serve``'s start doubled the p99 of its first
+burst of 50 creates.
 
-Everything of a slot is made when it is built (namespace, link, table with its fixed sets, the
+Everything of a slot is made when it is built (namespace, link, chains with their fixed sets, the
 resolver's socket, :mod:`corral.agent.dns`); a take only puts its sandbox's policy in force (a
 transaction of a few set and chain operations, :func:`corral.core.netpolicy.render_policy`).
 """
@@ -130,8 +131,8 @@ class SlotPool:
 
     async def apply(self, sandbox_id: str, policy: EgressPolicy) -> None:
         """Replace ``sandbox_id``'s policy in one transaction (a running sandbox's included): its lists
-        and verdict only, on the table its slot was built with, so a take costs a fraction of a
-        millisecond (the table, the fixed sets and the operator's list are all made at build time)."""
+        and verdict only, on the chains its slot was built with, so a take costs a fraction of a
+        millisecond (the chains, the fixed sets and the operator's list are all made at build time)."""
         slot = self.in_use[sandbox_id]
         if self.resolver is None:
             await _load(render_policy(slot, policy), policy)
@@ -182,7 +183,7 @@ class SlotPool:
         return True
 
     def _serve_adopted(self, slot: SlotNet) -> None:
-        """The resolver answers an adopted slot's sandbox as before the restart (its table kept it)."""
+        """The resolver answers an adopted slot's sandbox as before the restart (its chains kept it)."""
         try:
             policy = parse_policy(json.loads((self._policies / str(slot.index)).read_text()))
         except (OSError, ValueError, PolicyError) as exc:
@@ -234,7 +235,7 @@ class SlotPool:
         state is gone, and this pool's own from an earlier life (its agent killed before it closed
         the pool) that no adopted sandbox runs in. Run once, by the first fill, after adoption: an
         agent that crashes leaks its slots only until it, or any agent of the machine, starts again.
-        Every slot stays a mount and a table on the host until then, and each mount is a line that
+        Every slot stays a mount and chains on the host until then, and each mount is a line that
         every sandbox start reads (bubblewrap parses the mount table)."""
         mine = self._leases.statedir_root
 

@@ -1,4 +1,4 @@
-"""Egress policies from their wire form, and the table each renders to (pure)."""
+"""Egress policies from their wire form, and the chains each renders to (pure)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from corral.core.netpolicy import (
     DEFAULT_SLOT_RANGE,
     INTERNET,
     NO_NETWORK,
+    TABLE,
     EgressPolicy,
     PolicyError,
+    SlotNet,
     denies_all,
     dns_verdict,
     names_match,
     parse_policy,
+    remove_slot,
     render_policy,
     render_table,
     resolved_elements,
@@ -91,16 +94,23 @@ def test_what_the_resolver_answers_follows_the_policy() -> None:
     assert dns_verdict(NO_NETWORK, "pypi.org") == "refuse"
 
 
+def _rules(text: str, slot: SlotNet, kind: str) -> list[str]:
+    """The rules ``text`` adds to ``slot``'s ``kind`` of chain, in order."""
+    head = f"add rule inet {TABLE} {slot.own(kind)} "
+    return [line.removeprefix(head) for line in text.splitlines() if line.startswith(head)]
+
+
 def test_a_policy_update_touches_the_lists_and_verdict_only() -> None:
     slot = slot_net(3)
     text = render_policy(slot, parse_policy({"allow_out": ["198.51.100.0/24", "pypi.org"]}))
-    assert "delete table" not in text and "operator_allow" not in text
-    assert f"flush set inet {slot.table} resolved" in text  # names of the last policy forgotten
-    assert f"add element inet {slot.table} allow_out {{ 198.51.100.0/24 }}" in text
+    assert "delete" not in text and "table" not in text and slot.own("egress") not in text
+    assert f"flush set inet {TABLE} {slot.own('resolved')}" in text  # names of the last policy forgotten
+    assert f"add element inet {TABLE} {slot.own('allow')} {{ 198.51.100.0/24 }}" in text
     closed = render_policy(slot, NO_NETWORK)
     assert "accept" not in closed and "add element" not in closed
     added = resolved_elements(slot, [ipaddress.IPv4Address("198.51.100.9")], 5)
     assert "198.51.100.9 timeout 3600s" in added  # a short TTL is held to the floor
+    assert f"inet {TABLE} {slot.own('resolved')} {{" in added
 
 
 def test_dns_goes_to_the_slots_resolver_only() -> None:
@@ -109,9 +119,11 @@ def test_dns_goes_to_the_slots_resolver_only() -> None:
     accepted = (
         f"ip saddr {slot.sandbox_ip} ip daddr {slot.host_ip} meta l4proto {{ tcp, udp }} th dport 53 accept"
     )
-    assert accepted in table
-    egress = table[table.index("chain egress") :]
-    assert egress.index("th dport 53 reject") < egress.index("goto tenant_policy")
+    assert accepted in _rules(table, slot, "host")
+    egress = _rules(table, slot, "egress")
+    assert egress.index("meta l4proto { tcp, udp } th dport 53 reject with icmpx type admin-prohibited") < (
+        egress.index(f"goto {slot.own('policy')}")
+    )
 
 
 def test_slots_tile_the_range_without_overlap() -> None:
@@ -134,17 +146,43 @@ def test_the_table_denies_the_fixed_set_before_the_policy() -> None:
         ),
         [ipaddress.IPv4Network("10.1.0.0/16")],
     )
-    egress = text[text.index("chain egress") :]
-    order = ["ip saddr != 10.231.0.14 drop", "@never", "@sandboxes", "@operator_allow", "@private"]
+    egress = "\n".join(_rules(text, slot, "egress"))
+    order = ["ip saddr != 10.231.0.14 drop", "@never", str(DEFAULT_SLOT_RANGE), "10.1.0.0/16", "@private"]
     positions = [egress.index(rule) for rule in order]
     assert positions == sorted(positions)
-    policy = text[text.index("chain tenant_policy") :]
-    assert policy.index("@allow_out accept") < policy.index("@deny_out reject")
-    assert "169.254.0.0/16" in text and str(DEFAULT_SLOT_RANGE) in text
+    assert egress.endswith(f"goto {slot.own('policy')}")
+    policy = "\n".join(_rules(text, slot, "policy"))
+    assert policy.index(f"@{slot.own('allow')} accept") < policy.index(f"@{slot.own('deny')} reject")
+    assert "169.254.0.0/16" in text
     # The host itself answers only what it opened; nothing from outside is forwarded in.
-    assert f'iifname "{slot.host_if}" ct state established accept' in text
-    assert f'oifname "{slot.host_if}" drop' in text
+    assert _rules(text, slot, "host")[0] == "ct state established accept"
+    assert _rules(text, slot, "host")[-1] == "drop"
+    assert "oifname @slot_ifs ct state != established drop" in text
     # Mode none on a slot forwards nothing at all.
     closed = render_table(slot, NO_NETWORK)
-    assert "accept\n\t}\n\tchain masquerade_out" not in closed
-    assert closed.count("table inet corral_") == 3  # create, delete, define: one transaction
+    assert _rules(closed, slot, "policy") == ["reject with icmpx type admin-prohibited"]
+
+
+def test_a_slot_is_dispatched_to_its_own_chains_and_removed_whole() -> None:
+    one, two = slot_net(3), slot_net(4)
+    text = render_table(one, INTERNET)
+    for name, element in [
+        ("slot_ifs", f'"{one.host_if}"'),
+        ("host_by_if", f'"{one.host_if}" : goto {one.own("host")}'),
+        ("egress_by_if", f'"{one.host_if}" : goto {one.own("egress")}'),
+        ("nat_by_addr", f"{one.sandbox_ip} : goto {one.own('nat')}"),
+    ]:
+        added = f"add element inet {TABLE} {name} {{ {element} }}"
+        # Replaced in one transaction: whatever was there removed first, then made again.
+        assert text.rindex(added) > text.index(f"delete element inet {TABLE} {name} {{ {element} }}")
+    assert two.tag not in text
+    # The machine's hooks are the table's alone: a slot adds no base chain of its own.
+    assert text.count("hook ") == 3
+    removed = remove_slot(one)
+    kinds = ("\tset ", "\tchain ")
+    owned = {line.split()[1] for line in text.splitlines() if line.startswith(kinds) and one.tag in line}
+    deleted = {
+        line.split()[-1] for line in removed.splitlines() if line.startswith(("delete set", "delete chain"))
+    }
+    assert len(owned) == 7 and deleted == owned
+    assert "hook" not in removed and "flush chain inet corral to_host" not in removed

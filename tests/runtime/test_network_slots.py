@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +22,7 @@ from corral.agent.netslots import SlotPool, reclaim_under
 from corral.core.netpolicy import (
     INTERNET,
     NO_NETWORK,
+    TABLE,
     EgressPolicy,
     SlotNet,
     parse_policy,
@@ -199,11 +202,12 @@ async def test_a_returned_slot_is_scrubbed_and_a_drained_pool_builds(
     await runtime.stop("one")
     pool.size = 4  # room for it in the pool (the refill may have filled the one place meanwhile)
     await pool.give_back("one")
-    # Nothing of it is left: no connection-tracking entry, a closed table, no process inside.
+    # Nothing of it is left: no connection-tracking entry, a closed policy, no process inside.
     assert not _conntrack(slot.sandbox_ip)
     assert not netns.pids_inside(slot)
-    table = subprocess.run(["nft", "list", "table", "inet", slot.table], capture_output=True, text=True)
-    assert "allow_out accept" not in table.stdout
+    listed = ["nft", "list", "chain", "inet", TABLE, slot.own("policy")]
+    verdict = subprocess.run(listed, capture_output=True, text=True, check=True).stdout
+    assert "reject" in verdict and "accept" not in verdict
     assert slot in pool.ready
     # The next sandbox in it starts with the new policy only.
     again = await pool.take("three", parse_policy({"deny_out": ["0.0.0.0/0"]}))
@@ -229,6 +233,30 @@ def test_rendered_tables_load() -> None:
         text = render_table(slot, policy, [ipaddress.IPv4Network("10.98.0.0/24")])
         checked = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True)
         assert checked.returncode == 0, checked.stderr
+
+
+def _ruleset() -> list[dict[str, Any]]:
+    out = subprocess.run(["nft", "-j", "list", "ruleset"], capture_output=True, text=True, check=True).stdout
+    return [next(iter(item.values())) for item in json.loads(out)["nftables"] if "metainfo" not in item]
+
+
+def test_slots_share_the_machines_hooks_and_leave_nothing_when_removed() -> None:
+    # A range of the test's own, built without leases: no pool of this machine owns these indexes.
+    made = [slot_net(i, ipaddress.IPv4Network("10.232.11.0/29")) for i in range(2)]
+    try:
+        for slot in made:
+            netns.build(slot)
+        # (Tables of other names may be anyone's on a shared machine: these slots' are looked for.)
+        ours = (TABLE, *(f"corral_{s.tag}" for s in made))
+        hooked = {(o["table"], o["name"]) for o in _ruleset() if "hook" in o and o["table"] in ours}
+        assert hooked == {(TABLE, "to_host"), (TABLE, "through_host"), (TABLE, "masquerade_out")}
+        # An earlier corral's table of a slot's own goes with the slot.
+        netns.load(f"table inet corral_{made[0].tag} {{ }}\n")
+    finally:
+        for slot in made:
+            netns.destroy(slot)
+    left = [o for o in _ruleset() if any(s.tag in json.dumps(o) for s in made)]
+    assert left == []
 
 
 async def test_an_agent_gives_each_networked_sandbox_a_slot_and_takes_it_back(

@@ -19,7 +19,7 @@ import pytest
 from corral.agent import netns
 from corral.agent.dns import MAX_STREAMS, SlotResolver
 from corral.agent.netslots import SlotPool
-from corral.core.netpolicy import INTERNET, EgressPolicy, parse_policy
+from corral.core.netpolicy import INTERNET, TABLE, EgressPolicy, parse_policy
 from corral.core.rates import Rate
 from corral.runtime.process import ProcessRuntime
 from corral.testing import netlab
@@ -149,7 +149,7 @@ except OSError as exc:
 def _resolved(pool: SlotPool, sandbox_id: str) -> str:
     slot = pool.slot_of(sandbox_id)
     assert slot is not None
-    listed = ["nft", "list", "set", "inet", slot.table, "resolved"]
+    listed = ["nft", "list", "set", "inet", TABLE, slot.own("resolved")]
     return subprocess.run(listed, capture_output=True, text=True, check=True).stdout
 
 
