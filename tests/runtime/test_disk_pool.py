@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,23 @@ def test_pool_disks_are_mounted_when_taken_and_two_never_share_one(tmp_path: Pat
     finally:
         _cleanup(*targets)
     assert loops_backed_by(tmp_path / "first.disk", tmp_path / "second.disk") == []
+
+
+def test_two_takers_at_once_over_one_ready_disk_get_one_each(tmp_path: Path) -> None:
+    # Two pools over one directory (two runtimes of one root), racing for its one ready disk.
+    first = DiskPool(tmp_path / "pool", depth=1)
+    first.note(32)
+    assert first.fill() == 1
+    second = DiskPool(tmp_path / "pool", depth=1)
+    targets = [tmp_path / "a.disk", tmp_path / "b.disk"]
+    try:
+        with ThreadPoolExecutor(2) as threads:
+            taken = list(threads.map(lambda pool, target: pool.take(32, target), (first, second), targets))
+        assert sorted(taken) == [False, True]  # one from the pool, one made there and then
+        assert all(_mounted_ext4(t) for t in targets)
+        assert len({os.stat(_paths(t).disk_mnt).st_dev for t in targets}) == 2
+    finally:
+        _cleanup(*targets)
 
 
 def test_a_filled_pool_hands_out_each_disk_once_and_never_a_used_one(tmp_path: Path) -> None:
