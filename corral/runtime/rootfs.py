@@ -112,7 +112,7 @@ def _umount(path: Path) -> None:
         if _libc.umount2(os.fsencode(path), flags) == 0:
             return
         err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more), or gone
+        if err in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):  # not a mount point (any more), or gone
             return
         if err != errno.EBUSY:
             raise OSError(err, f"umount {path}: {os.strerror(err)}")
@@ -139,6 +139,9 @@ def disk_path(disk_root: Path, sandbox_id: str) -> Path:
 
 def remove_disk(disk_dir: Path) -> None:
     """Unmount a disk (which frees its loop device) and delete it (safe to repeat)."""
+    if disk_dir.is_file():  # a pool's disk as made before disks were mounted ahead: a file alone
+        disk_dir.unlink()
+        return
     _umount(disk_dir / _MNT)
     (disk_dir / _FILE).unlink(missing_ok=True)
     for directory in (disk_dir / _MNT, disk_dir):
@@ -149,7 +152,7 @@ def remove_disk(disk_dir: Path) -> None:
 def unmake(paths: RootPaths) -> None:
     """Unmount everything of a sandbox's root and delete its disk (safe to repeat; what is not
     mounted is skipped). The entry goes only once nothing is mounted in it."""
-    for path in paths.mounts()[:-1]:
+    for path in paths.mounts():
         _umount(path)
     remove_disk(paths.disk_dir)
     with contextlib.suppress(FileNotFoundError):

@@ -164,6 +164,9 @@ def test_the_disks_of_a_maker_that_is_gone_leave_no_mount_or_loop_device(tmp_pat
     stale = directory / f".making-{_DEAD_PID}-1-3"  # killed before its file system was made
     stale.mkdir()
     (stale / "disk.img").write_bytes(b"half a disk")
+    (directory / f"ready-32m-{_DEAD_PID}-1-4").write_bytes(
+        b""
+    )  # a file alone: made before disks were mounted
     assert len(mount_lines(directory)) == 2 and len(loops_backed_by(directory)) == 2
     # Another pool (a restarted agent) opened over the directory: everything of the dead maker goes.
     again = DiskPool(directory, depth=1)
