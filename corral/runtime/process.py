@@ -708,8 +708,9 @@ class ProcessRuntime:
     def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
         """The one place that chooses how a command enters a sandbox: this loop's connection to its
         init's guest channel (made now if need be), or None for the launcher: a terminal's command
-        (it needs the terminal's session set up by the launcher), an image's sandbox (its root user's
-        capabilities are the launcher's to give), a sandbox whose init offers no channel."""
+        (it needs the terminal's session set up by the launcher), an image's sandbox (bubblewrap gives
+        its init no_new_privs, which its children inherit and cannot clear: sudo would never work in
+        them; the launcher comes from the host without it), a sandbox whose init offers no channel."""
         if not self._guest_channel or tty or record.spec.image is not None:
             return None
         sandbox_id = record.spec.id
