@@ -133,6 +133,7 @@ async def first_create(
             spec = SandboxSpec(id=sid, memory_mb=256, image=digest, disk_mb=disk_mb)
             samples.append(await _create_to_exec(runtime, spec))
             await runtime.stop(sid)
+        await runtime.drain_disks()
         fetches += cache.fetches
     return {
         "bench": "rootfs",
@@ -162,9 +163,9 @@ async def density(
         # What each writable layer holds, as its own filesystem counts it (data and metadata).
         held = 0
         for sid in ids:
-            fs = os.statvfs(runtime.statedir.dir(sid) / "disk")
+            fs = os.statvfs(runtime._root_paths(sid).disk_mnt)
             held += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
-        disks_alloc = sum(_allocated(disks / f"{sid}.img") for sid in ids)
+        disks_alloc = sum(_allocated(runtime._root_paths(sid).disk) for sid in ids)
     finally:
         for sid in ids:
             if runtime.statedir.load(sid) is not None:
@@ -216,7 +217,7 @@ async def run(
             await runtime.stop("warm-host")
             if n:
                 lines += await create_beside_host_root(runtime, digest, disks, n, disk_mb)
-            idle = _allocated(disks / "warm-image.img")
+            idle = _allocated(runtime._root_paths("warm-image").disk)
             lines.append(
                 {
                     "bench": "rootfs",
@@ -234,6 +235,7 @@ async def run(
         finally:
             for handle in await runtime.list():
                 await runtime.stop(handle.id)
+            await runtime.drain_disks()
     if cgroups is not None:
         cgroups.remove_if_empty()
     return lines

@@ -33,7 +33,7 @@ from corral.core.listen import ListenBounds
 from corral.core.types import AdmissionMode
 from corral.images.cache import DEFAULT_IMAGE_CACHE_MB, ImageCache
 from corral.images.resolver import ImageResolver
-from corral.runtime.base import Runtime
+from corral.runtime.base import KeepsDisks, Runtime
 from corral.runtime.sim import SimRuntime
 
 if TYPE_CHECKING:
@@ -365,6 +365,8 @@ async def _serve(
         await asyncio.gather(beats, warm, return_exceptions=True)
         if agent.netslots is not None:
             await agent.netslots.close()
+        if isinstance(agent.runtime, KeepsDisks):
+            await agent.runtime.drain_disks()  # the ready ones; those in use stay with their sandboxes
         sink = agent.sink
         if isinstance(sink, HttpHeartbeatSink):
             await sink.aclose()

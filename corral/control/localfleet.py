@@ -21,7 +21,7 @@ from corral.control.plane import ControlPlane
 from corral.core import AdmissionMode, AdmissionPolicy, Clock
 from corral.core.inflight import DEFAULT_EXECS_PER_SANDBOX
 from corral.images.cache import DEFAULT_IMAGE_CACHE_MB, ImageCache
-from corral.runtime.base import Runtime
+from corral.runtime.base import KeepsDisks, Runtime
 from corral.store import RecordNotFound, SandboxState, StateConflict, StoreError
 
 
@@ -98,6 +98,8 @@ class LocalFleet:
         for agent in self.agents:
             if agent.netslots is not None:
                 await agent.netslots.close()  # the ready ones; those in use stay with their sandboxes
+            if isinstance(agent.runtime, KeepsDisks):
+                await agent.runtime.drain_disks()  # likewise
         return ended
 
     async def record_stopped(self, sandbox_ids: list[str]) -> None:

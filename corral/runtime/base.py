@@ -164,3 +164,13 @@ class Reboots(Protocol):
     name: str
 
     async def reboot(self, sandbox_id: str) -> None: ...
+
+
+@runtime_checkable
+class KeepsDisks(Protocol):
+    """A runtime that keeps sandboxes' disks ready (mounted) on the host: a process that shuts down
+    removes them, since nothing else would until the next runtime over the same root starts."""
+
+    name: str
+
+    async def drain_disks(self) -> None: ...

@@ -34,9 +34,12 @@
  *       sandbox): uid 0 inside is an unprivileged host uid, so the command keeps the bounding set of
  *       a container's root (ROOT_CAPS) and may gain it through a setuid binary of its image (sudo);
  *       no no_new_privs, the seccomp filter loaded while the launcher still holds capabilities there
- *   launcher rootfs UID GID COUNT IMAGE DISK DISK_MNT USERNS LOWER MERGED
- *       make an image sandbox's root: attach DISK (an ext4 file) to a loop device and mount it at
- *       DISK_MNT with upper/ (owned by UID:GID, uid 0 inside) and work/; create a user namespace
+ *   launcher disk FILE TARGET
+ *       attach FILE (an ext4 file) to a loop device that frees itself with the mount, and mount it at
+ *       TARGET nodev, nosuid, noatime (the disk pool does this ahead of any create)
+ *   launcher rootfs UID GID COUNT IMAGE DISK_MNT USERNS LOWER MERGED
+ *       make an image sandbox's root on its disk, mounted at DISK_MNT: make upper/ (owned by UID:GID,
+ *       uid 0 inside) and work/ there; create a user namespace
  *       mapping 0..COUNT-1 to UID.. and GID.., owned by UID, nested ones forbidden, pinned at USERNS;
  *       clone the image's mount IMAGE read-only through that mapping at LOWER; mount the overlay of
  *       LOWER and DISK_MNT/upper at MERGED (nodev); LOWER is detached again (the overlay holds it)
@@ -569,16 +572,21 @@ static int make_userns(uid_t uid, gid_t gid, unsigned long count, const char *pi
     return ns;
 }
 
+static int disk(int argc, char **argv) {
+    if (argc != 2) fail_msg("usage: disk FILE TARGET");
+    mount_disk(argv[0], argv[1]);
+    return 0;
+}
+
 static int rootfs(int argc, char **argv) {
-    if (argc != 9) fail_msg("usage: rootfs UID GID COUNT IMAGE DISK DISK_MNT USERNS LOWER MERGED");
+    if (argc != 8) fail_msg("usage: rootfs UID GID COUNT IMAGE DISK_MNT USERNS LOWER MERGED");
     uid_t uid = (uid_t)parse_id(argv[0], "uid");
     gid_t gid = (gid_t)parse_id(argv[1], "gid");
     unsigned long count = (unsigned long)parse_id(argv[2], "count");
-    const char *image = argv[3], *disk = argv[4], *disk_mnt = argv[5], *pin = argv[6];
-    const char *lower = argv[7], *merged = argv[8];
+    const char *image = argv[3], *disk_mnt = argv[4], *pin = argv[5];
+    const char *lower = argv[6], *merged = argv[7];
     if (count == 0 || (unsigned long)uid + count > 0x7fffffffUL || (unsigned long)gid + count > 0x7fffffffUL)
         fail_msg("the uid range is out of bounds");
-    mount_disk(disk, disk_mnt);
     char upper[4096], work[4096], options[3 * 4096 + 64];
     snprintf(upper, sizeof upper, "%s/upper", disk_mnt);
     snprintf(work, sizeof work, "%s/work", disk_mnt);
@@ -901,7 +909,7 @@ static int init_main(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | rootfs ... | allow-suid ... | check-spec");
+    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | disk ... | rootfs ... | allow-suid ... | check-spec");
     const char *mode = argv[1];
     if (strcmp(mode, "seccomp") == 0) {
         scmp_filter_ctx ctx = build_filter();
@@ -913,6 +921,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "spawn") == 0) return spawn(argc - 2, argv + 2);
     if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2, 0);
     if (strcmp(mode, "exec-root") == 0) return exec_in(argc - 2, argv + 2, 1);
+    if (strcmp(mode, "disk") == 0) return disk(argc - 2, argv + 2);
     if (strcmp(mode, "rootfs") == 0) return rootfs(argc - 2, argv + 2);
     if (strcmp(mode, "allow-suid") == 0) return allow_suid(argc - 2, argv + 2);
     if (strcmp(mode, "check-spec") == 0) return check_spec();

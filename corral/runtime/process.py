@@ -75,6 +75,7 @@ from corral.runtime.uids import (
 DEFAULT_ROOT = Path("/run/corral/sandboxes")
 # Image sandboxes' disks: on a disk, never under /run (a tmpfs on most hosts); one directory per root.
 DEFAULT_DISK_ROOT = Path("/var/lib/corral/disks")
+_POOL = ".pool"
 # The uids of an image sandbox's users inside (its image's /etc/passwd names them).
 _IMAGE_UIDS = {bwrap.SANDBOX_USER: bwrap.SANDBOX_UID, bwrap.ROOT_USER: 0}
 MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
@@ -292,7 +293,7 @@ class ProcessRuntime:
 
     def _disks(self) -> rootfs.DiskPool:
         if self._pool is None:
-            self._pool = rootfs.DiskPool(self._disk_root / ".pool", self._disk_pool_depth)
+            self._pool = rootfs.DiskPool(self._disk_root / _POOL, self._disk_pool_depth)
         return self._pool
 
     def _mounts(self) -> rootfs.ImageMounts:
@@ -317,7 +318,7 @@ class ProcessRuntime:
         pool = self._disks()
         size = spec.disk_mb if spec.disk_mb is not None else rootfs.DEFAULT_DISK_MB
         await asyncio.to_thread(rootfs.make_entry, paths, base)
-        await asyncio.to_thread(pool.take, size, paths.disk)
+        await asyncio.to_thread(pool.take, size, paths.disk_dir)
         self._refill_disks()
         await asyncio.to_thread(rootfs.make, paths, image_mnt=image_mnt, base=base, span=RANGE_SPAN)
         files = bwrap.IMAGE_MOUNT_FILES + (bwrap.IMAGE_NETWORK_FILES if spec.network else ())
@@ -333,6 +334,11 @@ class ProcessRuntime:
         pool = self._disks()
         pool.note(disk_mb)
         return await asyncio.to_thread(pool.fill)
+
+    async def drain_disks(self) -> None:
+        """Unmount and remove the pool's ready disks (at shutdown; a later start makes them again)."""
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.drain)
 
     async def _launch(
         self, spec: SandboxSpec, cgroup: SandboxCgroup | None, uid: int | None, disk: Path | None
@@ -702,8 +708,9 @@ class ProcessRuntime:
     def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
         """The one place that chooses how a command enters a sandbox: this loop's connection to its
         init's guest channel (made now if need be), or None for the launcher: a terminal's command
-        (it needs the terminal's session set up by the launcher), an image's sandbox (its root user's
-        capabilities are the launcher's to give), a sandbox whose init offers no channel."""
+        (it needs the terminal's session set up by the launcher), an image's sandbox (bubblewrap gives
+        its init no_new_privs, which its children inherit and cannot clear: sudo would never work in
+        them; the launcher comes from the host without it), a sandbox whose init offers no channel."""
         if not self._guest_channel or tty or record.spec.image is not None:
             return None
         sandbox_id = record.spec.id
@@ -916,8 +923,11 @@ class ProcessRuntime:
         an agent's adoption at start): a host restarted loses the records (under /run) but not the
         disks (on a disk), and state removed under a dead agent leaves them too. A start records its
         sandbox before it takes a disk, and a teardown removes the disk before the record, so a disk
-        without a record is nobody's. The pool's ready disks stay: no sandbox has used them."""
+        without a record is nobody's. The pool's ready disks stay while their maker lives (no sandbox
+        has used them); those of a maker that is gone are unmounted and removed."""
         gone = 0
+        if (self._disk_root / _POOL).is_dir():
+            gone += self._disks().reclaim()
         for sandbox_id in rootfs.disk_owners(self._disk_root):
             if sandbox_id in self._starting or (
                 valid_id(sandbox_id) and self.statedir.dir(sandbox_id).exists()
@@ -926,7 +936,7 @@ class ProcessRuntime:
             if valid_id(sandbox_id):
                 rootfs.unmake(self._root_paths(sandbox_id))
             else:
-                rootfs.disk_path(self._disk_root, sandbox_id).unlink(missing_ok=True)
+                rootfs.remove_disk(rootfs.disk_path(self._disk_root, sandbox_id))
             gone += 1
         return gone
 

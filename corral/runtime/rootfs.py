@@ -5,15 +5,18 @@ a disk of its own, made and unmade by host root around bubblewrap.
   ``nosuid``, under ``<root>/.images/<hex>``, and unmounted when no sandbox record names it.
 * A sandbox's disk is a sparse ext4 file of its ``disk_mb`` (no journal, no reserved blocks): writes
   past it fail with ENOSPC, and the host's disk never holds more of it than that. Disks are made ahead
-  in a small pool per size (:class:`DiskPool`); a drained pool makes one on demand. A disk serves one
+  in a small pool per size (:class:`DiskPool`), attached to a loop device and mounted there and then,
+  so a create only renames one into place; a drained pool makes one on demand. A disk serves one
   sandbox and goes with it (never back to the pool); one whose sandbox has no record any more (a host
-  restarted) is reclaimed when the runtime first lists its sandboxes.
-* The launcher's ``rootfs`` mode mounts the disk, makes the sandbox's user namespace (its uid range),
-  clones the image's mount through that mapping (so the image's root is the sandbox's root, host uid
-  ``base``) and mounts the overlay at ``<sandbox dir>/root``, which bubblewrap takes as ``/``.
+  restarted) is reclaimed when the runtime first lists its sandboxes, and so are the pool's disks
+  whose maker is gone.
+* The launcher's ``rootfs`` mode makes the sandbox's layer directories on its mounted disk, its user
+  namespace (its uid range), clones the image's mount through that mapping (so the image's root is the
+  sandbox's root, host uid ``base``) and mounts the overlay at ``<entry>/root``, which bubblewrap takes
+  as ``/``.
 
-Every mount of a sandbox sits at a path derived from its state directory (:class:`RootPaths`), so a
-teardown after a crash finds them without any record beyond the directory.
+Every mount of a sandbox sits at a path derived from its id (:class:`RootPaths`: its state directory,
+its entry, its disk's directory), so a teardown after a crash finds them without any record.
 """
 
 from __future__ import annotations
@@ -43,7 +46,12 @@ _LOCK = ".lock"
 _MNT_DETACH = 2
 _READY = "ready-"
 _MAKING = ".making-"
-_DISK = ".img"
+_DOOMED = ".doomed-"
+# A disk is a directory (so one rename hands over the file and its mount together): the file, and
+# the mount point its file system is mounted on.
+_DISK = ".disk"
+_FILE = "disk.img"
+_MNT = "mnt"
 _MKFS = (
     *("mkfs.ext4", "-q", "-F", "-m", "0"),
     *("-O", "^has_journal,^resize_inode,sparse_super2", "-E", "nodiscard,num_backup_sb=0"),
@@ -63,15 +71,20 @@ ROOTS_DIR = Path("/run/corral-roots")
 @dataclass(frozen=True, slots=True)
 class RootPaths:
     """Where one sandbox's root lives: the mounts only host root touches under its state directory
-    ``dir`` (private), its disk file ``disk``, and the overlay under ``entry`` (see ROOTS_DIR)."""
+    ``dir`` (private), its disk (``disk_dir``: the file, mounted), and the overlay under ``entry``
+    (see ROOTS_DIR)."""
 
     dir: Path
     entry: Path
-    disk: Path
+    disk_dir: Path
+
+    @property
+    def disk(self) -> Path:
+        return self.disk_dir / _FILE
 
     @property
     def disk_mnt(self) -> Path:
-        return self.dir / "disk"
+        return self.disk_dir / _MNT
 
     @property
     def userns(self) -> Path:
@@ -99,7 +112,7 @@ def _umount(path: Path) -> None:
         if _libc.umount2(os.fsencode(path), flags) == 0:
             return
         err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOENT):  # not a mount point (any more), or gone
+        if err in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):  # not a mount point (any more), or gone
             return
         if err != errno.EBUSY:
             raise OSError(err, f"umount {path}: {os.strerror(err)}")
@@ -113,14 +126,27 @@ def mounted(path: Path) -> bool:
 
 
 def disk_owners(disk_root: Path) -> list[str]:
-    """The sandbox ids whose disks (``<id>.img``) lie in ``disk_root``."""
+    """The sandbox ids whose disks (``<id>.disk``) lie in ``disk_root``."""
     if not disk_root.is_dir():
         return []
-    return sorted(p.name.removesuffix(_DISK) for p in disk_root.glob(f"*{_DISK}") if p.is_file())
+    return sorted(p.name.removesuffix(_DISK) for p in disk_root.glob(f"*{_DISK}") if p.is_dir())
 
 
 def disk_path(disk_root: Path, sandbox_id: str) -> Path:
+    """The directory of a sandbox's disk (see :class:`RootPaths`)."""
     return disk_root / f"{sandbox_id}{_DISK}"
+
+
+def remove_disk(disk_dir: Path) -> None:
+    """Unmount a disk (which frees its loop device) and delete it (safe to repeat)."""
+    if disk_dir.is_file():  # a pool's disk as made before disks were mounted ahead: a file alone
+        disk_dir.unlink()
+        return
+    _umount(disk_dir / _MNT)
+    (disk_dir / _FILE).unlink(missing_ok=True)
+    for directory in (disk_dir / _MNT, disk_dir):
+        with contextlib.suppress(FileNotFoundError):
+            directory.rmdir()
 
 
 def unmake(paths: RootPaths) -> None:
@@ -128,7 +154,7 @@ def unmake(paths: RootPaths) -> None:
     mounted is skipped). The entry goes only once nothing is mounted in it."""
     for path in paths.mounts():
         _umount(path)
-    paths.disk.unlink(missing_ok=True)
+    remove_disk(paths.disk_dir)
     with contextlib.suppress(FileNotFoundError):
         paths.merged.rmdir()
     with contextlib.suppress(FileNotFoundError):
@@ -145,16 +171,20 @@ def make_entry(paths: RootPaths, gid: int) -> None:
 
 
 def make(paths: RootPaths, *, image_mnt: Path, base: int, span: int) -> None:
-    """Mount the sandbox's disk and overlay root (see the module docstring); undone by :func:`unmake`."""
-    for directory in (paths.disk_mnt, paths.lower, paths.merged):
+    """Mount the sandbox's overlay root on its mounted disk (see the module docstring); undone by
+    :func:`unmake`."""
+    for directory in (paths.lower, paths.merged):
         directory.mkdir(mode=0o700, exist_ok=True)
     argv = [str(launcher.path()), "rootfs", str(base), str(base), str(span), str(image_mnt)]
-    argv += [str(paths.disk)]
     argv += [str(paths.disk_mnt), str(paths.userns), str(paths.lower), str(paths.merged)]
     for path in argv[5:]:
         # The overlay's options are a comma-separated list: a path must not add an option.
         if any(c in path for c in ",:\\\n"):
             raise RootfsError(f"path {path!r} cannot be used in an overlay's options")
+    _run(argv)
+
+
+def _run(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, env=launcher.clean_env(), check=False)
     if done.returncode != 0:
         raise RootfsError(done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}")
@@ -165,10 +195,7 @@ def unpin_userns(paths: RootPaths) -> None:
 
 
 def allow_suid(init_pid: int, pid_ns: int) -> None:
-    argv = [str(launcher.path()), "allow-suid", str(init_pid), str(pid_ns)]
-    done = subprocess.run(argv, capture_output=True, env=launcher.clean_env(), check=False)
-    if done.returncode != 0:
-        raise RootfsError(done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}")
+    _run([str(launcher.path()), "allow-suid", str(init_pid), str(pid_ns)])
 
 
 def used_bytes(paths: RootPaths) -> int:
@@ -293,9 +320,14 @@ class ImageMounts:
 
 
 class DiskPool:
-    """Sparse ext4 files made ahead, ``depth`` per size asked for lately, in ``directory``. A take
-    renames a ready one into place (atomic, so runtimes sharing the directory never take the same
-    one); an empty pool makes one there and then."""
+    """Disks made ahead, ``depth`` per size asked for lately, in ``directory``: each a sparse ext4 file
+    already attached and mounted (the loop device and the mount are most of a disk's cost at a
+    create). A take renames a ready one into place, file and mount together (atomic, so runtimes
+    sharing the directory never take the same one); an empty pool makes one there and then.
+
+    Each disk's name carries the pid of the process that made it: opening the pool removes those of
+    makers that are gone (a crash, an agent restarted, a host rebooted), half made or ready, mounted
+    or not, so none leaks a mount or a loop device."""
 
     def __init__(self, directory: Path, depth: int = DEFAULT_POOL_DEPTH) -> None:
         self.dir = directory
@@ -305,10 +337,39 @@ class DiskPool:
         self._sizes: set[int] = set()
         self._counter = itertools.count()
         self._filling = threading.Lock()
-        for stale in directory.glob(f"{_MAKING}*"):
-            pid = stale.name.removeprefix(_MAKING).split("-")[0]
+        self.reclaim()
+
+    def reclaim(self) -> int:
+        """Remove the disks whose maker is gone; how many."""
+        gone = 0
+        for entry in self.dir.iterdir():
+            name = entry.name
+            if name.startswith(_READY):
+                pid = name.split("-")[2]  # ready-<size>m-<pid>-...
+            elif name.startswith((_MAKING, _DOOMED)):
+                pid = name.split("-")[1]
+            else:
+                continue
             if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
-                stale.unlink(missing_ok=True)
+                gone += self._discard(entry)
+        return gone
+
+    def _discard(self, entry: Path) -> bool:
+        """Unmount and remove a disk of the pool, unless a take renamed it first (a take that comes
+        after the rename never sees it)."""
+        doomed = self.dir / f"{_DOOMED}{os.getpid()}-{threading.get_ident()}-{next(self._counter)}"
+        try:
+            os.rename(entry, doomed)
+        except FileNotFoundError:
+            return False
+        remove_disk(doomed)
+        return True
+
+    def drain(self) -> int:
+        """Stop keeping disks ready and remove those ready (after a fill in flight); how many."""
+        with self._filling:
+            self._sizes.clear()
+            return sum(self._discard(ready) for ready in self.dir.glob(f"{_READY}*"))
 
     def ready(self, size_mb: int) -> list[Path]:
         return sorted(self.dir.glob(f"{_READY}{size_mb}m-*"))
@@ -318,13 +379,17 @@ class DiskPool:
         self._sizes.add(size_mb)
 
     def take(self, size_mb: int, target: Path) -> bool:
-        """A disk of ``size_mb`` at ``target``; True when it came from the pool."""
+        """A mounted disk of ``size_mb`` at ``target`` (see :class:`RootPaths`); True when it came
+        from the pool."""
         self.note(size_mb)
         for ready in self.ready(size_mb):
             try:
                 os.rename(ready, target)
             except FileNotFoundError:
                 continue  # another runtime took it
+            # Mounted, unless the host restarted since (a reclaim then had not run yet): mount it now.
+            if os.stat(target / _MNT).st_dev == os.stat(target).st_dev:
+                _mount_disk(target)
             return True
         made = self._make(size_mb)
         os.rename(made, target)
@@ -346,27 +411,31 @@ class DiskPool:
             self._filling.release()
 
     def _make(self, size_mb: int) -> Path:
-        path = self.dir / f"{_MAKING}{os.getpid()}-{threading.get_ident()}-{next(self._counter)}"
+        entry = self.dir / f"{_MAKING}{os.getpid()}-{threading.get_ident()}-{next(self._counter)}"
         try:
-            with open(path, "wb") as disk:
+            entry.mkdir(mode=0o700)
+            with open(entry / _FILE, "wb") as disk:
                 disk.truncate(size_mb * _MIB)
             # No journal and no backup superblocks (the disk dies with its sandbox, never fsck'd), no
             # blocks reserved for online growth (it never grows): a fresh 1 GiB disk then takes 112 KiB
             # of the host's, not 656 KiB, which is most of what hundreds of idle sandboxes of one image
             # cost beside the image itself.
             done = subprocess.run(
-                [*_MKFS, str(path)],
+                [*_MKFS, str(entry / _FILE)],
                 capture_output=True,
                 env=launcher.clean_env(),
                 check=False,
             )
             if done.returncode != 0:
                 raise RootfsError(f"mkfs.ext4 failed: {done.stderr.decode(errors='replace').strip()}")
+            (entry / _MNT).mkdir(mode=0o700)
+            _mount_disk(entry)
         except BaseException:
-            path.unlink(missing_ok=True)
+            remove_disk(entry)
             raise
-        return path
+        return entry
 
-    def clear(self) -> None:
-        for ready in self.dir.glob(f"{_READY}*"):
-            ready.unlink(missing_ok=True)
+
+def _mount_disk(disk_dir: Path) -> None:
+    """Attach a disk's file to a loop device (freed with the mount) and mount it nodev, nosuid."""
+    _run([str(launcher.path()), "disk", str(disk_dir / _FILE), str(disk_dir / _MNT)])

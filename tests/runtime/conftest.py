@@ -57,6 +57,7 @@ async def make_process_runtime(tmp_path: Path, cgroup_root: CgroupRoot) -> Async
     yield factory
     for made in factory.made:
         await _stop_all(made)
+        await made.drain_disks()  # the pool's ready disks are mounted: none outlives its test
         assert not any(made.statedir.ids()), f"state left in {made.statedir.root}"
     for directory in (cgroup_root.path, *cgroup_root.extra):
         assert not [p for p in directory.iterdir() if p.is_dir()], "a sandbox cgroup outlived its test"

@@ -56,6 +56,12 @@ def loops_backed_by(*under: Path) -> list[str]:
     return found
 
 
+def outside_pool(lines: list[str], disks: Path) -> list[str]:
+    """Those of ``lines`` (mounts or loop devices) that are not of the ready disks of the pool under
+    ``disks``, which stay mounted until the runtime drains its pool."""
+    return [line for line in lines if f"{disks}/.pool/ready-" not in line]
+
+
 def base_uid(runtime: ProcessRuntime, sandbox_id: str) -> int:
     record = runtime.statedir.load(sandbox_id)
     assert isinstance(record, Running) and record.uid is not None

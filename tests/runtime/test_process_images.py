@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from corral.runtime.base import InvalidSandbox, SandboxSpec
 from corral.runtime.process import ProcessRuntime
+from corral.runtime.rootfs import disk_path
 from corral.runtime.uids import DEFAULT_UID_RANGES, RANGE_SPAN
 from corral.testing.resolver import DictResolver
 from tests.runtime.conftest import RuntimeFactory
@@ -24,6 +24,7 @@ from tests.runtime.images import (
     image_runtime,
     loops_backed_by,
     mount_lines,
+    outside_pool,
 )
 
 pytestmark = pytest.mark.process
@@ -151,7 +152,11 @@ async def test_enospc_at_disk_mb_and_the_host_keeps_its_free_space(
     # asked, and held next to nothing of it before; everything the runtime keeps there is about that.
     assert before < 4 * _MIB
     assert _allocated(disk) <= disk_mb * _MIB
-    assert sum(_allocated(p) for p in (tmp_path / "disks").rglob("*") if p.is_file()) <= (disk_mb + 8) * _MIB
+    # (The host's own file system: not what is inside the disks, mounted beneath.)
+    host = os.stat(tmp_path).st_dev
+    on_host = [p for p in (tmp_path / "disks").rglob("*") if p.is_file() and p.stat().st_dev == host]
+    assert disk in on_host
+    assert sum(_allocated(p) for p in on_host) <= (disk_mb + 8) * _MIB
     used = await runtime.disk_used_mb("img-full")
     assert used is not None and disk_mb * 0.8 < used <= disk_mb
     await runtime.stop("img-full")
@@ -170,9 +175,9 @@ async def test_nothing_of_a_root_outlives_its_sandbox(
     await runtime.start(_spec(image, "img-gone", disk_mb=32))
     assert mount_lines(runtime.statedir.root, disks) and loops_backed_by(disks, image.path)
     await runtime.stop("img-gone")
-    assert mount_lines(runtime.statedir.root, disks) == []
-    assert loops_backed_by(disks, image.path) == []
-    assert not (disks / "img-gone.img").exists()
+    assert outside_pool(mount_lines(runtime.statedir.root, disks), disks) == []
+    assert outside_pool(loops_backed_by(disks, image.path), disks) == []
+    assert not disk_path(disks, "img-gone").exists()
     assert not runtime._root_paths("img-gone").entry.exists()
 
 
@@ -196,12 +201,13 @@ async def test_a_killed_sandbox_and_a_restarted_agent_leave_no_mounts(
             break
         await asyncio.sleep(0.02)
     assert {h.id for h in await second.list()} == {"img-adopted"}
-    assert not (tmp_path / "disks" / "img-killed.img").exists()
+    assert not disk_path(tmp_path / "disks", "img-killed").exists()
     alive = await second.exec("img-adopted", ["sudo", "id", "-u"])
     assert alive.stdout.strip() == "0"
     await second.stop("img-adopted")
-    assert mount_lines(second.statedir.root, tmp_path / "disks") == []
-    assert loops_backed_by(tmp_path / "disks", image.path) == []
+    disks = tmp_path / "disks"
+    assert outside_pool(mount_lines(second.statedir.root, disks), disks) == []
+    assert outside_pool(loops_backed_by(disks, image.path), disks) == []
     assert second_resolver.held[image.digest] == 0
 
 
@@ -260,18 +266,26 @@ async def test_disks_without_a_record_are_reclaimed_when_an_agent_starts(
     await first.start(_spec(image, "img-kept", disk_mb=24))
     await first.fill_disks(24)
     disks = tmp_path / "disks"
-    # A host that restarted: the records (under /run) are gone, the disks (on a disk) are not.
-    orphan = disks / "img-lost.img"
-    shutil.copyfile(disks / "img-kept.img", orphan)
-    odd = disks / "not an id.img"
-    odd.write_bytes(b"")
-    ready = sorted((disks / ".pool").glob("ready-24m-*"))
-    assert ready
+    # An agent killed, its records removed (a host restarted loses those under /run): its sandboxes'
+    # disks are left, mounted, and so are the disks its pool held ready.
+    pool = first._disks()
+    orphan, odd = disk_path(disks, "img-lost"), disk_path(disks, "not..an-id")
+    pool.take(24, orphan)
+    pool.take(24, odd)
+    await first.fill_disks(24)
+    dead = sorted((disks / ".pool").glob("ready-24m-*"))[0]
+    os.rename(dead, dead.with_name("ready-24m-999999999-1-0"))  # a maker that is gone
+    ready = sorted((disks / ".pool").glob("ready-24m-*"))[:-1]
+    assert ready and len(mount_lines(orphan, odd)) == 2
     second = image_runtime(make_process_runtime, tmp_path, resolver)
     assert [h.id for h in await second.list()] == ["img-kept"]
     assert not orphan.exists() and not odd.exists()
-    assert (disks / "img-kept.img").exists()  # a live sandbox's disk stays
-    assert sorted((disks / ".pool").glob("ready-24m-*")) == ready  # never used by anyone: kept
+    assert disk_path(disks, "img-kept").exists()  # a live sandbox's disk stays
+    assert sorted((disks / ".pool").glob("ready-24m-*")) == ready  # never used, its maker alive: kept
+    kept_paths = second._root_paths("img-kept")
+    left = [line for line in mount_lines(disks) if str(kept_paths.disk_mnt) not in line]
+    assert outside_pool(left, disks) == [] and len(left) == len(ready)
+    assert len(outside_pool(loops_backed_by(disks), disks)) == 1  # img-kept's
     kept = await second.exec("img-kept", ["sh", "-c", "echo ok > ~/f && cat ~/f"])
     assert kept.stdout == "ok\n"
     await second.stop("img-kept")

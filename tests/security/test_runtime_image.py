@@ -17,7 +17,7 @@ from corral.runtime.process import ProcessRuntime
 from corral.testing.erofs import crafted_image
 from corral.testing.resolver import DictResolver
 from tests.runtime.conftest import RuntimeFactory, cgroup_root, make_process_runtime
-from tests.runtime.images import Image, base_uid, image_runtime, loops_backed_by, mount_lines
+from tests.runtime.images import Image, base_uid, image_runtime, loops_backed_by, mount_lines, outside_pool
 
 __all__ = ["cgroup_root", "make_process_runtime"]
 pytestmark = pytest.mark.process
@@ -118,5 +118,6 @@ async def test_a_crafted_image_changes_nothing_outside(
             await runtime.stop("crafted")
         shutil.rmtree(_HOST_TMP, ignore_errors=True)
     assert Path("/etc/shadow").read_bytes() == host_shadow
-    assert mount_lines(runtime.statedir.root, tmp_path / "disks") == []
-    assert loops_backed_by(tmp_path / "disks", crafted.path) == []
+    disks = tmp_path / "disks"
+    assert outside_pool(mount_lines(runtime.statedir.root, disks), disks) == []
+    assert outside_pool(loops_backed_by(disks, crafted.path), disks) == []
