@@ -36,7 +36,7 @@ from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Una
 from corral.client.retry import RetryPolicy
 from corral.client.top import DATA_PATH as TOP_DATA_PATH
 from corral.client.top import render as render_top
-from corral.exec_result import MAX_EXEC_TIMEOUT_S
+from corral.exec_result import MAX_EXEC_TIMEOUT_S, ExecResult
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 2
@@ -403,6 +403,11 @@ def exec_command(
     except KeyboardInterrupt:
         typer.echo("interrupted: the command was killed", err=True)
         raise typer.Exit(130) from None
+    _exit_as(result)
+
+
+def _exit_as(result: ExecResult) -> NoReturn:
+    """End as the command ended: its exit code, and on stderr why it ended early when it did."""
     if result.timed_out:
         typer.echo(
             f"corral: the command timed out after {result.duration_ms / 1000:.1f} s and was killed", err=True

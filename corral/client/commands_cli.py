@@ -17,6 +17,7 @@ from corral.client.cli import (
     JsonOption,
     TokenOption,
     UrlOption,
+    _exit_as,
     _print_json,
     _write,
     console,
@@ -87,10 +88,4 @@ def logs_command(
     assert result is not None  # the follow raises when it ends without one
     if as_json:
         raise typer.Exit(result.exit_code)
-    if result.timed_out:
-        typer.echo(
-            f"corral: the command timed out after {result.duration_ms / 1000:.1f} s and was killed", err=True
-        )
-    elif result.note:
-        typer.echo(f"corral: {result.note}", err=True)
-    raise typer.Exit(result.exit_code)
+    _exit_as(result)
