@@ -11,7 +11,6 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from corral.client.cli import (
     JsonOption,
@@ -20,10 +19,24 @@ from corral.client.cli import (
     _exit_as,
     _print_json,
     _write,
-    console,
+    print_listing,
     server,
 )
+from corral.client.models import CommandInfo
 from corral.exec_result import ExecResult, encode_event
+
+COMMAND_COLUMNS = ("pid", "state", "exit", "started", "dropped", "command")
+
+
+def _command_row(i: CommandInfo) -> tuple[str, ...]:
+    return (
+        str(i.pid),
+        i.state + (" (timed out)" if i.timed_out else " (killed)" if i.killed else ""),
+        "" if i.exit_code is None else str(i.exit_code),
+        i.started_at.isoformat(timespec="seconds"),
+        str(i.dropped_bytes) if i.dropped_bytes else "",
+        " ".join(i.command),
+    )
 
 
 def logs_command(
@@ -44,24 +57,9 @@ def logs_command(
         with server(ctx, url, token) as client:
             commands = client.sandboxes.commands(sandbox_id)
             if pid is None:
-                handles = commands.list()
-                if as_json:
-                    _print_json({"commands": [h.info.model_dump(mode="json") for h in handles]})
-                    return
-                table = Table(title=f"{len(handles)} commands in {sandbox_id}", title_justify="left")
-                for column in ("pid", "state", "exit", "started", "dropped", "command"):
-                    table.add_column(column)
-                for h in handles:
-                    i = h.info
-                    table.add_row(
-                        str(i.pid),
-                        i.state + (" (timed out)" if i.timed_out else " (killed)" if i.killed else ""),
-                        "" if i.exit_code is None else str(i.exit_code),
-                        i.started_at.isoformat(timespec="seconds"),
-                        str(i.dropped_bytes) if i.dropped_bytes else "",
-                        " ".join(i.command),
-                    )
-                console().print(table)
+                infos = [h.info for h in commands.list()]
+                title = f"{len(infos)} commands in {sandbox_id}"
+                print_listing("commands", infos, _command_row, COMMAND_COLUMNS, as_json=as_json, title=title)
                 return
             handle = commands.get(pid)
             if not follow:
