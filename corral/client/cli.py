@@ -34,7 +34,7 @@ from corral.client.burst import BurstReport, run_burst
 from corral.client.client import Corral
 from corral.client.credentials import write_private
 from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unauthorized, Unreachable
-from corral.client.models import Host, SandboxRecord
+from corral.client.models import Host, SandboxRecord, TokenInfo
 from corral.client.retry import RetryPolicy
 from corral.client.top import DATA_PATH as TOP_DATA_PATH
 from corral.client.top import render as render_top
@@ -341,17 +341,8 @@ def tokens_command(
             typer.echo(f"revoked {target}")
             return
         if action == "list":
-            tokens = client.tokens.list()
-            if as_json:
-                _print_json({"tokens": [t.model_dump(mode="json") for t in tokens]})
-                return
-            table = Table(title=f"{len(tokens)} tokens", title_justify="left")
-            for column in ("id", "role", "tenant", "host", "source", "created"):
-                table.add_column(column, no_wrap=True)
-            for t in tokens:
-                created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
-                table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
-            console().print(table)
+            columns = ("id", "role", "tenant", "host", "source", "created")
+            print_listing("tokens", client.tokens.list(), _token_row, columns, as_json=as_json, no_wrap=True)
             return
         if action == "admin":
             issued = client.tokens.issue_admin()
@@ -360,6 +351,11 @@ def tokens_command(
         else:
             issued = client.tokens.issue_tenant(target or "")
     _print_json(issued.model_dump(mode="json"))
+
+
+def _token_row(t: TokenInfo) -> tuple[str, ...]:
+    created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
+    return (t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
 
 
 def exec_command(
