@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import h11
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from corral.core.listen import ListenBounds, connection_cap
@@ -117,28 +118,30 @@ class ConnectionDeadlines:
 
 
 class _Bounded:
-    """What the two protocols share: admission at accept, release at close."""
+    """What the two protocols share: admission at accept, release at close. It comes first in each
+    protocol's bases, so its ``connection_made`` and ``connection_lost`` wrap uvicorn's."""
 
     gate: ClassVar[Gate]
     deadlines: ConnectionDeadlines | None = None
     _peer: str | None = None
-    app_state: dict[str, Any]  # uvicorn's: each request's scope["state"] is a copy of it
+    # uvicorn's, on both protocols: each request's scope["state"] is a copy of app_state.
+    app_state: dict[str, Any]
+    connections: set[Any]
+    loop: asyncio.AbstractEventLoop
+    flow: FlowControl
 
-    def _admit(
-        self,
-        transport: asyncio.BaseTransport,
-        open_now: int,
-        loop: asyncio.AbstractEventLoop,
-        reading_paused: Callable[[], bool],
-    ) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         peername = transport.get_extra_info("peername")
         peer = str(peername[0]) if isinstance(peername, tuple) and peername else None
-        if not self.gate.admit(open_now, peer):
+        if not self.gate.admit(len(self.connections), peer):
             log.debug("refusing a connection from %s: at the connection bound", peer)
             transport.close()
             return
         self._peer = peer
-        self.deadlines = ConnectionDeadlines(self.gate.bounds, loop, transport, reading_paused)
+        self.deadlines = ConnectionDeadlines(
+            self.gate.bounds, self.loop, transport, lambda: self.flow.read_paused
+        )
         self.deadlines.expect_head()
         # uvicorn puts no TLS details in the scope: the connection's own copy of the state carries them.
         tls = transport.get_extra_info("ssl_object")
@@ -146,22 +149,15 @@ class _Bounded:
         if certificate:
             self.app_state = {**self.app_state, TLS_PEER: certificate}
 
-    def _release(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self.deadlines is not None:
             self.deadlines.stop()
             self.deadlines = None
             self.gate.release(self._peer)
+        super().connection_lost(exc)  # type: ignore[misc]
 
 
 class _BoundedH11(_Bounded, H11Protocol):
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._admit(transport, len(self.connections), self.loop, lambda: self.flow.read_paused)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._release()
-        super().connection_lost(exc)
-
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._follow()
@@ -193,14 +189,6 @@ def _httptools_class() -> type[_Bounded] | None:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class _BoundedHttpTools(_Bounded, HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._admit(transport, len(self.connections), self.loop, lambda: self.flow.read_paused)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._release()
-            super().connection_lost(exc)
-
         # The parser's callbacks (httptools binds them when the protocol makes its parser).
         def on_message_begin(self) -> None:
             super().on_message_begin()

@@ -9,7 +9,7 @@ from pathlib import Path
 from corral.agent.errors import AgentError
 from corral.client.errors import CorralError
 from corral.codes import RETRYABLE, ErrorCode
-from corral.control.errors import ControlError
+from corral.control.errors import BadGateway, ControlError
 from corral.core.refusals import Refusal
 from corral.runtime.base import RuntimeFailure
 from corral.store import StoreError
@@ -99,3 +99,13 @@ def test_the_scan_sees_each_way_of_writing_a_code(tmp_path: Path) -> None:
     finally:
         ROOT = saved
     assert [h.split(" ", 1)[1] for h in found] == ["code='a'", "default_code='b'", "code='c'", "code='d'"]
+
+
+def test_a_control_error_answers_with_its_class_codes_status() -> None:
+    class Refused(ControlError):
+        code = ErrorCode.PAYLOAD_TOO_LARGE
+
+    assert Refused.status == Refused().status == 413
+    # An agent's code passed through keeps the status of the class that carries it.
+    passed = BadGateway("the agent said so", code=ErrorCode.IMAGE_UNAVAILABLE)
+    assert (passed.code, passed.status) == (ErrorCode.IMAGE_UNAVAILABLE, 502)

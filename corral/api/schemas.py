@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -23,6 +23,7 @@ from corral.core.types import (
     MIN_SANDBOX_PIDS,
 )
 from corral.exec_result import DEFAULT_EXEC_TIMEOUT_S, MAX_EXEC_TIMEOUT_S
+from corral.shapes import Wire
 from corral.shapes.hosts import JOINING, Host
 from corral.shapes.sandboxes import SandboxRecord as SandboxOut  # the store has its own SandboxRecord
 from corral.shapes.templates import Template
@@ -87,21 +88,8 @@ class SandboxSpecBody(_Body):
 
     def create_spec(self) -> CreateSpec:
         """The create this body asks for, as the control plane runs it."""
-        return CreateSpec(
-            template=self.template,
-            memory_mb=self.memory_mb,
-            cpus=self.cpus,
-            stateful=self.stateful,
-            ttl_seconds=self.ttl_seconds,
-            name=self.name,
-            metadata=self.metadata,
-            env=self.env,
-            secrets=self.secrets,
-            failover=self.failover,
-            wait_s=self.wait_s,
-            disk_mb=self.disk_mb,
-            network=self.network.wire() if self.network is not None else None,
-        )
+        fields = self.model_dump(exclude={"network"})
+        return CreateSpec(**fields, network=self.network.wire() if self.network is not None else None)
 
 
 class BatchBody(_Body):
@@ -140,16 +128,7 @@ class TemplateBody(_Body):
     disk_mb: int | None = Field(default=None, ge=MIN_SANDBOX_DISK_MB, le=MAX_SANDBOX_DISK_MB, strict=True)
 
     def record(self) -> TemplateRecord:
-        return TemplateRecord(
-            name=self.name,
-            cpus=self.cpus,
-            memory_mb=self.memory_mb,
-            stateful=self.stateful,
-            description=self.description,
-            pids=self.pids,
-            failover=self.failover,
-            disk_mb=self.disk_mb,
-        )
+        return TemplateRecord(**self.model_dump())
 
 
 # The most CPUs a tenant's quota may name: far beyond any fleet, yet exact in the store's millicores.
@@ -252,29 +231,16 @@ def token_info(t: TokenRecord) -> TokenInfo:
 
 
 def template_out(t: TemplateRecord, size_bytes: int | None = None) -> Template:
-    return Template(
-        name=t.name,
-        cpus=t.cpus,
-        memory_mb=t.memory_mb,
-        stateful=t.stateful,
-        description=t.description,
-        pids=t.pids,
-        failover=t.failover,
-        image=t.image,
-        disk_mb=t.disk_mb,
-        version=t.version,
-        size_bytes=size_bytes,
-    )
+    return _shown(Template, t, size_bytes=size_bytes)
 
 
 def tenant_out(t: TenantRecord, token: str | None = None) -> Tenant:
-    return Tenant(
-        id=t.id,
-        name=t.name,
-        max_sandboxes=t.max_sandboxes,
-        max_memory_mb=t.max_memory_mb,
-        max_cpus=t.max_cpus,
-        create_rate_per_s=t.create_rate_per_s,
-        create_burst=t.create_burst,
-        token=token,
-    )
+    return _shown(Tenant, t, token=token)
+
+
+W = TypeVar("W", bound=Wire)
+
+
+def _shown(shape: type[W], record: object, **extra: object) -> W:
+    """The API's ``shape`` of a record: its same-named fields, and ``extra`` (what the record lacks)."""
+    return shape.model_validate(record, from_attributes=True).model_copy(update=extra)

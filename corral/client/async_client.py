@@ -20,6 +20,7 @@ import httpx
 
 from corral.client import wire
 from corral.client.errors import CorralError, NotFound, Unreachable
+from corral.client.fields import Shown
 from corral.client.models import (
     BatchCreated,
     CommandInfo,
@@ -398,21 +399,10 @@ class AsyncCommandHandle:
         self.info = info
         self._client = client
 
-    @property
-    def pid(self) -> int:
-        return self.info.pid
-
-    @property
-    def sandbox_id(self) -> str:
-        return self.info.sandbox_id
-
-    @property
-    def running(self) -> bool:
-        return self.info.running
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.info.exit_code
+    pid = Shown[int]("info")
+    sandbox_id = Shown[str]("info")
+    running = Shown[bool]("info")
+    exit_code = Shown[int | None]("info")
 
     def _path(self, tail: str = "") -> str:
         return wire.commands_path(self.sandbox_id, self.pid) + tail

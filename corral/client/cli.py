@@ -17,14 +17,15 @@ import json
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TextIO
+from typing import Annotated, Any, NoReturn, TextIO, TypeVar
 
 import httpx
 import typer
-from rich.console import Console, RenderableType
+from pydantic import BaseModel
+from rich.console import Console, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.table import Table
 
@@ -33,10 +34,13 @@ from corral.client.burst import BurstReport, run_burst
 from corral.client.client import Corral
 from corral.client.credentials import write_private
 from corral.client.errors import CapacityUnavailable, CorralError, NotFound, Unauthorized, Unreachable
+from corral.client.models import Host, SandboxRecord, TokenInfo
 from corral.client.retry import RetryPolicy
 from corral.client.top import DATA_PATH as TOP_DATA_PATH
 from corral.client.top import render as render_top
-from corral.exec_result import MAX_EXEC_TIMEOUT_S
+from corral.exec_result import MAX_EXEC_TIMEOUT_S, ExecResult
+
+M = TypeVar("M", bound=BaseModel)
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 2
@@ -119,6 +123,31 @@ def console() -> Console:
 
 def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=None, sort_keys=False, default=str))
+
+
+def print_listing(
+    name: str,
+    shown: Sequence[M],
+    row: Callable[[M], Sequence[str]],
+    columns: Sequence[str],
+    *,
+    as_json: bool,
+    left: Collection[str] | None = None,
+    no_wrap: bool = False,
+    title: str | None = None,
+) -> None:
+    """A listing's answer: ``{name: [each as JSON]}``, or a table of one ``row`` each titled with their
+    count. ``left``: the columns justified left, the rest right (None: all left)."""
+    if as_json:
+        _print_json({name: [m.model_dump(mode="json") for m in shown]})
+        return
+    table = Table(title=title or f"{len(shown)} {name}", title_justify="left")
+    for column in columns:
+        justify: JustifyMethod = "left" if left is None or column in left else "right"
+        table.add_column(column, justify=justify, no_wrap=no_wrap)
+    for m in shown:
+        table.add_row(*row(m))
+    console().print(table)
 
 
 UrlOption = Annotated[
@@ -215,24 +244,15 @@ def ps_command(
 ) -> None:
     """List sandboxes (all pages)."""
     with server(ctx, url, token) as client:
-        sandboxes = list(client.sandboxes.list(state=state, host_id=host_id))
-    if as_json:
-        _print_json({"sandboxes": [s.record.model_dump(mode="json") for s in sandboxes]})
-        return
-    table = Table(title=f"{len(sandboxes)} sandboxes", title_justify="left")
-    for column in ("id", "name", "template", "host", "state", "memory_mb", "created"):
-        table.add_column(column)
-    for s in sandboxes:
-        table.add_row(
-            s.id,
-            s.name or "",
-            s.template,
-            s.host_id or "",
-            s.state,
-            "" if s.memory_mb is None else str(s.memory_mb),
-            s.created_at.isoformat(timespec="seconds") if s.created_at else "",
-        )
-    console().print(table)
+        records = [s.record for s in client.sandboxes.list(state=state, host_id=host_id)]
+
+    def row(s: SandboxRecord) -> tuple[str, ...]:
+        created = s.created_at.isoformat(timespec="seconds") if s.created_at else ""
+        memory = "" if s.memory_mb is None else str(s.memory_mb)
+        return (s.id, s.name or "", s.template, s.host_id or "", s.state, memory, created)
+
+    columns = ("id", "name", "template", "host", "state", "memory_mb", "created")
+    print_listing("sandboxes", records, row, columns, as_json=as_json)
 
 
 def hosts_command(
@@ -255,16 +275,9 @@ def hosts_command(
         return
     with server(ctx, url, token) as client:
         hosts = client.hosts.list()
-    if as_json:
-        _print_json({"hosts": [h.model_dump(mode="json") for h in hosts]})
-        return
-    table = Table(title=f"{len(hosts)} hosts", title_justify="left")
-    for column in ("id", "state", "mode", "hb_s", "cpu", "mem_mb", "admit_mb", "resv_mb", "n", "warm"):
-        table.add_column(
-            column, no_wrap=True, justify="left" if column in ("id", "state", "mode") else "right"
-        )
-    for h in hosts:
-        table.add_row(
+
+    def row(h: Host) -> tuple[str, ...]:
+        return (
             h.id,
             h.state,
             h.memory_admission or "",
@@ -276,7 +289,9 @@ def hosts_command(
             str(h.sandboxes),
             str(sum(w.get("ready", 0) for w in h.warm.values())),
         )
-    console().print(table)
+
+    columns = ("id", "state", "mode", "hb_s", "cpu", "mem_mb", "admit_mb", "resv_mb", "n", "warm")
+    print_listing("hosts", hosts, row, columns, as_json=as_json, left={"id", "state", "mode"}, no_wrap=True)
 
 
 def _host_action(
@@ -326,17 +341,8 @@ def tokens_command(
             typer.echo(f"revoked {target}")
             return
         if action == "list":
-            tokens = client.tokens.list()
-            if as_json:
-                _print_json({"tokens": [t.model_dump(mode="json") for t in tokens]})
-                return
-            table = Table(title=f"{len(tokens)} tokens", title_justify="left")
-            for column in ("id", "role", "tenant", "host", "source", "created"):
-                table.add_column(column, no_wrap=True)
-            for t in tokens:
-                created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
-                table.add_row(t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
-            console().print(table)
+            columns = ("id", "role", "tenant", "host", "source", "created")
+            print_listing("tokens", client.tokens.list(), _token_row, columns, as_json=as_json, no_wrap=True)
             return
         if action == "admin":
             issued = client.tokens.issue_admin()
@@ -345,6 +351,11 @@ def tokens_command(
         else:
             issued = client.tokens.issue_tenant(target or "")
     _print_json(issued.model_dump(mode="json"))
+
+
+def _token_row(t: TokenInfo) -> tuple[str, ...]:
+    created = t.created_at.isoformat(timespec="seconds") if t.created_at else ""
+    return (t.id, t.role, t.tenant or "", t.host_id or "", t.source or "", created)
 
 
 def exec_command(
@@ -403,6 +414,11 @@ def exec_command(
     except KeyboardInterrupt:
         typer.echo("interrupted: the command was killed", err=True)
         raise typer.Exit(130) from None
+    _exit_as(result)
+
+
+def _exit_as(result: ExecResult) -> NoReturn:
+    """End as the command ended: its exit code, and on stderr why it ended early when it did."""
     if result.timed_out:
         typer.echo(
             f"corral: the command timed out after {result.duration_ms / 1000:.1f} s and was killed", err=True

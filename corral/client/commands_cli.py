@@ -11,18 +11,32 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from corral.client.cli import (
     JsonOption,
     TokenOption,
     UrlOption,
+    _exit_as,
     _print_json,
     _write,
-    console,
+    print_listing,
     server,
 )
+from corral.client.models import CommandInfo
 from corral.exec_result import ExecResult, encode_event
+
+COMMAND_COLUMNS = ("pid", "state", "exit", "started", "dropped", "command")
+
+
+def _command_row(i: CommandInfo) -> tuple[str, ...]:
+    return (
+        str(i.pid),
+        i.state + (" (timed out)" if i.timed_out else " (killed)" if i.killed else ""),
+        "" if i.exit_code is None else str(i.exit_code),
+        i.started_at.isoformat(timespec="seconds"),
+        str(i.dropped_bytes) if i.dropped_bytes else "",
+        " ".join(i.command),
+    )
 
 
 def logs_command(
@@ -43,24 +57,9 @@ def logs_command(
         with server(ctx, url, token) as client:
             commands = client.sandboxes.commands(sandbox_id)
             if pid is None:
-                handles = commands.list()
-                if as_json:
-                    _print_json({"commands": [h.info.model_dump(mode="json") for h in handles]})
-                    return
-                table = Table(title=f"{len(handles)} commands in {sandbox_id}", title_justify="left")
-                for column in ("pid", "state", "exit", "started", "dropped", "command"):
-                    table.add_column(column)
-                for h in handles:
-                    i = h.info
-                    table.add_row(
-                        str(i.pid),
-                        i.state + (" (timed out)" if i.timed_out else " (killed)" if i.killed else ""),
-                        "" if i.exit_code is None else str(i.exit_code),
-                        i.started_at.isoformat(timespec="seconds"),
-                        str(i.dropped_bytes) if i.dropped_bytes else "",
-                        " ".join(i.command),
-                    )
-                console().print(table)
+                infos = [h.info for h in commands.list()]
+                title = f"{len(infos)} commands in {sandbox_id}"
+                print_listing("commands", infos, _command_row, COMMAND_COLUMNS, as_json=as_json, title=title)
                 return
             handle = commands.get(pid)
             if not follow:
@@ -87,10 +86,4 @@ def logs_command(
     assert result is not None  # the follow raises when it ends without one
     if as_json:
         raise typer.Exit(result.exit_code)
-    if result.timed_out:
-        typer.echo(
-            f"corral: the command timed out after {result.duration_ms / 1000:.1f} s and was killed", err=True
-        )
-    elif result.note:
-        typer.echo(f"corral: {result.note}", err=True)
-    raise typer.Exit(result.exit_code)
+    _exit_as(result)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, console, server
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, print_listing, server
+from corral.client.pools import Pool
 
 pools_app = typer.Typer(help="Warm pools: sandboxes booted ahead of the creates that take them.")
 
@@ -42,23 +42,21 @@ def ls_command(
     """List pools with their fill and hits."""
     with server(ctx, url, token) as client:
         pools = client.pools.list()
-    if as_json:
-        _print_json({"pools": [p.model_dump(mode="json") for p in pools]})
-        return
-    table = Table(title=f"{len(pools)} pools", title_justify="left")
-    for column in ("template", "size", "ready", "starting", "hosts", "hits", "misses"):
-        table.add_column(column, justify="left" if column == "template" else "right")
-    for p in pools:
-        table.add_row(
+
+    def row(p: Pool) -> tuple[str, ...]:
+        hosts = sum(1 for h in p.per_host.values() if h.target)
+        return (
             p.template,
             str(p.size),
             str(p.ready),
             str(p.starting),
-            str(sum(1 for h in p.per_host.values() if h.target)),
+            str(hosts),
             str(p.hits),
             str(p.misses),
         )
-    console().print(table)
+
+    columns = ("template", "size", "ready", "starting", "hosts", "hits", "misses")
+    print_listing("pools", pools, row, columns, as_json=as_json, left={"template"})
 
 
 @pools_app.command("rm")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from corral.client.fields import Shown
 from corral.client.models import SandboxRecord
 from corral.client.retry import CreateStats
 
@@ -20,62 +21,27 @@ class SandboxView:
         # Set only on the handle a create returned: what it took to get a placement.
         self.create_stats = create_stats
 
+    id = Shown[str]("_record")
+    name = Shown[str | None]("_record")
+    tenant = Shown[str | None]("_record")
+    template = Shown[str]("_record")
+    host_id = Shown[str | None]("_record")
+    state = Shown[str]("_record")
+    memory_mb = Shown[int | None]("_record")
+    cpus = Shown[float | None]("_record")
+    stateful = Shown[bool]("_record")
+    # Taken from a warm pool rather than started for this create.
+    warm = Shown[bool]("_record")
+    created_at = Shown[datetime | None]("_record")
+    expires_at = Shown[datetime | None]("_record")
+
     @property
     def record(self) -> SandboxRecord:
         return self._record
 
     @property
-    def id(self) -> str:
-        return self._record.id
-
-    @property
-    def name(self) -> str | None:
-        return self._record.name
-
-    @property
-    def tenant(self) -> str | None:
-        return self._record.tenant
-
-    @property
-    def template(self) -> str:
-        return self._record.template
-
-    @property
-    def host_id(self) -> str | None:
-        return self._record.host_id
-
-    @property
-    def state(self) -> str:
-        return self._record.state
-
-    @property
-    def memory_mb(self) -> int | None:
-        return self._record.memory_mb
-
-    @property
-    def cpus(self) -> float | None:
-        return self._record.cpus
-
-    @property
-    def stateful(self) -> bool:
-        return self._record.stateful
-
-    @property
-    def warm(self) -> bool:
-        """Taken from a warm pool rather than started for this create."""
-        return self._record.warm
-
-    @property
     def metadata(self) -> dict[str, Any]:
         return dict(self._record.metadata)
-
-    @property
-    def created_at(self) -> datetime | None:
-        return self._record.created_at
-
-    @property
-    def expires_at(self) -> datetime | None:
-        return self._record.expires_at
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, host_id={self.host_id!r}, state={self.state!r})"

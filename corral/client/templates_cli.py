@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from corral.client import Corral
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, console, server
-from corral.client.templates import Build
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, print_listing, server
+from corral.client.templates import Build, Template
 
 templates_app = typer.Typer(help="Templates: images built from a recipe or imported, with their versions.")
 
@@ -134,23 +133,14 @@ def ls_command(
     """List templates with their image digest, version and size."""
     with server(ctx, url, token) as client:
         templates = client.templates.list()
-    if as_json:
-        _print_json({"templates": [t.model_dump(mode="json") for t in templates]})
-        return
-    table = Table(title=f"{len(templates)} templates", title_justify="left")
-    for column in ("name", "version", "image", "size", "cpus", "memory_mb", "disk_mb"):
-        table.add_column(column, justify="left" if column in ("name", "image") else "right")
-    for t in templates:
-        table.add_row(
-            t.name,
-            str(t.version),
-            t.image or "(host root)",
-            _size(t.size_bytes),
-            f"{t.cpus:g}",
-            str(t.memory_mb),
-            "-" if t.disk_mb is None else str(t.disk_mb),
-        )
-    console().print(table)
+
+    def row(t: Template) -> tuple[str, ...]:
+        disk = "-" if t.disk_mb is None else str(t.disk_mb)
+        image = t.image or "(host root)"
+        return (t.name, str(t.version), image, _size(t.size_bytes), f"{t.cpus:g}", str(t.memory_mb), disk)
+
+    columns = ("name", "version", "image", "size", "cpus", "memory_mb", "disk_mb")
+    print_listing("templates", templates, row, columns, as_json=as_json, left={"name", "image"})
 
 
 @templates_app.command("rm")

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, console, server
+from corral.client.cli import JsonOption, TokenOption, UrlOption, _print_json, print_listing, server
+from corral.client.models import Tenant
 
 tenants_app = typer.Typer(help="Tenants: who may create sandboxes, their limits and their keys.")
 
@@ -42,15 +42,12 @@ def ls_command(
     """List tenants with their limits."""
     with server(ctx, url, token) as client:
         tenants = client.tenants.list()
-    if as_json:
-        _print_json({"tenants": [t.model_dump(mode="json") for t in tenants]})
-        return
-    table = Table(title=f"{len(tenants)} tenants", title_justify="left")
-    for column in ("name", "id", "max sandboxes", "max memory MiB", "max cpus"):
-        table.add_column(column, no_wrap=True)
-    for t in tenants:
-        table.add_row(t.name, t.id, str(t.max_sandboxes), str(t.max_memory_mb), f"{t.max_cpus:g}")
-    console().print(table)
+
+    def row(t: Tenant) -> tuple[str, ...]:
+        return (t.name, t.id, str(t.max_sandboxes), str(t.max_memory_mb), f"{t.max_cpus:g}")
+
+    columns = ("name", "id", "max sandboxes", "max memory MiB", "max cpus")
+    print_listing("tenants", tenants, row, columns, as_json=as_json, no_wrap=True)
 
 
 @tenants_app.command("e2b-key")

@@ -93,37 +93,12 @@ def host_path(host_id: str) -> str:
 WAIT_MARGIN_S = 30.0
 
 
-def create_body(
-    template: str,
-    *,
-    memory_mb: int | None = None,
-    cpus: float | None = None,
-    stateful: bool | None = None,
-    ttl_seconds: int | None = None,
-    name: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    secrets: Mapping[str, str] | None = None,
-    failover: str | None = None,
-    wait_s: float | None = None,
-    disk_mb: int | None = None,
-) -> dict[str, Any]:
-    """The create spec; absent options are omitted so the server's defaults apply."""
+def create_body(template: str, **options: Any) -> dict[str, Any]:
+    """The create spec: the template and the options given. An absent option (None) is omitted so the
+    server's default applies; a mapping is copied. The options are typed where the SDK declares them
+    (``AsyncSandboxes.create``), and named there as the API names them."""
     body: dict[str, Any] = {"template": template}
-    optional: dict[str, Any] = {
-        "memory_mb": memory_mb,
-        "cpus": cpus,
-        "stateful": stateful,
-        "ttl_seconds": ttl_seconds,
-        "name": name,
-        "metadata": dict(metadata) if metadata is not None else None,
-        "env": dict(env) if env is not None else None,
-        "secrets": dict(secrets) if secrets is not None else None,
-        "failover": failover,
-        "wait_s": wait_s,
-        "disk_mb": disk_mb,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
+    body.update({k: dict(v) if isinstance(v, Mapping) else v for k, v in options.items() if v is not None})
     return body
 
 

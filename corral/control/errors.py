@@ -4,14 +4,20 @@ status (both from ``corral.codes``). The API renders them; nothing else decides 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from corral.codes import ErrorCode
+from corral.codes import ErrorCode, status_of
 
 
 class ControlError(Exception):
     code: str = ErrorCode.INTERNAL
-    status = 500
+    # The HTTP status of the class's code, looked up once per class: an instance that carries another
+    # code (an agent's, passed through) still answers with its class's status.
+    status: ClassVar[int] = 500
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status = status_of(cls.code, cls.status)
 
     def __init__(
         self,
@@ -34,12 +40,10 @@ class Unavailable(ControlError):
     Retry-After estimated from the fleet."""
 
     code = ErrorCode.NO_CAPACITY
-    status = 503
 
 
 class InvalidRequest(ControlError):
     code = ErrorCode.INVALID_REQUEST
-    status = 422
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message, details={"field": field})
@@ -49,7 +53,6 @@ class UnsupportedOption(ControlError):
     """400: a request asks for something this control plane does not do (rather than dropping it)."""
 
     code = ErrorCode.UNSUPPORTED_OPTION
-    status = 400
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message, details={"field": field})
@@ -59,22 +62,18 @@ class UnsupportedOperation(ControlError):
     """501: a call this control plane does not serve at all (not a missing resource)."""
 
     code = ErrorCode.UNSUPPORTED_OPERATION
-    status = 501
 
 
 class Unauthorized(ControlError):
     code = ErrorCode.UNAUTHORIZED
-    status = 401
 
 
 class Forbidden(ControlError):
     code = ErrorCode.FORBIDDEN
-    status = 403
 
 
 class ResourceNotFound(ControlError):
     code = ErrorCode.NOT_FOUND
-    status = 404
 
 
 class ImageNotFound(ResourceNotFound):
@@ -83,14 +82,12 @@ class ImageNotFound(ResourceNotFound):
 
 class Conflict(ControlError):
     code = ErrorCode.NAME_CONFLICT
-    status = 409
 
 
 class HostInUse(ControlError):
     """A host cannot be forgotten while live sandboxes are on it."""
 
     code = ErrorCode.HOST_HAS_SANDBOXES
-    status = 409
 
 
 class TenantInUse(ControlError):
@@ -98,38 +95,32 @@ class TenantInUse(ControlError):
     says how many are."""
 
     code = ErrorCode.TENANT_HAS_SANDBOXES
-    status = 409
 
 
 class PayloadTooLarge(ControlError):
     """The request's body is over its route's cap; refused before it is read in full."""
 
     code = ErrorCode.PAYLOAD_TOO_LARGE
-    status = 413
 
 
 class Gone(ControlError):
     code = ErrorCode.SANDBOX_ORPHANED
-    status = 410
 
 
 class TenantOverQuota(ControlError):
     code = ErrorCode.TENANT_OVER_QUOTA
-    status = 429
 
 
 class TenantRateLimited(ControlError):
     """A tenant's creates past its create rate: retry after the Retry-After its bucket computes."""
 
     code = ErrorCode.TENANT_RATE_LIMITED
-    status = 429
 
 
 class QueueFull(ControlError):
     """A tenant already has as many creates waiting for capacity as it may."""
 
     code = ErrorCode.QUEUE_FULL
-    status = 429
 
 
 class TooManyConcurrent(ControlError):
@@ -137,21 +128,18 @@ class TooManyConcurrent(ControlError):
     which, with the limit and what is in flight. Retry once one of them ends."""
 
     code = ErrorCode.TOO_MANY_CONCURRENT
-    status = 429
 
 
 class BadGateway(ControlError):
     """The sandbox's host answered with an error that is not the caller's fault."""
 
     code = ErrorCode.AGENT_ERROR
-    status = 502
 
 
 class RegistryUnavailable(ControlError):
     """A recipe names a container registry's image, and that registry cannot be reached from here."""
 
     code = ErrorCode.REGISTRY_UNAVAILABLE
-    status = 422
 
     def __init__(self, base: str, why: str) -> None:
         super().__init__(
@@ -166,18 +154,15 @@ class SandboxNotReady(ControlError):
     """The template's ready check never passed within the bound: the create made no sandbox."""
 
     code = ErrorCode.SANDBOX_NOT_READY
-    status = 422
 
 
 class SandboxIsPaused(ControlError):
     """The sandbox is paused: nothing runs in it until it is resumed. The caller's state, not a fault."""
 
     code = ErrorCode.SANDBOX_PAUSED
-    status = 409
 
 
 class NotRunning(ControlError):
     """The sandbox exists but is not in a state that can run a command."""
 
     code = ErrorCode.SANDBOX_NOT_RUNNING
-    status = 409

@@ -31,6 +31,7 @@ from corral.core.warm import CLAIM_TRIES, Slot, pick_warm, spread
 from corral.shapes.pools import PoolHost
 from corral.store import (
     UNSET,
+    CreateOutcome,
     HostRecord,
     NameConflict,
     PoolRecord,
@@ -208,12 +209,6 @@ class ClaimsSeen:
                 self._at.setdefault(key, deque()).append(clock.now())
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    record: SandboxRecord
-    replayed: bool
-
-
 @dataclass(eq=False, repr=False)
 class WarmClaims:
     """The claim step of a create: pick a host by power-of-2 over advertised ready counts (minus this
@@ -265,16 +260,17 @@ class WarmClaims:
         *,
         idempotency_key: str | None,
         request_hash: str | None,
-    ) -> Claimed | None:
+    ) -> CreateOutcome | None:
         """``record`` is the create's record as a cold create would write it (its id is replaced by
-        the warm sandbox's). Store errors (quota, name, idempotency) propagate as the store raises them."""
+        the warm sandbox's); the outcome is the store's, a replay when the key had been seen. Store
+        errors (quota, name, idempotency) propagate as the store raises them."""
         template = record.template
         began = self.clock.now()
         seen = await self.store.check_create(
             record, idempotency_key=idempotency_key, request_hash=request_hash
         )
         if seen is not None:
-            return Claimed(seen.record, True)
+            return seen
         snap = await self.view.get()
         candidates = self.candidates(snap, template)
         if not candidates:
@@ -305,11 +301,11 @@ class WarmClaims:
                 raise
             if out.replayed:  # a twin request recorded first: this hand-over is not needed
                 await self._release(host, info.id)
-                return Claimed(out.record, True)
+                return out
             self.hits[template] = self.hits.get(template, 0) + 1
             self.metrics.hits.labels(template).inc()
             self.metrics.claim_latency.observe(max(0.0, self.clock.now() - began))
-            return Claimed(out.record, False)
+            return out
         self.miss(template, "empty")
         return None
 

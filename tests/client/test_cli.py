@@ -12,7 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from corral.client import RetryPolicy
-from corral.client.cli import COMMANDS, EXIT_REFUSED, EXIT_UNREACHABLE, ClientFactory
+from corral.client.cli import COMMANDS, EXIT_REFUSED, EXIT_UNREACHABLE, ClientFactory, _exit_as
+from corral.exec_result import ExecResult
 
 from .fakes import FakeApi, FakeTime, refusal
 
@@ -178,6 +179,25 @@ def test_exec_passes_the_command_and_exits_with_its_code(
     assert json.loads(api.requests[-1].content) == {"command": ["ls", "-la", "/"], "timeout_s": 3600.0}
     code, out, _ = invoke(app, factory, "exec", "sb-1", *ARGS, "--json", "--", "true")
     assert code == 3 and json.loads(out)["duration_ms"] == 12.5
+
+
+@pytest.mark.parametrize(
+    ("result", "said"),
+    [
+        (ExecResult(exit_code=137, duration_ms=2500, timed_out=True, note="n"), "timed out after 2.5 s"),
+        (ExecResult(exit_code=1, note="its sandbox was paused"), "corral: its sandbox was paused"),
+        (ExecResult(exit_code=0), ""),
+    ],
+)
+def test_a_command_ends_the_cli_with_its_code_and_why_it_ended_early(
+    result: ExecResult, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(typer.Exit) as ended:
+        _exit_as(result)
+    assert ended.value.exit_code == result.exit_code
+    err = capsys.readouterr().err
+    assert said in err and (err == "") == (said == "")
+    assert "corral: n\n" not in err  # a timeout is said instead of the note
 
 
 def test_kill_and_missing(app: typer.Typer, factory: ClientFactory, api: FakeApi) -> None:

@@ -42,6 +42,21 @@ def test_refresh_reads_the_current_record(client: Corral, api: FakeApi) -> None:
     assert sandbox.state == "stopped"
 
 
+def test_the_handle_shows_its_record_and_cannot_be_written(client: Corral, api: FakeApi) -> None:
+    sandbox = client.sandboxes.create("python")
+    record = sandbox.record
+    assert (sandbox.id, sandbox.template, sandbox.state, sandbox.stateful, sandbox.expires_at) == (
+        record.id,
+        record.template,
+        record.state,
+        record.stateful,
+        record.expires_at,
+    )
+    with pytest.raises(AttributeError, match="read-only"):
+        sandbox.state = "stopped"  # type: ignore[assignment]
+    assert sandbox.state == record.state
+
+
 def test_kill_deletes_and_a_second_kill_is_not_found(client: Corral, api: FakeApi) -> None:
     sandbox = client.sandboxes.create("python")
     sandbox.kill()

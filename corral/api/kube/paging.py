@@ -29,7 +29,6 @@ _MAC_BYTES = 16
 
 class BadContinue(ControlError):
     code = ErrorCode.BAD_CONTINUE
-    status = 400
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,6 @@ INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 
 class UnsupportedMedia(ControlError):
     code = ErrorCode.UNSUPPORTED_MEDIA_TYPE
-    status = 415
 
 
 class Surface:

@@ -23,7 +23,6 @@ MAX_SELECTOR = 4096
 
 class BadSelector(ControlError):
     code = ErrorCode.BAD_SELECTOR
-    status = 400
 
 
 def _terms(text: str) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from corral.codes import ErrorCode
 from corral.core import (
@@ -31,41 +32,19 @@ from corral.core import (
 from corral.sim.scenario import HostSpec, fixed_profile
 
 
+# eq=False: a sandbox is itself (kept and removed by identity), not the sum of its fields.
+@dataclass(slots=True, eq=False)
 class SimSandbox:
-    __slots__ = (
-        "admitted_at",
-        "cpu",
-        "ends_at",
-        "host_id",
-        "id",
-        "measured_mb",
-        "memory_mb",
-        "profile",
-        "starting",
-        "stateful",
-    )
-
-    def __init__(
-        self,
-        id: int,
-        host_id: str,
-        memory_mb: int,
-        cpu: float,
-        stateful: bool,
-        admitted_at: float,
-        profile: TouchProfile,
-        measured_mb: int | None = None,
-    ) -> None:
-        self.id = id
-        self.host_id = host_id
-        self.memory_mb = memory_mb
-        self.cpu = cpu
-        self.stateful = stateful
-        self.admitted_at = admitted_at
-        self.profile = profile
-        self.measured_mb = measured_mb
-        self.starting = False
-        self.ends_at: float | None = None
+    id: int
+    host_id: str
+    memory_mb: int
+    cpu: float
+    stateful: bool
+    admitted_at: float
+    profile: TouchProfile
+    measured_mb: int | None = None
+    starting: bool = field(default=False, init=False)
+    ends_at: float | None = field(default=None, init=False)
 
     def resident_mb(self, now: float) -> int:
         return self.profile.resident_mb(now - self.admitted_at)

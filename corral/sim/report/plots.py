@@ -46,6 +46,15 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _finish(fig: Figure, path: Path, *labelled: tuple[Axes, str, str]) -> Path:
+    """Name each panel's axes, give it its legend, and save the figure."""
+    for ax, xlabel, ylabel in labelled:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _burst_axes(ax: Axes, r: BurstResult) -> None:
     hosts = list(r.per_host)
     counts = [r.per_host[h] for h in hosts]
@@ -84,14 +93,10 @@ def density(r: DensityResult, path: Path) -> Path:
         t = [p[0] for p in m.series]
         ax.plot(t, [p[1] for p in m.series], color=color, label=f"{m.mode}: {m.per_host:g}/host")
         ax2.plot(t, [100 * p[2] for p in m.series], color=color, label=f"{m.mode}: {m.oom_events} OOM events")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("sandboxes per host")
-    ax.legend(fontsize=8)
-    ax2.set_xlabel("seconds")
-    ax2.set_ylabel("physical memory used, % of fleet")
     ax2.axhline(100, color="black", lw=0.8, ls="--")
-    ax2.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(
+        fig, path, (ax, "seconds", "sandboxes per host"), (ax2, "seconds", "physical memory used, % of fleet")
+    )
 
 
 def staleness(r: StalenessResult, path: Path) -> Path:
@@ -107,10 +112,9 @@ def staleness(r: StalenessResult, path: Path) -> Path:
             label=policy,
         )
     ax.set_yscale("log")
-    ax.set_xlabel("mean age of the oldest heartbeat a decision used (s)")
-    ax.set_ylabel("max-to-median host load")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(
+        fig, path, (ax, "mean age of the oldest heartbeat a decision used (s)", "max-to-median host load")
+    )
 
 
 def scale(r: ScaleResult, path: Path) -> Path:
@@ -125,10 +129,7 @@ def scale(r: ScaleResult, path: Path) -> Path:
             formula = "ln n / ln ln n" if policy == "random" else "ln ln n / ln 2"
             ax.plot([n for n, _ in th], [v for _, v in th], ls="--", color=color, label=formula)
     ax.set_xscale("log")
-    ax.set_xlabel("hosts n (n creates)")
-    ax.set_ylabel("fullest host")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, path, (ax, "hosts n (n creates)", "fullest host"))
 
 
 def leak(r: LeakResult, path: Path) -> Path:
@@ -144,10 +145,7 @@ def leak(r: LeakResult, path: Path) -> Path:
             label=f"{run.variant}: {zero}",
         )
     ax.axvline(r.scenario.crash_after_s, color="black", lw=0.8, ls=":", label="replica crash")
-    ax.set_xlabel("seconds since the burst began")
-    ax.set_ylabel("outstanding reserved memory (GiB)")
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, path, (ax, "seconds since the burst began", "outstanding reserved memory (GiB)"))
 
 
 def warm(r: WarmResult, path: Path) -> Path:
