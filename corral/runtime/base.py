@@ -174,3 +174,16 @@ class KeepsDisks(Protocol):
     name: str
 
     async def drain_disks(self) -> None: ...
+
+
+@runtime_checkable
+class GuestFiles(Protocol):
+    """A runtime whose sandboxes hold corral's launcher where their user may run it: the data plane's
+    file operations then run as its ``fs`` mode (see corral/runtime/launcher.c), needing nothing of
+    the sandbox's own (no python3)."""
+
+    name: str
+
+    def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher's path inside the sandbox, or None when it offers none there (or is gone)."""
+        ...
