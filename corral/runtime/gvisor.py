@@ -592,6 +592,10 @@ class GvisorRuntime:
         await self._runsc_ok("resume", self._cid(sandbox_id))
         self._paused.discard(sandbox_id)
 
+    def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher inside: the bundle's copy, the container's init."""
+        return bwrap.INIT_PATH
+
     def paused(self, sandbox_id: str) -> bool:
         self._state(sandbox_id)
         return sandbox_id in self._paused

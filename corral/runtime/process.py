@@ -839,6 +839,14 @@ class ProcessRuntime:
 
     # -- pause ----------------------------------------------------------------------------------
 
+    def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher inside: the sandbox's init, a copy bubblewrap put where it runs it."""
+        try:
+            image = self._live(sandbox_id).spec.image is not None
+        except SandboxNotFound:
+            return None
+        return bwrap.IMAGE_INIT_PATH if image else bwrap.INIT_PATH
+
     def paused(self, sandbox_id: str) -> bool:
         cgroup = _cgroup_of(self._live(sandbox_id))
         return cgroup is not None and cgroup.frozen()

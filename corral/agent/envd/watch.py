@@ -45,7 +45,8 @@ from corral.agent.envd.connect import (
     stream_error,
     unwrap,
 )
-from corral.agent.envd.files import helper_command, helper_error, read_all
+from corral.agent.envd.files import helper_error, read_all
+from corral.agent.envd.fscommand import helper_command
 from corral.runtime.stream import Spawned
 
 MAX_WATCHERS = 8  # per sandbox, streamed and polled: each holds one of its 16 command slots
