@@ -135,8 +135,8 @@ class _EitherFiles(ProcessRuntime):
 
     native = True
 
-    def guest_program(self, sandbox_id: str) -> str | None:
-        return super().guest_program(sandbox_id) if self.native else None
+    async def guest_program(self, sandbox_id: str) -> str | None:
+        return await super().guest_program(sandbox_id) if self.native else None
 
 
 async def run_files(root: Path, cgroups: CgroupRoot | None, files: int) -> list[dict[str, object]]:

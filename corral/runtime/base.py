@@ -184,6 +184,7 @@ class GuestFiles(Protocol):
 
     name: str
 
-    def guest_program(self, sandbox_id: str) -> str | None:
-        """The launcher's path inside the sandbox, or None when it offers none there (or is gone)."""
+    async def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher's path inside the sandbox, or None when none there serves the fs mode (or the
+        sandbox is gone)."""
         ...

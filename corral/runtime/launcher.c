@@ -51,6 +51,8 @@
  *   launcher fs OP HEXPATH [ARG...]
  *       inside a sandbox, as its user: one of the data plane's file operations (stat, list, mkdir,
  *       move, remove, read, write), answered as corral/agent/envd/helper.py answers it (see fs below)
+ *   launcher fs version
+ *       print the fs mode's protocol, by which the runtime knows a sandbox's launcher serves it
  *
  * A spec is a sequence of NUL-terminated strings: the magic "corral-exec-1", the working directory,
  * the argument count, the arguments, the environment count, the KEY=VALUE entries.
@@ -924,6 +926,7 @@ static int init_main(int argc, char **argv) {
  * with its user's rights. Answers: JSON on stdout, exit 0 (`read`: a NUL byte, then the bytes);
  * failures: exit 3 and {"code", "message"} on stderr, a Connect code name. A name's bytes are
  * escaped as Python's json.dumps writes the helper's surrogate-escaped strings. */
+#define FS_PROTOCOL "corral-fs-1" /* answered to `fs version` (corral/runtime/launcher.py) */
 #define FS_EXIT_FAILED 3
 #define FS_EXIT_ABANDONED 4
 #define FS_CHUNK (64 * 1024)
@@ -1547,7 +1550,8 @@ static long fs_number(const char *text, long most) {
 }
 
 static int fs_main(int argc, char **argv) {
-    if (argc < 2) fs_fail("invalid_argument", "usage: fs OP PATH...");
+    if (argc == 1 && strcmp(argv[0], "version") == 0) return puts(FS_PROTOCOL) >= 0 && fflush(stdout) == 0 ? 0 : 1;
+    if (argc < 2) fs_fail("invalid_argument", "usage: fs OP PATH... | fs version");
     const char *op = argv[0];
     FILE *out = stdout;
     static char buffer[FS_CHUNK];

@@ -17,7 +17,11 @@ from corral.agent.envd import Envd
 from corral.agent.envd.files import MAX_ANSWER_BYTES
 from corral.agent.protocol import StartSandbox
 from corral.runtime import bwrap
-from corral.runtime.process import ProcessRuntime
+from corral.runtime.base import GuestFiles, Runtime
+from corral.runtime.cgroups import CgroupRoot
+from corral.runtime.guestfs import GuestFs
+from corral.runtime.gvisor import GvisorRuntime
+from corral.runtime.launcher import FS_PROTOCOL
 from corral.testing.resolver import DictResolver
 from tests.runtime.conftest import RuntimeFactory, cgroup_root, make_process_runtime  # noqa: F401
 from tests.runtime.images import Image, base_image, image_runtime
@@ -33,19 +37,26 @@ def image() -> Image:
     return base_image()
 
 
+EVERY_RUNTIME = pytest.mark.parametrize("sandbox", ["host", "image", "gvisor"], indirect=True)
+
+
 @pytest.fixture(params=["host", "image"])
 async def sandbox(
     request: pytest.FixtureRequest,
     make_process_runtime: RuntimeFactory,  # noqa: F811
+    cgroup_root: CgroupRoot,  # noqa: F811
     tmp_path: Path,
     image: Image,
-) -> AsyncIterator[tuple[ProcessRuntime, httpx.AsyncClient]]:
-    """A sandbox on the host's own system, or of the small Debian image (which has no python3)."""
-    runtime = (
-        image_runtime(make_process_runtime, tmp_path, DictResolver({image.digest: image.path}))
-        if request.param == "image"
-        else make_process_runtime()
-    )
+) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
+    """A sandbox on the host's own system, of the small Debian image (which has no python3), or,
+    where a test asks, behind gVisor."""
+    runtime: Runtime
+    if request.param == "image":
+        runtime = image_runtime(make_process_runtime, tmp_path, DictResolver({image.digest: image.path}))
+    elif request.param == "gvisor":
+        runtime = GvisorRuntime(tmp_path / "gvisor", cgroup_root=cgroup_root)
+    else:
+        runtime = make_process_runtime()
     agent = Agent(
         AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), runtime, pressure=lambda: 0.0
     )
@@ -59,7 +70,7 @@ async def sandbox(
     await agent.stop(SID)
 
 
-async def sh(runtime: ProcessRuntime, script: str) -> str:
+async def sh(runtime: Runtime, script: str) -> str:
     r = await runtime.exec(SID, ["sh", "-c", script])
     assert r.exit_code == 0, r.stderr
     return r.stdout
@@ -74,36 +85,41 @@ async def rpc(envd: httpx.AsyncClient, method: str, body: dict[str, object]) -> 
     )
 
 
+@EVERY_RUNTIME
 async def test_every_operation_works_without_python3(
-    sandbox: tuple[ProcessRuntime, httpx.AsyncClient],
+    sandbox: tuple[Runtime, httpx.AsyncClient],
 ) -> None:
     runtime, envd = sandbox
-    assert runtime.guest_program(SID) in (bwrap.INIT_PATH, bwrap.IMAGE_INIT_PATH)
-    if runtime.guest_program(SID) == bwrap.IMAGE_INIT_PATH:
+    assert isinstance(runtime, GuestFiles)
+    assert await runtime.guest_program(SID) in (bwrap.INIT_PATH, bwrap.IMAGE_INIT_PATH)
+    if await runtime.guest_program(SID) == bwrap.IMAGE_INIT_PATH:
         r = await runtime.exec(SID, ["sh", "-c", "command -v python3"])
         assert r.exit_code != 0, "the image was meant to have no python3"
-    r = await envd.post("/files", params={"path": "notes/a.txt"}, files={"file": ("a.txt", b"hello")})
+    # Under /tmp: gVisor's home is not the user's to write here (the helper fares no better).
+    r = await envd.post("/files", params={"path": "/tmp/notes/a.txt"}, files={"file": ("a.txt", b"hello")})
     assert r.status_code == 200, r.text
-    assert r.json() == [{"name": "a.txt", "type": "file", "path": "/home/user/notes/a.txt"}]
-    assert (await envd.get("/files", params={"path": "~/notes/a.txt"})).content == b"hello"
-    stat = await rpc(envd, "Stat", {"path": "notes/a.txt"})
+    assert r.json() == [{"name": "a.txt", "type": "file", "path": "/tmp/notes/a.txt"}]
+    assert (await envd.get("/files", params={"path": "~/../../tmp/notes/a.txt"})).content == b"hello"
+    assert (await rpc(envd, "Stat", {"path": "~"})).json()["entry"]["path"] == "/home/user"
+    stat = await rpc(envd, "Stat", {"path": "/tmp/notes/a.txt"})
     assert stat.status_code == 200 and stat.json()["entry"]["size"] == "5"
     assert stat.json()["entry"]["owner"] == "user"
     r = await rpc(envd, "MakeDir", {"path": "/tmp/d/e"})
     assert r.status_code == 200 and r.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
     assert (await rpc(envd, "MakeDir", {"path": "/tmp/d/e"})).json()["code"] == "already_exists"
-    r = await rpc(envd, "Move", {"source": "notes/a.txt", "destination": "/tmp/d/e/b.txt"})
+    r = await rpc(envd, "Move", {"source": "/tmp/notes/a.txt", "destination": "/tmp/d/e/b.txt"})
     assert r.status_code == 200 and r.json()["entry"]["path"] == "/tmp/d/e/b.txt"
     r = await rpc(envd, "ListDir", {"path": "/tmp/d", "depth": 2})
     assert [e["path"] for e in r.json()["entries"]] == ["/tmp/d/e", "/tmp/d/e/b.txt"]
     assert (await rpc(envd, "Remove", {"path": "/tmp/d"})).json() == {}
     assert (await rpc(envd, "Stat", {"path": "/tmp/d"})).json()["code"] == "not_found"
     assert (await envd.get("/files", params={"path": "/tmp/d/e/b.txt"})).status_code == 404
-    assert await sh(runtime, "ls -A /tmp /home/user/notes") == "/home/user/notes:\n\n/tmp:\n"
+    assert await sh(runtime, "test ! -e /tmp/d && test ! -e /tmp/notes/a.txt && echo gone") == "gone\n"
 
 
+@EVERY_RUNTIME
 async def test_names_that_are_not_text_travel_and_come_back(
-    sandbox: tuple[ProcessRuntime, httpx.AsyncClient],
+    sandbox: tuple[Runtime, httpx.AsyncClient],
 ) -> None:
     runtime, envd = sandbox
     await sh(
@@ -125,7 +141,7 @@ async def test_names_that_are_not_text_travel_and_come_back(
 
 
 async def test_a_listing_past_the_answer_s_bound_is_refused(
-    sandbox: tuple[ProcessRuntime, httpx.AsyncClient],
+    sandbox: tuple[Runtime, httpx.AsyncClient],
 ) -> None:
     runtime, envd = sandbox
     # 100,000 entries (on a tmpfs: the image disk has too few inodes), some 230 bytes each answered:
@@ -141,7 +157,7 @@ async def test_a_listing_past_the_answer_s_bound_is_refused(
 
 
 async def test_a_huge_sparse_file_is_cut_at_the_download_bound(
-    sandbox: tuple[ProcessRuntime, httpx.AsyncClient],
+    sandbox: tuple[Runtime, httpx.AsyncClient],
 ) -> None:
     runtime, envd = sandbox
     await sh(runtime, "truncate -s 1T ~/sparse")
@@ -155,7 +171,7 @@ async def test_a_huge_sparse_file_is_cut_at_the_download_bound(
 
 
 async def test_a_path_too_long_for_the_command_line_is_refused(
-    sandbox: tuple[ProcessRuntime, httpx.AsyncClient],
+    sandbox: tuple[Runtime, httpx.AsyncClient],
 ) -> None:
     _, envd = sandbox
     r = await rpc(envd, "Stat", {"path": "/" + "x" * 40_000})
@@ -166,3 +182,33 @@ async def test_a_path_too_long_for_the_command_line_is_refused(
     assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
     r = await rpc(envd, "Stat", {"path": "/tmp/\ud800"})
     assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
+
+
+@EVERY_RUNTIME
+async def test_a_launcher_that_does_not_serve_the_fs_mode_leaves_files_to_the_helper(
+    sandbox: tuple[Runtime, httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime, envd = sandbox
+    assert isinstance(runtime, GuestFiles)
+    inside = await runtime.guest_program(SID)
+    assert inside is not None
+    probe = GuestFs()
+    # Anything but the launcher's own answer to `fs version` (an older init, adopted after an
+    # upgrade, says "unknown mode") is no fs mode; a sandbox's next incarnation is asked again.
+    assert await probe.program(runtime, SID, "/bin/echo", "first") is None
+    assert await probe.program(runtime, SID, inside, "first") is None  # remembered for this one
+    assert await probe.program(runtime, SID, inside, "second") == inside
+    r = await runtime.exec(SID, [inside, "fs", "version"])
+    assert r.stdout == FS_PROTOCOL + "\n"
+
+    async def none(sandbox_id: str) -> str | None:
+        return None
+
+    monkeypatch.setattr(runtime, "guest_program", none)
+    r = await rpc(envd, "Stat", {"path": "/tmp"})
+    if inside == bwrap.INIT_PATH:
+        assert r.status_code == 200 and r.json()["entry"]["path"] == "/tmp"  # the helper, under python3
+    else:
+        # No python3 in the image: a refusal saying so, not a server error.
+        assert r.status_code == 400 and r.json()["code"] == "failed_precondition", r.text
+        assert "python3" in r.json()["message"]

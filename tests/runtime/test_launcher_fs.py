@@ -245,3 +245,8 @@ def test_an_upload_abandoned_midway_leaves_nothing(tmp_path: Path) -> None:
     assert proc.wait() == 4
     assert not partial.exists() and target.read_text() == "before"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.txt"]
+
+
+def test_the_fs_mode_says_its_protocol(tmp_path: Path) -> None:
+    done = subprocess.run([str(launcher.path()), "fs", "version"], capture_output=True, check=False)
+    assert (done.returncode, done.stdout) == (0, launcher.FS_PROTOCOL.encode() + b"\n")

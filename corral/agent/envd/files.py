@@ -32,6 +32,7 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a file operation's answer (a deep listing
 FILES_MAX_BYTES = 256 * 1024 * 1024
 IDLE_TIMEOUT_S = 30.0
 _ABANDON_GRACE_S = 2.0
+EXIT_NOT_FOUND = 127  # as a shell says a command is not there (the launcher's too)
 
 
 class Files:
@@ -59,11 +60,11 @@ class Files:
             ),
         ]
 
-    def _command(self, sandbox_id: str, request: dict[str, Any]) -> list[str]:
-        return fs_command(self.calls.agent.runtime, sandbox_id, request, MAX_ANSWER_BYTES)
+    async def _command(self, sandbox_id: str, request: dict[str, Any]) -> list[str]:
+        return await fs_command(self.calls.agent.runtime, sandbox_id, request, MAX_ANSWER_BYTES)
 
     async def _helper(self, sandbox_id: str, request: dict[str, Any]) -> dict[str, Any]:
-        spawned = await self.calls.spawn(sandbox_id, self._command(sandbox_id, request))
+        spawned = await self.calls.spawn(sandbox_id, await self._command(sandbox_id, request))
         try:
             out, err = await asyncio.gather(
                 read_all(spawned.stdout, MAX_ANSWER_BYTES), read_all(spawned.stderr, MAX_MESSAGE_BYTES)
@@ -87,7 +88,7 @@ class Files:
         try:
             sandbox_id = self.calls.sandbox(request)
             read = {"op": "read", "path": request.query_params.get("path", "")}
-            spawned = await self.calls.spawn(sandbox_id, self._command(sandbox_id, read))
+            spawned = await self.calls.spawn(sandbox_id, await self._command(sandbox_id, read))
         except RpcError as exc:
             return _files_error(exc)
         first = await spawned.stdout.read(1)
@@ -143,7 +144,7 @@ class Files:
         if not path:
             raise RpcError("invalid_argument", "path is required")
         spawned = await self.calls.spawn(
-            sandbox_id, self._command(sandbox_id, {"op": "write", "path": path}), stdin=True
+            sandbox_id, await self._command(sandbox_id, {"op": "write", "path": path}), stdin=True
         )
         assert spawned.stdin is not None
         total = 0
@@ -319,6 +320,11 @@ def helper_error(err: bytes, code: int) -> RpcError:
         return RpcError(str(body["code"]), str(body["message"]))
     except (ValueError, KeyError, TypeError):
         text = err.decode(errors="replace").strip()
+        if code == EXIT_NOT_FOUND:  # the program itself: the helper's python3
+            return RpcError(
+                "failed_precondition",
+                f"this sandbox cannot run the file operation (its image has no python3?): {text[-200:]}",
+            )
         return RpcError("internal", f"file operation failed (exit {code}): {text[-500:]}")
 
 

@@ -30,10 +30,12 @@ def helper_command(request: dict[str, Any]) -> list[str]:
     return ["python3", "-I", "-c", _HELPER, json.dumps(request)]
 
 
-def fs_command(runtime: Runtime, sandbox_id: str, request: dict[str, Any], answer_limit: int) -> list[str]:
+async def fs_command(
+    runtime: Runtime, sandbox_id: str, request: dict[str, Any], answer_limit: int
+) -> list[str]:
     """The command answering ``request`` (helper.py's request: ``op`` and its fields) in this sandbox;
     a listing's answer is refused past ``answer_limit`` bytes."""
-    program = runtime.guest_program(sandbox_id) if isinstance(runtime, GuestFiles) else None
+    program = await runtime.guest_program(sandbox_id) if isinstance(runtime, GuestFiles) else None
     if program is None:
         return helper_command(request)
     return native_command(program, request, answer_limit)
