@@ -50,7 +50,7 @@
  *       decode a spec from stdin and print its fields, one per NUL-terminated string (for tests)
  *   launcher fs OP HEXPATH [ARG...]
  *       inside a sandbox, as its user: one of the data plane's file operations (stat, list, mkdir,
- *       move, remove, read, write), answered as corral/agent/envd/helper.py answers it (see fs below)
+ *       move, remove, read, write, watch), answered as corral/agent/envd/helper.py answers it (see fs)
  *   launcher fs version
  *       print the fs mode's protocol, by which the runtime knows a sandbox's launcher serves it
  *
@@ -72,6 +72,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <poll.h>
@@ -1541,6 +1542,122 @@ static int fs_write(FILE *out, const char *path) {
     return 0;
 }
 
+/* ---- watch (inotify): as helper.py's watch(), a JSON line per event until killed ---- */
+
+#define WATCHED (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF)
+#define MAX_WATCHES 4096 /* directories one recursive watch follows; past it, deeper ones go unwatched */
+
+static const struct {
+    uint32_t bits;
+    const char *kind;
+} EVENT_TYPES[] = {
+    {IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE"},
+    {IN_MODIFY, "EVENT_TYPE_WRITE"},
+    {IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE"},
+    {IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME"},
+    {IN_ATTRIB, "EVENT_TYPE_CHMOD"},
+};
+
+/* Each watch descriptor and its directory, relative to the watched path. */
+struct watches {
+    int fd, recursive, count;
+    const char *root;
+    int wd[MAX_WATCHES];
+    char *name[MAX_WATCHES];
+};
+
+static const char *watched_name(const struct watches *w, int wd) {
+    for (int i = w->count - 1; i >= 0; i--)
+        if (w->wd[i] == wd) return w->name[i];
+    return NULL;
+}
+
+/* Watch `first` (relative to the root) and, recursively, every directory under it, depth first from
+ * a stack of at most MAX_WATCHES names: nothing grows with the tree beyond the watches' own bound. */
+static void watch_add(struct watches *w, const char *first) {
+    char *pending[MAX_WATCHES];
+    int n = 0;
+    pending[n++] = fs_concat(first, "", "");
+    while (n > 0 && w->count < MAX_WATCHES) {
+        char *relative = pending[--n];
+        char *target = *relative ? path_join(w->root, relative) : fs_concat(w->root, "", "");
+        int wd = inotify_add_watch(w->fd, target, WATCHED | IN_ONLYDIR);
+        if (wd < 0) {
+            if (!*relative) fs_os_fail(errno, w->root);
+            free(relative); /* a subdirectory gone or unreadable meanwhile: not the watch's failure */
+            free(target);
+            continue;
+        }
+        int slot = -1;
+        for (int i = 0; i < w->count && slot < 0; i++) /* the same directory again: its name now */
+            if (w->wd[i] == wd) slot = i;
+        if (slot < 0) slot = w->count++;
+        else free(w->name[slot]);
+        w->wd[slot] = wd;
+        w->name[slot] = relative;
+        DIR *d = w->recursive ? opendir(target) : NULL;
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL && n < MAX_WATCHES) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            struct stat st;
+            int dir = e->d_type == DT_DIR ||
+                      (e->d_type == DT_UNKNOWN && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                       S_ISDIR(st.st_mode));
+            if (dir) pending[n++] = path_join(relative, e->d_name);
+        }
+        if (d != NULL) closedir(d);
+        free(target);
+    }
+    while (n > 0) free(pending[--n]);
+}
+
+static void put_event(FILE *out, const char *name, const char *kind) {
+    fputs("{\"name\": ", out);
+    json_str(out, name);
+    fprintf(out, ", \"type\": \"%s\"}\n", kind);
+}
+
+static int fs_watch(FILE *out, const char *path, int recursive) {
+    if (!is_dir(path)) {
+        if (exists(path)) fs_fail("invalid_argument", fs_concat("path ", path, " is not a directory"));
+        fs_fail("not_found", fs_concat("no such directory: ", path, ""));
+    }
+    static struct watches w;
+    w.fd = inotify_init1(IN_CLOEXEC);
+    if (w.fd < 0) fs_os_fail(errno, NULL);
+    w.recursive = recursive;
+    w.root = path;
+    watch_add(&w, "");
+    fputs("{\"start\": ", out);
+    json_str(out, path);
+    fputs("}\n", out);
+    if (fflush(out) != 0) return FS_EXIT_FAILED;
+    /* A reader that falls behind blocks these writes; the kernel's own bounded queue then drops
+     * events (inotify's overflow), so nothing here grows with a flood. */
+    static char buf[FS_CHUNK] __attribute__((aligned(__alignof__(struct inotify_event))));
+    for (;;) {
+        ssize_t got = read(w.fd, buf, sizeof buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) fs_os_fail(got < 0 ? errno : EIO, NULL);
+        for (ssize_t off = 0; off + (ssize_t)sizeof(struct inotify_event) <= got;) {
+            const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
+            off += (ssize_t)(sizeof *ev + ev->len);
+            const char *dir = watched_name(&w, ev->wd);
+            if (ev->mask & (IN_Q_OVERFLOW | IN_IGNORED) || dir == NULL) continue;
+            size_t len = strnlen(ev->name, ev->len);
+            char *raw = strndup(ev->name, len);
+            if (raw == NULL) fs_fail("resource_exhausted", "out of memory");
+            char *name = len ? path_join(dir, raw) : fs_concat(dir, "", "");
+            if (recursive && ev->mask & IN_ISDIR && ev->mask & (IN_CREATE | IN_MOVED_TO)) watch_add(&w, name);
+            for (size_t k = 0; k < sizeof EVENT_TYPES / sizeof *EVENT_TYPES; k++)
+                if (ev->mask & EVENT_TYPES[k].bits) put_event(out, name, EVENT_TYPES[k].kind);
+            free(raw);
+            free(name);
+        }
+        if (fflush(out) != 0) return FS_EXIT_FAILED; /* the reader is gone */
+    }
+}
+
 static long fs_number(const char *text, long most) {
     char *end;
     errno = 0;
@@ -1597,6 +1714,8 @@ static int fs_main(int argc, char **argv) {
         return fs_read(path);
     } else if (strcmp(op, "write") == 0 && argc == 2) {
         fs_write(out, path);
+    } else if (strcmp(op, "watch") == 0 && argc == 3 && (strcmp(argv[2], "0") == 0 || strcmp(argv[2], "1") == 0)) {
+        return fs_watch(out, path, argv[2][0] == '1');
     } else {
         fs_fail("invalid_argument", "unknown operation");
     }

@@ -5,7 +5,7 @@ and come back, and what a tenant makes too big (a listing, a sparse file) ends a
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -23,12 +23,13 @@ from corral.runtime.guestfs import GuestFs
 from corral.runtime.gvisor import GvisorRuntime
 from corral.runtime.launcher import FS_PROTOCOL
 from corral.testing.resolver import DictResolver
-from tests.runtime.conftest import RuntimeFactory, cgroup_root, make_process_runtime  # noqa: F401
+from tests.runtime.conftest import RuntimeFactory, cgroup_root, eventually, make_process_runtime  # noqa: F401
 from tests.runtime.images import Image, base_image, image_runtime
 
 pytestmark = pytest.mark.process
 
 SID = "native-files"
+CREATE = "EVENT_TYPE_CREATE"
 LIMIT = 64 * 1024
 
 
@@ -212,3 +213,33 @@ async def test_a_launcher_that_does_not_serve_the_fs_mode_leaves_files_to_the_he
         # No python3 in the image: a refusal saying so, not a server error.
         assert r.status_code == 400 and r.json()["code"] == "failed_precondition", r.text
         assert "python3" in r.json()["message"]
+
+
+@EVERY_RUNTIME
+async def test_a_recursive_watch_works_without_python3(
+    sandbox: tuple[Runtime, httpx.AsyncClient],
+    eventually: Callable[..., Awaitable[bool]],  # noqa: F811
+) -> None:
+    runtime, envd = sandbox
+    await sh(runtime, "mkdir -p /tmp/watched/old")
+    r = await rpc(envd, "CreateWatcher", {"path": "/tmp/watched", "recursive": True})
+    assert r.status_code == 200, r.text
+    watcher = {"watcherId": r.json()["watcherId"]}
+    seen: set[tuple[str, str]] = set()
+
+    def saw(*events: tuple[str, str]) -> Callable[[], Awaitable[bool]]:
+        async def probe() -> bool:
+            r = await rpc(envd, "GetWatcherEvents", watcher)
+            seen.update((e["name"], e["type"]) for e in r.json()["events"])
+            return set(events) <= seen
+
+        return probe
+
+    await sh(
+        runtime, "mkdir /tmp/watched/new && touch /tmp/watched/old/a \"/tmp/watched/$(printf 'b\\377')\""
+    )
+    assert await eventually(saw(("new", CREATE), ("old/a", CREATE), ("b\udcff", CREATE))), seen
+    # new/ is watched before its creation is told: what is made in it now is seen too.
+    await sh(runtime, "touch /tmp/watched/new/c")
+    assert await eventually(saw(("new/c", CREATE))), seen
+    assert (await rpc(envd, "RemoveWatcher", watcher)).status_code == 200

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,63 @@ def test_an_upload_abandoned_midway_leaves_nothing(tmp_path: Path) -> None:
 def test_the_fs_mode_says_its_protocol(tmp_path: Path) -> None:
     done = subprocess.run([str(launcher.path()), "fs", "version"], capture_output=True, check=False)
     assert (done.returncode, done.stdout) == (0, launcher.FS_PROTOCOL.encode() + b"\n")
+
+
+def watched(argv: list[str], root: Path, steps: list[Callable[[], object]]) -> list[Any]:
+    """What a watch said, from its first line to the event of a last file made after ``steps`` (each
+    step's own events awaited first, so a new directory is watched before anything is made in it)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env={"HOME": str(root), "PATH": os.defpath})
+    assert proc.stdout is not None
+    lines = [json.loads(proc.stdout.readline())]
+    try:
+        for i, step in enumerate([*steps, lambda: (root / "w" / "zz-end").touch()]):
+            step()
+            marker = root / "w" / f"step-{i}"
+            marker.touch()
+            while (line := json.loads(proc.stdout.readline())) != {
+                "name": marker.name,
+                "type": "EVENT_TYPE_CREATE",
+            }:
+                lines.append(line)
+            marker.unlink()
+            while json.loads(proc.stdout.readline()) != {"name": marker.name, "type": "EVENT_TYPE_REMOVE"}:
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+    return lines
+
+
+def test_a_watch_says_what_the_helper_s_says(tmp_path: Path) -> None:
+    w = tmp_path / "w"
+    odd = os.path.join(os.fsencode(w), b'odd\n"\xff')
+    steps: list[Callable[[], object]] = [
+        lambda: (w / "a").write_text("x"),
+        lambda: os.chmod(w / "a", 0o600),
+        lambda: os.rename(w / "a", w / "b"),
+        lambda: (w / "sub").mkdir(),
+        lambda: (w / "sub" / "c").write_text("deep"),
+        lambda: (w / "sub" / "d").mkdir(),
+        lambda: (w / "sub" / "d" / "e").touch(),
+        lambda: open(odd, "wb").close(),
+        lambda: os.unlink(odd),
+        lambda: shutil.rmtree(w / "sub"),
+    ]
+    for recursive in (False, True):
+        said = []
+        for argv in argvs({"op": "watch", "path": "w", "recursive": recursive}):
+            if w.exists():
+                shutil.rmtree(w)
+            w.mkdir()
+            said.append(watched(argv, tmp_path, steps))
+        assert said[1] == said[0]
+        assert said[1][0] == {"start": str(w)}
+        assert {"name": 'odd\n"\udcff', "type": "EVENT_TYPE_CREATE"} in said[1]
+        assert ({"name": "sub/d/e", "type": "EVENT_TYPE_CREATE"} in said[1]) == recursive
+
+
+@pytest.mark.parametrize("path", ["a.txt", "nope", "dangling"])
+def test_a_watch_of_what_is_no_directory_fails_as_the_helper_s(tmp_path: Path, path: str) -> None:
+    home = tree(tmp_path)
+    helper, refused = (answer(argv, home) for argv in argvs({"op": "watch", "path": path, "recursive": True}))
+    assert refused == helper and refused[0] == 3

@@ -49,6 +49,8 @@ def native_command(program: str, request: dict[str, Any], answer_limit: int) -> 
         args = [_path(request.get("path")), str(_depth(request.get("depth"))), str(answer_limit)]
     elif op == "move":
         args = [_path(request.get("source")), _path(request.get("destination"))]
+    elif op == "watch":
+        args = [_path(request.get("path")), "1" if request.get("recursive") else "0"]
     else:
         raise RpcError("invalid_argument", f"unknown operation {op!r}")
     return [program, "fs", str(op), *args]
