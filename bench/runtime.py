@@ -1,10 +1,12 @@
 """Process-runtime benchmark: create-to-first-exec latency (sequential and concurrent), the exec round
 trip and a warm sandbox's first exec through the sandbox's init (the guest channel) beside the
-host-side launcher, interleaved in the same run, and the host memory each idle sandbox costs. Prints
-one JSON object per line.
+host-side launcher, interleaved in the same run, a file's stat, read and write through the agent's
+data plane by the launcher's fs mode beside the Python helper (interleaved likewise), and the host
+memory each idle sandbox costs. Prints one JSON object per line.
 
     .venv/bin/python bench/runtime.py [--sequential 50] [--concurrency 8] [--rounds 5] [--idle 20]
-                                      [--execs 200] [--warm 30] [--only-exec]
+                                      [--execs 200] [--warm 30] [--files 100] [--only-exec]
+                                      [--only-files]
 
 Needs what the runtime needs (bubblewrap, root for the cgroup); bars: create-to-first-exec p50 <= 50 ms;
 exec round trip through the channel p50 <= 3 ms and <= 1/2 of the launcher's; warm first exec p50 <= 10 ms.
@@ -20,8 +22,15 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
+
+from corral.agent.agent import Agent
+from corral.agent.config import AgentConfig
+from corral.agent.envd import Envd
+from corral.agent.protocol import StartSandbox
 from corral.runtime import procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.cgroups import CgroupRoot, detect
@@ -120,16 +129,86 @@ async def run_exec(root: Path, cgroups: CgroupRoot | None, execs: int, warm: int
     return results
 
 
+class _EitherFiles(ProcessRuntime):
+    """The process runtime, offering its launcher to the data plane's file operations or not (then
+    they run helper.py under the sandbox's python3), as ``native`` says at the moment of the call."""
+
+    native = True
+
+    async def guest_program(self, sandbox_id: str) -> str | None:
+        return await super().guest_program(sandbox_id) if self.native else None
+
+
+async def run_files(root: Path, cgroups: CgroupRoot | None, files: int) -> list[dict[str, object]]:
+    """A 4 KiB file's stat, read and write through the agent's data plane (its Envd app, in process),
+    by the launcher's fs mode and by the helper, alternated sample by sample on one sandbox."""
+    runtime = _EitherFiles(root, cgroup_root=cgroups)
+    agent = Agent(
+        AgentConfig("bench", 4096, 2.0, address="http://127.0.0.1:1"), runtime, pressure=lambda: 0.0
+    )
+    await agent.start(StartSandbox(id="files", memory_mb=256))
+    body = os.urandom(4096)
+    calls: dict[str, Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]] = {
+        "stat": lambda c: c.post("/filesystem.Filesystem/Stat", json={"path": "bench.bin"}),
+        "read": lambda c: c.get("/files", params={"path": "bench.bin"}),
+        "write": lambda c: c.post("/files", params={"path": "bench.bin"}, content=body),
+    }
+    results: list[dict[str, object]] = []
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(Envd(agent)),
+            base_url="http://envd",
+            headers={"E2b-Sandbox-Id": "files"},
+        ) as client:
+            await calls["write"](client)
+            for op, call in calls.items():
+                by_path: dict[bool, list[float]] = {True: [], False: []}
+                for i in range(2 * files + 10):
+                    runtime.native = i % 2 == 0
+                    started = time.perf_counter()
+                    r = await call(client)
+                    elapsed = (time.perf_counter() - started) * 1000.0
+                    if r.status_code != 200:
+                        raise RuntimeError(f"{op} failed: {r.status_code} {r.text}")
+                    if i >= 10:
+                        by_path[runtime.native].append(elapsed)
+                native, helper = by_path[True], by_path[False]
+                results += [
+                    _summary(f"files_{op}_native", native, path="launcher fs"),
+                    _summary(f"files_{op}_helper", helper, path="helper.py"),
+                    {
+                        "bench": "runtime",
+                        "mode": f"files_{op}_ratio",
+                        "native_over_helper_p50": round(
+                            statistics.median(native) / statistics.median(helper), 3
+                        ),
+                    },
+                ]
+    finally:
+        await agent.stop("files")
+    return results
+
+
 async def run(
-    sequential: int, concurrency: int, rounds: int, idle: int, execs: int, warm: int, only_exec: bool
+    sequential: int,
+    concurrency: int,
+    rounds: int,
+    idle: int,
+    execs: int,
+    warm: int,
+    files: int,
+    only: str | None,
 ) -> list[dict[str, object]]:
     results: list[dict[str, object]] = []
     cgroups = detect(f"corral-bench-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as root:
         runtime = ProcessRuntime(Path(root), cgroup_root=cgroups)
         try:
-            results += await run_exec(Path(root), cgroups, execs, warm)
-            if only_exec:
+            if only != "files":
+                results += await run_exec(Path(root), cgroups, execs, warm)
+            if only != "exec":
+                results += await run_files(Path(root), cgroups, files)
+            if only is not None:
                 return results
             # Warm the page cache for bwrap, nsenter and sleep so the first sample is not an outlier.
             await _create_to_first_exec(runtime, "warm")
@@ -194,14 +273,17 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=20)
     parser.add_argument("--execs", type=int, default=200, help="exec round trips per path")
     parser.add_argument("--warm", type=int, default=30, help="warm sandboxes' first execs per path")
+    parser.add_argument("--files", type=int, default=100, help="file operations per path and kind")
     parser.add_argument("--only-exec", action="store_true", help="only the channel/launcher comparisons")
+    parser.add_argument("--only-files", action="store_true", help="only the fs mode/helper comparisons")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:
         print(json.dumps({"bench": "runtime", "skipped": reason}))
         return
+    only = "exec" if args.only_exec else "files" if args.only_files else None
     lines = run(
-        args.sequential, args.concurrency, args.rounds, args.idle, args.execs, args.warm, args.only_exec
+        args.sequential, args.concurrency, args.rounds, args.idle, args.execs, args.warm, args.files, only
     )
     for line in asyncio.run(lines):
         print(json.dumps(line))

@@ -174,3 +174,17 @@ class KeepsDisks(Protocol):
     name: str
 
     async def drain_disks(self) -> None: ...
+
+
+@runtime_checkable
+class GuestFiles(Protocol):
+    """A runtime whose sandboxes hold corral's launcher where their user may run it: the data plane's
+    file operations then run as its ``fs`` mode (see corral/runtime/launcher.c), needing nothing of
+    the sandbox's own (no python3)."""
+
+    name: str
+
+    async def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher's path inside the sandbox, or None when none there serves the fs mode (or the
+        sandbox is gone)."""
+        ...

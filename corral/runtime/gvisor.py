@@ -51,6 +51,7 @@ from corral.runtime.base import (
 )
 from corral.runtime.capture import DEFAULT_LIMIT, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
+from corral.runtime.guestfs import GuestFs
 from corral.runtime.statedir import spec_from_dict, spec_to_dict, valid_id
 from corral.runtime.stream import PtySize, Spawned
 
@@ -174,6 +175,7 @@ class GvisorRuntime:
         if chosen is None:
             raise RuntimeFailure(unavailable_reason() or "runsc runs no container here")
         self.platform = chosen
+        self._guest_fs = GuestFs()
         self._paused: set[str] = set()
         self._tag = "c" + hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10] + "-"
 
@@ -591,6 +593,14 @@ class GvisorRuntime:
         self._state(sandbox_id)
         await self._runsc_ok("resume", self._cid(sandbox_id))
         self._paused.discard(sandbox_id)
+
+    async def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher inside: the bundle's copy, the container's init."""
+        try:
+            started = self._state(sandbox_id).get("started_at")
+        except SandboxNotFound:
+            return None
+        return await self._guest_fs.program(self, sandbox_id, bwrap.INIT_PATH, started)
 
     def paused(self, sandbox_id: str) -> bool:
         self._state(sandbox_id)

@@ -48,14 +48,22 @@
  *       sandbox's root mount alone (nodev stays): the image's sudo is setuid
  *   launcher check-spec
  *       decode a spec from stdin and print its fields, one per NUL-terminated string (for tests)
+ *   launcher fs OP HEXPATH [ARG...]
+ *       inside a sandbox, as its user: one of the data plane's file operations (stat, list, mkdir,
+ *       move, remove, read, write, watch), answered as corral/agent/envd/helper.py answers it (see fs)
+ *   launcher fs version
+ *       print the fs mode's protocol, by which the runtime knows a sandbox's launcher serves it
  *
  * A spec is a sequence of NUL-terminated strings: the magic "corral-exec-1", the working directory,
  * the argument count, the arguments, the environment count, the KEY=VALUE entries.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
+#include <pwd.h>
 #include <linux/loop.h>
 #include <linux/sched.h>
 #include <sched.h>
@@ -64,6 +72,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <poll.h>
@@ -74,6 +83,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <linux/capability.h>
 
@@ -908,8 +918,812 @@ static int init_main(int argc, char **argv) {
     }
 }
 
+/* ---- fs: the data plane's file operations, run inside the sandbox as its user -------------------- */
+
+/* The sandbox's copy of this binary (the init's) run as a command, in place of a Python helper: the
+ * same answers as corral/agent/envd/helper.py, so an image without python3 still has files. Paths
+ * arrive hex-encoded (any bytes but NUL, nothing to quote) and are made absolute and normalised
+ * lexically, as helper.py does: `..` and symlinks then resolve in the sandbox's own mount namespace,
+ * with its user's rights. Answers: JSON on stdout, exit 0 (`read`: a NUL byte, then the bytes);
+ * failures: exit 3 and {"code", "message"} on stderr, a Connect code name. A name's bytes are
+ * escaped as Python's json.dumps writes the helper's surrogate-escaped strings. */
+#define FS_PROTOCOL "corral-fs-1" /* answered to `fs version` (corral/runtime/launcher.py) */
+#define FS_EXIT_FAILED 3
+#define FS_EXIT_ABANDONED 4
+#define FS_CHUNK (64 * 1024)
+#define FS_REMOVE_PASSES 8
+
+static void json_text(FILE *out, const char *s, size_t len);
+
+static void fs_fail(const char *code, const char *message) {
+    fprintf(stderr, "{\"code\": \"%s\", \"message\": ", code);
+    /* As helper.py builds "strerror: filename".rstrip(": "). */
+    size_t len = strlen(message);
+    while (len > 0 && (message[len - 1] == ':' || message[len - 1] == ' ')) len--;
+    json_text(stderr, message, len);
+    fputs("}", stderr);
+    fflush(stderr);
+    _exit(FS_EXIT_FAILED);
+}
+
+static const char *fs_code(int err) {
+    switch (err) {
+    case ENOENT: return "not_found";
+    case EEXIST: case ENOTEMPTY: return "already_exists";
+    case EACCES: case EPERM: case EROFS: return "permission_denied";
+    case ENOSPC: case EDQUOT: return "resource_exhausted";
+    default: return "invalid_argument";
+    }
+}
+
+static char *fs_concat(const char *a, const char *b, const char *c) {
+    size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
+    char *s = malloc(la + lb + lc + 1);
+    if (s == NULL) fs_fail("resource_exhausted", "out of memory");
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb);
+    memcpy(s + la + lb, c, lc + 1);
+    return s;
+}
+
+/* An OSError as helper.py reports it: its code by errno, "strerror: filename". */
+static void fs_os_fail(int err, const char *filename) {
+    fs_fail(fs_code(err), fs_concat(strerror(err), ": ", filename ? filename : ""));
+}
+
+/* The next code point of s as Python's surrogateescape decodes it: strict UTF-8, and each byte of an
+ * invalid sequence as U+DC80..U+DCFF. */
+static uint32_t next_point(const unsigned char *s, size_t len, size_t *i) {
+    unsigned char c = s[*i];
+    uint32_t cp, min;
+    size_t n;
+    if (c < 0x80) {
+        (*i)++;
+        return c;
+    }
+    if (c >= 0xc2 && c <= 0xdf) n = 1, cp = c & 0x1f, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef) n = 2, cp = c & 0x0f, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4) n = 3, cp = c & 0x07, min = 0x10000;
+    else goto invalid;
+    if (*i + n >= len) goto invalid;
+    for (size_t k = 1; k <= n; k++) {
+        if ((s[*i + k] & 0xc0) != 0x80) goto invalid;
+        cp = (cp << 6) | (s[*i + k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) goto invalid;
+    *i += n + 1;
+    return cp;
+invalid:
+    (*i)++;
+    return 0xdc00 + c;
+}
+
+static void json_text(FILE *out, const char *text, size_t len) {
+    const unsigned char *s = (const unsigned char *)text;
+    fputc('"', out);
+    for (size_t i = 0; i < len;) {
+        uint32_t cp = next_point(s, len, &i);
+        if (cp == '"') fputs("\\\"", out);
+        else if (cp == '\\') fputs("\\\\", out);
+        else if (cp == '\n') fputs("\\n", out);
+        else if (cp == '\r') fputs("\\r", out);
+        else if (cp == '\t') fputs("\\t", out);
+        else if (cp == '\b') fputs("\\b", out);
+        else if (cp == '\f') fputs("\\f", out);
+        else if (cp >= 0x20 && cp < 0x7f) fputc((int)cp, out);
+        else if (cp < 0x10000) fprintf(out, "\\u%04x", (unsigned)cp);
+        else {
+            cp -= 0x10000;
+            fprintf(out, "\\u%04x\\u%04x", (unsigned)(0xd800 + (cp >> 10)), (unsigned)(0xdc00 + (cp & 0x3ff)));
+        }
+    }
+    fputc('"', out);
+}
+
+static void json_str(FILE *out, const char *s) { json_text(out, s, strlen(s)); }
+
+/* Names sorted as Python sorts the helper's strings: by code point. */
+static int by_point(const void *a, const void *b) {
+    const unsigned char *x = *(const unsigned char *const *)a, *y = *(const unsigned char *const *)b;
+    size_t lx = strlen((const char *)x), ly = strlen((const char *)y), i = 0, j = 0;
+    while (i < lx && j < ly) {
+        uint32_t p = next_point(x, lx, &i), q = next_point(y, ly, &j);
+        if (p != q) return p < q ? -1 : 1;
+    }
+    return (i < lx) - (j < ly);
+}
+
+/* ---- paths, as posixpath does them ---- */
+
+static char *hex_path(const char *hex) {
+    size_t len = strlen(hex);
+    if (len == 0 || len % 2) fs_fail("invalid_argument", "path must be a non-empty string");
+    char *s = malloc(len / 2 + 1);
+    if (s == NULL) fs_fail("resource_exhausted", "out of memory");
+    for (size_t i = 0; i < len / 2; i++) {
+        unsigned v = 0;
+        for (int k = 0; k < 2; k++) {
+            char c = hex[2 * i + (size_t)k];
+            unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0') : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10) : 16;
+            if (d == 16) fs_fail("invalid_argument", "path must be a non-empty string");
+            v = v * 16 + d;
+        }
+        if (v == 0) fs_fail("invalid_argument", "path must be a non-empty string");
+        s[i] = (char)v;
+    }
+    s[len / 2] = '\0';
+    return s;
+}
+
+/* os.path.expanduser for a path starting with "~". */
+static char *expand_user(const char *path) {
+    const char *slash = strchr(path + 1, '/');
+    size_t end = slash ? (size_t)(slash - path) : strlen(path);
+    const char *home = NULL;
+    if (end == 1) {
+        home = getenv("HOME");
+        if (home == NULL) {
+            struct passwd *pw = getpwuid(getuid());
+            if (pw == NULL) return strdup(path);
+            home = pw->pw_dir;
+        }
+    } else {
+        char *name = strndup(path + 1, end - 1);
+        struct passwd *pw = name ? getpwnam(name) : NULL;
+        free(name);
+        if (pw == NULL) return strdup(path);
+        home = pw->pw_dir;
+    }
+    size_t hl = strlen(home);
+    while (hl > 0 && home[hl - 1] == '/') hl--;
+    char *h = strndup(home, hl);
+    if (h == NULL) fs_fail("resource_exhausted", "out of memory");
+    char *out = fs_concat(h, path + end, "");
+    free(h);
+    if (*out == '\0') {
+        free(out);
+        return strdup("/");
+    }
+    return out;
+}
+
+static char *path_join(const char *a, const char *b) {
+    if (b[0] == '/') return fs_concat(b, "", "");
+    size_t la = strlen(a);
+    return fs_concat(a, la == 0 || a[la - 1] == '/' ? "" : "/", b);
+}
+
+/* posixpath.normpath, in place: lexical, "//" alone kept at the start. */
+static char *norm_path(char *path) {
+    if (*path == '\0') return strcpy(path, ".");
+    size_t len = strlen(path);
+    int initial = path[0] == '/';
+    if (initial && path[1] == '/' && path[2] != '/') initial = 2;
+    char *out = malloc(len + 3);
+    if (out == NULL) fs_fail("resource_exhausted", "out of memory");
+    size_t n = 0, comps = 0;
+    for (int k = 0; k < initial; k++) out[n++] = '/';
+    size_t base = n;
+    for (char *p = path; *p;) {
+        while (*p == '/') p++;
+        char *e = p;
+        while (*e && *e != '/') e++;
+        size_t cl = (size_t)(e - p);
+        int dot = cl == 1 && p[0] == '.', dotdot = cl == 2 && p[0] == '.' && p[1] == '.';
+        int last_dotdot = comps > 0 && n >= base + 2 && out[n - 1] == '.' && out[n - 2] == '.' &&
+                          (n == base + 2 || out[n - 3] == '/');
+        if (cl == 0 || dot) {
+        } else if (!dotdot || (!initial && comps == 0) || last_dotdot) {
+            if (comps > 0) out[n++] = '/';
+            memcpy(out + n, p, cl);
+            n += cl;
+            comps++;
+        } else if (comps > 0) {
+            while (n > base && out[n - 1] != '/') n--;
+            if (n > base) n--;
+            comps--;
+        }
+        p = e;
+    }
+    if (n == 0) out[n++] = '.';
+    out[n] = '\0';
+    free(path);
+    return out;
+}
+
+static char *absolute(const char *hex) {
+    char *raw = hex_path(hex);
+    if (raw[0] == '~') {
+        char *e = expand_user(raw);
+        free(raw);
+        raw = e;
+    }
+    char *home = expand_user("~");
+    char *joined = path_join(home, raw);
+    free(home);
+    free(raw);
+    return norm_path(joined);
+}
+
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+static char *dir_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) + 1 : 0;
+    size_t all = 0;
+    while (all < n && path[all] == '/') all++;
+    if (all != n)
+        while (n > 0 && path[n - 1] == '/') n--;
+    char *d = strndup(path, n);
+    if (d == NULL) fs_fail("resource_exhausted", "out of memory");
+    return d;
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_link(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* ---- entries ---- */
+
+static void put_owner(FILE *out, int user, unsigned id) {
+    static int cached[2] = {0, 0};
+    static unsigned ids[2];
+    static char names[2][256];
+    if (!cached[user] || ids[user] != id) {
+        const char *name = NULL;
+        if (user) {
+            struct passwd *pw = getpwuid(id);
+            name = pw ? pw->pw_name : NULL;
+        } else {
+            struct group *gr = getgrgid(id);
+            name = gr ? gr->gr_name : NULL;
+        }
+        if (name == NULL || strlen(name) >= sizeof names[user]) snprintf(names[user], sizeof names[user], "%u", id);
+        else strcpy(names[user], name);
+        ids[user] = id;
+        cached[user] = 1;
+    }
+    json_str(out, names[user]);
+}
+
+/* stat.filemode */
+static void file_mode(char out[11], mode_t m) {
+    const char *types = "?pc?d?b?-?l?s???";
+    out[0] = types[(m & S_IFMT) >> 12];
+    const char *rwx = "rwxrwxrwx";
+    for (int i = 0; i < 9; i++) out[1 + i] = (m & (0400 >> i)) ? rwx[i] : '-';
+    if (m & S_ISUID) out[3] = (m & S_IXUSR) ? 's' : 'S';
+    if (m & S_ISGID) out[6] = (m & S_IXGRP) ? 's' : 'S';
+    if (m & S_ISVTX) out[9] = (m & S_IXOTH) ? 't' : 'T';
+    out[10] = '\0';
+}
+
+static long long round_half_even(double x) {
+    long long f = (long long)x;
+    if ((double)f > x) f--; /* the floor */
+    double rest = x - (double)f;
+    return rest > 0.5 || (rest == 0.5 && (f & 1)) ? f + 1 : f;
+}
+
+/* datetime.fromtimestamp(st_mtime, UTC).isoformat() with "Z": st_mtime as Python's float, rounded to
+ * the microsecond half to even. */
+static void put_time(FILE *out, const struct timespec *ts) {
+    double t = (double)ts->tv_sec + (double)ts->tv_nsec * 1e-9;
+    long long whole = (long long)t; /* modf: toward zero */
+    long long us = round_half_even((t - (double)whole) * 1e6);
+    if (us >= 1000000) us -= 1000000, whole += 1;
+    else if (us < 0) us += 1000000, whole -= 1;
+    time_t secs = (time_t)whole;
+    struct tm tm;
+    if (gmtime_r(&secs, &tm) == NULL) memset(&tm, 0, sizeof tm);
+    fprintf(out, "\"%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+            tm.tm_min, tm.tm_sec);
+    if (us) fprintf(out, ".%06lld", us);
+    fputs("Z\"", out);
+}
+
+/* E2B's entry, as helper.py's entry(): a symlink is reported as what it leads to, with its fully
+ * resolved path and isSymlink; one that leads nowhere has no type and itself as its target. */
+static void put_entry(FILE *out, const char *path) {
+    struct stat info, to;
+    if (lstat(path, &info) != 0) fs_os_fail(errno, path);
+    const struct stat *mode_of = &info;
+    char *target = NULL;
+    int link = S_ISLNK(info.st_mode);
+    if (link) {
+        if (stat(path, &to) == 0) {
+            mode_of = &to;
+            target = realpath(path, NULL);
+        } else {
+            mode_of = NULL;
+        }
+        if (target == NULL) target = fs_concat(path, "", "");
+    }
+    const char *kind = mode_of == NULL ? "FILE_TYPE_UNSPECIFIED"
+                       : S_ISDIR(mode_of->st_mode) ? "FILE_TYPE_DIRECTORY" : "FILE_TYPE_FILE";
+    char perms[11];
+    file_mode(perms, info.st_mode);
+    if (link) perms[0] = 'L'; /* as Go writes a symlink's mode */
+    const char *name = base_name(path);
+    fputs("{\"name\": ", out);
+    json_str(out, *name ? name : "/");
+    fprintf(out, ", \"type\": \"%s\", \"path\": ", kind);
+    json_str(out, path);
+    fprintf(out, ", \"size\": \"%lld\", \"mode\": %u, \"permissions\": \"%s\", \"owner\": ", (long long)info.st_size,
+            mode_of ? (unsigned)(mode_of->st_mode & 07777) : 0u, perms);
+    put_owner(out, 1, info.st_uid);
+    fputs(", \"group\": ", out);
+    put_owner(out, 0, info.st_gid);
+    fputs(", \"modifiedTime\": ", out);
+    put_time(out, &info.st_mtim);
+    if (target != NULL) {
+        fputs(", \"symlinkTarget\": ", out);
+        json_str(out, target);
+        fputs(", \"isSymlink\": true", out);
+        free(target);
+    }
+    fputc('}', out);
+}
+
+/* ---- list ---- */
+
+struct budget {
+    size_t held, limit;
+};
+
+static void list_dir(FILE *out, const char *path, long depth, struct budget *b, int *first) {
+    DIR *d = opendir(path);
+    if (d == NULL) fs_os_fail(errno, path);
+    size_t count = 0, cap = 0, held = 0;
+    char **names = NULL;
+    struct dirent *e;
+    for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        size_t len = strlen(e->d_name) + 1 + sizeof(char *);
+        /* Every name is in the answer, so names past the answer's bound are an answer past it. */
+        if (b->held + held + len > b->limit) {
+            char message[96];
+            snprintf(message, sizeof message, "the answer is larger than %zu bytes", b->limit);
+            fs_fail("resource_exhausted", message);
+        }
+        if (count == cap) {
+            cap = cap ? cap * 2 : 64;
+            names = realloc(names, cap * sizeof *names);
+            if (names == NULL) fs_fail("resource_exhausted", "out of memory");
+        }
+        names[count] = strdup(e->d_name);
+        if (names[count++] == NULL) fs_fail("resource_exhausted", "out of memory");
+        held += len;
+    }
+    if (errno != 0) fs_os_fail(errno, path);
+    closedir(d);
+    qsort(names, count, sizeof *names, by_point);
+    b->held += held;
+    for (size_t i = 0; i < count; i++) {
+        char *child = path_join(path, names[i]);
+        if (!*first) fputs(", ", out);
+        *first = 0;
+        put_entry(out, child);
+        if (depth > 1 && is_dir(child) && !is_link(child)) list_dir(out, child, depth - 1, b, first);
+        free(child);
+        free(names[i]);
+    }
+    free(names);
+    b->held -= held;
+}
+
+/* ---- mkdir (os.makedirs) ---- */
+
+/* os.makedirs: 0 made (or there, with exist_ok), else -1 with the errno and the path that failed. A
+ * parent that exists already (EEXIST) is no failure of its child's, as in Python. */
+static int make_dirs(const char *name, int exist_ok, int *err, char **at) {
+    char *head = dir_name(name);
+    int tail = *base_name(name) != '\0';
+    if (!tail) { /* a trailing slash */
+        char *up = dir_name(head);
+        tail = *base_name(head) != '\0';
+        free(head);
+        head = up;
+    }
+    if (*head && tail && !exists(head) && make_dirs(head, 1, err, at) != 0) {
+        if (*err != EEXIST) {
+            free(head);
+            return -1;
+        }
+        free(*at);
+        *at = NULL;
+    }
+    free(head);
+    if (mkdir(name, 0777) != 0) {
+        *err = errno; /* before is_dir's stat changes it */
+        if (!exist_ok || !is_dir(name)) {
+            *at = fs_concat(name, "", "");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void make_dirs_or_fail(const char *name, int exist_ok) {
+    int err = 0;
+    char *at = NULL;
+    if (make_dirs(name, exist_ok, &err, &at) != 0) fs_os_fail(err, at);
+}
+
+/* ---- remove (shutil.rmtree over descriptors: a symlink is removed, never followed) ---- */
+
+static void remove_tree(int parent, const char *name, const char *path) {
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) fs_os_fail(errno, path);
+    DIR *d = fdopendir(fd);
+    if (d == NULL) fs_os_fail(errno, path);
+    /* Removed as read, read again until a pass removes nothing: nothing is held per entry. A directory
+     * still filling after a few passes fails as rmtree does, on its rmdir (ENOTEMPTY). */
+    for (int removed = 1, pass = 0; removed && pass < FS_REMOVE_PASSES; pass++) {
+        removed = 0;
+        rewinddir(d);
+        struct dirent *e;
+        for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            char *child = path_join(path, e->d_name);
+            struct stat st;
+            int dir = e->d_type == DT_DIR ||
+                      (e->d_type == DT_UNKNOWN && fstatat(fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                       S_ISDIR(st.st_mode));
+            if (dir) remove_tree(fd, e->d_name, child);
+            else if (unlinkat(fd, e->d_name, 0) != 0 && errno != ENOENT) fs_os_fail(errno, child);
+            free(child);
+            removed = 1;
+        }
+        if (errno != 0) fs_os_fail(errno, path);
+    }
+    closedir(d);
+    if (unlinkat(parent, name, AT_REMOVEDIR) != 0) fs_os_fail(errno, path);
+}
+
+/* ---- move across file systems (shutil.move's copy, then removal) ---- */
+
+static void copy_stat(int fd, const char *path, const struct stat *st) {
+    struct timespec times[2] = {st->st_atim, st->st_mtim};
+    if (fd >= 0 ? futimens(fd, times) != 0 : utimensat(AT_FDCWD, path, times, 0) != 0) fs_os_fail(errno, path);
+    if (fd >= 0 ? fchmod(fd, st->st_mode & 07777) != 0 : chmod(path, st->st_mode & 07777) != 0)
+        fs_os_fail(errno, path);
+}
+
+/* Everything from in to out: 0, else the errno, *reading saying which side failed. */
+static int pump(int in, int out, int *reading) {
+    static char buf[FS_CHUNK];
+    ssize_t got;
+    while ((got = read(in, buf, sizeof buf)) != 0) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return *reading = 1, errno;
+        for (ssize_t off = 0; off < got;) {
+            ssize_t put = write(out, buf + off, (size_t)(got - off));
+            if (put < 0 && errno == EINTR) continue;
+            if (put < 0) return *reading = 0, errno;
+            off += put;
+        }
+    }
+    return 0;
+}
+
+static void copy_file(const char *src, const char *dst) {
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) fs_os_fail(errno, src);
+    struct stat st;
+    if (fstat(in, &st) != 0) fs_os_fail(errno, src);
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (out < 0) fs_os_fail(errno, dst);
+    int reading, err = pump(in, out, &reading);
+    if (err) fs_os_fail(err, reading ? src : dst);
+    copy_stat(out, dst, &st);
+    close(out);
+    close(in);
+}
+
+static void copy_link(const char *src, const char *dst) {
+    char target[PATH_MAX + 1];
+    ssize_t n = readlink(src, target, PATH_MAX);
+    if (n < 0) fs_os_fail(errno, src);
+    target[n] = '\0';
+    if (symlink(target, dst) != 0) fs_os_fail(errno, dst);
+}
+
+static void copy_tree(const char *src, const char *dst) {
+    struct stat st;
+    if (stat(src, &st) != 0) fs_os_fail(errno, src);
+    if (mkdir(dst, 0777) != 0) fs_os_fail(errno, dst);
+    DIR *d = opendir(src);
+    if (d == NULL) fs_os_fail(errno, src);
+    struct dirent *e;
+    for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char *from = path_join(src, e->d_name), *to = path_join(dst, e->d_name);
+        if (is_link(from)) copy_link(from, to);
+        else if (is_dir(from)) copy_tree(from, to);
+        else copy_file(from, to);
+        free(from);
+        free(to);
+    }
+    if (errno != 0) fs_os_fail(errno, src);
+    closedir(d);
+    copy_stat(-1, dst, &st);
+}
+
+static void move_across(const char *src, const char *dst) {
+    char *real = fs_concat(dst, "", "");
+    if (is_dir(dst)) {
+        free(real);
+        real = path_join(dst, base_name(src));
+        if (exists(real)) fs_fail("already_exists", fs_concat("Destination path '", real, "' already exists"));
+    }
+    if (is_link(src)) {
+        copy_link(src, real);
+        if (unlink(src) != 0) fs_os_fail(errno, src);
+    } else if (is_dir(src)) {
+        size_t ls = strlen(src);
+        if (strncmp(real, src, ls) == 0 && (real[ls] == '/' || real[ls] == '\0'))
+            fs_fail("invalid_argument", fs_concat("Cannot move a directory '", src, "' into itself"));
+        copy_tree(src, real);
+        remove_tree(AT_FDCWD, src, src);
+    } else {
+        copy_file(src, real);
+        if (unlink(src) != 0) fs_os_fail(errno, src);
+    }
+    free(real);
+}
+
+/* ---- read and write ---- */
+
+static int fs_read(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fs_os_fail(errno, path);
+    struct stat st;
+    if (fstat(fd, &st) != 0) fs_os_fail(errno, path);
+    if (S_ISDIR(st.st_mode)) fs_os_fail(EISDIR, path); /* as Python's open() refuses one */
+    /* Once the answer has begun, a failure is its end cut short (or its reader gone). */
+    int reading;
+    if (write(STDOUT_FILENO, "", 1) != 1 || pump(fd, STDOUT_FILENO, &reading) != 0) _exit(FS_EXIT_FAILED);
+    return 0;
+}
+
+static char partial[PATH_MAX + 64]; /* the file a write is making, removed by the signal's handler */
+
+/* An upload cut short (too big, stalled, the caller gone: the agent sends SIGTERM) leaves nothing. */
+static void abandon(int sig) {
+    (void)sig;
+    unlink(partial);
+    _exit(FS_EXIT_ABANDONED);
+}
+
+static void fs_write_fail(int err, const char *filename) {
+    unlink(partial);
+    fs_os_fail(err, filename);
+}
+
+static int fs_write(FILE *out, const char *path) {
+    if (is_dir(path)) fs_fail("invalid_argument", fs_concat(path, " is a directory", ""));
+    char *dir = dir_name(path);
+    make_dirs_or_fail(dir, 1);
+    size_t dl = strlen(dir);
+    int n = snprintf(partial, sizeof partial, "%s%s.%s.%d.partial", dir, dl && dir[dl - 1] != '/' ? "/" : "",
+                     base_name(path), (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof partial) fs_os_fail(ENAMETOOLONG, path);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = abandon;
+    if (sigaction(SIGTERM, &sa, NULL) != 0) fs_os_fail(errno, NULL);
+    /* Never through a symlink planted at its name. */
+    int fd = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) fs_os_fail(errno, partial);
+    int reading, err = pump(STDIN_FILENO, fd, &reading);
+    if (err) fs_write_fail(err, NULL);
+    if (close(fd) != 0) fs_write_fail(errno, NULL);
+    if (rename(partial, path) != 0) fs_write_fail(errno, partial);
+    fputs("[{\"name\": ", out);
+    json_str(out, base_name(path));
+    fputs(", \"type\": \"file\", \"path\": ", out);
+    json_str(out, path);
+    fputs("}]", out);
+    return 0;
+}
+
+/* ---- watch (inotify): as helper.py's watch(), a JSON line per event until killed ---- */
+
+#define WATCHED (IN_MODIFY | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF)
+#define MAX_WATCHES 4096 /* directories one recursive watch follows; past it, deeper ones go unwatched */
+
+static const struct {
+    uint32_t bits;
+    const char *kind;
+} EVENT_TYPES[] = {
+    {IN_CREATE | IN_MOVED_TO, "EVENT_TYPE_CREATE"},
+    {IN_MODIFY, "EVENT_TYPE_WRITE"},
+    {IN_DELETE | IN_DELETE_SELF, "EVENT_TYPE_REMOVE"},
+    {IN_MOVED_FROM | IN_MOVE_SELF, "EVENT_TYPE_RENAME"},
+    {IN_ATTRIB, "EVENT_TYPE_CHMOD"},
+};
+
+/* Each watch descriptor and its directory, relative to the watched path. */
+struct watches {
+    int fd, recursive, count;
+    const char *root;
+    int wd[MAX_WATCHES];
+    char *name[MAX_WATCHES];
+};
+
+static const char *watched_name(const struct watches *w, int wd) {
+    for (int i = w->count - 1; i >= 0; i--)
+        if (w->wd[i] == wd) return w->name[i];
+    return NULL;
+}
+
+/* Watch `first` (relative to the root) and, recursively, every directory under it, depth first from
+ * a stack of at most MAX_WATCHES names: nothing grows with the tree beyond the watches' own bound. */
+static void watch_add(struct watches *w, const char *first) {
+    char *pending[MAX_WATCHES];
+    int n = 0;
+    pending[n++] = fs_concat(first, "", "");
+    while (n > 0 && w->count < MAX_WATCHES) {
+        char *relative = pending[--n];
+        char *target = *relative ? path_join(w->root, relative) : fs_concat(w->root, "", "");
+        int wd = inotify_add_watch(w->fd, target, WATCHED | IN_ONLYDIR);
+        if (wd < 0) {
+            if (!*relative) fs_os_fail(errno, w->root);
+            free(relative); /* a subdirectory gone or unreadable meanwhile: not the watch's failure */
+            free(target);
+            continue;
+        }
+        int slot = -1;
+        for (int i = 0; i < w->count && slot < 0; i++) /* the same directory again: its name now */
+            if (w->wd[i] == wd) slot = i;
+        if (slot < 0) slot = w->count++;
+        else free(w->name[slot]);
+        w->wd[slot] = wd;
+        w->name[slot] = relative;
+        DIR *d = w->recursive ? opendir(target) : NULL;
+        struct dirent *e;
+        while (d != NULL && (e = readdir(d)) != NULL && n < MAX_WATCHES) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+            struct stat st;
+            int dir = e->d_type == DT_DIR ||
+                      (e->d_type == DT_UNKNOWN && fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                       S_ISDIR(st.st_mode));
+            if (dir) pending[n++] = path_join(relative, e->d_name);
+        }
+        if (d != NULL) closedir(d);
+        free(target);
+    }
+    while (n > 0) free(pending[--n]);
+}
+
+static void put_event(FILE *out, const char *name, const char *kind) {
+    fputs("{\"name\": ", out);
+    json_str(out, name);
+    fprintf(out, ", \"type\": \"%s\"}\n", kind);
+}
+
+static int fs_watch(FILE *out, const char *path, int recursive) {
+    if (!is_dir(path)) {
+        if (exists(path)) fs_fail("invalid_argument", fs_concat("path ", path, " is not a directory"));
+        fs_fail("not_found", fs_concat("no such directory: ", path, ""));
+    }
+    static struct watches w;
+    w.fd = inotify_init1(IN_CLOEXEC);
+    if (w.fd < 0) fs_os_fail(errno, NULL);
+    w.recursive = recursive;
+    w.root = path;
+    watch_add(&w, "");
+    fputs("{\"start\": ", out);
+    json_str(out, path);
+    fputs("}\n", out);
+    if (fflush(out) != 0) return FS_EXIT_FAILED;
+    /* A reader that falls behind blocks these writes; the kernel's own bounded queue then drops
+     * events (inotify's overflow), so nothing here grows with a flood. */
+    static char buf[FS_CHUNK] __attribute__((aligned(__alignof__(struct inotify_event))));
+    for (;;) {
+        ssize_t got = read(w.fd, buf, sizeof buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) fs_os_fail(got < 0 ? errno : EIO, NULL);
+        for (ssize_t off = 0; off + (ssize_t)sizeof(struct inotify_event) <= got;) {
+            const struct inotify_event *ev = (const struct inotify_event *)(buf + off);
+            off += (ssize_t)(sizeof *ev + ev->len);
+            const char *dir = watched_name(&w, ev->wd);
+            if (ev->mask & (IN_Q_OVERFLOW | IN_IGNORED) || dir == NULL) continue;
+            size_t len = strnlen(ev->name, ev->len);
+            char *raw = strndup(ev->name, len);
+            if (raw == NULL) fs_fail("resource_exhausted", "out of memory");
+            char *name = len ? path_join(dir, raw) : fs_concat(dir, "", "");
+            if (recursive && ev->mask & IN_ISDIR && ev->mask & (IN_CREATE | IN_MOVED_TO)) watch_add(&w, name);
+            for (size_t k = 0; k < sizeof EVENT_TYPES / sizeof *EVENT_TYPES; k++)
+                if (ev->mask & EVENT_TYPES[k].bits) put_event(out, name, EVENT_TYPES[k].kind);
+            free(raw);
+            free(name);
+        }
+        if (fflush(out) != 0) return FS_EXIT_FAILED; /* the reader is gone */
+    }
+}
+
+static long fs_number(const char *text, long most) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v < 1 || v > most) fs_fail("invalid_argument", "bad number in the request");
+    return v;
+}
+
+static int fs_main(int argc, char **argv) {
+    if (argc == 1 && strcmp(argv[0], "version") == 0) return puts(FS_PROTOCOL) >= 0 && fflush(stdout) == 0 ? 0 : 1;
+    if (argc < 2) fs_fail("invalid_argument", "usage: fs OP PATH... | fs version");
+    const char *op = argv[0];
+    FILE *out = stdout;
+    static char buffer[FS_CHUNK];
+    setvbuf(out, buffer, _IOFBF, sizeof buffer);
+    char *path = absolute(argv[1]);
+    if (strcmp(op, "stat") == 0 && argc == 2) {
+        fputs("{\"entry\": ", out);
+        put_entry(out, path);
+        fputs("}", out);
+    } else if (strcmp(op, "list") == 0 && argc == 4) {
+        long depth = fs_number(argv[2], 1L << 30);
+        struct budget b = {0, (size_t)fs_number(argv[3], 1L << 30)};
+        if (!is_dir(path)) {
+            if (exists(path)) fs_fail("invalid_argument", fs_concat(path, " is not a directory", ""));
+            fs_fail("not_found", fs_concat("no such directory: ", path, ""));
+        }
+        int first = 1;
+        fputs("{\"entries\": [", out);
+        list_dir(out, path, depth, &b, &first);
+        fputs("]}", out);
+    } else if (strcmp(op, "mkdir") == 0 && argc == 2) {
+        make_dirs_or_fail(path, 0);
+        fputs("{\"entry\": ", out);
+        put_entry(out, path);
+        fputs("}", out);
+    } else if (strcmp(op, "move") == 0 && argc == 3) {
+        char *destination = absolute(argv[2]);
+        char *parent = dir_name(destination);
+        make_dirs_or_fail(parent, 1);
+        if (rename(path, destination) != 0) {
+            if (errno != EXDEV) fs_os_fail(errno, path);
+            move_across(path, destination); /* another file system (home and /tmp are apart) */
+        }
+        fputs("{\"entry\": ", out);
+        put_entry(out, destination);
+        fputs("}", out);
+    } else if (strcmp(op, "remove") == 0 && argc == 2) {
+        /* As E2B's (Go's RemoveAll): a path that does not exist is already removed. */
+        if (is_dir(path) && !is_link(path)) remove_tree(AT_FDCWD, path, path);
+        else if (unlink(path) != 0 && errno != ENOENT) fs_os_fail(errno, path);
+        fputs("{}", out);
+    } else if (strcmp(op, "read") == 0 && argc == 2) {
+        return fs_read(path);
+    } else if (strcmp(op, "write") == 0 && argc == 2) {
+        fs_write(out, path);
+    } else if (strcmp(op, "watch") == 0 && argc == 3 && (strcmp(argv[2], "0") == 0 || strcmp(argv[2], "1") == 0)) {
+        return fs_watch(out, path, argv[2][0] == '1');
+    } else {
+        fs_fail("invalid_argument", "unknown operation");
+    }
+    return fflush(out) == 0 ? 0 : FS_EXIT_FAILED;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | disk ... | rootfs ... | allow-suid ... | check-spec");
+    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | disk ... | rootfs ... | allow-suid ... | check-spec | fs ...");
     const char *mode = argv[1];
     if (strcmp(mode, "seccomp") == 0) {
         scmp_filter_ctx ctx = build_filter();
@@ -925,6 +1739,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "rootfs") == 0) return rootfs(argc - 2, argv + 2);
     if (strcmp(mode, "allow-suid") == 0) return allow_suid(argc - 2, argv + 2);
     if (strcmp(mode, "check-spec") == 0) return check_spec();
+    if (strcmp(mode, "fs") == 0) return fs_main(argc - 2, argv + 2);
     fail_msg("unknown mode");
     return EXIT_SETUP;
 }

@@ -24,6 +24,8 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("launcher.c")
 MAGIC = b"corral-exec-1"
+# What the fs mode answers to ``fs version``: the request and answer forms it speaks (launcher.c's).
+FS_PROTOCOL = "corral-fs-1"
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
 _LIBS = ("-lseccomp",)
 

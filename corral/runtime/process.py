@@ -60,6 +60,7 @@ from corral.runtime.base import (
 )
 from corral.runtime.capture import DEFAULT_LIMIT, BoundedBuffer, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
+from corral.runtime.guestfs import GuestFs
 from corral.runtime.statedir import Corrupt, Running, Starting, StateDir, valid_id
 from corral.runtime.stream import PtySize, Spawned
 from corral.runtime.uids import (
@@ -170,6 +171,7 @@ class ProcessRuntime:
         # Whether new sandboxes' inits serve the guest channel, and this object's connections to them.
         self._guest_channel = guest_channel
         self._channels: dict[str, guest.Channel] = {}
+        self._guest_fs = GuestFs()
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -838,6 +840,15 @@ class ProcessRuntime:
         return control, (master, slave)
 
     # -- pause ----------------------------------------------------------------------------------
+
+    async def guest_program(self, sandbox_id: str) -> str | None:
+        """The launcher inside: the sandbox's init, a copy bubblewrap put where it runs it."""
+        try:
+            record = self._live(sandbox_id)
+        except SandboxNotFound:
+            return None
+        path = bwrap.IMAGE_INIT_PATH if record.spec.image is not None else bwrap.INIT_PATH
+        return await self._guest_fs.program(self, sandbox_id, path, record.init)
 
     def paused(self, sandbox_id: str) -> bool:
         cgroup = _cgroup_of(self._live(sandbox_id))

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from corral.agent.agent import Agent
 from corral.agent.envd.calls import MAX_MESSAGE_BYTES, Calls
-from corral.agent.envd.connect import STREAM_CONTENT_TYPE, RpcError, end_stream
+from corral.agent.envd.connect import STREAM_CONTENT_TYPE, JsonAnswer, RpcError, end_stream
 from corral.agent.envd.files import FILES_MAX_BYTES, IDLE_TIMEOUT_S, Files
 from corral.agent.envd.processes import Processes, Run
 from corral.agent.envd.watch import Watches
@@ -57,7 +57,7 @@ class Envd:
         except HTTPException as exc:  # a known path under another method: raised before any answer
             await _drain(receive)
             body = {"code": exc.status_code, "message": str(exc.detail)}
-            await JSONResponse(body, status_code=exc.status_code)(scope, receive, send)
+            await JsonAnswer(body, status_code=exc.status_code)(scope, receive, send)
 
     async def unimplemented(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A call this data plane does not serve, answered in its protocol's terms (Connect's
@@ -69,7 +69,7 @@ class Envd:
         if content_type.startswith(STREAM_CONTENT_TYPE):
             answer: Response = Response(end_stream(exc), media_type=STREAM_CONTENT_TYPE)
         else:
-            answer = JSONResponse(exc.body(), status_code=exc.status)
+            answer = JsonAnswer(exc.body(), status_code=exc.status)
         await answer(scope, receive, send)
 
     @property
@@ -84,9 +84,9 @@ class Envd:
         try:
             sandbox_id = self.calls.sandbox(request)
         except RpcError as exc:
-            return JSONResponse({"code": 502, "message": exc.message}, status_code=502)
+            return JsonAnswer({"code": 502, "message": exc.message}, status_code=502)
         if self.agent.get(sandbox_id).paused:  # as E2B's proxy answers for a paused sandbox
-            return JSONResponse({"code": 502, "message": f"sandbox {sandbox_id} is paused"}, status_code=502)
+            return JsonAnswer({"code": 502, "message": f"sandbox {sandbox_id} is paused"}, status_code=502)
         return Response(status_code=204)
 
 

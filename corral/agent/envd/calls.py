@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from corral.agent.agent import Agent
-from corral.agent.envd.connect import RpcBusy, RpcError, parse_json
+from corral.agent.envd.connect import JsonAnswer, RpcBusy, RpcError, parse_json
 from corral.agent.errors import AgentBusy, AgentError
 from corral.agent.protocol import CALLER_AUTH_HEADER
 from corral.runtime.base import (
@@ -93,7 +93,7 @@ class Calls:
                 return unary_error(exc)
             except ClientDisconnect:
                 return Response(status_code=499)
-            return JSONResponse(result)
+            return JsonAnswer(result)
 
         return endpoint
 
@@ -155,4 +155,4 @@ def _basic_user(header: str) -> str | None:
 
 def unary_error(exc: RpcError) -> Response:
     headers = exc.headers() if isinstance(exc, RpcBusy) else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return JsonAnswer(exc.body(), status_code=exc.status, headers=headers)

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from corral.codes import retry_after_header
@@ -71,6 +71,15 @@ class RpcBusy(RpcError):
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": retry_after_header(self.retry_after_s)}
+
+
+class JsonAnswer(JSONResponse):
+    """A unary answer written as the streams' envelopes are: JSON in ASCII. A file name that is not
+    UTF-8 (its bytes surrogate-escaped, as Python decodes names) travels as its ``\\udcXX`` escapes,
+    which a client sends back to name the same file; UTF-8 could not carry it at all."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, allow_nan=False, separators=(",", ":")).encode()
 
 
 def envelope(message: Any, flags: int = 0) -> bytes:

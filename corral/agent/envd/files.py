@@ -1,6 +1,7 @@
 """The data plane's files service (``filesystem.Filesystem`` and ``/files``): every operation runs in the
-sandbox, as its one user, as :mod:`corral.agent.envd.helper`, a small program run through the runtime's
-``spawn`` (the launcher), so a path can only ever name the sandbox's own files.
+sandbox, as its one user, as a command started through the runtime's ``spawn`` (the launcher's ``fs``
+mode, or :mod:`corral.agent.envd.helper`: see :mod:`corral.agent.envd.fscommand`), so a path can only
+ever name the sandbox's own files.
 
 Bounds: an upload or a download is at most ``files_max_bytes``, and an upload that sends nothing for
 ``idle_timeout_s`` is dropped; an operation's answer is at most ``MAX_ANSWER_BYTES``.
@@ -14,28 +15,24 @@ import json
 import signal
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from python_multipart import MultipartParser
 from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from corral.agent.envd.calls import CHUNK, MAX_MESSAGE_BYTES, QUEUE, Calls
-from corral.agent.envd.connect import RpcBusy, RpcError, parse_json
+from corral.agent.envd.connect import JsonAnswer, RpcBusy, RpcError, parse_json
+from corral.agent.envd.fscommand import fs_command
 from corral.runtime.stream import Spawned
 
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # a file operation's answer (a deep listing)
 FILES_MAX_BYTES = 256 * 1024 * 1024
 IDLE_TIMEOUT_S = 30.0
 _ABANDON_GRACE_S = 2.0
-_HELPER = Path(__file__).with_name("helper.py").read_text()
-
-
-def helper_command(request: dict[str, Any]) -> list[str]:
-    return ["python3", "-I", "-c", _HELPER, json.dumps(request)]
+EXIT_NOT_FOUND = 127  # as a shell says a command is not there (the launcher's too)
 
 
 class Files:
@@ -63,8 +60,11 @@ class Files:
             ),
         ]
 
+    async def _command(self, sandbox_id: str, request: dict[str, Any]) -> list[str]:
+        return await fs_command(self.calls.agent.runtime, sandbox_id, request, MAX_ANSWER_BYTES)
+
     async def _helper(self, sandbox_id: str, request: dict[str, Any]) -> dict[str, Any]:
-        spawned = await self.calls.spawn(sandbox_id, helper_command(request))
+        spawned = await self.calls.spawn(sandbox_id, await self._command(sandbox_id, request))
         try:
             out, err = await asyncio.gather(
                 read_all(spawned.stdout, MAX_ANSWER_BYTES), read_all(spawned.stderr, MAX_MESSAGE_BYTES)
@@ -87,9 +87,8 @@ class Files:
     async def download(self, request: Request) -> Response:
         try:
             sandbox_id = self.calls.sandbox(request)
-            spawned = await self.calls.spawn(
-                sandbox_id, helper_command({"op": "read", "path": request.query_params.get("path", "")})
-            )
+            read = {"op": "read", "path": request.query_params.get("path", "")}
+            spawned = await self.calls.spawn(sandbox_id, await self._command(sandbox_id, read))
         except RpcError as exc:
             return _files_error(exc)
         first = await spawned.stdout.read(1)
@@ -126,7 +125,7 @@ class Files:
             return _files_error(exc)
         except ClientDisconnect:
             return Response(status_code=499)
-        return JSONResponse(written)
+        return JsonAnswer(written)
 
     async def _patient(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """``chunks`` as they come, ended with an error once the sender stalls for the idle timeout."""
@@ -145,7 +144,7 @@ class Files:
         if not path:
             raise RpcError("invalid_argument", "path is required")
         spawned = await self.calls.spawn(
-            sandbox_id, helper_command({"op": "write", "path": path}), stdin=True
+            sandbox_id, await self._command(sandbox_id, {"op": "write", "path": path}), stdin=True
         )
         assert spawned.stdin is not None
         total = 0
@@ -321,12 +320,17 @@ def helper_error(err: bytes, code: int) -> RpcError:
         return RpcError(str(body["code"]), str(body["message"]))
     except (ValueError, KeyError, TypeError):
         text = err.decode(errors="replace").strip()
+        if code == EXIT_NOT_FOUND:  # the program itself: the helper's python3
+            return RpcError(
+                "failed_precondition",
+                f"this sandbox cannot run the file operation (its image has no python3?): {text[-200:]}",
+            )
         return RpcError("internal", f"file operation failed (exit {code}): {text[-500:]}")
 
 
 def _files_error(exc: RpcError) -> Response:
     if isinstance(exc, RpcBusy):
-        return JSONResponse({"code": 429, "message": exc.message}, status_code=429, headers=exc.headers())
+        return JsonAnswer({"code": 429, "message": exc.message}, status_code=429, headers=exc.headers())
     status = {
         "not_found": 404,
         "invalid_argument": 400,
@@ -336,4 +340,4 @@ def _files_error(exc: RpcError) -> Response:
     }.get(exc.code, exc.status)
     if exc.code == "resource_exhausted":
         status = 413 if "larger" in exc.message else 507
-    return JSONResponse({"code": status, "message": exc.message}, status_code=status)
+    return JsonAnswer({"code": status, "message": exc.message}, status_code=status)

@@ -1,12 +1,13 @@
 """The data plane's directory watches (``filesystem.Filesystem``'s WatchDir stream, and the
 CreateWatcher / GetWatcherEvents / RemoveWatcher trio the sync SDK polls with).
 
-A watch is :mod:`~corral.agent.envd.helper`'s ``watch`` operation running *inside* the sandbox as its
-user, like every file operation: the path resolves in the sandbox's own mount namespace (a symlink
-pointing out names the sandbox's file, never the host's), inotify's limits are charged to the
-sandbox's uid rather than the host's root, and the same program serves the gVisor runtime, whose
-files live in its Sentry where no host-side inotify could see them. Each holds one of the sandbox's
-command slots while it runs.
+A watch is a ``watch`` file operation (the launcher's fs mode, or :mod:`~corral.agent.envd.helper`'s:
+see :mod:`~corral.agent.envd.fscommand`), its "helper" below, running *inside* the sandbox as its user,
+like every file operation: the path resolves in the sandbox's own mount namespace (a symlink pointing
+out names the sandbox's file, never the host's), inotify's limits are charged to the sandbox's uid
+rather than the host's root, and the same program serves the gVisor runtime, whose files live in its
+Sentry where no host-side inotify could see them. Each holds one of the sandbox's command slots while
+it runs.
 
 Bounds: at most ``MAX_WATCHERS`` per sandbox; a polled watch keeps at most ``MAX_PENDING_EVENTS``
 events between two polls (later ones are dropped, as inotify's own overflow drops); a streamed watch
@@ -45,7 +46,8 @@ from corral.agent.envd.connect import (
     stream_error,
     unwrap,
 )
-from corral.agent.envd.files import helper_command, helper_error, read_all
+from corral.agent.envd.files import MAX_ANSWER_BYTES, helper_error, read_all
+from corral.agent.envd.fscommand import fs_command
 from corral.runtime.stream import Spawned
 
 MAX_WATCHERS = 8  # per sandbox, streamed and polled: each holds one of its 16 command slots
@@ -101,7 +103,8 @@ class Watches:
         request = {"op": "watch", "path": path, "recursive": bool(req.get("recursive"))}
         self._opening[sandbox_id] += 1
         try:
-            spawned = await self.calls.spawn(sandbox_id, helper_command(request))
+            command = await fs_command(self.calls.agent.runtime, sandbox_id, request, MAX_ANSWER_BYTES)
+            spawned = await self.calls.spawn(sandbox_id, command)
         finally:
             self._opening[sandbox_id] -= 1
             if not self._opening[sandbox_id]:
