@@ -32,6 +32,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 
 from corral.agent.errors import AgentBusy, AgentCommandNotFound
@@ -324,30 +325,21 @@ class Follower:
             self._command.followers -= 1
 
 
+@dataclass(eq=False)
 class Commands:
     """The background commands of every sandbox on this host, by sandbox id then pid."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        *,
-        tail_bytes: int = TAIL_BYTES,
-        max_ended: int = MAX_ENDED,
-        read_rate_bytes_s: float = READ_RATE_BYTES_S,
-        read_burst_bytes: float = READ_BURST_BYTES,
-        max_followers: int = MAX_FOLLOWERS,
-    ) -> None:
-        self.clock = clock
-        self.tail_bytes = tail_bytes
-        self.max_ended = max_ended
-        self.read_rate_bytes_s = read_rate_bytes_s
-        self.read_burst_bytes = read_burst_bytes
-        self.max_followers = max_followers
-        self._by_sandbox: dict[str, dict[int, Command]] = {}
-        self._next_pid: dict[str, int] = {}
-        self._ended_order: dict[
-            str, deque[int]
-        ] = {}  # the pids of each sandbox's ended commands, as they ended
+    clock: Clock
+    _: KW_ONLY
+    tail_bytes: int = TAIL_BYTES
+    max_ended: int = MAX_ENDED
+    read_rate_bytes_s: float = READ_RATE_BYTES_S
+    read_burst_bytes: float = READ_BURST_BYTES
+    max_followers: int = MAX_FOLLOWERS
+    _by_sandbox: dict[str, dict[int, Command]] = field(default_factory=dict, init=False, repr=False)
+    _next_pid: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    # The pids of each sandbox's ended commands, as they ended.
+    _ended_order: dict[str, deque[int]] = field(default_factory=dict, init=False, repr=False)
 
     def start(
         self,

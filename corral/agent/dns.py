@@ -21,7 +21,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 from dnslib import QTYPE, RCODE, DNSError, DNSHeader, DNSQuestion, DNSRecord
 
@@ -85,21 +85,16 @@ def host_upstream(path: str = "/etc/resolv.conf") -> tuple[str, int] | None:
     return None
 
 
+@dataclass(eq=False)
 class SlotResolver:
-    def __init__(
-        self,
-        upstream: tuple[str, int],
-        *,
-        rate: Rate = DEFAULT_RATE,
-        in_flight: int = DEFAULT_IN_FLIGHT,
-        timeout_s: float = UPSTREAM_TIMEOUT_S,
-    ) -> None:
-        self.upstream = upstream
-        self.rate = rate
-        self.in_flight = in_flight
-        self.timeout_s = timeout_s
-        self._slots: dict[int, _Slot] = {}
-        self.totals = ResolverStats()  # every slot's, since the agent started (its metrics)
+    upstream: tuple[str, int]
+    _: KW_ONLY
+    rate: Rate = DEFAULT_RATE
+    in_flight: int = DEFAULT_IN_FLIGHT
+    timeout_s: float = UPSTREAM_TIMEOUT_S
+    _slots: dict[int, _Slot] = field(default_factory=dict, init=False, repr=False)
+    # Every slot's, since the agent started (its metrics).
+    totals: ResolverStats = field(default_factory=ResolverStats, init=False)
 
     def stats(self, slot: SlotNet) -> ResolverStats:
         return self._slots[slot.index].stats

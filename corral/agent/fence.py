@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from corral.core.runlease import LeaseState, RunLease
@@ -30,29 +31,21 @@ class _Leased(Protocol):
     paused: bool  # what the agent reports: kept in step with the freezes here
 
 
+@dataclass(eq=False)
 class RunFence:
-    def __init__(
-        self,
-        host_id: str,
-        runtime: Runtime,
-        live: Mapping[str, _Leased],
-        stop: Callable[[str], Awaitable[None]],
-        paused: Callable[[str], bool],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.host_id = host_id
-        self.runtime = runtime
-        self.live = live
-        self._stop = stop
-        self._paused = paused
-        self.clock = clock
-        self.lease = RunLease()
-        # None: no reply yet, so what this host adopted at a restart waits frozen for the first one;
-        # False: the control plane grants no lease (an older one), so nothing is fenced.
-        self.granted: bool | None = None
-        self.frozen: set[str] = set()  # frozen by the fence, to thaw on renewal
-        self.frozen_total = 0
-        self.stopped_total = 0
+    host_id: str
+    runtime: Runtime
+    live: Mapping[str, _Leased]
+    _stop: Callable[[str], Awaitable[None]]
+    _paused: Callable[[str], bool]
+    clock: Callable[[], float] = time.monotonic
+    lease: RunLease = field(default_factory=RunLease, init=False)
+    # None: no reply yet, so what this host adopted at a restart waits frozen for the first one;
+    # False: the control plane grants no lease (an older one), so nothing is fenced.
+    granted: bool | None = field(default=None, init=False)
+    frozen: set[str] = field(default_factory=set, init=False)  # frozen by the fence, to thaw on renewal
+    frozen_total: int = field(default=0, init=False)
+    stopped_total: int = field(default=0, init=False)
 
     def now(self) -> float:
         return self.clock()

@@ -16,28 +16,19 @@ from corral.core.clock import Clock
 from corral.core.types import NO_PENDING, Pending
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Reservation:
     """A handle on one claim. ``release()`` acts once; every later call (or expiry) is a no-op."""
 
-    __slots__ = ("_ledger", "cpu", "expires_at", "host_id", "id", "memory_mb", "owner")
-
-    def __init__(
-        self,
-        ledger: Ledger,
-        id: int,
-        host_id: str,
-        memory_mb: int,
-        cpu: float,
-        owner: str,
-        expires_at: float,
-    ) -> None:
-        self._ledger = ledger
-        self.id = id
-        self.host_id = host_id
-        self.memory_mb = memory_mb
-        self.cpu = cpu
-        self.owner = owner
-        self.expires_at = expires_at
+    # Compared and hashed by identity: the ledger keeps each handle once, and two claims alike in every
+    # field are still two claims.
+    _ledger: Ledger
+    id: int
+    host_id: str
+    memory_mb: int
+    cpu: float
+    owner: str
+    expires_at: float
 
     @property
     def active(self) -> bool:

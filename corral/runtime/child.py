@@ -17,6 +17,7 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from corral.runtime import pipes
 
@@ -28,22 +29,15 @@ _POOL = ThreadPoolExecutor(max_workers=SPAWN_THREADS, thread_name_prefix="corral
 _STREAM_LIMIT = 64 * 1024
 
 
+@dataclass(eq=False)
 class Child:
     """A started child: its output streams, its input (None when it reads /dev/null), its exit."""
 
-    def __init__(
-        self,
-        popen: subprocess.Popen[bytes],
-        stdout: asyncio.StreamReader,
-        stderr: asyncio.StreamReader,
-        stdin: asyncio.StreamWriter | None,
-        exited: asyncio.Future[int],
-    ) -> None:
-        self._popen = popen
-        self.stdout = stdout
-        self.stderr = stderr
-        self.stdin = stdin
-        self._exited = exited
+    _popen: subprocess.Popen[bytes]
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    stdin: asyncio.StreamWriter | None
+    _exited: asyncio.Future[int]
 
     @property
     def pid(self) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 from corral.core.clock import Clock
 from corral.core.scoring import Scorer, ScoreWeights
@@ -72,39 +72,41 @@ class _Tenant:
         return Usage(self.live_sandboxes, self.live_memory_mb, rows.from_millicores(self.live_cpu_m))
 
 
+@dataclass(eq=False)
 class ModelBase:
     """The state of record in memory. ``rng`` draws every id, so a run is a function of its seed."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        rng: random.Random,
-        *,
-        latency: Callable[[], float] | None = None,
-        outage: Callable[[], bool] | None = None,
-        weights: ScoreWeights = ScoreWeights(),
-    ) -> None:
-        self.clock = clock
-        self.rng = rng
-        self.latency = latency
-        self.outage = outage
-        self.weights = weights
-        self._scorer = Scorer(weights=weights)  # compiled once: every reserve_best scores with it
-        self.hosts: dict[str, _Host] = {}
-        self.reservations: dict[str, ReservationRecord] = {}
-        self.replicas: dict[str, float] = {}
-        self.leases_ended: dict[str, float] = {}  # replica -> when its lapsed lease was last ended
-        self.leases: dict[str, tuple[str, float]] = {}
-        self.sandboxes: dict[str, SandboxRecord] = {}
-        self.placements: dict[str, str | None] = {}
-        self.tenants: dict[str, _Tenant] = {}
-        self.templates: dict[str, TemplateRecord] = {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}
-        self.pools: dict[str, PoolRecord] = {}  # by template
-        # (tenant, key) -> (request hash, sandbox id, the record as first created, when)
-        self.idempotency: dict[tuple[str, str], tuple[str | None, str, SandboxRecord, float]] = {}
-        self.fences: dict[tuple[str, str], int] = {}  # (host, sandbox) -> the epoch it must reach
-        self.calls = 0
-        self.refused_calls = 0
+    clock: Clock
+    rng: random.Random
+    _: KW_ONLY
+    latency: Callable[[], float] | None = None
+    outage: Callable[[], bool] | None = None
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    _scorer: Scorer = field(init=False)  # compiled once: every reserve_best scores with it
+    hosts: dict[str, _Host] = field(default_factory=dict, init=False)
+    reservations: dict[str, ReservationRecord] = field(default_factory=dict, init=False)
+    replicas: dict[str, float] = field(default_factory=dict, init=False)
+    # Replica -> when its lapsed lease was last ended.
+    leases_ended: dict[str, float] = field(default_factory=dict, init=False)
+    leases: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
+    sandboxes: dict[str, SandboxRecord] = field(default_factory=dict, init=False)
+    placements: dict[str, str | None] = field(default_factory=dict, init=False)
+    tenants: dict[str, _Tenant] = field(default_factory=dict, init=False)
+    templates: dict[str, TemplateRecord] = field(
+        default_factory=lambda: {DEFAULT_TEMPLATE.name: DEFAULT_TEMPLATE}, init=False
+    )
+    pools: dict[str, PoolRecord] = field(default_factory=dict, init=False)  # by template
+    # (tenant, key) -> (request hash, sandbox id, the record as first created, when)
+    idempotency: dict[tuple[str, str], tuple[str | None, str, SandboxRecord, float]] = field(
+        default_factory=dict, init=False
+    )
+    # (host, sandbox) -> the epoch it must reach
+    fences: dict[tuple[str, str], int] = field(default_factory=dict, init=False)
+    calls: int = field(default=0, init=False)
+    refused_calls: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._scorer = Scorer(weights=self.weights)
 
     async def _enter(self) -> None:
         self.calls += 1
