@@ -56,6 +56,7 @@ from corral.store.records import (
     TokenRecord,
     Usage,
     _Unset,
+    check_reservation,
 )
 
 
@@ -153,7 +154,6 @@ class HostStore(HostReader, HeartbeatSink, Listings, CommittedMemory, Protocol):
 class Reservations(Protocol):
     """Capacity claims: taken against a host's admittable, ended once, expired by their TTL."""
 
-    @abstractmethod
     async def reserve(
         self,
         host_id: str,
@@ -167,8 +167,9 @@ class Reservations(Protocol):
         """Reserve ``memory_mb`` (a charge) and ``cpu`` on a ready host if they fit beside its live
         reservations (``corral.core.admission.host_fits``). None: no room (or no such host, or
         draining). Race-proof across processes and replicas; expired reservations never count against the room."""
+        check_reservation(memory_mb, cpu, ttl_s)
+        return await self._reserve_checked(ReserveItem(host_id, memory_mb, cpu, sandbox_id), owner, ttl_s)
 
-    @abstractmethod
     async def reserve_best(
         self,
         candidates: Sequence[str],
@@ -186,6 +187,24 @@ class Reservations(Protocol):
         salted with ``sandbox_id`` (else the reservation's id). ``image``: the create's image (a
         digest); a candidate that holds it scores higher (``ScoreWeights.image``). The record's
         ``host_id`` says which host it took. None: none of them has room."""
+        check_reservation(memory_mb, cpu, ttl_s)
+        if not candidates:
+            return None
+        return await self._reserve_best_checked(
+            candidates, ReserveItem("", memory_mb, cpu, sandbox_id), owner, ttl_s, image
+        )
+
+    # Every backend's claims are checked above, once; what a backend writes is below.
+
+    @abstractmethod
+    async def _reserve_checked(self, item: ReserveItem, owner: str, ttl_s: float) -> ReservationRecord | None:
+        """:meth:`reserve` of a checked claim."""
+
+    @abstractmethod
+    async def _reserve_best_checked(
+        self, candidates: Sequence[str], item: ReserveItem, owner: str, ttl_s: float, image: str | None
+    ) -> ReservationRecord | None:
+        """:meth:`reserve_best` of a checked claim (its host empty) among candidates, at least one."""
 
     @abstractmethod
     async def reserve_batch(

@@ -495,6 +495,21 @@ def check_quota(tenant: TenantRecord, used: Usage, memory_mb: int, cpus: float) 
         raise QuotaExceeded("max_cpus", tenant.max_cpus, used.cpus, cpus)
 
 
+def claim_record(id: str, item: ReserveItem, owner: str, ttl_s: float, now: float) -> ReservationRecord:
+    """The record of ``item`` claimed at ``now`` for ``ttl_s``: its CPU as every store keeps it (whole
+    millicores)."""
+    return ReservationRecord(
+        id=id,
+        host_id=item.host_id,
+        memory_mb=item.memory_mb,
+        cpu=from_millicores(to_millicores(item.cpu)),
+        owner=owner,
+        sandbox_id=item.sandbox_id,
+        created_at=now,
+        expires_at=now + ttl_s,
+    )
+
+
 def check_reservation(memory_mb: int, cpu: float, ttl_s: float) -> None:
     """A claim as every store takes it: some memory (the core's fit rule reads a request, and a
     sandbox asks for memory; a claim of none is no sandbox's), no negative CPU, a positive TTL."""

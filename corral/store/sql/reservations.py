@@ -16,6 +16,7 @@ from corral.store.records import (
     ReservationRecord,
     ReserveItem,
     check_reservation,
+    claim_record,
 )
 from corral.store.rows import in_list
 from corral.store.sql.base import (
@@ -79,28 +80,11 @@ class ReservationsSql(SqlBase):
         "VALUES (:id, :h, :mb, :cpu, :owner, :sid, :now, :exp)"
     )
 
-    def _reservation(
-        self,
-        host_id: str,
-        memory_mb: int,
-        cpu: float,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None,
-        now: float | None = None,
+    def _claim(
+        self, item: ReserveItem, owner: str, ttl_s: float, now: float | None = None
     ) -> ReservationRecord:
-        if now is None:
-            now = self._now()
-        return ReservationRecord(
-            id=time_ordered_hex(now, 84),
-            host_id=host_id,
-            memory_mb=memory_mb,
-            cpu=rows.from_millicores(rows.to_millicores(cpu)),
-            owner=owner,
-            sandbox_id=sandbox_id,
-            created_at=now,
-            expires_at=now + ttl_s,
-        )
+        now = self._now() if now is None else now
+        return claim_record(time_ordered_hex(now, 84), item, owner, ttl_s, now)
 
     @staticmethod
     def _res_params(r: ReservationRecord) -> dict[str, Any]:
@@ -125,18 +109,8 @@ class ReservationsSql(SqlBase):
         await tx.execute(self._INSERT, p)
         return True
 
-    async def reserve(
-        self,
-        host_id: str,
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
-    ) -> ReservationRecord | None:
-        check_reservation(memory_mb, cpu, ttl_s)
-        return await self._reserve_one(self._reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id))
+    async def _reserve_checked(self, item: ReserveItem, owner: str, ttl_s: float) -> ReservationRecord | None:
+        return await self._reserve_one(self._claim(item, owner, ttl_s))
 
     async def _reserve_one(self, r: ReservationRecord) -> ReservationRecord | None:
         """Take ``r``'s room on its host and write it; None where it does not fit."""
@@ -146,23 +120,10 @@ class ReservationsSql(SqlBase):
 
         return await self._write(run)
 
-    async def reserve_best(
-        self,
-        candidates: Sequence[str],
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
-        image: str | None = None,
+    async def _reserve_best_checked(
+        self, candidates: Sequence[str], item: ReserveItem, owner: str, ttl_s: float, image: str | None
     ) -> ReservationRecord | None:
-        check_reservation(memory_mb, cpu, ttl_s)
-        if not candidates:
-            return None
-        return await self._reserve_best(
-            candidates, lambda: self._reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id), image
-        )
+        return await self._reserve_best(candidates, lambda: self._claim(item, owner, ttl_s), image)
 
     async def _reserve_best(
         self, candidates: Sequence[str], claim: Callable[[], ReservationRecord], image: str | None = None
@@ -203,9 +164,7 @@ class ReservationsSql(SqlBase):
         for it in items:
             check_reservation(it.memory_mb, it.cpu, ttl_s)
         now = self._now()
-        records = [
-            self._reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id, now) for i in items
-        ]
+        records = [self._claim(i, owner, ttl_s, now) for i in items]
         need: dict[str, list[int]] = {}
         for r in records:
             t = need.setdefault(r.host_id, [0, 0])

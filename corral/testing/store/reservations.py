@@ -10,10 +10,12 @@ from corral.core.admission import host_fits
 from corral.core.fit import TAKES_STATE, tie_rank
 from corral.core.types import HOST_FACTS, CreateRequest, HostView, Pending
 from corral.store import rows
+from corral.store.contract import Reservations
 from corral.store.records import (
     ReservationRecord,
     ReserveItem,
     check_reservation,
+    claim_record,
 )
 from corral.testing.store.base import ModelBase, _Host
 
@@ -24,7 +26,7 @@ def _ask(memory_mb: int, cpu_m: int, image: str | None = None) -> CreateRequest:
     return CreateRequest(memory_mb=memory_mb, cpu=rows.from_millicores(cpu_m), stateful=True, image=image)
 
 
-class ReservationsModel(ModelBase):
+class ReservationsModel(ModelBase, Reservations):
     def _fold_expired(self, host_ids: Collection[str], now: float) -> int:
         hosts = set(host_ids)
         return self._end(
@@ -54,64 +56,32 @@ class ReservationsModel(ModelBase):
         h.reserved_cpu_m += rows.to_millicores(r.cpu)
         self.reservations[r.id] = r
 
-    def _new_reservation(
-        self, host_id: str, memory_mb: int, cpu: float, owner: str, ttl_s: float, sandbox_id: str | None
-    ) -> ReservationRecord:
+    def _claim(self, item: ReserveItem, owner: str, ttl_s: float) -> ReservationRecord:
         now = self._now()
-        return ReservationRecord(
-            id=self._id(),
-            host_id=host_id,
-            memory_mb=memory_mb,
-            cpu=rows.from_millicores(rows.to_millicores(cpu)),
-            owner=owner,
-            sandbox_id=sandbox_id,
-            created_at=now,
-            expires_at=now + ttl_s,
-        )
+        return claim_record(self._id(), item, owner, ttl_s, now)
 
-    async def reserve(
-        self,
-        host_id: str,
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
-    ) -> ReservationRecord | None:
-        check_reservation(memory_mb, cpu, ttl_s)
+    async def _reserve_checked(self, item: ReserveItem, owner: str, ttl_s: float) -> ReservationRecord | None:
         await self._enter()
-        r = self._new_reservation(host_id, memory_mb, cpu, owner, ttl_s, sandbox_id)
-        h = self.hosts.get(host_id)
+        r = self._claim(item, owner, ttl_s)
+        h = self.hosts.get(item.host_id)
         if h is None:
             return None
-        ask = _ask(memory_mb, rows.to_millicores(cpu))
+        ask = _ask(item.memory_mb, rows.to_millicores(item.cpu))
         if not self._room(h, ask):
             # Expired reservations are folded only when nothing fits without them.
-            self._fold_expired([host_id], r.created_at)
+            self._fold_expired([item.host_id], r.created_at)
             if not self._room(h, ask):
                 return None
         self._take(r)
         return r
 
-    async def reserve_best(
-        self,
-        candidates: Sequence[str],
-        *,
-        memory_mb: int,
-        cpu: float = 0.0,
-        owner: str,
-        ttl_s: float,
-        sandbox_id: str | None = None,
-        image: str | None = None,
+    async def _reserve_best_checked(
+        self, candidates: Sequence[str], item: ReserveItem, owner: str, ttl_s: float, image: str | None
     ) -> ReservationRecord | None:
-        check_reservation(memory_mb, cpu, ttl_s)
-        if not candidates:
-            return None
         await self._enter()
-        template = self._new_reservation("", memory_mb, cpu, owner, ttl_s, sandbox_id)
-        ask = _ask(memory_mb, rows.to_millicores(cpu), image)
-        salt = sandbox_id or template.id
+        template = self._claim(item, owner, ttl_s)
+        ask = _ask(item.memory_mb, rows.to_millicores(item.cpu), image)
+        salt = item.sandbox_id or template.id
         # Ranked by live totals, as the core ranks: the candidates' expired claims end first.
         self._fold_expired(candidates, template.created_at)
         fit = [
@@ -138,9 +108,7 @@ class ReservationsModel(ModelBase):
         for it in items:
             check_reservation(it.memory_mb, it.cpu, ttl_s)
         await self._enter()
-        records = [
-            self._new_reservation(i.host_id, i.memory_mb, i.cpu, owner, ttl_s, i.sandbox_id) for i in items
-        ]
+        records = [self._claim(i, owner, ttl_s) for i in items]
         need: dict[str, tuple[int, int]] = {}
         for r in records:
             mb, cpu_m = need.get(r.host_id, (0, 0))
