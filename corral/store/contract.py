@@ -5,8 +5,9 @@ Records live in ``records``, errors in ``errors``.
 Each method is declared once, here. An aggregate is the union of the faces its callers take (the view
 cache reads ``HostReader``, a heartbeat writes through ``HeartbeatSink``, ...): a flow depends on the
 faces it calls, and :mod:`corral.control.ports` combines them into what each flow asks for. The SQL
-stores subclass ``Store``; the in-memory model (:mod:`corral.testing.store`) satisfies the faces
-structurally.
+stores subclass ``Store``; the in-memory model (:mod:`corral.testing.store`) subclasses the faces
+that check their input here (a record, a claim, a state change, a page: each method checks, then
+calls its backend's ``_..._checked``) and satisfies the others structurally.
 
 The store is corral's consistency boundary: name uniqueness, idempotency keys, capacity reservations
 and ownership changes each go through one transaction here, so any number of API replicas can decide
@@ -31,8 +32,10 @@ from typing import Protocol
 
 from corral.core.types import Pending
 from corral.shapes.hosts import HostCredentials
+from corral.store import rows
 from corral.store.records import (
     DEFAULT_MAX_CPUS,
+    MAX_SUMMARIES,
     UNSET,
     ChangeRecord,
     CreateOutcome,
@@ -43,6 +46,7 @@ from corral.store.records import (
     HostReport,
     ListingChange,
     Page,
+    PageQuery,
     PoolRecord,
     Principal,
     ReservationRecord,
@@ -51,12 +55,16 @@ from corral.store.records import (
     SandboxRecord,
     SandboxState,
     SandboxSummary,
+    StateChange,
     TemplateRecord,
     TenantRecord,
     TokenRecord,
     Usage,
     _Unset,
+    check_page,
     check_reservation,
+    check_sandbox,
+    check_state_change,
 )
 
 
@@ -298,7 +306,6 @@ class LeaseStore(Leases, Protocol):
 class RecordCreate(Protocol):
     """A sandbox record written, with its idempotency key, name and quota checked."""
 
-    @abstractmethod
     async def create_sandbox(
         self,
         record: SandboxRecord,
@@ -312,13 +319,22 @@ class RecordCreate(Protocol):
         ``deleted`` (:class:`NameConflict`), the tenant's quota over ``LIVE_STATES``
         (:class:`QuotaExceeded`; :class:`RecordNotFound` for an unknown tenant), then the insert.
         ``created_at``/``updated_at``/``version`` are set by the store."""
+        check_sandbox(record)
+        return await self._create_checked(record, idempotency_key, request_hash)
+
+    # Every backend's records are checked in this contract, once; what a backend writes is below.
+
+    @abstractmethod
+    async def _create_checked(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
+    ) -> CreateOutcome:
+        """:meth:`create_sandbox` of a checked record."""
 
 
 class ClaimRecords(RecordCreate, Protocol):
     """What a warm claim writes through: the create's checks first, as a read (a warm sandbox once
     handed over cannot be given back), then the record."""
 
-    @abstractmethod
     async def check_create(
         self,
         record: SandboxRecord,
@@ -329,6 +345,14 @@ class ClaimRecords(RecordCreate, Protocol):
         """The checks of ``create_sandbox`` (same errors, same replay outcome) as a read, inserting
         nothing: a create that is about to take something it cannot give back (a warm sandbox)
         learns first whether it would be refused. ``create_sandbox`` checks again atomically."""
+        check_sandbox(record)
+        return await self._check_create_checked(record, idempotency_key, request_hash)
+
+    @abstractmethod
+    async def _check_create_checked(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
+    ) -> CreateOutcome | None:
+        """:meth:`check_create` of a checked record."""
 
 
 class RecordReads(Protocol):
@@ -342,7 +366,6 @@ class RecordReads(Protocol):
     async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]:
         """Those of ``sandbox_ids`` that have a record, by id (any tenant)."""
 
-    @abstractmethod
     async def list_sandboxes(
         self,
         *,
@@ -356,8 +379,10 @@ class RecordReads(Protocol):
         """Filtered, ordered by (created_at, id), or its reverse when ``newest_first``; keyset
         pagination with an opaque, stable cursor (a page's cursor continues in the order that made
         it). ``limit`` is 1..1000. A bad cursor raises :class:`InvalidRecord`."""
+        states = check_page(limit, state)
+        after = None if cursor is None else rows.decode_cursor(cursor)
+        return await self._list_checked(PageQuery(tenant_id, host_id, states, limit, after, newest_first))
 
-    @abstractmethod
     async def list_sandbox_summaries(
         self,
         *,
@@ -370,12 +395,23 @@ class RecordReads(Protocol):
         :attr:`~SandboxSummary.position`): keyset paging whose position the caller keeps, so a
         sandbox created or deleted between two reads neither repeats nor moves another. One query.
         ``limit`` is 1..10,000."""
+        check_page(limit, None, MAX_SUMMARIES)
+        return await self._summaries_checked(tenant_id, after, limit)
+
+    @abstractmethod
+    async def _list_checked(self, query: PageQuery) -> Page:
+        """:meth:`list_sandboxes` of a checked query."""
+
+    @abstractmethod
+    async def _summaries_checked(
+        self, tenant_id: str | None, after: tuple[float, str] | None, limit: int
+    ) -> list[SandboxSummary]:
+        """:meth:`list_sandbox_summaries` of a checked size."""
 
 
 class RecordStates(Protocol):
     """Sandbox records moved between states (compare-and-set) and deleted."""
 
-    @abstractmethod
     async def set_sandbox_state(
         self,
         sandbox_id: str,
@@ -391,6 +427,13 @@ class RecordStates(Protocol):
         reservation and placement explanation, a JSON text) only if it is currently in ``expect`` and
         at ``expect_version``; two deciders cannot both move it. Raises :class:`StateConflict` on a
         lost race, :class:`RecordNotFound`."""
+        new_state, expected = check_state_change(state, expect)
+        change = StateChange(new_state, expected, expect_version, host_id, reservation_id, placement)
+        return await self._set_state_checked(sandbox_id, change)
+
+    @abstractmethod
+    async def _set_state_checked(self, sandbox_id: str, change: StateChange) -> SandboxRecord:
+        """:meth:`set_sandbox_state` of a checked change."""
 
     @abstractmethod
     async def set_sandbox_network(self, sandbox_id: str, network: str | None) -> SandboxRecord:

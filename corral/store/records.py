@@ -324,6 +324,33 @@ class Page(NamedTuple):
     next_cursor: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """A checked compare-and-set of a sandbox's state (``Store.set_sandbox_state``): the target,
+    the states and version it must be found at (None: any), and what it sets beside (``UNSET``:
+    left as is)."""
+
+    state: SandboxState
+    expected: frozenset[SandboxState] | None
+    expect_version: int | None
+    host_id: str | _Unset | None
+    reservation_id: str | _Unset | None
+    placement: str | _Unset | None
+
+
+@dataclass(frozen=True, slots=True)
+class PageQuery:
+    """A checked page of sandbox records (``Store.list_sandboxes``): its filters (None: any), its
+    size, and the position its cursor holds (None: from the start)."""
+
+    tenant_id: str | None
+    host_id: str | None
+    states: frozenset[SandboxState] | None
+    limit: int
+    after: tuple[float, str] | None
+    newest_first: bool
+
+
 class SandboxSummary(NamedTuple):
     """What a listing of many shows of a sandbox (``kubectl get``'s rows): its record's identity,
     state and labels, read without the rest of it. Named as :class:`SandboxRecord`'s fields are."""

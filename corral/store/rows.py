@@ -19,6 +19,7 @@ from corral.images.config import ImageConfig
 from corral.store.errors import InvalidRecord
 from corral.store.records import (
     HostRecord,
+    Page,
     PoolRecord,
     ReservationRecord,
     SandboxRecord,
@@ -283,6 +284,14 @@ def pool_from_row(r: Row, targets: Mapping[str, int]) -> PoolRecord:
 def encode_cursor(created_at: float, sandbox_id: str) -> str:
     raw = json.dumps([created_at, sandbox_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def page_of(got: list[SandboxRecord], limit: int) -> Page:
+    """A page of ``got`` (read with one more than ``limit``, to know whether another page follows)."""
+    if len(got) <= limit:
+        return Page(got, None)
+    last = got[limit - 1]
+    return Page(got[:limit], encode_cursor(last.created_at, last.id))
 
 
 def decode_cursor(cursor: str) -> tuple[float, str]:

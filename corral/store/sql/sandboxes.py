@@ -14,21 +14,18 @@ from corral.store.errors import (
 )
 from corral.store.records import (
     LIVE_STATES,
-    MAX_SUMMARIES,
-    UNSET,
     CreateOutcome,
     Page,
+    PageQuery,
     SandboxRecord,
     SandboxState,
     SandboxSummary,
+    StateChange,
     Usage,
     _Unset,
     check_lifecycle,
     check_network,
-    check_page,
     check_quota,
-    check_sandbox,
-    check_state_change,
     from_millicores,
     metadata_dict,
     to_millicores,
@@ -104,14 +101,9 @@ class SandboxesSql(SqlBase):
             check_quota(rows.tenant_from_row(tenant), used, rec.memory_mb, rec.cpus)
         return None
 
-    async def create_sandbox(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
+    async def _create_checked(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
     ) -> CreateOutcome:
-        check_sandbox(record)
         now = self._now()
         rec = SandboxRecord(
             id=record.id,
@@ -211,14 +203,9 @@ class SandboxesSql(SqlBase):
 
         return await self._write_unique(run, f"sandbox {rec.id!r} (or its name) already exists")
 
-    async def check_create(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
+    async def _check_create_checked(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
     ) -> CreateOutcome | None:
-        check_sandbox(record)
         return await self._read(
             lambda tx: self._create_checks(tx, record, idempotency_key, request_hash, lock=False)
         )
@@ -229,38 +216,28 @@ class SandboxesSql(SqlBase):
 
         return await self._write(run)
 
-    async def set_sandbox_state(
-        self,
-        sandbox_id: str,
-        state: SandboxState,
-        *,
-        expect: SandboxState | Collection[SandboxState] | None = None,
-        expect_version: int | None = None,
-        host_id: str | _Unset | None = UNSET,
-        reservation_id: str | _Unset | None = UNSET,
-        placement: str | _Unset | None = UNSET,
-    ) -> SandboxRecord:
-        new_state, expected = check_state_change(state, expect)
+    async def _set_state_checked(self, sandbox_id: str, change: StateChange) -> SandboxRecord:
+        new_state, expected = change.state, change.expected
         now = self._now()
         sets = ["state = :state", "updated_at = :now", "version = version + 1"]
         params: dict[str, Any] = {"id": sandbox_id, "state": new_state.value, "now": now}
-        if not isinstance(host_id, _Unset):
+        if not isinstance(change.host_id, _Unset):
             sets.append("host_id = :host")
-            params["host"] = host_id
-        if not isinstance(reservation_id, _Unset):
+            params["host"] = change.host_id
+        if not isinstance(change.reservation_id, _Unset):
             sets.append("reservation_id = :rid")
-            params["rid"] = reservation_id
-        if not isinstance(placement, _Unset):
+            params["rid"] = change.reservation_id
+        if not isinstance(change.placement, _Unset):
             sets.append("placement = :pl")
-            params["pl"] = placement
+            params["pl"] = change.placement
         where = ["id = :id"]
         if expected is not None:
             clause, sp = in_list("x", sorted(s.value for s in expected))
             where.append(f"state IN {clause}")
             params.update(sp)
-        if expect_version is not None:
+        if change.expect_version is not None:
             where.append("version = :v")
-            params["v"] = expect_version
+            params["v"] = change.expect_version
         # One conditional UPDATE: PostgreSQL re-checks the WHERE against the newest row version, so of
         # two concurrent compare-and-sets on the same state exactly one passes.
         sql = f"UPDATE sandboxes SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {rows.SANDBOX_COLS}"
@@ -383,17 +360,8 @@ class SandboxesSql(SqlBase):
 
         return await self._read(run)
 
-    async def list_sandboxes(
-        self,
-        *,
-        tenant_id: str | None = None,
-        host_id: str | None = None,
-        state: SandboxState | Collection[SandboxState] | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        newest_first: bool = False,
-    ) -> Page:
-        states = check_page(limit, state)
+    async def _list_checked(self, query: PageQuery) -> Page:
+        tenant_id, host_id, states, limit = query.tenant_id, query.host_id, query.states, query.limit
         where: list[str] = []
         params: dict[str, Any] = {"lim": limit + 1}
         if tenant_id is not None:
@@ -411,12 +379,11 @@ class SandboxesSql(SqlBase):
             params.update(sp)
             if column == "state" and SandboxState.RUNNING not in states:
                 where.append(NOT_RUNNING)  # the state index's own condition: the planner may use it
-        if cursor is not None:
-            after_at, after_id = rows.decode_cursor(cursor)
-            beyond = "<" if newest_first else ">"
+        if query.after is not None:
+            beyond = "<" if query.newest_first else ">"
             where.append(f"(created_at {beyond} :ca OR (created_at = :ca AND id {beyond} :cid))")
-            params.update(ca=after_at, cid=after_id)
-        order = "created_at DESC, id DESC" if newest_first else "created_at, id"
+            params.update(ca=query.after[0], cid=query.after[1])
+        order = "created_at DESC, id DESC" if query.newest_first else "created_at, id"
         sql = (
             f"SELECT {rows.SANDBOX_COLS} FROM sandboxes"
             + (" WHERE " + " AND ".join(where) if where else "")
@@ -424,22 +391,13 @@ class SandboxesSql(SqlBase):
         )
 
         async def run(tx: Tx) -> Page:
-            got = [rows.sandbox_from_row(r) for r in await tx.fetchall(sql, params)]
-            if len(got) <= limit:
-                return Page(got, None)
-            last = got[limit - 1]
-            return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
+            return rows.page_of([rows.sandbox_from_row(r) for r in await tx.fetchall(sql, params)], limit)
 
         return await self._read(run)
 
-    async def list_sandbox_summaries(
-        self,
-        *,
-        tenant_id: str | None = None,
-        after: tuple[float, str] | None = None,
-        limit: int = 1000,
+    async def _summaries_checked(
+        self, tenant_id: str | None, after: tuple[float, str] | None, limit: int
     ) -> list[SandboxSummary]:
-        check_page(limit, None, MAX_SUMMARIES)
         # The state test is written so that no state index is chosen: the order's index is the read.
         where = [f"{UNINDEXED_STATE} <> :deleted"]
         params: dict[str, Any] = {"deleted": SandboxState.DELETED.value, "lim": limit}

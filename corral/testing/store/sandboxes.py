@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from corral.store import rows
+from corral.store.contract import ClaimRecords, RecordReads, RecordStates
 from corral.store.errors import (
     IdempotencyMismatch,
     NameConflict,
@@ -15,26 +16,23 @@ from corral.store.errors import (
 )
 from corral.store.records import (
     LIVE_STATES,
-    MAX_SUMMARIES,
-    UNSET,
     CreateOutcome,
     Page,
+    PageQuery,
     SandboxRecord,
     SandboxState,
     SandboxSummary,
+    StateChange,
     _Unset,
     check_lifecycle,
     check_network,
-    check_page,
     check_quota,
-    check_sandbox,
-    check_state_change,
     metadata_dict,
 )
 from corral.testing.store.base import ModelBase
 
 
-class SandboxesModel(ModelBase):
+class SandboxesModel(ModelBase, ClaimRecords, RecordReads, RecordStates):
     def _name_taken(self, tenant_id: str, name: str | None, other_than: str) -> str | None:
         if name is None:
             return None
@@ -71,14 +69,9 @@ class SandboxesModel(ModelBase):
             check_quota(t.record, t.usage(), record.memory_mb, record.cpus)
         return None
 
-    async def create_sandbox(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
+    async def _create_checked(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
     ) -> CreateOutcome:
-        check_sandbox(record)
         await self._enter()
         now = self._now()
         replay = self._create_checks(record, idempotency_key, request_hash)
@@ -106,14 +99,9 @@ class SandboxesModel(ModelBase):
             self.idempotency[(rec.tenant_id, idempotency_key)] = (request_hash, rec.id, rec, now)
         return CreateOutcome(rec, replayed=False)
 
-    async def check_create(
-        self,
-        record: SandboxRecord,
-        *,
-        idempotency_key: str | None = None,
-        request_hash: str | None = None,
+    async def _check_create_checked(
+        self, record: SandboxRecord, idempotency_key: str | None, request_hash: str | None
     ) -> CreateOutcome | None:
-        check_sandbox(record)
         await self._enter()
         return self._create_checks(record, idempotency_key, request_hash)
 
@@ -124,24 +112,14 @@ class SandboxesModel(ModelBase):
             del self.idempotency[k]
         return len(old)
 
-    async def set_sandbox_state(
-        self,
-        sandbox_id: str,
-        state: SandboxState,
-        *,
-        expect: SandboxState | Collection[SandboxState] | None = None,
-        expect_version: int | None = None,
-        host_id: str | _Unset | None = UNSET,
-        reservation_id: str | _Unset | None = UNSET,
-        placement: str | _Unset | None = UNSET,
-    ) -> SandboxRecord:
-        new_state, expected = check_state_change(state, expect)
+    async def _set_state_checked(self, sandbox_id: str, change: StateChange) -> SandboxRecord:
+        new_state, expected = change.state, change.expected
         await self._enter()
         sb = self.sandboxes.get(sandbox_id)
         if sb is None:
             raise RecordNotFound(f"sandbox {sandbox_id!r}")
         if (expected is not None and sb.state not in expected) or (
-            expect_version is not None and sb.version != expect_version
+            change.expect_version is not None and sb.version != change.expect_version
         ):
             raise StateConflict(sandbox_id, sb.state, sb.version)
         if (
@@ -151,12 +129,12 @@ class SandboxesModel(ModelBase):
         ):
             raise NameConflict(f"sandbox {sandbox_id!r}: its name is taken by a live sandbox")
         changes: dict[str, object] = {"state": new_state, "updated_at": self._now()}
-        if not isinstance(host_id, _Unset):
-            changes["host_id"] = host_id
-        if not isinstance(reservation_id, _Unset):
-            changes["reservation_id"] = reservation_id
-        if not isinstance(placement, _Unset):
-            self.placements[sandbox_id] = placement
+        if not isinstance(change.host_id, _Unset):
+            changes["host_id"] = change.host_id
+        if not isinstance(change.reservation_id, _Unset):
+            changes["reservation_id"] = change.reservation_id
+        if not isinstance(change.placement, _Unset):
+            self.placements[sandbox_id] = change.placement
         return self._put(sb, **changes)
 
     async def set_sandbox_network(self, sandbox_id: str, network: str | None) -> SandboxRecord:
@@ -195,18 +173,9 @@ class SandboxesModel(ModelBase):
         await self._enter()
         return {sid: self.sandboxes[sid] for sid in sandbox_ids if sid in self.sandboxes}
 
-    async def list_sandboxes(
-        self,
-        *,
-        tenant_id: str | None = None,
-        host_id: str | None = None,
-        state: SandboxState | Collection[SandboxState] | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-        newest_first: bool = False,
-    ) -> Page:
-        states = check_page(limit, state)
-        after = rows.decode_cursor(cursor) if cursor is not None else None
+    async def _list_checked(self, query: PageQuery) -> Page:
+        tenant_id, host_id, states, after = query.tenant_id, query.host_id, query.states, query.after
+        newest_first = query.newest_first
         await self._enter()
         got = sorted(
             (
@@ -223,19 +192,11 @@ class SandboxesModel(ModelBase):
             key=lambda sb: (sb.created_at, sb.id),
             reverse=newest_first,
         )
-        if len(got) <= limit:
-            return Page(got, None)
-        last = got[limit - 1]
-        return Page(got[:limit], rows.encode_cursor(last.created_at, last.id))
+        return rows.page_of(got, query.limit)
 
-    async def list_sandbox_summaries(
-        self,
-        *,
-        tenant_id: str | None = None,
-        after: tuple[float, str] | None = None,
-        limit: int = 1000,
+    async def _summaries_checked(
+        self, tenant_id: str | None, after: tuple[float, str] | None, limit: int
     ) -> list[SandboxSummary]:
-        check_page(limit, None, MAX_SUMMARIES)
         await self._enter()
         got = sorted(
             (
