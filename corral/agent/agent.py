@@ -665,24 +665,21 @@ class Agent:
     async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
         """Freeze the sandbox in place. It keeps its memory and its charge: resuming is not a start.
         Without ``memory``, its processes are ended first (its files kept): its resume is a reboot."""
-        live = self._require(sandbox_id)
-        if self._paused(sandbox_id):
-            raise AgentConflict(ErrorCode.SANDBOX_PAUSED, f"sandbox {sandbox_id!r} is already paused")
-        if not memory:
-            await self._call_runtime(self._reboot, sandbox_id)
-        await self._call_runtime(self.runtime.pause, sandbox_id)
-        live.paused = True
-        return self._info(sandbox_id, live)
+        return await self._set_paused(sandbox_id, True, memory)
 
     async def resume(self, sandbox_id: str, *, memory: bool = True) -> SandboxInfo:
         """Thaw the sandbox; without ``memory``, as a boot from its files: its processes end first."""
+        return await self._set_paused(sandbox_id, False, memory)
+
+    async def _set_paused(self, sandbox_id: str, paused: bool, memory: bool) -> SandboxInfo:
         live = self._require(sandbox_id)
-        if not self._paused(sandbox_id):
-            raise AgentConflict(ErrorCode.SANDBOX_NOT_PAUSED, f"sandbox {sandbox_id!r} is not paused")
+        if self._paused(sandbox_id) == paused:
+            code = ErrorCode.SANDBOX_PAUSED if paused else ErrorCode.SANDBOX_NOT_PAUSED
+            raise AgentConflict(code, f"sandbox {sandbox_id!r} is {'already' if paused else 'not'} paused")
         if not memory:
             await self._call_runtime(self._reboot, sandbox_id)
-        await self._call_runtime(self.runtime.resume, sandbox_id)
-        live.paused = False
+        await self._call_runtime(self.runtime.pause if paused else self.runtime.resume, sandbox_id)
+        live.paused = paused
         return self._info(sandbox_id, live)
 
     async def _reboot(self, sandbox_id: str) -> None:
