@@ -4,10 +4,11 @@ checked against the digest by the cache (:class:`~corral.images.cache.ImageCache
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import httpx
 
+from corral.agent.replicas import Replicas
 from corral.images import BlobNotFound, check_digest
 
 IMAGES_PATH = "/v1/agent/images/"
@@ -18,33 +19,18 @@ class ImageFetchFailed(Exception):
     """No replica streamed the image (each refused or could not be reached)."""
 
 
-class HttpImageSource:
+class HttpImageSource(Replicas):
     """``GET {control_plane}/v1/agent/images/{digest}``. Before the first byte, a replica that does
     not answer is passed over for the next; once bytes flow, a cut stream is the transfer's failure
     (the cache fetches it again whole). 404 is :class:`BlobNotFound`: no replica has the image."""
 
-    def __init__(
-        self,
-        control_plane: str | Sequence[str],
-        token: str,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout_s: float = 30.0,
-    ) -> None:
-        bases = [control_plane] if isinstance(control_plane, str) else list(control_plane)
-        if not bases:
-            raise ValueError("at least one control-plane URL is needed")
-        self.bases = [b.rstrip("/") for b in bases]
-        self._current = 0
-        self._client = httpx.AsyncClient(
-            transport=transport, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"}
-        )
+    TIMEOUT_S = 30.0
 
     async def read(self, digest: str) -> AsyncIterator[bytes]:
         path = IMAGES_PATH + check_digest(digest)
         failures: list[str] = []
         started = False
-        for step in range(len(self.bases)):
-            i = (self._current + step) % len(self.bases)
+        for i in self._in_turn():
             try:
                 async with self._client.stream("GET", self.bases[i] + path) as resp:
                     if resp.status_code == 404:
@@ -64,6 +50,3 @@ class HttpImageSource:
                     raise  # part of the image came: the transfer failed, not the replica's answer
                 failures.append(f"{self.bases[i]}: {exc!r}")
         raise ImageFetchFailed("; ".join(failures) or "no replica answered")
-
-    async def aclose(self) -> None:
-        await self._client.aclose()

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import httpx
 
 from corral.agent.protocol import AgentHeartbeat, HeartbeatReply
+from corral.agent.replicas import Replicas
 
 HEARTBEAT_PATH = "/v1/agent/heartbeat"
 
@@ -25,7 +26,7 @@ class HeartbeatRejected(Exception):
         super().__init__(f"control plane refused the heartbeat: HTTP {status}: {body[:200]}")
 
 
-class HttpHeartbeatSink:
+class HttpHeartbeatSink(Replicas):
     """POSTs each heartbeat to ``{control_plane}/v1/agent/heartbeat`` with the agent's bearer token.
 
     Given several control-plane URLs (replicas), it sticks to the one that last answered and moves on
@@ -36,35 +37,16 @@ class HttpHeartbeatSink:
     ``transport`` is the test seam (``httpx.ASGITransport`` over a control-plane app, or a MockTransport).
     """
 
-    def __init__(
-        self,
-        control_plane: str | Sequence[str],
-        token: str,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout_s: float = 5.0,
-    ) -> None:
-        bases = [control_plane] if isinstance(control_plane, str) else list(control_plane)
-        if not bases:
-            raise ValueError("at least one control-plane URL is needed")
-        self.urls = [b.rstrip("/") + HEARTBEAT_PATH for b in bases]
-        self._current = 0
-        self._client = httpx.AsyncClient(
-            transport=transport,
-            timeout=timeout_s,
-            headers={"Authorization": f"Bearer {token}"},
-        )
-
     @property
     def url(self) -> str:
-        return self.urls[self._current]
+        return self.bases[self._current] + HEARTBEAT_PATH
 
     async def __call__(self, hb: AgentHeartbeat) -> HeartbeatReply | None:
         body = hb.model_dump_json()
         error: Exception | None = None
-        for step in range(len(self.urls)):
-            i = (self._current + step) % len(self.urls)
+        for i in self._in_turn():
             try:
-                resp = await self._client.post(self.urls[i], content=body, headers=_JSON)
+                resp = await self._client.post(self.bases[i] + HEARTBEAT_PATH, content=body, headers=_JSON)
             except httpx.HTTPError as exc:
                 error = exc
                 continue
@@ -79,9 +61,6 @@ class HttpHeartbeatSink:
                 break  # every replica would say the same
         assert error is not None
         raise error
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 _JSON = {"Content-Type": "application/json"}
