@@ -62,9 +62,11 @@ from corral.store.records import (
     Usage,
     _Unset,
     check_page,
+    check_pool,
     check_reservation,
     check_sandbox,
     check_state_change,
+    check_template,
 )
 
 
@@ -669,16 +671,28 @@ class PoolReader(Protocol):
 class PoolStore(PoolReader, Protocol):
     """The admin's pools and the leader's per-host targets for them."""
 
-    @abstractmethod
     async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
         """Raises :class:`NameConflict` if the template already has a pool, :class:`RecordNotFound` if the
         template does not exist."""
+        check_pool(size, max_per_host)
+        return await self._create_pool_checked(template, size, max_per_host)
 
-    @abstractmethod
     async def update_pool(
         self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
     ) -> PoolRecord:
         """Change a pool's size or per-host cap; raises :class:`RecordNotFound`."""
+        check_pool(size, max_per_host)
+        return await self._update_pool_checked(template, size, max_per_host)
+
+    @abstractmethod
+    async def _create_pool_checked(self, template: str, size: int, max_per_host: int | None) -> PoolRecord:
+        """:meth:`create_pool` of a checked size and cap."""
+
+    @abstractmethod
+    async def _update_pool_checked(
+        self, template: str, size: int | None, max_per_host: int | _Unset | None
+    ) -> PoolRecord:
+        """:meth:`update_pool` of a checked size and cap."""
 
     @abstractmethod
     async def delete_pool(self, template: str) -> bool:
@@ -692,20 +706,32 @@ class PoolStore(PoolReader, Protocol):
 class TemplateStore(TemplateReader, PoolStore, Protocol):
     """Templates and their warm pools."""
 
-    @abstractmethod
     async def create_template(self, template: TemplateRecord) -> TemplateRecord:
         """Raises :class:`NameConflict` if it exists. The built-in ``default`` (1 cpu, 512 MiB, not
         stateful) exists on every migrated store."""
+        check_template(template)
+        return await self._create_template_checked(template)
+
+    @abstractmethod
+    async def _create_template_checked(self, template: TemplateRecord) -> TemplateRecord:
+        """:meth:`create_template` of a checked template."""
 
     @abstractmethod
     async def delete_template(self, name: str) -> bool: ...
 
-    @abstractmethod
     async def publish_template(self, template: TemplateRecord) -> TemplateRecord:
         """The template at ``template.version``, in one write: version 1 is created (as
         :meth:`create_template`); a later version replaces the record only while the store holds the
         version before it, else :class:`NameConflict` (another build published first, or the
         template was deleted)."""
+        check_template(template)
+        if template.version == 1:
+            return await self._create_template_checked(template)
+        return await self._publish_template_checked(template)
+
+    @abstractmethod
+    async def _publish_template_checked(self, template: TemplateRecord) -> TemplateRecord:
+        """:meth:`publish_template` of a checked template past its first version."""
 
     @abstractmethod
     async def images_in_use(self) -> set[str]:

@@ -81,7 +81,32 @@ async def test_a_bad_template_is_refused(store: Any) -> None:
         TemplateRecord(name="t", cpus=1.0, memory_mb=0),
         TemplateRecord(name="t", cpus=0.0, memory_mb=512),
         TemplateRecord(name="t", cpus=1.0, memory_mb=512, pids=0),
+        TemplateRecord(name="t", cpus=1.0, memory_mb=512, failover="sometimes"),
     ):
         with pytest.raises(InvalidRecord):
             await store.create_template(bad)
+        with pytest.raises(InvalidRecord):
+            await store.publish_template(bad)
+    await store.create_template(TemplateRecord(name="t", cpus=1.0, memory_mb=512))
+    with pytest.raises(InvalidRecord):
+        await store.publish_template(TemplateRecord(name="t", cpus=1.0, memory_mb=0, version=2))
+    assert [(t.name, t.version, t.memory_mb) for t in await store.list_templates()] == [
+        ("default", 1, 512),
+        ("t", 1, 512),
+    ]
+
+
+async def test_a_bad_pool_is_refused_and_a_template_goes_alike(store: Any) -> None:
+    await store.create_template(TemplateRecord(name="t", cpus=1.0, memory_mb=512))
+    for size, max_per_host in ((-1, None), (1, 0)):
+        with pytest.raises(InvalidRecord):
+            await store.create_pool("t", size=size, max_per_host=max_per_host)
+    assert await store.list_pools() == []
+    await store.create_pool("t", size=1)
+    with pytest.raises(InvalidRecord):
+        await store.update_pool("t", size=-1)
+    assert [p.size for p in await store.list_pools()] == [1]
+    await store.delete_pool("t")
+    assert await store.delete_template("t") is True
+    assert await store.delete_template("t") is False
     assert [t.name for t in await store.list_templates()] == ["default"]

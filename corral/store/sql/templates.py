@@ -12,12 +12,9 @@ from corral.store.errors import (
     RecordNotFound,
 )
 from corral.store.records import (
-    UNSET,
     PoolRecord,
     TemplateRecord,
     _Unset,
-    check_pool,
-    check_template,
 )
 from corral.store.sql.base import (
     _POOLS_WITH_TARGETS,
@@ -27,8 +24,8 @@ from corral.store.sql.base import (
 
 
 class TemplatesSql(SqlBase):
-    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
-        rec = self._checked(template)
+    async def _create_template_checked(self, template: TemplateRecord) -> TemplateRecord:
+        rec = replace(template, created_at=self._now())
 
         async def run(tx: Tx) -> TemplateRecord:
             await tx.execute(
@@ -39,10 +36,8 @@ class TemplatesSql(SqlBase):
 
         return await self._write_unique(run, f"template {template.name!r} exists")
 
-    async def publish_template(self, template: TemplateRecord) -> TemplateRecord:
-        if template.version == 1:
-            return await self.create_template(template)
-        rec = self._checked(template)
+    async def _publish_template_checked(self, template: TemplateRecord) -> TemplateRecord:
+        rec = replace(template, created_at=self._now())
 
         async def run(tx: Tx) -> TemplateRecord:
             # A compare-and-set on the version: the record is replaced in one write, so a reader never
@@ -58,10 +53,6 @@ class TemplatesSql(SqlBase):
             return rec
 
         return await self._write(run)
-
-    def _checked(self, template: TemplateRecord) -> TemplateRecord:
-        check_template(template)
-        return replace(template, created_at=self._now())
 
     async def get_template(self, name: str) -> TemplateRecord | None:
         sql = f"SELECT {rows.TEMPLATE_COLS} FROM templates WHERE name = :n"
@@ -84,8 +75,7 @@ class TemplatesSql(SqlBase):
             targets.setdefault(t, {})[host] = int(n)
         return [rows.pool_from_row(r, targets.get(r[0], {})) for r in found]
 
-    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
-        check_pool(size, max_per_host)
+    async def _create_pool_checked(self, template: str, size: int, max_per_host: int | None) -> PoolRecord:
         now = self._now()
 
         async def run(tx: Tx) -> PoolRecord:
@@ -102,10 +92,9 @@ class TemplatesSql(SqlBase):
 
         return await self._write_unique(run, f"template {template!r} already has a pool")
 
-    async def update_pool(
-        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    async def _update_pool_checked(
+        self, template: str, size: int | None, max_per_host: int | _Unset | None
     ) -> PoolRecord:
-        check_pool(size, max_per_host)
         sets, params = ["updated_at = :now"], {"t": template, "now": self._now()}
         if size is not None:
             sets.append("size = :size")

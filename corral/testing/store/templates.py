@@ -5,35 +5,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from corral.store.contract import TemplateStore
 from corral.store.errors import (
     InvalidRecord,
     NameConflict,
     RecordNotFound,
 )
 from corral.store.records import (
-    UNSET,
     PoolRecord,
     TemplateRecord,
     _Unset,
-    check_pool,
-    check_template,
 )
 from corral.testing.store.base import ModelBase
 
 
-class TemplatesModel(ModelBase):
-    async def create_template(self, template: TemplateRecord) -> TemplateRecord:
-        check_template(template)
+class TemplatesModel(ModelBase, TemplateStore):
+    async def _create_template_checked(self, template: TemplateRecord) -> TemplateRecord:
         await self._enter()
         if template.name in self.templates:
             raise NameConflict(f"template {template.name!r} exists")
         self.templates[template.name] = rec = replace(template, created_at=self._now())
         return rec
 
-    async def publish_template(self, template: TemplateRecord) -> TemplateRecord:
-        if template.version == 1:
-            return await self.create_template(template)
-        check_template(template)
+    async def _publish_template_checked(self, template: TemplateRecord) -> TemplateRecord:
         await self._enter()
         current = self.templates.get(template.name)
         if current is None or current.version != template.version - 1:
@@ -58,8 +52,7 @@ class TemplatesModel(ModelBase):
         await self._enter()
         return [self.templates[n] for n in sorted(self.templates)]
 
-    async def create_pool(self, template: str, *, size: int, max_per_host: int | None = None) -> PoolRecord:
-        check_pool(size, max_per_host)
+    async def _create_pool_checked(self, template: str, size: int, max_per_host: int | None) -> PoolRecord:
         await self._enter()
         if template not in self.templates:
             raise RecordNotFound(f"template {template!r}")
@@ -69,10 +62,9 @@ class TemplatesModel(ModelBase):
         self.pools[template] = rec = PoolRecord(template, size, max_per_host, {}, now, now)
         return rec
 
-    async def update_pool(
-        self, template: str, *, size: int | None = None, max_per_host: int | _Unset | None = UNSET
+    async def _update_pool_checked(
+        self, template: str, size: int | None, max_per_host: int | _Unset | None
     ) -> PoolRecord:
-        check_pool(size, max_per_host)
         await self._enter()
         pool = self.pools.get(template)
         if pool is None:
