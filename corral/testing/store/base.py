@@ -14,6 +14,7 @@ from corral.core.scoring import Scorer, ScoreWeights
 from corral.core.types import HOST_FACTS, HostFacts, HostState
 from corral.store import rows
 from corral.store.errors import (
+    RecordNotFound,
     StoreUnavailable,
 )
 from corral.store.records import (
@@ -161,6 +162,13 @@ class ModelBase:
                 h.reserved_cpu_m -= rows.to_millicores(r.cpu)
             n += 1
         return n
+
+    def _sandbox(self, sandbox_id: str) -> SandboxRecord:
+        """The sandbox's record; :class:`RecordNotFound` when there is none."""
+        sb = self.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        return sb
 
     def _put(self, sb: SandboxRecord, **changes: object) -> SandboxRecord:
         """Write a record (version plus one), moving its tenant's usage when it crosses live/not."""

@@ -7,7 +7,6 @@ from dataclasses import replace
 
 from corral.core.types import HostState
 from corral.store.errors import (
-    RecordNotFound,
     StateConflict,
 )
 from corral.store.records import (
@@ -49,9 +48,7 @@ class FailoverModel(ModelBase):
     ) -> SandboxRecord:
         await self._enter()
         now = self._now()
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        sb = self._sandbox(sandbox_id)
         if sb.version != expect_version or sb.state is not SandboxState.RECREATING:
             raise StateConflict(sandbox_id, sb.state, sb.version)
         before = sb.host_id
@@ -76,9 +73,7 @@ class FailoverModel(ModelBase):
 
     async def park_sandbox(self, sandbox_id: str, wait_until: float) -> SandboxRecord:
         await self._enter()
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        sb = self._sandbox(sandbox_id)
         if sb.state is not SandboxState.RESERVED:
             raise StateConflict(sandbox_id, sb.state, sb.version)
         return self._put(

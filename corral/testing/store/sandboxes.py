@@ -115,9 +115,7 @@ class SandboxesModel(ModelBase, ClaimRecords, RecordReads, RecordStates):
     async def _set_state_checked(self, sandbox_id: str, change: StateChange) -> SandboxRecord:
         new_state, expected = change.state, change.expected
         await self._enter()
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        sb = self._sandbox(sandbox_id)
         if (expected is not None and sb.state not in expected) or (
             change.expect_version is not None and sb.version != change.expect_version
         ):
@@ -140,9 +138,7 @@ class SandboxesModel(ModelBase, ClaimRecords, RecordReads, RecordStates):
     async def set_sandbox_network(self, sandbox_id: str, network: str | None) -> SandboxRecord:
         check_network(network)
         await self._enter()
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        sb = self._sandbox(sandbox_id)
         return self._put(sb, network=network, updated_at=self._now())
 
     async def set_sandbox_paused(
@@ -150,9 +146,7 @@ class SandboxesModel(ModelBase, ClaimRecords, RecordReads, RecordStates):
     ) -> SandboxRecord:
         check_lifecycle(None, paused)
         await self._enter()
-        sb = self.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise RecordNotFound(f"sandbox {sandbox_id!r}")
+        sb = self._sandbox(sandbox_id)
         return self._put(sb, paused=paused, expires_at=expires_at, updated_at=self._now())
 
     async def get_placement(self, sandbox_id: str, *, tenant_id: str | None = None) -> str | None:
