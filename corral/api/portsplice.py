@@ -11,9 +11,9 @@ Everything else (not a port request, a refusal, a WebSocket, a request with cred
 goes to uvicorn with the bytes held so far, and the connection stays uvicorn's: the ASGI path is the
 one source of refusals and of the rest of the API.
 
-Flow control both ways: the caller is read only while the upstream takes its bytes (and not at all
-between a request's end and its answer's: a pipelined request waits), the upstream only while the
-caller takes the answer. An upstream that breaks off mid-answer closes the caller's connection, so a
+Flow control both ways: the caller is read only while the upstream takes its bytes (between a
+request's end and its answer's, a pipelined request is held up to a head's worth), the upstream only
+while the caller takes the answer. An upstream that breaks off mid-answer closes the caller's connection, so a
 cut answer never reads as a whole one; one that fails before answering is a 502 ``port_closed``.
 """
 
@@ -30,6 +30,7 @@ from typing import cast
 from corral.agent.portrelay import CONNECT_TIMEOUT_S, error_body
 from corral.codes import ErrorCode
 from corral.core.httphead import (
+    MAX_HEAD,
     BadFraming,
     Body,
     Framing,
@@ -260,8 +261,8 @@ class _Connection:
         if splice is not None and self.phase is _Phase.DECIDING:
             try:
                 upstream = await self.splicer.pool.take(splice.host, splice.port)
-            except (OSError, TimeoutError):
-                upstream = None  # the ASGI path answers why (nothing listens, the host is down)
+            except Exception:  # nothing listens, the host is down: the ASGI path answers why
+                upstream = None
         if self.phase is not _Phase.DECIDING or upstream is None or splice is None:
             if splice is not None:
                 splice.release()
@@ -423,11 +424,13 @@ class _Connection:
     # -- reading and idling ----------------------------------------------------------------------------
 
     def _sync_reading(self) -> None:
-        """Read the caller only while its bytes have somewhere to go."""
+        """Read the caller only while its bytes have somewhere to go: to the upstream, or a head's
+        worth held (a pipelined request; pausing for every request would cost two system calls)."""
         if self.phase is _Phase.GONE:
             return
-        pause = self.phase is _Phase.DECIDING or (
-            self.phase is _Phase.RELAYING and (self.request_body.done or self.upstream_full)
+        holding = self.phase is _Phase.DECIDING or (self.phase is _Phase.RELAYING and self.request_body.done)
+        pause = (holding and len(self.buffer) > MAX_HEAD) or (
+            self.phase is _Phase.RELAYING and self.upstream_full
         )
         if self.transport.is_closing():
             return

@@ -178,8 +178,11 @@ def render_request(method: bytes, target: bytes, headers: Headers) -> bytes:
 
 def render_response(head: ResponseHead, closing: bool) -> bytes:
     """The answer's head as the caller gets it: what concerns the upstream hop left out, the framing
-    kept; ``Connection: close`` when the caller's connection ends with it."""
+    kept (and only it: no length beside chunks, which a caller could read the other way);
+    ``Connection: close`` when the caller's connection ends with it."""
     drop = SPLICE_DROPS | _connection(head.headers)
+    if any(k == b"transfer-encoding" for k, _ in head.headers):  # a length beside it frames nothing
+        drop |= {b"content-length"}
     kept = [(k, v) for k, v in head.headers if k not in drop or k == b"transfer-encoding"]
     if closing:
         kept.append((b"connection", b"close"))

@@ -99,13 +99,20 @@ def test_an_answers_framing() -> None:
 def test_heads_are_rewritten_without_what_concerns_one_hop() -> None:
     head = parse_response(
         b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Private\r\nKeep-Alive: timeout=5\r\n"
-        b"X-Private: 1\r\nTransfer-Encoding: chunked\r\nX-Kept: 2\r\n\r\n",
+        b"X-Private: 1\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\nX-Kept: 2\r\n\r\n",
         b"GET",
     )
     assert render_response(head, closing=False) == (
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-kept: 2\r\n\r\n"
     )
     assert render_response(head, closing=True).endswith(b"x-kept: 2\r\nconnection: close\r\n\r\n")
+    for sized in (
+        b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    ):
+        assert render_response(parse_response(sized, b"GET"), closing=False) == sized
+    head_only = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n"  # the size of what a GET would get
+    assert render_response(parse_response(head_only, b"HEAD"), closing=False) == head_only
     assert render_request(b"GET", b"/p", ((b"host", b"h"),)) == b"GET /p HTTP/1.1\r\nhost: h\r\n\r\n"
 
 
