@@ -257,9 +257,20 @@ class Ports:
             return None
         sandbox_id = target.sandbox_id
         try:
+            splice = await self._splice(head, target, headers, query)
+        except BaseException:
+            self.in_flight.leave(sandbox_id)
+            raise
+        if splice is None:
+            self.in_flight.leave(sandbox_id)
+        return splice
+
+    async def _splice(
+        self, head: RequestHead, target: PortTarget, headers: dict[bytes, bytes], query: bytes
+    ) -> Splice | None:
+        try:
             route, hop = await self._hop(target, headers)
         except _Refused:
-            self.in_flight.leave(sandbox_id)
             return None
         relayed = [(k, v) for k, v in head.headers if k not in SPLICE_DROPS and k not in _NEVER_RELAYED]
         suffix = (target.path + ("?" + query.decode("latin-1") if query else "")).encode("latin-1")
@@ -268,12 +279,14 @@ class Ports:
         else:
             url = hop.http.base_url
             if url.scheme != "http" or url.host is None:
-                self.in_flight.leave(sandbox_id)
                 return None
             address, port = url.host, url.port or 80
-            to = f"{url.raw_path.decode().rstrip('/')}/v1/sandboxes/{sandbox_id}/ports/{target.port}".encode()
-            to += suffix
+            prefix = (
+                f"{url.raw_path.decode().rstrip('/')}/v1/sandboxes/{target.sandbox_id}/ports/{target.port}"
+            )
+            to = prefix.encode() + suffix
             relayed += await self._hop_headers(hop, route)
+        sandbox_id = target.sandbox_id
         return Splice(
             address,
             port,

@@ -10,17 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from corral.aio import loop_factory
+from corral.api.app import create_app
+from corral.api.ports import Ports
 from corral.api.portsplice import PortSplicer, Splice
-from corral.core.httphead import RequestHead, render_request
+from corral.codes import ErrorCode
+from corral.core.httphead import RequestHead, parse_request, render_request
 from corral.core.listen import ListenBounds
 from corral.listener import uvicorn_config
 from tests.security.test_slow_clients import serving
+
+from .conftest import ADMIN, make_cluster
 
 DEADLINE_S = 15.0  # how long anything may take on a loaded machine: a deadline, not a measure
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -324,3 +330,34 @@ async def test_a_caller_that_stalls_mid_body_or_idles_is_closed() -> None:
         writer.write(b"GET /p HTTP/1.1\r\nHost: port.x\r\n\r\n")
         assert (await response(reader))[0] == 200
         assert await asyncio.wait_for(reader.read(), DEADLINE_S) == b""  # idle past keep-alive
+
+
+async def test_what_the_replica_refuses_is_the_asgi_paths_and_holds_nothing(tmp_path: Path) -> None:
+    """A replica's plan (``Ports.splice_plan``) takes no request it would refuse, and keeps no
+    per-sandbox slot for one: the ASGI path answers it, with its code."""
+    cluster = await make_cluster(tmp_path, hosts=1, memory_mb=8192)
+    try:
+        app = create_app(cluster.plane, manage=False)
+        assert isinstance(app.ports, Ports)
+        ports = app.ports
+        made = await cluster.http.post("/v1/sandboxes", json={}, headers=cluster.as_(ADMIN))
+        sid = made.json()["id"]  # a sim sandbox: no interface, so its ports are unreachable
+        cases = {
+            f"/v1/sandboxes/{sid}/ports/8080/x": (409, ErrorCode.NETWORK_NOT_ATTACHED),
+            "/v1/sandboxes/sb-00000000000000000000dead/ports/8080/x": (404, ErrorCode.NOT_FOUND),
+            f"/v1/sandboxes/{sid}/ports/65536/x": (422, ErrorCode.INVALID_REQUEST),
+        }
+        for path, (status, code) in cases.items():
+            head = parse_request(b"GET %s HTTP/1.1\r\nHost: corral.test\r\n\r\n" % path.encode())
+            assert await ports.splice_plan(head) is None
+            r = await cluster.http.get(path)
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code)
+        for extra in (b"Corral-Forwarded: 1\r\n", b"Authorization: Bearer x\r\n", b"X-Api-Key: k\r\n"):
+            path = f"/v1/sandboxes/{sid}/ports/8080/x".encode()
+            head = parse_request(b"GET %s HTTP/1.1\r\nHost: corral.test\r\n%s\r\n" % (path, extra))
+            assert await ports.splice_plan(head) is None
+        api = parse_request(b"GET /v1/sandboxes HTTP/1.1\r\nHost: corral.test\r\n\r\n")
+        assert await ports.splice_plan(api) is None
+        assert ports.in_flight.total == 0
+    finally:
+        await cluster.close()
