@@ -47,6 +47,9 @@ from corral.listener import FrontConnection, Fronted
 log = logging.getLogger("corral.api.portsplice")
 
 IDLE_PER_UPSTREAM = 32  # kept-alive connections kept per upstream address
+# How long one is kept unused: a sandbox that is gone never closes its end (its namespace goes), so an
+# idle connection would otherwise hold a descriptor for good.
+IDLE_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,7 @@ class _Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.owner: _Connection | None = None
         self.closed = False
+        self.expiry: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is one without the base class
@@ -101,6 +105,9 @@ class _Upstream(asyncio.Protocol):
 
     def close(self) -> None:
         self.owner = None
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
         if self.transport is not None:
             self.transport.close()
 
@@ -108,7 +115,8 @@ class _Upstream(asyncio.Protocol):
 class UpstreamPool:
     """Kept-alive upstream connections by address, taken one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = IDLE_S) -> None:
+        self.idle_s = idle_s
         self.idle: dict[tuple[str, int], list[_Upstream]] = {}
 
     async def take(self, host: str, port: int) -> _Upstream:
@@ -116,6 +124,9 @@ class UpstreamPool:
         kept = self.idle.get(key, [])
         while kept:
             upstream = kept.pop()
+            if upstream.expiry is not None:
+                upstream.expiry.cancel()
+                upstream.expiry = None
             if not upstream.closed and upstream.transport is not None and not upstream.transport.is_closing():
                 return upstream
         loop = asyncio.get_running_loop()
@@ -132,6 +143,7 @@ class UpstreamPool:
         if upstream.closed or len(kept) >= IDLE_PER_UPSTREAM:
             upstream.close()
             return
+        upstream.expiry = asyncio.get_running_loop().call_later(self.idle_s, upstream.close)
         kept.append(upstream)
 
     def discard(self, upstream: _Upstream) -> None:
@@ -151,9 +163,9 @@ class UpstreamPool:
 class PortSplicer:
     """The front: one :class:`_Connection` per client connection, one pool of upstreams."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, idle_s: float = IDLE_S) -> None:
         self.plan = plan
-        self.pool = UpstreamPool()
+        self.pool = UpstreamPool(idle_s)
 
     def connection(self, server: Fronted) -> FrontConnection:
         return _Connection(self, server)

@@ -122,11 +122,14 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 @contextlib.asynccontextmanager
 async def served(
-    handler: Handler = echo, bounds: ListenBounds = ListenBounds(), implementation: str | None = None
+    handler: Handler = echo,
+    bounds: ListenBounds = ListenBounds(),
+    implementation: str | None = None,
+    idle_s: float = 30.0,
 ) -> AsyncIterator[tuple[int, Harness]]:
     upstream = await asyncio.start_server(handler, "127.0.0.1", 0)
     harness = Harness(upstream.sockets[0].getsockname()[1])
-    front = PortSplicer(harness.plan)
+    front = PortSplicer(harness.plan, idle_s)
     config = uvicorn_config(
         app,
         "127.0.0.1",
@@ -361,3 +364,19 @@ async def test_what_the_replica_refuses_is_the_asgi_paths_and_holds_nothing(tmp_
         assert ports.in_flight.total == 0
     finally:
         await cluster.close()
+
+
+async def test_an_idle_upstream_connection_is_closed_in_time() -> None:
+    """A sandbox that is gone never closes its end: the relay closes its idle ones itself."""
+    closed = asyncio.Event()
+
+    async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await echo(reader, writer)
+        closed.set()
+
+    async with served(once, idle_s=0.2) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: port.x\r\n\r\n")
+        assert (await response(reader))[0] == 200
+        await asyncio.wait_for(closed.wait(), DEADLINE_S)
+        writer.close()
