@@ -14,7 +14,7 @@ both ways as a stream, WebSocket upgrades; :mod:`corral.agent.portrelay`).
   ``max_port_requests_per_sandbox`` at once through this replica: 429 ``too_many_concurrent``.
 * **Spliced.** On the replica's listener, a plain HTTP/1.1 port request without credentials is
   taken before any ASGI request is built and relayed as bytes after its head
-  (:mod:`corral.api.portsplice`, routed and authorised by :meth:`Ports.splice_plan`); everything
+  (:mod:`corral.agent.portsplice`, routed and authorised by :meth:`Ports.splice_plan`); everything
   else (refusals among it) is answered here, the one source of them.
 * **Freshness.** Where a sandbox runs, and whether it is public, is remembered for ``ROUTE_TTL_S``
   per replica (so a kept-alive stream of requests costs no store read each), as is which sandbox a
@@ -33,9 +33,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.errors import AgentError
 from corral.agent.portrelay import PortRelay, raw_path, refuse, request_headers
+from corral.agent.portsplice import PortSplicer, Splice
 from corral.agent.protocol import CALLER_AUTH_HEADER, EPOCH_HEADER, HOP_HEADER
 from corral.api.e2b.access import AccessKey, traffic_valid
-from corral.api.portsplice import PortSplicer, Splice
 from corral.api.tokenbound import CREDENTIAL_HEADERS
 from corral.codes import ErrorCode
 from corral.control.network import policy_of
@@ -242,7 +242,7 @@ class Ports:
             await self._forward(hop, route, target, relayed, scope, receive, send)
 
     async def splice_plan(self, head: RequestHead) -> Splice | None:
-        """Where the byte relay sends a request it read (:mod:`corral.api.portsplice`); None when
+        """Where the byte relay sends a request it read (:mod:`corral.agent.portsplice`); None when
         this is not a port request, or when the ASGI path answers it: a refusal, a request with
         credentials (bounded per token in front of the app), a host's agent over HTTPS."""
         if any(k in CREDENTIAL_HEADERS for k, _ in head.headers):

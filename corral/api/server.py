@@ -124,7 +124,7 @@ def api_server(
     over HTTPS with ``tls_dir``'s certificate. ``client_ca``: a client certificate, when one is
     presented, is verified against it in the handshake (one from any other CA fails it), and the
     verified certificate is in each request's scope (:data:`corral.listener.TLS_PEER`). An app with
-    sandboxes' ports has their plain requests spliced before the parser (:mod:`corral.api.portsplice`)."""
+    sandboxes' ports has their plain requests spliced before the parser (:mod:`corral.agent.portsplice`)."""
     ports = getattr(app, "ports", None)
     tls: dict[str, Any] = {}
     if tls_dir is not None:

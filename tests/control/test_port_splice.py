@@ -1,4 +1,4 @@
-"""The byte relay before the replica's parser (:mod:`corral.api.portsplice`), on a real uvicorn
+"""The byte relay before the replica's parser (:mod:`corral.agent.portsplice`), on a real uvicorn
 listener configured as the API's is, with a routing plan of the test's own (every request whose
 Host starts ``port.`` goes to an upstream server on loopback) and an ASGI app that answers the rest.
 Raw sockets play the callers, an asyncio server the sandbox's: kept-alive requests, chunked bodies
@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
+from corral.agent.portsplice import PortSplicer, Splice
 from corral.aio import loop_factory
 from corral.api.app import create_app
 from corral.api.ports import Ports
-from corral.api.portsplice import PortSplicer, Splice
 from corral.codes import ErrorCode
 from corral.core.httphead import RequestHead, parse_request, render_request
 from corral.core.listen import ListenBounds

@@ -1,20 +1,22 @@
-"""Sandboxes' port traffic spliced as bytes: a :class:`~corral.listener.Front` before the replica's
-HTTP parser. A request head is read and judged whole (:mod:`corral.core.httphead`: a plain HTTP/1.1
-request, framed one way), then routed and authorised as :class:`~corral.api.ports.Ports` does
-(``plan``); a request it takes goes on as its head re-written and its body's bytes as they came, and
-the answer comes back as its head re-written and its body's bytes, over a kept-alive upstream
-connection; then the next request of the connection is read the same way. No ASGI request is built,
-and neither httpx's nor uvicorn's per-request work is done: a proxied request costs a replica little
-more than the bytes.
+"""Sandboxes' port traffic spliced as bytes: a :class:`~corral.listener.Front` before a server's
+HTTP parser (a replica's, and an agent's for what replicas forward to it). A request head is read
+and judged whole (:mod:`corral.core.httphead`: a plain HTTP/1.1 request, framed one way), then
+routed and authorised by the server's ``plan`` (:meth:`corral.api.ports.Ports.splice_plan`,
+:meth:`corral.agent.ports.AgentPorts.splice_plan`: the same rules as their ASGI paths); a request it
+takes goes on as its head re-written and its body's bytes as they came, and the answer comes back as
+its head re-written and its body's bytes, over a kept-alive upstream connection; then the next
+request of the connection is read the same way. No ASGI request is built, and neither httpx's nor
+uvicorn's per-request work is done: a proxied request costs little more than the bytes.
 
-Everything else (not a port request, a refusal, a WebSocket, a request with credentials, an odd head)
-goes to uvicorn with the bytes held so far, and the connection stays uvicorn's: the ASGI path is the
-one source of refusals and of the rest of the API.
+Everything else (not a port request, a refusal, a WebSocket, an odd head) goes to uvicorn with the
+bytes held so far, and the connection stays uvicorn's: the ASGI path is the one source of refusals
+and of the rest of the API.
 
 Flow control both ways: the caller is read only while the upstream takes its bytes (between a
 request's end and its answer's, a pipelined request is held up to a head's worth), the upstream only
-while the caller takes the answer. An upstream that breaks off mid-answer closes the caller's connection, so a
-cut answer never reads as a whole one; one that fails before answering is a 502 ``port_closed``.
+while the caller takes the answer. An upstream that breaks off mid-answer closes the caller's
+connection, so a cut answer never reads as a whole one; one that fails before answering is a 502
+``port_closed``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from corral.core.httphead import (
 )
 from corral.listener import FrontConnection, Fronted
 
-log = logging.getLogger("corral.api.portsplice")
+log = logging.getLogger("corral.agent.portsplice")
 
 IDLE_PER_UPSTREAM = 32  # kept-alive connections kept per upstream address
 # How long one is kept unused: a sandbox that is gone never closes its end (its namespace goes), so an
