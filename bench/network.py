@@ -5,8 +5,10 @@
   policy transaction a take makes, through the ``nft -f`` command (how takes loaded it before
   libnftables: the command's start was the 18 ms a pooled take cost);
 * ``port``: ``corral serve`` with one process host; a server in a sandbox (corral.testing.portserver);
-  the same ``GET /hello`` over one kept-alive connection direct to the sandbox's slot address and
-  through the replica by Host, interleaved, p50/p99 and the proxied overhead (bar: p50 <= 1 ms).
+  the same ``GET /hello`` over one kept-alive connection direct to the sandbox's slot address,
+  through the replica by Host (spliced as bytes after its head), and through the replica's ASGI
+  path (a connection the API's own request went first on stays the parser's), interleaved, p50/p99
+  and each proxied overhead (bar: spliced p50 <= 1 ms).
   Both clients and the server send without Nagle's delay (TCP_NODELAY), as the replica's own
   sockets do (asyncio's): a server that writes its headers and its body apart otherwise waits for
   the headers' ACK, which the reader's delayed ACK holds up to 40 ms, and one path or the other
@@ -142,23 +144,31 @@ def serve_port(api: httpx.Client, sid: str) -> str:
     return str(got["stdout"].strip())
 
 
-def interleaved(address: str, replica: str, host: str, requests: int) -> tuple[list[float], list[float]]:
-    """``GET /hello`` direct to ``address`` and through ``replica`` by ``host``, alternately, each
-    over its one kept-alive connection: (direct, proxied) seconds."""
+def interleaved(
+    address: str, replica: str, host: str, requests: int
+) -> tuple[list[float], list[float], list[float]]:
+    """``GET /hello`` direct to ``address``, through ``replica`` by ``host`` spliced (the replica's
+    byte relay), and the same through its ASGI path (a connection whose first request was the API's
+    own stays the parser's: the relay before the splice), in turn, each over its one kept-alive
+    connection: (direct, spliced, asgi) seconds."""
     direct: list[float] = []
     proxied: list[float] = []
+    parsed: list[float] = []
     with (
         httpx.Client(base_url=f"http://{address}:{PORT}", transport=_nodelay()) as d,
         httpx.Client(base_url=replica, headers={"Host": host}, transport=_nodelay()) as p,
+        httpx.Client(base_url=replica, transport=_nodelay()) as a,
     ):
+        a.get("/readyz").raise_for_status()  # the API's own first: the connection is the parser's
         for client in (d, p):  # warm both connections
             client.get("/hello").raise_for_status()
+        a.get("/hello", headers={"Host": host}).raise_for_status()
         for _ in range(requests):
-            for client, samples in ((d, direct), (p, proxied)):
+            for client, samples in ((d, direct), (p, proxied), (a, parsed)):
                 t = time.perf_counter()
-                client.get("/hello")
+                client.get("/hello", headers={"Host": host})
                 samples.append(time.perf_counter() - t)
-    return direct, proxied
+    return direct, proxied, parsed
 
 
 def line(path: str, samples: list[float]) -> dict[str, Any]:
@@ -206,11 +216,13 @@ def ports(requests: int, updates: int) -> list[dict[str, Any]]:
             api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
             sid = create_sandbox(api, {"memory_mb": 256, "network": _NO_EGRESS})
             address = serve_port(api, sid)
-            direct, proxied = interleaved(address, url, f"{PORT}-{sid}.sb.bench", requests)
+            direct, proxied, parsed = interleaved(address, url, f"{PORT}-{sid}.sb.bench", requests)
             out = [
                 line("direct", direct),
                 line("replica", proxied),
+                line("replica_asgi", parsed),
                 overhead("overhead", direct, proxied, bar_p50_ms=1.0),
+                overhead("overhead_asgi", direct, parsed),
             ]
             applied = []
             for i in range(updates):
@@ -324,11 +336,15 @@ def fleet(requests: int, websockets: int) -> list[dict[str, Any]]:
                 address = serve_port(api, sid)
             out: list[dict[str, Any]] = []
             if requests:
-                direct, forwarded = interleaved(address, replica.url, f"{PORT}-{sid}.sb.bench", requests)
+                direct, forwarded, parsed = interleaved(
+                    address, replica.url, f"{PORT}-{sid}.sb.bench", requests
+                )
                 out += [
                     line("fleet_direct", direct),
                     line("forwarded", forwarded),
+                    line("forwarded_asgi", parsed),
                     overhead("forwarded_overhead", direct, forwarded),
+                    overhead("forwarded_overhead_asgi", direct, parsed),
                 ]
             if websockets:
                 ws_url = replica.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/ports/{PORT}/ws"

@@ -6,6 +6,10 @@ client sending a header line every few seconds held a connection (and a descript
 it liked. The protocols below are uvicorn's own (httptools, or h11 where httptools is absent, as
 uvicorn's "auto" chooses), each with a deadline for the request head, one for every silence inside
 a body, and a cap on open connections applied as they are accepted.
+
+A server may put a :class:`Front` before uvicorn's parser: it sees each connection's bytes first and
+answers the requests it takes itself (a replica splices sandboxes' port traffic: no ASGI request is
+built), until it hands the connection, with the bytes it holds, to uvicorn for good.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import resource
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import h11
 import uvicorn
@@ -214,12 +218,89 @@ def _httptools_class() -> type[_Bounded] | None:
     return _BoundedHttpTools
 
 
+class FrontConnection(Protocol):
+    """One connection's bytes, while a :class:`Front` holds it."""
+
+    def data_received(self, data: bytes) -> None: ...
+
+    def writing_paused(self, paused: bool) -> None: ...
+
+    def connection_lost(self) -> None: ...
+
+    def shutdown(self) -> bool:
+        """The server stops: True when the connection closes itself once its request is answered."""
+        ...
+
+
+class Fronted(Protocol):
+    """What a front gets of the server's side of a connection."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    deadlines: ConnectionDeadlines | None
+    flow: FlowControl  # reading paused through it, so the body deadline sees a pause as the server's
+
+    def hand_over(self, data: bytes) -> None:
+        """The connection is uvicorn's from here on, ``data`` the first of its bytes."""
+        ...
+
+
+class Front(Protocol):
+    def connection(self, server: Fronted) -> FrontConnection: ...
+
+
+class _FrontMixin:
+    """Before uvicorn's protocol (mixed in first): the front's while it holds the connection."""
+
+    front: ClassVar[Front]
+    fronted: FrontConnection | None = None
+    deadlines: ConnectionDeadlines | None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if self.deadlines is not None:  # admitted
+            self.fronted = self.front.connection(self)  # type: ignore[arg-type]
+
+    def data_received(self, data: bytes) -> None:
+        if self.fronted is not None:
+            self.fronted.data_received(data)
+        else:
+            super().data_received(data)  # type: ignore[misc]
+
+    def hand_over(self, data: bytes) -> None:
+        self.fronted = None
+        if data:
+            super().data_received(data)  # type: ignore[misc]
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        if self.fronted is not None:
+            self.fronted.writing_paused(True)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        if self.fronted is not None:
+            self.fronted.writing_paused(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        fronted, self.fronted = self.fronted, None
+        if fronted is not None:
+            fronted.connection_lost()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def shutdown(self) -> None:
+        if self.fronted is None or not self.fronted.shutdown():
+            super().shutdown()  # type: ignore[misc]
+
+
 IMPLEMENTATIONS = ("httptools", "h11")
 
 
-def protocol_class(bounds: ListenBounds, implementation: str | None = None) -> type[asyncio.Protocol]:
+def protocol_class(
+    bounds: ListenBounds, implementation: str | None = None, front: Front | None = None
+) -> type[asyncio.Protocol]:
     """A protocol class for one server (its own :class:`Gate`). ``implementation``: httptools or h11;
-    None: httptools where it is installed, as uvicorn's "auto"."""
+    None: httptools where it is installed, as uvicorn's "auto". ``front``: sees the bytes first."""
     base: type[_Bounded] = _BoundedH11
     if implementation in (None, "httptools"):
         tools = _httptools_class()
@@ -230,18 +311,28 @@ def protocol_class(bounds: ListenBounds, implementation: str | None = None) -> t
         raise ValueError(f"unknown HTTP implementation {implementation!r} (one of {IMPLEMENTATIONS})")
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     gate = Gate(bounds, soft)
-    return type(f"Bounded{base.__name__.removeprefix('_Bounded')}", (base,), {"gate": gate})
+    name = f"Bounded{base.__name__.removeprefix('_Bounded')}"
+    if front is not None:
+        return type(f"Fronted{name}", (_FrontMixin, base), {"gate": gate, "front": front})
+    return type(name, (base,), {"gate": gate})
 
 
 def uvicorn_config(
-    app: Any, host: str, port: int, bounds: ListenBounds, *, implementation: str | None = None, **kwargs: Any
+    app: Any,
+    host: str,
+    port: int,
+    bounds: ListenBounds,
+    *,
+    implementation: str | None = None,
+    front: Front | None = None,
+    **kwargs: Any,
 ) -> uvicorn.Config:
     """The one way corral's servers configure uvicorn. ``kwargs``: uvicorn's own (log level, lifespan)."""
     return uvicorn.Config(
         app,
         host=host,
         port=port,
-        http=protocol_class(bounds, implementation),
+        http=protocol_class(bounds, implementation, front),
         timeout_keep_alive=bounds.keep_alive_s,
         **kwargs,
     )

@@ -325,8 +325,9 @@ def agent_server(agent: Agent, host_key: str, host: str, port: int, bounds: List
 
     from corral.listener import uvicorn_config
 
+    app = create_app(agent, host_key)
     return uvicorn.Server(
-        uvicorn_config(create_app(agent, host_key), host, port, bounds, log_level="warning")
+        uvicorn_config(app, host, port, bounds, front=app.state.port_splicer, log_level="warning")
     )
 
 

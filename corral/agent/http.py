@@ -28,7 +28,8 @@ from corral.agent.errors import AgentError, AgentInvalid, AgentUnauthorized
 from corral.agent.execstream import ExecResponse, unless_caller_goes
 from corral.agent.metrics import AgentCollector
 from corral.agent.portrelay import refuse
-from corral.agent.ports import AgentPorts
+from corral.agent.ports import AgentPorts, PortPlan
+from corral.agent.portsplice import PortSplicer
 from corral.agent.protocol import (
     EPOCH_HEADER,
     MAX_COMMAND_WAIT_S,
@@ -90,6 +91,8 @@ def create_app(agent: Agent, token: str) -> FastAPI:
 
     app = FastAPI(title=f"corral agent {agent.id}", openapi_url=None, docs_url=None, redoc_url=None)
     app.state.agent = agent
+    # Before the parser (the listener's front): port requests a replica forwarded, spliced as bytes.
+    app.state.port_splicer = PortSplicer(PortPlan(agent, key_presented))
     api = APIRouter(dependencies=[Depends(authenticate)])
 
     @app.exception_handler(AgentError)

@@ -27,21 +27,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from corral.codes import ErrorCode
+from corral.core.httphead import HOP_BY_HOP
 
-# Never relayed: what only concerns one hop (RFC 9110 7.6.1), and ``content-length`` only when
-# the body's framing changes (it is kept otherwise).
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
 _WS_OWN = frozenset(
     {b"host", b"sec-websocket-key", b"sec-websocket-version", b"sec-websocket-extensions"}
     | {b"sec-websocket-protocol"}

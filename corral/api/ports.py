@@ -12,6 +12,10 @@ both ways as a stream, WebSocket upgrades; :mod:`corral.agent.portrelay`).
 * **Refusals.** No such running sandbox: 404 ``not_found``; one without an interface (egress
   ``none``): 409 ``network_not_attached``; nothing listening: 502 ``port_closed``; more than
   ``max_port_requests_per_sandbox`` at once through this replica: 429 ``too_many_concurrent``.
+* **Spliced.** On the replica's listener, a plain HTTP/1.1 port request without credentials is
+  taken before any ASGI request is built and relayed as bytes after its head
+  (:mod:`corral.agent.portsplice`, routed and authorised by :meth:`Ports.splice_plan`); everything
+  else (refusals among it) is answered here, the one source of them.
 * **Freshness.** Where a sandbox runs, and whether it is public, is remembered for ``ROUTE_TTL_S``
   per replica (so a kept-alive stream of requests costs no store read each), as is which sandbox a
   custom domain names: a deleted sandbox, a new policy or a moved domain is seen within that time.
@@ -29,11 +33,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from corral.agent.client import HttpAgentClient, LocalAgentClient
 from corral.agent.errors import AgentError
 from corral.agent.portrelay import PortRelay, raw_path, refuse, request_headers
+from corral.agent.portsplice import PortSplicer, Splice
 from corral.agent.protocol import CALLER_AUTH_HEADER, EPOCH_HEADER, HOP_HEADER
 from corral.api.e2b.access import AccessKey, traffic_valid
+from corral.api.tokenbound import CREDENTIAL_HEADERS
 from corral.codes import ErrorCode
 from corral.control.network import policy_of
 from corral.control.plane import ControlPlane
+from corral.core.httphead import SPLICE_DROPS, RequestHead, render_request
 from corral.core.inflight import BUSY_RETRY_S, InFlight
 from corral.core.ingress import BadPort, PortTarget, by_host, by_path, custom_hostname, host_name
 from corral.store import SandboxState, StoreUnavailable
@@ -110,6 +117,7 @@ class Ports:
         self.routes: _Expiring[Route] = _Expiring()
         self.domains: _Expiring[tuple[str, int] | None] = _Expiring()
         self.in_flight = InFlight("sandbox", plane.config.max_port_requests_per_sandbox)
+        self.splicer = PortSplicer(self.splice_plan)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -139,8 +147,10 @@ class Ports:
     # -- which port -----------------------------------------------------------------------------------
 
     async def _target(self, scope: Scope, headers: dict[bytes, bytes]) -> PortTarget | None:
+        return await self._target_of(raw_path(scope), headers)
+
+    async def _target_of(self, path: str, headers: dict[bytes, bytes]) -> PortTarget | None:
         host = headers.get(b"host", b"").decode("latin-1")
-        path = raw_path(scope)
         target = by_host(host, self.plane.config.domain, path)
         if target is None:
             try:
@@ -194,9 +204,11 @@ class Ports:
         self.routes.put(sandbox_id, found, now)
         return found
 
-    async def _serve(
-        self, target: PortTarget, headers: dict[bytes, bytes], scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _hop(
+        self, target: PortTarget, headers: dict[bytes, bytes]
+    ) -> tuple[Route, str | HttpAgentClient]:
+        """The sandbox's route once this caller may use it, and the next hop: the slot's address (a
+        sandbox of this process's agents) or its host's agent."""
         route = await self.route(target.sandbox_id)
         if not route.public:
             presented = headers.get(_TOKEN)
@@ -209,19 +221,84 @@ class Ports:
                     f"sandbox {target.sandbox_id}'s ports need its traffic token in {TRAFFIC_TOKEN_HEADER}",
                 )
         client = self.plane.agents.client(route.host_id, route.address)
-        relayed = request_headers(scope, _NEVER_RELAYED)
         if isinstance(client, LocalAgentClient):
             try:
-                address = client.agent.port_address(target.sandbox_id, route.epoch)
+                return route, client.agent.port_address(target.sandbox_id, route.epoch)
             except AgentError as exc:
                 self.routes.drop(target.sandbox_id)
                 raise _Refused(exc.status, exc.code, exc.message) from None
-            url = f"http://{address}:{target.port}{target.path}"
-            await self.relay(scope, receive, send, url, relayed)
-        elif isinstance(client, HttpAgentClient):
-            await self._forward(client, route, target, relayed, scope, receive, send)
+        if isinstance(client, HttpAgentClient):
+            return route, client
+        raise _Refused(502, ErrorCode.AGENT_ERROR, f"host {route.host_id} relays no ports")
+
+    async def _serve(
+        self, target: PortTarget, headers: dict[bytes, bytes], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        route, hop = await self._hop(target, headers)
+        relayed = request_headers(scope, _NEVER_RELAYED)
+        if isinstance(hop, str):
+            await self.relay(scope, receive, send, f"http://{hop}:{target.port}{target.path}", relayed)
         else:
-            raise _Refused(502, ErrorCode.AGENT_ERROR, f"host {route.host_id} relays no ports")
+            await self._forward(hop, route, target, relayed, scope, receive, send)
+
+    async def splice_plan(self, head: RequestHead) -> Splice | None:
+        """Where the byte relay sends a request it read (:mod:`corral.agent.portsplice`); None when
+        this is not a port request, or when the ASGI path answers it: a refusal, a request with
+        credentials (bounded per token in front of the app), a host's agent over HTTPS."""
+        if any(k in CREDENTIAL_HEADERS for k, _ in head.headers):
+            return None
+        headers = dict(head.headers)
+        path, _, query = head.target.partition(b"?")
+        try:
+            target = await self._target_of(path.decode("latin-1"), headers)
+        except _Refused:
+            return None
+        if target is None or self.in_flight.enter(target.sandbox_id) is not None:
+            return None
+        sandbox_id = target.sandbox_id
+        try:
+            splice = await self._splice(head, target, headers, query)
+        except BaseException:
+            self.in_flight.leave(sandbox_id)
+            raise
+        if splice is None:
+            self.in_flight.leave(sandbox_id)
+        return splice
+
+    async def _splice(
+        self, head: RequestHead, target: PortTarget, headers: dict[bytes, bytes], query: bytes
+    ) -> Splice | None:
+        try:
+            route, hop = await self._hop(target, headers)
+        except _Refused:
+            return None
+        relayed = [(k, v) for k, v in head.headers if k not in SPLICE_DROPS and k not in _NEVER_RELAYED]
+        suffix = (target.path + ("?" + query.decode("latin-1") if query else "")).encode("latin-1")
+        if isinstance(hop, str):
+            address, port, to = hop, target.port, suffix
+        else:
+            url = hop.http.base_url
+            if url.scheme != "http" or url.host is None:
+                return None
+            address, port = url.host, url.port or 80
+            prefix = (
+                f"{url.raw_path.decode().rstrip('/')}/v1/sandboxes/{target.sandbox_id}/ports/{target.port}"
+            )
+            to = prefix.encode() + suffix
+            relayed += await self._hop_headers(hop, route)
+        sandbox_id = target.sandbox_id
+        return Splice(
+            address,
+            port,
+            render_request(head.method, to, tuple(relayed)),
+            lambda: self.in_flight.leave(sandbox_id),
+        )
+
+    async def _hop_headers(self, client: HttpAgentClient, route: Route) -> list[tuple[bytes, bytes]]:
+        """What a request forwarded to a host's agent carries besides the caller's: the agent's
+        credentials, the routed epoch, and the mark that it was forwarded once."""
+        out = [(k.lower().encode(), v.encode()) for k, v in (await client.auth_headers()).items()]
+        return [*out, (EPOCH_HEADER.lower().encode(), str(route.epoch).encode()), (_HOP, b"1")]
 
     async def _forward(
         self,
@@ -239,8 +316,7 @@ class Ports:
         caller = next((v for k, v in relayed if k == b"authorization"), None)
         if caller is not None:
             out.append((CALLER_AUTH_HEADER.encode(), caller))
-        out += [(k.lower().encode(), v.encode()) for k, v in (await client.auth_headers()).items()]
-        out += [(EPOCH_HEADER.lower().encode(), str(route.epoch).encode()), (_HOP, b"1")]
+        out += await self._hop_headers(client, route)
         base = str(client.http.base_url).rstrip("/")
         url = f"{base}/v1/sandboxes/{target.sandbox_id}/ports/{target.port}{target.path}"
 

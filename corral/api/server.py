@@ -23,6 +23,7 @@ from starlette.types import ASGIApp
 from corral.aio import loop_factory
 from corral.api import collector
 from corral.api.app import create_app
+from corral.api.ports import Ports
 from corral.api.tokenbound import TokenBound
 from corral.clock import SystemClock
 from corral.control.agents import HttpAgents, LocalAgents
@@ -122,7 +123,9 @@ def api_server(
     """The API under its listener's bounds, and each token's requests in flight bounded in front;
     over HTTPS with ``tls_dir``'s certificate. ``client_ca``: a client certificate, when one is
     presented, is verified against it in the handshake (one from any other CA fails it), and the
-    verified certificate is in each request's scope (:data:`corral.listener.TLS_PEER`)."""
+    verified certificate is in each request's scope (:data:`corral.listener.TLS_PEER`). An app with
+    sandboxes' ports has their plain requests spliced before the parser (:mod:`corral.agent.portsplice`)."""
+    ports = getattr(app, "ports", None)
     tls: dict[str, Any] = {}
     if tls_dir is not None:
         cert, key = self_signed(tls_dir)
@@ -138,6 +141,7 @@ def api_server(
         host,
         port,
         bounds,
+        front=ports.splicer if isinstance(ports, Ports) else None,
         log_level="warning",
         access_log=False,
         lifespan="on",

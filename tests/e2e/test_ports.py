@@ -45,6 +45,7 @@ class Fleet:
     private: str  # one whose ports need its traffic token
     token: str
     offline: str  # one without an interface (egress none)
+    agent: str  # the agent's own address (what replicas forward to)
 
     def client(self, i: int) -> httpx.Client:
         return httpx.Client(base_url=self.replicas[i].url, timeout=60)
@@ -93,6 +94,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 assert offline.status_code == 201, offline.text
                 for made in (public, private):
                     _serve(t, made["sandboxID"])
+            hosts = httpx.get(f"{replicas[0].url}/v1/hosts", headers=admin, timeout=30).json()["hosts"]
             yield Fleet(
                 replicas,
                 key,
@@ -100,6 +102,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                 private["sandboxID"],
                 private["trafficAccessToken"],
                 offline.json()["id"],
+                hosts[0]["address"],
             )
     finally:
         drop_schema(base, schema)
@@ -199,6 +202,15 @@ def test_refusals_say_why(fleet: Fleet) -> None:
         assert looped.status_code == 421 and looped.json()["error"]["code"] == "misdirected"
         # A Host that is not one of the forms is the API's own request, answered by it.
         assert c.get("/readyz", headers={"Host": f"x-{fleet.public}.{DOMAIN}"}).status_code == 200
+
+
+def test_the_agent_takes_a_port_request_only_with_its_host_key(fleet: Fleet) -> None:
+    """Straight to the agent, past every replica: without the host key (none, a wrong one, a
+    tenant's) a port request never reaches the sandbox, spliced or not."""
+    with httpx.Client(base_url=fleet.agent, timeout=60) as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Bearer {fleet.key}"}):
+            r = c.get(f"/v1/sandboxes/{fleet.public}/ports/{PORT}/hello", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", r.text
 
 
 def test_a_custom_domain_is_bound_once_and_routed_like_a_port(fleet: Fleet) -> None:
