@@ -177,6 +177,9 @@ class GvisorRuntime:
         self.platform = chosen
         self._guest_fs = GuestFs()
         self._paused: set[str] = set()
+        # The host's ``runsc exec`` of every command still running, by sandbox: one blocked on a full
+        # pipe nobody reads would outlive its container, so a stop kills them.
+        self._execs: dict[str, set[asyncio.subprocess.Process]] = {}
         self._tag = "c" + hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10] + "-"
 
     # -- paths and runsc ------------------------------------------------------------------------
@@ -367,6 +370,10 @@ class GvisorRuntime:
         """Everything the sandbox was, gone: the container (thawed first, or it could not die), its
         cgroups with whatever is left in them, its bundle."""
         self._paused.discard(sandbox_id)
+        for proc in list(self._execs.pop(sandbox_id, ())):
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
         env = launcher.clean_env()
         cid = self._cid(sandbox_id)
         for args in (("resume", cid), ("kill", "--all", cid, "KILL"), ("delete", "--force", cid)):
@@ -389,7 +396,7 @@ class GvisorRuntime:
         cwd: str | None,
         on_terminal: bool = False,
     ) -> int:
-        state = self._state(sandbox_id)
+        state = self._live_state(sandbox_id)
         spec = spec_from_dict(state["spec"])
         hostname = spec.hostname or spec.id[:63]
         try:
@@ -450,7 +457,12 @@ class GvisorRuntime:
             )
         finally:
             os.close(fd)
+        self._execs.setdefault(sandbox_id, set()).add(proc)
         return proc, pid_file
+
+    def _ended(self, sandbox_id: str, proc: asyncio.subprocess.Process, pid_file: Path) -> None:
+        self._execs.get(sandbox_id, set()).discard(proc)
+        pid_file.unlink(missing_ok=True)
 
     def _signal_inside(self, sandbox_id: str, pid_file: Path, sig: int) -> None:
         """``sig`` to the command inside gVisor (killing the host's ``runsc exec`` alone would leave it)."""
@@ -496,7 +508,7 @@ class GvisorRuntime:
                     proc.kill()
                 await proc.wait()
             capture.cancel()
-            pid_file.unlink(missing_ok=True)
+            self._ended(sandbox_id, proc, pid_file)
         code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         return capture.result(
             128 + signal.SIGKILL if timed_out else shell_exit_code(code), started, timed_out=timed_out
@@ -529,7 +541,7 @@ class GvisorRuntime:
             try:
                 return shell_exit_code(await proc.wait())
             finally:
-                pid_file.unlink(missing_ok=True)
+                self._ended(sandbox_id, proc, pid_file)
 
         def send(sig: int) -> None:
             if proc.returncode is None:
@@ -607,9 +619,11 @@ class GvisorRuntime:
         return sandbox_id in self._paused
 
     async def resident_mb(self, sandbox_id: str) -> int | None:
-        self._state(sandbox_id)
+        self._live_state(sandbox_id)
         cgroup = self._cgroup(sandbox_id)
         if cgroup is None or not cgroup.exists():
+            if sandbox_id not in await self._running():
+                raise SandboxNotFound(f"sandbox {sandbox_id!r} has stopped")
             return None
         return -(-cgroup.working_set_bytes() // _MIB)
 
@@ -617,9 +631,27 @@ class GvisorRuntime:
         return None  # its sandboxes start from the host's root, never an image with a disk
 
     async def oom_kills(self, sandbox_id: str) -> int:
-        self._state(sandbox_id)
+        self._live_state(sandbox_id)
         cgroup = self._cgroup(sandbox_id)
         return cgroup.oom_kills() if cgroup is not None and cgroup.exists() else 0
+
+    def _live_state(self, sandbox_id: str) -> dict[str, Any]:
+        """The record of a sandbox that still runs. Its init may die (a tenant can kill its pid 1 from
+        inside gVisor) or its Sentry be killed: the whole container ends with it, and its cgroup,
+        where the Sentry, gofer and stubs all ran, is left empty. Such a sandbox is not found, so
+        that its agent reports it stopped and tears down what is left."""
+        state = self._state(sandbox_id)
+        cgroup = self._cgroup(sandbox_id)
+        if cgroup is not None and cgroup.exists() and not cgroup.pids():
+            raise SandboxNotFound(f"sandbox {sandbox_id!r} has stopped")
+        return state
+
+    def host_pids(self, sandbox_id: str) -> list[int]:
+        """Every host process runsc runs for the sandbox: its Sentry, gofer and the platform's stubs,
+        all started inside its cgroup (none without cgroups)."""
+        self._state(sandbox_id)
+        cgroup = self._cgroup(sandbox_id)
+        return cgroup.pids() if cgroup is not None else []
 
     def _state(self, sandbox_id: str) -> dict[str, Any]:
         try:

@@ -50,8 +50,10 @@ def _bind(source: str, destination: str) -> dict[str, Any]:
     }
 
 
-def _tmpfs(destination: str, size_bytes: int | None, mode: str) -> dict[str, Any]:
+def _tmpfs(destination: str, size_bytes: int | None, mode: str, owner: int | None = None) -> dict[str, Any]:
     options = ["nosuid", "nodev", f"mode={mode}"]
+    if owner is not None:
+        options += [f"uid={owner}", f"gid={owner}"]
     if size_bytes is not None:
         options.append(f"size={size_bytes}")
     return {"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options}
@@ -90,7 +92,7 @@ def bundle_config(
     mounts += [
         _tmpfs("/tmp", tmpfs_bytes, "1777"),
         _tmpfs("/dev/shm", tmpfs_bytes, "1777"),
-        _tmpfs(SANDBOX_HOME, tmpfs_bytes, "0700"),
+        _tmpfs(SANDBOX_HOME, tmpfs_bytes, "0700", owner=SANDBOX_UID),  # the sandbox user's own
         _bind(init_source, INIT_PATH),
     ]
     init = process([INIT_PATH, "init"], env, "/")
