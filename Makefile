@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: serve test unasync lint typecheck pytest fuzz chaos fence-trials e2b-listing bench bench-deps sim-report system-deps clean
+.PHONY: serve test unasync lint typecheck pytest fuzz chaos fence-trials e2b-listing security-gvisor bench bench-deps sim-report system-deps clean
 
 $(STAMP): pyproject.toml
 	@echo "corral: making the virtual environment in $(VENV) (once; a minute or two on a fresh machine)"
@@ -83,6 +83,12 @@ fence-trials: $(STAMP)
 E2B_LISTED ?= 100
 e2b-listing: $(STAMP) system-deps
 	CORRAL_E2B_LISTED=$(E2B_LISTED) $(BIN)/pytest -q -o timeout=900 tests/e2b/test_surface.py -k pages_of_seven
+
+# The hostile suite (tests/security) with every attack run on gVisor as well as on the process runtime;
+# `make test` runs a representative subset of the gVisor half (tests/security/conftest.py). Run before
+# changing a runtime or resolving an isolation issue. Not part of `make test`.
+security-gvisor: $(STAMP) system-deps
+	CORRAL_SECURITY_GVISOR=all $(BIN)/pytest -q -o timeout=600 tests/security
 
 # Every benchmark in bench/, then docs/benchmarks.md from their JSON lines. Not part of `make test`.
 bench: $(STAMP) system-deps bench-deps

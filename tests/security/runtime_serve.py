@@ -1,11 +1,14 @@
-"""A hostile tenant against a real ``corral serve --runtime process``: one server per test module
-(each module's ``serve`` fixture runs :func:`running_serve`), a tenant token to attack it with, and
-ways to look at the host underneath."""
+"""A hostile tenant against a real ``corral serve``, on the process runtime or on gVisor: one server per
+test module and runtime (each module's ``serve`` fixture runs :func:`running_serve` with the suite's
+``runtime_name``), a tenant token to attack it with, and ways to look at the host underneath, the same
+for both runtimes where they differ (where a sandbox's record and cgroups are, which host processes
+are its own)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
+from corral.runtime.cgroups import SandboxCgroup, detect
 from corral.runtime.gvisor import unavailable_reason as gvisor_unavailable
 from corral.runtime.process import unavailable_reason
 from tests.e2e.procs import Proc, free_port, serve_process_args, start, wait_ready
 
 ADMIN_TOKEN = "security-suite-admin-token-0123"
+RUNTIMES = ("process", "gvisor")
 
 
 @dataclass
@@ -28,6 +33,7 @@ class Serve:
     state: Path
     tenant: httpx.Client
     admin: httpx.Client
+    runtime: str = "process"
 
     def create(self, **body: Any) -> str:
         r = self.tenant.post("/v1/sandboxes", json={"memory_mb": 128, **body})
@@ -45,17 +51,54 @@ class Serve:
         assert result["exit_code"] == 0, result
         return json.loads(result["stdout"])
 
+    @property
+    def gvisor(self) -> bool:
+        return self.runtime == "gvisor"
+
     def record(self, sandbox_id: str) -> dict[str, Any]:
         """The runtime's record of a sandbox, read on the host (as an operator, not a tenant)."""
-        found = list(self.state.glob(f"*/{sandbox_id}/sandbox.json"))
+        return dict(json.loads((self.home(sandbox_id) / "sandbox.json").read_text()))
+
+    def home(self, sandbox_id: str) -> Path:
+        """The sandbox's directory: ``<state>/<host id>/<id>``, a gvisor host's a level down."""
+        found = list(self.state.glob(f"*/sandboxes/{sandbox_id}" if self.gvisor else f"*/{sandbox_id}"))
         assert len(found) == 1, found
-        return dict(json.loads(found[0].read_text()))
+        return found[0]
+
+    def cgroup_dirs(self, sandbox_id: str) -> list[Path]:
+        """The sandbox's cgroups: its memory one first, then (on v1) its cpu, pids and freezer twins."""
+        if self.gvisor:
+            # The runtime's naming (corral.control.localfleet): <root>/<host id>-gv-<id>.
+            host = self.home(sandbox_id).parent.parent.name
+            root = detect()
+            assert root is not None
+            cgroup: SandboxCgroup = root.child(f"{host}-gv-{sandbox_id}")
+            return [cgroup.path, *cgroup.extra]
+        record = self.record(sandbox_id)
+        return [Path(record["cgroup"]), *(Path(p) for p in record.get("cgroup_extra", []))]
+
+    def host_pids(self, sandbox_id: str) -> list[int]:
+        """Every host process the runtime runs for the sandbox (for gVisor: the Sentry, its gofer and
+        the platform's stubs)."""
+        return [int(pid) for pid in (self.cgroup_dirs(sandbox_id)[0] / "cgroup.procs").read_text().split()]
 
     def init_pid(self, sandbox_id: str) -> int:
+        """The host pid that holds the sandbox's pid 1: its init, or on gVisor the Sentry that runs it."""
+        if self.gvisor:
+            sentries = [p for p in self.host_pids(sandbox_id) if _cmdline(p).startswith(b"runsc-sandbox")]
+            assert len(sentries) == 1, sentries
+            return sentries[0]
         return int(self.record(sandbox_id)["init"]["pid"])
 
     def delete(self, sandbox_id: str) -> None:
         assert self.tenant.delete(f"/v1/sandboxes/{sandbox_id}").status_code == 204
+
+    def wait_stopped(self, sandbox_id: str) -> None:
+        """Until the API reports the sandbox stopped (it ended on its own; its agent noticed)."""
+        deadline = time.monotonic() + 30
+        while (state := self.tenant.get(f"/v1/sandboxes/{sandbox_id}").json()["state"]) != "stopped":
+            assert time.monotonic() < deadline, f"still {state}"
+            time.sleep(0.2)
 
 
 def running_serve(
@@ -79,7 +122,7 @@ def running_serve(
             with httpx.Client(
                 base_url=proc.url, headers={"Authorization": f"Bearer {token}"}, timeout=60
             ) as tenant:
-                yield Serve(proc, port, state, tenant, admin)
+                yield Serve(proc, port, state, tenant, admin, runtime)
     finally:
         proc.stop()
     # A gvisor host keeps its sandboxes, and runsc its own state, a level down.
@@ -91,9 +134,15 @@ def running_serve(
 
 def runtime_root(serve: Serve, sandbox_id: str) -> Path:
     """The runtime's root that holds this sandbox's record: ``<state dir>/<host id>``."""
-    found = list(serve.state.glob(f"*/{sandbox_id}"))
-    assert len(found) == 1, found
-    return found[0].parent
+    home = serve.home(sandbox_id)
+    return home.parent.parent if serve.gvisor else home.parent
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def host_pid_ns() -> str:

@@ -28,6 +28,8 @@ __all__ = ["cgroup_root", "lab", "make_process_runtime", "runtime"]
 
 pytestmark = [
     pytest.mark.process,
+    pytest.mark.usefixtures("runtime_name"),
+    pytest.mark.process_only("its sandboxes have no network slot: runsc runs them with --network=none"),
     pytest.mark.skipif(os.geteuid() != 0 or bool(netns.tools_missing()), reason="slots need root, ip, nft"),
 ]
 

@@ -19,15 +19,9 @@ from corral.agent.config import AgentConfig
 from corral.agent.envd import SANDBOX_HEADER, UNHEARD_BYTES, Envd
 from corral.agent.envd.connect import envelope
 from corral.agent.protocol import StartSandbox
-from corral.runtime.base import SandboxSpec
+from corral.runtime.base import Runtime, SandboxSpec
 from corral.runtime.capture import DEFAULT_LIMIT, DROP_BUDGET
-from corral.runtime.process import ProcessRuntime
-from tests.runtime.conftest import (  # noqa: F401
-    _eventually,
-    cgroup_root,
-    make_process_runtime,
-    process_runtime,
-)
+from tests.runtime.conftest import _eventually
 
 pytestmark = pytest.mark.process
 
@@ -36,6 +30,8 @@ FLOODS = 5
 # What a command reads past its bound at most: the chunks already in flight when a listener leaves.
 SLACK = 1024 * 1024
 _SIGPIPE_EXIT = 128 + 13
+# gVisor's kernel answers a write to a closed host pipe with EPIPE but no SIGPIPE: cat says so, exits 1.
+_EPIPE_EXIT = {"process": _SIGPIPE_EXIT, "gvisor": 1}
 # The flood processes inside the sandbox, by pid: their state and the bytes they have written.
 _WATCH = """
 import json, os
@@ -54,9 +50,9 @@ print(json.dumps(found))
 
 
 @pytest.fixture
-async def envd(process_runtime: ProcessRuntime) -> AsyncIterator[Envd]:  # noqa: F811
+async def envd(sandbox_runtime: Runtime) -> AsyncIterator[Envd]:
     agent = Agent(
-        AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), process_runtime, pressure=lambda: 0.0
+        AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), sandbox_runtime, pressure=lambda: 0.0
     )
     await agent.start(StartSandbox(id=SID, memory_mb=256))
     envd = Envd(agent)
@@ -147,6 +143,16 @@ class Stream:
         await asyncio.wait_for(self.task, 10)
 
 
+# Where gVisor falls short: a command whose output nobody reads does not end within 10 s of its
+# sandbox's stop (the runtime's stop kills its host ``runsc exec``; its stream still waits).
+GVISOR_UNREAD = "an unread command's stream outlives its gVisor sandbox's stop by more than 10 s"
+
+
+def _not_on_gvisor_yet(runtime_name: str) -> None:
+    if runtime_name == "gvisor":
+        pytest.xfail(GVISOR_UNREAD)
+
+
 async def settled(read: Callable[[], Awaitable[Any]], every_s: float = 0.5) -> Any:
     """``read()`` once two readings ``every_s`` apart agree; the bound only stops a broken test."""
     last = await read()
@@ -159,37 +165,40 @@ async def settled(read: Callable[[], Awaitable[Any]], every_s: float = 0.5) -> A
     raise AssertionError(f"still moving: {last}")
 
 
-async def test_an_exec_flood_is_cut_off_with_sigpipe(
-    process_runtime: ProcessRuntime,  # noqa: F811
-) -> None:
-    await process_runtime.start(SandboxSpec(id="exec-flood", memory_mb=128))
-    result = await process_runtime.exec("exec-flood", ["cat", "/dev/zero"], timeout_s=60)
+@pytest.mark.gvisor_subset
+async def test_an_exec_flood_is_cut_off_with_sigpipe(sandbox_runtime: Runtime, runtime_name: str) -> None:
+    await sandbox_runtime.start(SandboxSpec(id="exec-flood", memory_mb=128))
+    result = await sandbox_runtime.exec("exec-flood", ["cat", "/dev/zero"], timeout_s=60)
     # Ended by the closed pipe, long before its timeout: nothing drains it for the rest of a minute.
     assert not result.timed_out
-    assert result.exit_code == _SIGPIPE_EXIT
+    assert result.exit_code == _EPIPE_EXIT[runtime_name]
     assert result.truncated and len(result.stdout) == DEFAULT_LIMIT
-    assert result.note is not None and "stdout was cut off" in result.note
-    assert str(DEFAULT_LIMIT + DROP_BUDGET) in result.note  # what was read, the bound exactly
+    if runtime_name == "gvisor":
+        # No SIGPIPE, so no note of the cut: the command's own EPIPE error says it.
+        assert "Broken pipe" in result.stderr and result.note is None, result
+    else:
+        assert result.note is not None and "stdout was cut off" in result.note
+        assert str(DEFAULT_LIMIT + DROP_BUDGET) in result.note  # what was read, the bound exactly
     # The same on stderr, with the stream that was not flooded kept whole; the sandbox works on.
-    result = await process_runtime.exec(
+    result = await sandbox_runtime.exec(
         "exec-flood", ["sh", "-c", "echo fine; cat /dev/zero >&2"], timeout_s=60
     )
-    assert (result.exit_code, result.stdout, result.timed_out) == (_SIGPIPE_EXIT, "fine\n", False)
-    assert result.note is not None and "stderr was cut off" in result.note
-    assert (await process_runtime.exec("exec-flood", ["echo", "ok"])).stdout == "ok\n"
+    assert (result.exit_code, result.stdout, result.timed_out) == (_EPIPE_EXIT[runtime_name], "fine\n", False)
+    assert runtime_name == "gvisor" or (result.note is not None and "stderr was cut off" in result.note)
+    assert (await sandbox_runtime.exec("exec-flood", ["echo", "ok"])).stdout == "ok\n"
 
 
-async def watch(process_runtime: ProcessRuntime) -> dict[str, list[Any]]:  # noqa: F811
-    r = await process_runtime.exec(SID, ["python3", "-I", "-c", _WATCH])
+async def watch(sandbox_runtime: Runtime) -> dict[str, list[Any]]:
+    r = await sandbox_runtime.exec(SID, ["python3", "-I", "-c", _WATCH])
     assert r.exit_code == 0, r.stderr
     found: dict[str, list[Any]] = json.loads(r.stdout)
     return found
 
 
 async def test_background_floods_nobody_reads_stop_costing_the_agent(
-    envd: Envd,
-    process_runtime: ProcessRuntime,  # noqa: F811
+    envd: Envd, sandbox_runtime: Runtime, runtime_name: str
 ) -> None:
+    _not_on_gvisor_yet(runtime_name)
     streams = []
     for _ in range(FLOODS):
         stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}, hold=True)
@@ -202,7 +211,7 @@ async def test_background_floods_nobody_reads_stop_costing_the_agent(
     await asyncio.sleep(1.0)
     assert envd.output_bytes_read == read
     # ...and the floods stand blocked on their full pipes, writing nothing (their own count).
-    floods = await settled(lambda: watch(process_runtime))
+    floods = await settled(lambda: watch(sandbox_runtime))
     assert len(floods) == FLOODS
     assert {state for state, _written in floods.values()} == {"S"}
     assert sum(written for _state, written in floods.values()) <= read + FLOODS * SLACK
@@ -222,7 +231,10 @@ async def test_background_floods_nobody_reads_stop_costing_the_agent(
     assert reread <= read + again.data_events() * SLACK + UNHEARD_BYTES + SLACK
 
 
-async def test_a_slow_reader_holds_the_command_back_not_the_agents_memory(envd: Envd) -> None:
+async def test_a_slow_reader_holds_the_command_back_not_the_agents_memory(
+    envd: Envd, runtime_name: str
+) -> None:
+    _not_on_gvisor_yet(runtime_name)
     stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}, hold=True)
     await asyncio.wait_for(stream.started.wait(), 10)  # attached, then reads nothing: a full socket
     read = await settled(lambda: asyncio.sleep(0, envd.output_bytes_read))
@@ -240,7 +252,7 @@ async def test_a_stream_ends_at_its_deadline_while_paused_and_a_paused_sandbox_s
     await asyncio.wait_for(stream.started.wait(), 10)
     await envd.agent.pause(SID)
     await asyncio.wait_for(stream.task, 10)  # only a bound against a hang
-    assert stream.events[-1]["error"]["code"] == "deadline_exceeded"
+    assert stream.events[-1].get("error", {}).get("code") == "deadline_exceeded", stream.events[-3:]
     refused = Stream(envd, "Start", sleeper)
     await asyncio.wait_for(refused.task, 10)
     error = refused.events[-1]["error"]

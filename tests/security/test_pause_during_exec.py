@@ -67,6 +67,12 @@ async def _ends_at_its_timeout(exec_: asyncio.Task[ExecResult]) -> None:
     assert result.note is not None and "paused" in result.note
 
 
+# The frozen commands are found and watched as host processes in the sandbox's cgroup.
+_HOST_PROCESSES = pytest.mark.process_only("a command inside gVisor is the Sentry's task, no host process")
+
+
+@_HOST_PROCESSES
+@pytest.mark.usefixtures("runtime_name")
 async def test_pause_during_exec_ends_it_at_its_timeout_and_resume_cleans_up(
     process_runtime: ProcessRuntime,  # noqa: F811
 ) -> None:
@@ -83,6 +89,8 @@ async def test_pause_during_exec_ends_it_at_its_timeout_and_resume_cleans_up(
     assert left.exit_code == 0 and MARK not in left.stdout
 
 
+@_HOST_PROCESSES
+@pytest.mark.usefixtures("runtime_name")
 async def test_stop_while_paused_during_exec_leaves_nothing(
     process_runtime: ProcessRuntime,  # noqa: F811
 ) -> None:

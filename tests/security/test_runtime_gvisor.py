@@ -1,26 +1,43 @@
-"""A hostile tenant against ``corral serve --runtime gvisor``: between its processes and the host's
-kernel stands gVisor's. What held on the process runtime holds here too (no privilege, no host port,
-no host account, no other sandbox, nothing of the host on a command line or in a descriptor), and the
-host's kernel, processes and /proc are out of sight."""
+"""What only gVisor adds, against ``corral serve --runtime gvisor``: between the tenant's processes and
+the host's kernel stands gVisor's, so the host's kernel, processes, /proc and /sys are out of sight.
+The attacks both runtimes must stop (no privilege, no host port, no host account, no other sandbox)
+run on gVisor too, from the rest of this suite (see conftest.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .runtime_serve import Serve, running_serve
+from .runtime_serve import Serve
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.gvisor_subset]
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    yield from running_serve(tmp_path_factory, runtime="gvisor", hosts=1)
+@pytest.fixture(scope="module", params=["gvisor"])
+def runtime_name(request: pytest.FixtureRequest) -> str:
+    """This module's checks are gVisor's alone: only the seam's gVisor half."""
+    return str(request.param)
+
+
+# What the tenant can find of the host in /proc and /sys, asked of paths the host has. JSON on stdout.
+_LOOK = r"""
+import json, os, sys
+def listing(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError as exc:
+        return exc.errno
+paths = sys.argv[1:]
+print(json.dumps({
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "exists": {p: os.path.exists(p) for p in paths},
+    "cgroups": listing("/sys/fs/cgroup"),
+    "version": open("/proc/version").read(),
+}))
+"""
 
 
 def test_the_kernel_a_tenant_meets_is_gvisor_s(serve: Serve) -> None:
@@ -38,47 +55,40 @@ def test_the_kernel_a_tenant_meets_is_gvisor_s(serve: Serve) -> None:
     serve.delete(sid)
 
 
-def test_an_exec_holds_no_privilege(serve: Serve) -> None:
+def test_the_guest_kernel_is_gvisor_s_and_says_so(serve: Serve) -> None:
     sid = serve.create()
-    status = serve.exec(sid, ["cat", "/proc/self/status"])["stdout"]
-    caps = {line.split(":")[0]: line.split()[1] for line in status.splitlines() if line.startswith("Cap")}
-    assert caps and all(int(v, 16) == 0 for k, v in caps.items() if k != "CapBnd"), caps
-    assert "NoNewPrivs:\t1" in status or "NoNewPrivs" not in status
-    who = serve.exec(sid, ["id", "-u"])
-    assert who["stdout"].strip() == "1000"
-    for target in ("/usr/bin/corral-owned", "/etc/passwd", "/bin/sh"):
-        wrote = serve.exec(sid, ["sh", "-c", f"echo x >> {target}"])
-        assert wrote["exit_code"] != 0, target
-    serve.delete(sid)
-
-
-def _listening_port() -> tuple[socket.socket, int]:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen()
-    return s, s.getsockname()[1]
-
-
-def test_a_sandbox_reaches_no_host_port(serve: Serve) -> None:
-    listener, port = _listening_port()
     try:
-        sid = serve.create()
-        program = (
-            "import socket, sys, json\n"
-            "out = {}\n"
-            "for port in [int(p) for p in sys.argv[1:]]:\n"
-            "    s = socket.socket(); s.settimeout(2)\n"
-            "    try:\n"
-            "        s.connect(('127.0.0.1', port)); out[port] = 'connected'\n"
-            "    except OSError as e:\n"
-            "        out[port] = type(e).__name__\n"
-            "print(json.dumps(out))\n"
-        )
-        got = serve.exec_python(sid, program, str(port), str(serve.port), "5432")
-        assert all(v != "connected" for v in got.values()), got
-        serve.delete(sid)
+        dmesg = serve.exec(sid, ["dmesg"])
+        assert dmesg["exit_code"] == 0 and "Starting gVisor" in dmesg["stdout"], dmesg
+        version = serve.exec(sid, ["cat", "/proc/version"])["stdout"]
+        assert version.startswith("Linux version ") and version != Path("/proc/version").read_text()
+        assert os.uname().version not in version
     finally:
-        listener.close()
+        serve.delete(sid)
+
+
+def test_the_host_s_proc_and_sys_are_not_visible(serve: Serve) -> None:
+    sid = serve.create()
+    try:
+        host_pids = [os.getpid(), serve.proc.popen.pid, *serve.host_pids(sid)]
+        cgroup = serve.cgroup_dirs(sid)[0]
+        assert cgroup.is_dir()  # on the host: this sandbox's own memory cgroup
+        host_only = [
+            *(f"/proc/{pid}" for pid in host_pids if pid > 16),  # past the guest's own few pids
+            str(cgroup),
+            "/sys/kernel/mm",
+            *(f"/sys/class/net/{name}" for name in os.listdir("/sys/class/net") if name != "lo"),
+        ]
+        assert all(Path(p).exists() for p in host_only)
+        seen = serve.exec_python(sid, _LOOK, *host_only)
+        assert seen["exists"] == {p: False for p in host_only}, seen
+        assert not set(seen["pids"]) & set(host_pids), seen["pids"]
+        # gVisor's /sys is its own: its cgroup directory holds none of the host's hierarchies.
+        host_cgroups = os.listdir("/sys/fs/cgroup")
+        assert host_cgroups and not set(host_cgroups) & set(seen["cgroups"] or []), seen["cgroups"]
+        assert seen["version"] != Path("/proc/version").read_text()
+    finally:
+        serve.delete(sid)
 
 
 def test_one_sandbox_sees_and_signals_nothing_of_another(serve: Serve) -> None:
@@ -110,16 +120,6 @@ def test_nothing_of_the_tenant_is_on_a_host_command_line_and_nothing_of_the_host
         assert marker.encode() not in cmdline and b"env-marker-5b1e" not in cmdline
     fds = serve.exec(sid, ["sh", "-c", "for f in /proc/1/fd/*; do readlink $f; done"])["stdout"]
     assert str(serve.state) not in fds and "host-" not in fds
-    serve.delete(sid)
-
-
-def test_the_host_s_accounts_and_files_are_not_visible(serve: Serve) -> None:
-    sid = serve.create()
-    passwd = serve.exec(sid, ["cat", "/etc/passwd"])["stdout"]
-    assert [line.split(":")[0] for line in passwd.splitlines()] == ["root", "user", "nobody"]
-    assert serve.exec(sid, ["cat", "/etc/shadow"])["exit_code"] != 0
-    listing = serve.exec_python(sid, "import json, os; print(json.dumps(sorted(os.listdir('/'))))")
-    assert "root" not in listing and "work" not in listing and "var" not in listing
     serve.delete(sid)
 
 

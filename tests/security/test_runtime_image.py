@@ -20,7 +20,11 @@ from tests.runtime.conftest import RuntimeFactory, cgroup_root, make_process_run
 from tests.runtime.images import Image, base_uid, image_runtime, loops_backed_by, mount_lines, outside_pool
 
 __all__ = ["cgroup_root", "make_process_runtime"]
-pytestmark = pytest.mark.process
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.usefixtures("runtime_name"),
+    pytest.mark.process_only("its sandboxes start from the host's root: the runtime refuses an image"),
+]
 
 _MARK = f"corral-crafted-{uuid.uuid4().hex[:8]}"
 _HOST_TMP = Path("/tmp") / _MARK

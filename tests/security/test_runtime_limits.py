@@ -6,28 +6,21 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .runtime_serve import Serve, running_serve
+from .runtime_serve import Serve
 
 pytestmark = pytest.mark.process
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    yield from running_serve(tmp_path_factory)
-
-
 def _cgroup_dir(serve: Serve, sandbox_id: str, marker: str) -> Path:
     """The sandbox's cgroup that holds the control file ``marker`` (v1: one per hierarchy)."""
-    record = serve.record(sandbox_id)
-    for path in [record["cgroup"], *record.get("cgroup_extra", [])]:
-        if (Path(path) / marker).exists():
-            return Path(path)
+    for path in serve.cgroup_dirs(sandbox_id):
+        if (path / marker).exists():
+            return path
     raise AssertionError(f"no cgroup of {sandbox_id} has {marker}")
 
 
@@ -62,7 +55,14 @@ def test_a_fork_storm_stops_at_the_pids_limit_and_the_api_keeps_answering(serve:
             assert serve.tenant.get(f"/v1/sandboxes/{storm}").status_code == 200
             assert serve.exec(calm, ["echo", "still here"])["stdout"] == "still here\n"
         thread.join()
-        assert "all-forked" not in outcome["stdout"] and "fork" in outcome["stderr"].lower(), outcome
+        assert "all-forked" not in outcome["stdout"], outcome
+        if serve.gvisor:
+            # Every guest task costs the host threads of the Sentry's and a stub's, in the same pids
+            # cgroup: at the limit the Sentry cannot make one and dies, and the sandbox with it.
+            serve.wait_stopped(storm)
+            assert serve.exec(calm, ["echo", "after"])["stdout"] == "after\n"
+            return
+        assert "fork" in outcome["stderr"].lower(), outcome
         assert len((pids / "cgroup.procs").read_text().split()) <= 512
         assert _stat(pids / "pids.events", "max") > 0  # the kernel refused forks at the limit
         assert serve.exec(calm, ["echo", "after"])["stdout"] == "after\n"
@@ -92,11 +92,18 @@ def test_a_cpu_hog_runs_under_its_quota(serve: Serve, cpus: float, quota_us: int
         serve.delete(sid)
 
 
+@pytest.mark.gvisor_subset
 def test_an_oom_kill_is_reported_on_the_sandbox_and_in_metrics(serve: Serve) -> None:
     sid = serve.create(memory_mb=64)
     try:
         assert serve.tenant.get(f"/v1/sandboxes/{sid}").json()["oom_kills"] == 0
         hog = serve.exec(sid, ["python3", "-c", "b = bytearray(400 * 1024 * 1024)"])
+        if serve.gvisor:
+            # The guest's memory is the Sentry's, the cgroup's largest process: the OOM killer takes
+            # it, and the whole sandbox ends; it is reported stopped (the host's memory held).
+            assert hog["exit_code"] != 0, hog
+            serve.wait_stopped(sid)
+            return
         assert hog["exit_code"] == 137
         assert hog["oom_killed"] is True and "out-of-memory" in hog["note"]  # said in its answer
         assert serve.exec(sid, ["echo", "survived"])["stdout"] == "survived\n"  # only the hog died

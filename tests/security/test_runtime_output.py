@@ -4,7 +4,6 @@ marked truncated, while the server's memory stays flat and it keeps answering ev
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 from corral.runtime.capture import DEFAULT_LIMIT
 
-from .runtime_serve import Serve, running_serve
+from .runtime_serve import Serve
 
 pytestmark = pytest.mark.process
 
@@ -25,11 +24,6 @@ chunk = b"x" * (1 << 20)
 for _ in range({GIB} >> 20):
     os.write(1, chunk)
 """
-
-
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    yield from running_serve(tmp_path_factory)
 
 
 def _status_kb(pid: int, field: str) -> int:

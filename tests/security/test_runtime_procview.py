@@ -4,6 +4,7 @@ the runtime's state directory or the host's id. The usual tools still work on th
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from collections.abc import Iterator
@@ -11,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from .runtime_serve import Serve, running_serve, runtime_root
+from .runtime_serve import Serve, runtime_root
 
 pytestmark = pytest.mark.process
 
 MEMORY_MB = 128
+# Where gVisor falls short: runsc sizes the Sentry's memory by its cgroup, and corral keeps the cgroups
+# its own (--ignore-cgroups), so gVisor's /proc/meminfo (and free) shows the host's total memory.
+GVISOR_SEES_HOST_MEMORY = "gVisor's /proc/meminfo shows the host's total memory (runsc --ignore-cgroups)"
 
 # The host-describing files, then everything the tenant can read of pid 1 and of itself (files and
 # links under /proc/<pid>, one level down), its environment and its hostname. JSON on stdout.
@@ -27,7 +31,8 @@ def read(path):
             return f.read(1 << 16).decode(errors="replace")
     except OSError as exc:
         return exc.errno
-report = {"files": {}, "pressure": os.listdir("/proc/pressure"), "seen": {}}
+pressure = os.listdir("/proc/pressure") if os.path.isdir("/proc/pressure") else []
+report = {"files": {}, "pressure": pressure, "seen": {}}
 for name in ("cmdline", "meminfo", "loadavg", "diskstats", "partitions", "swaps", "config.gz"):
     report["files"][name] = read(f"/proc/{name}")
 for pid in ("1", "self"):
@@ -60,11 +65,6 @@ print(json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    yield from running_serve(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
 def sandbox(serve: Serve) -> Iterator[str]:
     sid = serve.create(memory_mb=MEMORY_MB)
     yield sid
@@ -77,7 +77,14 @@ def _meminfo_kb(text: str, field: str) -> int:
     return int(match.group(1))
 
 
-def test_proc_describes_the_sandbox_not_the_host(serve: Serve, sandbox: str) -> None:
+def _memory_is_the_hosts_on_gvisor(serve: Serve, request: pytest.FixtureRequest) -> None:
+    if serve.gvisor:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_SEES_HOST_MEMORY))
+
+
+def test_proc_describes_the_sandbox_not_the_host(
+    serve: Serve, sandbox: str, request: pytest.FixtureRequest
+) -> None:
     host = {
         name: Path(f"/proc/{name}").read_text() for name in ("cmdline", "meminfo", "loadavg", "diskstats")
     }
@@ -85,12 +92,6 @@ def test_proc_describes_the_sandbox_not_the_host(serve: Serve, sandbox: str) -> 
     files = inside["files"]
     # The host's boot line is not there.
     assert host["cmdline"].strip() and host["cmdline"].strip() not in files["cmdline"]
-    # Memory: the sandbox's own limit, no swap; nothing of the host's total.
-    assert _meminfo_kb(files["meminfo"], "MemTotal") == MEMORY_MB * 1024
-    assert _meminfo_kb(files["meminfo"], "MemAvailable") <= MEMORY_MB * 1024
-    assert _meminfo_kb(files["meminfo"], "SwapTotal") == 0
-    host_total = _meminfo_kb(host["meminfo"], "MemTotal")
-    assert host_total != MEMORY_MB * 1024 and str(host_total) not in files["meminfo"]
     # Load: no figure of the host's (its thread count is in the fourth field).
     host_tasks = int(host["loadavg"].split()[3].split("/")[1])
     inside_load = files["loadavg"].split()
@@ -100,14 +101,22 @@ def test_proc_describes_the_sandbox_not_the_host(serve: Serve, sandbox: str) -> 
     host_disks = {line.split()[2] for line in host["diskstats"].splitlines()}
     assert host_disks, "the host has disks of its own to hide"
     for name in ("diskstats", "partitions", "swaps"):
-        assert not host_disks & set(files[name].split()), (name, files[name])
+        assert not host_disks & set(str(files[name]).split()), (name, files[name])
     # Pressure stall figures and the kernel's build configuration: hidden.
     if os.path.isdir("/proc/pressure"):
         assert os.listdir("/proc/pressure") and inside["pressure"] == []
     if os.path.exists("/proc/config.gz"):
-        assert Path("/proc/config.gz").read_bytes() and files["config.gz"] == ""
+        assert Path("/proc/config.gz").read_bytes() and files["config.gz"] in ("", errno.ENOENT)
+    # Memory: the sandbox's own limit, no swap; nothing of the host's total.
+    _memory_is_the_hosts_on_gvisor(serve, request)
+    assert _meminfo_kb(files["meminfo"], "MemTotal") == MEMORY_MB * 1024
+    assert _meminfo_kb(files["meminfo"], "MemAvailable") <= MEMORY_MB * 1024
+    assert _meminfo_kb(files["meminfo"], "SwapTotal") == 0
+    host_total = _meminfo_kb(host["meminfo"], "MemTotal")
+    assert host_total != MEMORY_MB * 1024 and str(host_total) not in files["meminfo"]
 
 
+@pytest.mark.gvisor_subset
 def test_nothing_readable_names_the_hosts_state_or_id(serve: Serve, sandbox: str) -> None:
     root = runtime_root(serve, sandbox)
     forbidden = [str(serve.state), str(root), root.name]  # <state dir>, <state dir>/host-NN, host-NN
@@ -116,6 +125,8 @@ def test_nothing_readable_names_the_hosts_state_or_id(serve: Serve, sandbox: str
     assert "/proc/self/mountinfo" in seen and "/proc/self/cgroup" in seen and "/proc/1/cmdline" in seen
     leaks = {path: value for path, value in seen.items() for word in forbidden if word in str(value)}
     assert leaks == {}, leaks
+    if serve.gvisor:
+        return  # pid 1 is gVisor's task, its descriptors the guest's own: what leaks was checked above
     # pid 1 keeps its descriptors, environment and cwd to itself (it is not dumpable).
     for closed in ("/proc/1/fd", "/proc/1/environ", "/proc/1/cwd", "/proc/1/root"):
         assert isinstance(seen[closed], int), (closed, seen[closed])
@@ -130,10 +141,13 @@ def test_nothing_readable_names_the_hosts_state_or_id(serve: Serve, sandbox: str
         ["python3", "-c", "import os; print(os.cpu_count())"],
     ],
 )
-def test_the_usual_tools_work_on_the_sandboxs_view(serve: Serve, sandbox: str, command: list[str]) -> None:
+def test_the_usual_tools_work_on_the_sandboxs_view(
+    serve: Serve, sandbox: str, command: list[str], request: pytest.FixtureRequest
+) -> None:
     result = serve.exec(sandbox, command)
     assert result["exit_code"] == 0 and result["stdout"], result
     if command[0] == "free":
+        _memory_is_the_hosts_on_gvisor(serve, request)
         assert result["stdout"].splitlines()[1].split()[1] == str(MEMORY_MB)
     if command[0] == "python3":
         assert int(result["stdout"]) == os.cpu_count()
