@@ -1,15 +1,19 @@
-"""Process-runtime benchmark: create-to-first-exec latency (sequential and concurrent), the exec round
-trip and a warm sandbox's first exec through the sandbox's init (the guest channel) beside the
-host-side launcher, interleaved in the same run, a file's stat, read and write through the agent's
-data plane by the launcher's fs mode beside the Python helper (interleaved likewise), and the host
-memory each idle sandbox costs. Prints one JSON object per line.
+"""Runtime benchmark. The process runtime: create-to-first-exec latency (sequential and concurrent),
+the exec round trip and a warm sandbox's first exec through the sandbox's init (the guest channel)
+beside the host-side launcher, interleaved in the same run, a file's stat, read and write through the
+agent's data plane by the launcher's fs mode beside the Python helper (interleaved likewise), and the
+host memory each idle sandbox costs. Then the gvisor runtime in the same run (where runsc works):
+cold create-to-first-exec, a warm sandbox's first exec, and the memory of everything runsc runs per
+idle sandbox (its Sentry, gofer and the platform's stubs). Prints one JSON object per line.
 
     .venv/bin/python bench/runtime.py [--sequential 50] [--concurrency 8] [--rounds 5] [--idle 20]
                                       [--execs 200] [--warm 30] [--files 100] [--only-exec]
-                                      [--only-files]
+                                      [--only-files] [--no-gvisor]
 
-Needs what the runtime needs (bubblewrap, root for the cgroup); bars: create-to-first-exec p50 <= 50 ms;
-exec round trip through the channel p50 <= 3 ms and <= 1/2 of the launcher's; warm first exec p50 <= 10 ms.
+Needs what the runtimes need (bubblewrap; runsc; root for the cgroups); bars: create-to-first-exec
+p50 <= 50 ms; exec round trip through the channel p50 <= 3 ms and <= 1/2 of the launcher's; warm
+first exec p50 <= 10 ms; gVisor: cold create-to-first-exec p50 reported, warm first exec p50
+<= 15 ms, memory per idle sandbox reported.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from corral.agent.agent import Agent
 from corral.agent.config import AgentConfig
 from corral.agent.envd import Envd
 from corral.agent.protocol import StartSandbox
-from corral.runtime import procfs
-from corral.runtime.base import SandboxSpec
+from corral.runtime import gvisor, procfs
+from corral.runtime.base import Runtime, SandboxSpec
 from corral.runtime.cgroups import CgroupRoot, detect
 from corral.runtime.process import ProcessRuntime, unavailable_reason
 from corral.runtime.statedir import Running
@@ -56,7 +60,7 @@ def _summary(mode: str, samples_ms: list[float], **extra: object) -> dict[str, o
     }
 
 
-async def _create_to_first_exec(runtime: ProcessRuntime, sandbox_id: str) -> float:
+async def _create_to_first_exec(runtime: Runtime, sandbox_id: str) -> float:
     started = time.perf_counter()
     await runtime.start(SandboxSpec(id=sandbox_id, memory_mb=256))
     result = await runtime.exec(sandbox_id, ["true"])
@@ -73,17 +77,27 @@ def _pss_mb(runtime: ProcessRuntime, sandbox_id: str) -> float:
     record = runtime.statedir.load(sandbox_id)
     if not isinstance(record, Running) or record.cgroup is None:
         return 0.0
-    pids = [int(pid) for pid in (Path(record.cgroup) / "cgroup.procs").read_text().split()]
+    return _pss_of([int(pid) for pid in (Path(record.cgroup) / "cgroup.procs").read_text().split()])
+
+
+def _pss_of(pids: list[int]) -> float:
     return sum(procfs.proportional_kib(pid) for pid in pids) / 1024
 
 
-async def _timed_exec(runtime: ProcessRuntime, sandbox_id: str) -> float:
+async def _timed_exec(runtime: Runtime, sandbox_id: str) -> float:
     started = time.perf_counter()
     result = await runtime.exec(sandbox_id, ["true"])
     elapsed = (time.perf_counter() - started) * 1000.0
     if result.exit_code != 0:
         raise RuntimeError(f"exec failed: {result.stderr}")
     return elapsed
+
+
+async def _stop_all(runtime: Runtime, cgroups: CgroupRoot | None) -> None:
+    for handle in await runtime.list():
+        await runtime.stop(handle.id)
+    if cgroups is not None:
+        cgroups.remove_if_empty()
 
 
 def _side_by_side(mode: str, channel: list[float], launcher: list[float]) -> list[dict[str, object]]:
@@ -258,10 +272,70 @@ async def run(
                 }
             )
         finally:
-            for handle in await runtime.list():
-                await runtime.stop(handle.id)
-            if cgroups is not None:
-                cgroups.remove_if_empty()
+            await _stop_all(runtime, cgroups)
+    return results
+
+
+_WARM_BATCH = 5  # gVisor sandboxes up at once for the warm samples: a small pool, a few hundred MiB
+
+
+async def run_gvisor(cold: int, warm: int, idle: int) -> list[dict[str, object]]:
+    """The gvisor runtime: cold (a container created, then its first command) and warm (started
+    ahead, as a warm pool's are: the first command is what a claim waits for), sample by sample in
+    turn so that the machine's load lands on both; then what each idle sandbox costs the host: the
+    PSS of every process in its cgroup, where runsc starts its Sentry, gofer and stubs."""
+    reason = gvisor.unavailable_reason()
+    if reason is not None:
+        return [{"bench": "runtime", "runtime": "gvisor", "skipped": reason}]
+    cgroups = detect(f"corral-bench-gv-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    results: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="corral-bench-gv-") as root:
+        runtime = gvisor.GvisorRuntime(Path(root), cgroup_root=cgroups)
+        tag = {"runtime": "gvisor", "platform": runtime.platform}
+        try:
+            await _create_to_first_exec(runtime, "page-cache")  # runsc's binary and the host's libraries
+            await runtime.stop("page-cache")
+            by_kind: dict[str, list[float]] = {"cold": [], "warm": []}
+            for first in range(0, max(cold, warm), _WARM_BATCH):
+                batch = range(first, min(first + _WARM_BATCH, max(cold, warm)))
+                warmed = [f"warm-{i}" for i in batch if i < warm]
+                for sid in warmed:  # a pool's worth, started ahead and left to settle
+                    await runtime.start(SandboxSpec(id=sid, memory_mb=256))
+                await asyncio.sleep(runtime.memory_settle_s)
+                for i in batch:
+                    if i < cold:
+                        by_kind["cold"].append(await _create_to_first_exec(runtime, f"cold-{i}"))
+                        await runtime.stop(f"cold-{i}")
+                    if i < warm:
+                        by_kind["warm"].append(await _timed_exec(runtime, f"warm-{i}"))
+                for sid in warmed:
+                    await runtime.stop(sid)
+            if cold:
+                results.append(_summary("gvisor_cold_first_exec", by_kind["cold"], **tag))
+            if warm:
+                results.append(_summary("gvisor_warm_first_exec", by_kind["warm"], **tag))
+            ids = [f"idle-{i}" for i in range(idle)]
+            for sid in ids:
+                await runtime.start(SandboxSpec(id=sid, memory_mb=256))
+                await _timed_exec(runtime, sid)  # booted and answering, then left idle
+            await asyncio.sleep(runtime.memory_settle_s)
+            pids = [runtime.host_pids(sid) for sid in ids]
+            if ids:
+                results.append(
+                    {
+                        "bench": "runtime",
+                        "mode": "gvisor_overhead",
+                        "n": idle,
+                        "pss_mb_per_sandbox": round(statistics.mean(_pss_of(p) for p in pids), 2),
+                        "processes_per_sandbox": round(statistics.mean(len(p) for p in pids), 1),
+                        "cgroup_mb_per_sandbox": round(
+                            statistics.mean([await runtime.resident_mb(sid) or 0 for sid in ids]), 2
+                        ),
+                        **tag,
+                    }
+                )
+        finally:
+            await _stop_all(runtime, cgroups)
     return results
 
 
@@ -276,17 +350,21 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=100, help="file operations per path and kind")
     parser.add_argument("--only-exec", action="store_true", help="only the channel/launcher comparisons")
     parser.add_argument("--only-files", action="store_true", help="only the fs mode/helper comparisons")
+    parser.add_argument("--no-gvisor", action="store_true", help="the process runtime only")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:
         print(json.dumps({"bench": "runtime", "skipped": reason}))
-        return
-    only = "exec" if args.only_exec else "files" if args.only_files else None
-    lines = run(
-        args.sequential, args.concurrency, args.rounds, args.idle, args.execs, args.warm, args.files, only
-    )
-    for line in asyncio.run(lines):
-        print(json.dumps(line))
+    else:
+        only = "exec" if args.only_exec else "files" if args.only_files else None
+        lines = run(
+            args.sequential, args.concurrency, args.rounds, args.idle, args.execs, args.warm, args.files, only
+        )
+        for line in asyncio.run(lines):
+            print(json.dumps(line), flush=True)
+    if not (args.no_gvisor or args.only_exec or args.only_files):
+        for line in asyncio.run(run_gvisor(args.sequential, args.warm, args.idle)):
+            print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
