@@ -67,7 +67,7 @@ from corral.agent import netns
 from corral.agent.netslots import SlotPool
 from corral.core.netpolicy import INTERNET, remove_slot, render_policy, render_table, slot_count, slot_net
 from corral.testing.portserver import start_argv
-from tests.e2e.procs import process_fleet
+from tests.e2e.procs import Proc, process_fleet
 from tests.pg import drop_schema, new_schema_name, pg_base_url, with_schema
 
 TOKEN = "bench-network-token-0123456789"
@@ -329,29 +329,37 @@ def fleet(requests: int, websockets: int) -> list[dict[str, Any]]:
             )
             r.raise_for_status()
             replica = replicas[1]
-            with httpx.Client(
-                base_url=replica.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
-            ) as api:
-                sid = create_sandbox(api, {"template": "wsbench", "network": _NO_EGRESS})
-                address = serve_port(api, sid)
-            out: list[dict[str, Any]] = []
-            if requests:
-                direct, forwarded, parsed = interleaved(
-                    address, replica.url, f"{PORT}-{sid}.sb.bench", requests
+            api = httpx.Client(base_url=replica.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+            sid = create_sandbox(api, {"template": "wsbench", "network": _NO_EGRESS})
+            try:
+                return _through_fleet(
+                    replica, agent.popen.pid, sid, serve_port(api, sid), key, requests, websockets
                 )
-                out += [
-                    line("fleet_direct", direct),
-                    line("forwarded", forwarded),
-                    line("forwarded_asgi", parsed),
-                    overhead("forwarded_overhead", direct, forwarded),
-                    overhead("forwarded_overhead_asgi", direct, parsed),
-                ]
-            if websockets:
-                ws_url = replica.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/ports/{PORT}/ws"
-                out.append(websockets_held(replica.popen.pid, agent.popen.pid, ws_url, websockets, key))
-            return out
+            finally:
+                # A stopped agent leaves its sandboxes running (an agent's restart re-adopts them).
+                api.delete(f"/v1/sandboxes/{sid}")
+                api.close()
     finally:
         drop_schema(base, schema)
+
+
+def _through_fleet(
+    replica: Proc, agent_pid: int, sid: str, address: str, key: str, requests: int, websockets: int
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if requests:
+        direct, forwarded, parsed = interleaved(address, replica.url, f"{PORT}-{sid}.sb.bench", requests)
+        out += [
+            line("fleet_direct", direct),
+            line("forwarded", forwarded),
+            line("forwarded_asgi", parsed),
+            overhead("forwarded_overhead", direct, forwarded),
+            overhead("forwarded_overhead_asgi", direct, parsed),
+        ]
+    if websockets:
+        ws_url = replica.url.replace("http://", "ws://") + f"/v1/sandboxes/{sid}/ports/{PORT}/ws"
+        out.append(websockets_held(replica.popen.pid, agent_pid, ws_url, websockets, key))
+    return out
 
 
 def _loopback_rtts(n: int = 3000) -> list[float]:
