@@ -291,6 +291,8 @@ class _Connection:
         self.response, self.closing = None, not head.keep_alive
         self.response_head.clear()
         upstream.owner = self
+        # The caller's transport says "paused" once: an answer begun while it is full waits for it.
+        self.writing_paused(self.server.flow.write_paused)
         self.phase = _Phase.RELAYING
         upstream.write(splice.head)
         self._pump_request()

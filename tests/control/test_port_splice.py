@@ -51,6 +51,7 @@ class Harness:
         self.planned: list[RequestHead] = []
         self.released = 0
         self.refuse = False
+        self.server: uvicorn.Server | None = None
 
     async def plan(self, head: RequestHead) -> Splice | None:
         if not (head.header(b"host") or b"").startswith(b"port.") or self.refuse:
@@ -140,8 +141,10 @@ async def served(
         log_level="warning",
         lifespan="off",
     )
+    server = uvicorn.Server(config)
+    harness.server = server
     try:
-        async with serving(uvicorn.Server(config)) as port:
+        async with serving(server) as port:
             yield port, harness
     finally:
         front.pool.close()
@@ -379,4 +382,30 @@ async def test_an_idle_upstream_connection_is_closed_in_time() -> None:
         writer.write(b"GET /x HTTP/1.1\r\nHost: port.x\r\n\r\n")
         assert (await response(reader))[0] == 200
         await asyncio.wait_for(closed.wait(), DEADLINE_S)
+        writer.close()
+
+
+async def test_an_answer_begun_while_the_caller_is_not_reading_waits_for_it() -> None:
+    """A caller whose buffer is full when its next request is taken (a pipelined one, after an
+    answer that ended in the chunk that filled it) gets no more of the next answer until it reads:
+    the new upstream is not read either, so a caller that never reads cannot make the replica hold
+    a sandbox's endless answer in memory."""
+    async with served() as (port, harness):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /a HTTP/1.1\r\nHost: port.x\r\n\r\n")
+        assert (await response(reader))[0] == 200
+        assert harness.server is not None
+        (protocol,) = harness.server.server_state.connections
+        # The caller's transport says its buffer is full, and says so once (as it does: not again
+        # before it has said the buffer drained).
+        protocol.transport.set_write_buffer_limits(high=2**40)
+        protocol.pause_writing()
+        writer.write(b"GET /big HTTP/1.1\r\nHost: port.x\r\n\r\n")
+        fronted = protocol.fronted
+        while fronted.upstream is None:
+            await asyncio.sleep(0.01)
+        assert not fronted.upstream.transport.is_reading()
+        protocol.resume_writing()
+        status, _, body = await response(reader)
+        assert status == 200 and len(body) == 20_000_000
         writer.close()
