@@ -55,7 +55,9 @@ class PortPlan:
         except BadPort:
             return None
         raw = dict(head.headers)
-        if target is None or not self.key_presented(raw.get(b"authorization", b"").decode("latin-1")):
+        # The first Authorization, as the key gate reads it (a dict keeps the last).
+        key = head.header(b"authorization") or b""
+        if target is None or not self.key_presented(key.decode("latin-1")):
             return None
         try:
             address = port_address(self.agent, target.sandbox_id, raw)

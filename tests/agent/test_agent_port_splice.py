@@ -5,12 +5,14 @@ a bad port) it never takes, and its ASGI path answers it with its code."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import httpx
 from agent_doubles import TOKEN
 
 from corral.agent import Agent
 from corral.agent.http import create_app
+from corral.agent.ports import PortPlan
 from corral.agent.portsplice import PortSplicer
 from corral.codes import ErrorCode
 from corral.core.httphead import parse_request
@@ -45,3 +47,20 @@ async def test_what_the_agent_refuses_is_never_spliced(make_agent: Callable[...,
             assert await splicer.plan(head) is None, (path, headers)
             r = await http.get(path, headers=headers)
             assert (r.status_code, r.json()["error"]["code"]) == (status, code), (path, headers, r.text)
+
+
+class _Reachable:
+    """An agent whose every sandbox is reachable (at loopback): what the plan decides is the key's."""
+
+    def port_address(self, sandbox_id: str, epoch: int | None) -> str:
+        return "127.0.0.1"
+
+
+async def test_the_key_is_read_from_the_first_authorization_as_the_key_gate_reads_it() -> None:
+    """Two ``Authorization`` headers, a stranger's first: the key gate refuses the request, so the
+    plan must not take it on the strength of the second."""
+    plan = PortPlan(cast(Agent, _Reachable()), lambda header: header == AUTH)
+    port = b"GET /v1/sandboxes/a/ports/8080/x HTTP/1.1\r\nHost: agent\r\n"
+    assert await plan(parse_request(port + b"Authorization: %s\r\n\r\n" % AUTH.encode())) is not None
+    two = b"Authorization: Bearer stranger\r\nAuthorization: %s\r\n\r\n" % AUTH.encode()
+    assert await plan(parse_request(port + two)) is None
