@@ -251,6 +251,10 @@ async def test_an_answer_cut_off_closes_the_callers_connection() -> None:
         b"GET /s HTTP/1.0\r\nHost: port.x\r\n\r\n",
         b"GET /s HTTP/1.1\r\nHost: port.x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n",
         b"POST /s HTTP/1.1\r\nHost: port.x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx",
+        # A second Host behind a bare LF, a NUL, a line that is a field to one parser and not another.
+        b"GET /s HTTP/1.1\r\nHost: port.x\r\nX-A: 1\nHost: api.x\r\n\r\n",
+        b"GET /s HTTP/1.1\r\nHost: port.x\r\nX-A: \x00\r\n\r\n",
+        b"GET /s HTTP/1.1\r\nHost: port.x\r\nX-A\x00: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     ],
 )
 async def test_a_head_two_parsers_could_read_two_ways_never_reaches_the_upstream(head: bytes) -> None:
@@ -409,3 +413,46 @@ async def test_an_answer_begun_while_the_caller_is_not_reading_waits_for_it() ->
         status, _, body = await response(reader)
         assert status == 200 and len(body) == 20_000_000
         writer.close()
+
+
+async def test_a_request_hidden_in_a_body_is_the_upstreams_bytes_never_the_apps() -> None:
+    """A spliced body that reads as an API request (with a credential) goes to the sandbox as the
+    body it is; the connection's next request is read after it, wherever it goes."""
+    async with served() as (port, harness):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        hidden = b"GET /hidden HTTP/1.1\r\nHost: api.x\r\nAuthorization: Bearer k\r\n\r\n"
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(hidden), hidden)
+        writer.write(
+            b"POST /p HTTP/1.1\r\nHost: port.x\r\nContent-Length: %d\r\n\r\n%s" % (len(hidden), hidden)
+            + b"POST /p HTTP/1.1\r\nHost: port.x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + chunked
+            + b"GET /next HTTP/1.1\r\nHost: api.x\r\n\r\n"
+        )
+        assert (await response(reader))[2].endswith(b"len=%d" % len(hidden))
+        assert (await response(reader))[2].endswith(b"len=%d" % len(hidden))
+        assert (await response(reader))[2] == b"asgi /next"
+        writer.close()
+        assert len(harness.planned) == 2 and harness.released == 2
+
+
+async def test_a_caller_gone_mid_answer_leaves_no_slot_and_no_upstream() -> None:
+    """A caller that goes while its answer streams: its slot is given back and the upstream
+    connection, mid-answer and so never to be reused, is closed."""
+    upstream_closed = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            while not reader.at_eof():
+                writer.write(b"10000\r\n" + b"z" * 65536 + b"\r\n")
+                await writer.drain()
+        upstream_closed.set()
+
+    async with served(endless) as (port, harness):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /endless HTTP/1.1\r\nHost: port.x\r\n\r\n")
+        await asyncio.wait_for(reader.readexactly(1_000_000), DEADLINE_S)
+        writer.close()
+        await asyncio.wait_for(upstream_closed.wait(), DEADLINE_S)
+        assert harness.released == 1
