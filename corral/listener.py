@@ -244,6 +244,10 @@ class Fronted(Protocol):
         """The connection is uvicorn's from here on, ``data`` the first of its bytes."""
         ...
 
+    def shutdown(self) -> None:
+        """The server stops (uvicorn's own, once the connection is handed over)."""
+        ...
+
 
 class Front(Protocol):
     def connection(self, server: Fronted) -> FrontConnection: ...

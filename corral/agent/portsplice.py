@@ -436,6 +436,8 @@ class _Connection:
         data = bytes(self.buffer)
         self.buffer.clear()
         self.server.hand_over(data)
+        if self.stopping:  # the stop came to the front: uvicorn's protocol ends with this request
+            self.server.shutdown()
 
     # -- reading and idling ----------------------------------------------------------------------------
 

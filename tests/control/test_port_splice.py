@@ -24,7 +24,7 @@ from corral.codes import ErrorCode
 from corral.core.httphead import RequestHead, parse_request, render_request
 from corral.core.listen import ListenBounds
 from corral.listener import uvicorn_config
-from tests.security.test_slow_clients import serving
+from tests.security.test_slow_clients import closed_by_server, serving
 
 from .conftest import ADMIN, make_cluster
 
@@ -52,8 +52,13 @@ class Harness:
         self.released = 0
         self.refuse = False
         self.server: uvicorn.Server | None = None
+        self.held: asyncio.Event | None = None  # set: plans wait for it
+        self.holding = asyncio.Event()
 
     async def plan(self, head: RequestHead) -> Splice | None:
+        if self.held is not None:
+            self.holding.set()
+            await self.held.wait()
         if not (head.header(b"host") or b"").startswith(b"port.") or self.refuse:
             return None
         self.planned.append(head)
@@ -456,3 +461,27 @@ async def test_a_caller_gone_mid_answer_leaves_no_slot_and_no_upstream() -> None
         writer.close()
         await asyncio.wait_for(upstream_closed.wait(), DEADLINE_S)
         assert harness.released == 1
+
+
+@pytest.mark.parametrize("implementation", ["httptools", "h11"])
+async def test_a_request_handed_over_while_the_server_stops_closes_its_connection(
+    implementation: str,
+) -> None:
+    """The server stops while a request's route is being found, and the request is the app's after
+    all: the app's parser is told of the stop too, so the connection ends with that answer and a
+    caller cannot keep a stopping server open with more requests."""
+    async with served(implementation=implementation) as (port, harness):
+        harness.refuse, harness.held = True, asyncio.Event()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: port.x\r\n\r\n")
+        await asyncio.wait_for(harness.holding.wait(), DEADLINE_S)
+        assert harness.server is not None
+        (protocol,) = harness.server.server_state.connections
+        harness.server.should_exit = True
+        while not protocol.fronted.stopping:
+            await asyncio.sleep(0.01)
+        harness.held.set()
+        assert (await response(reader))[2] == b"asgi /x"
+        with contextlib.suppress(ConnectionError):
+            writer.write(b"GET /y HTTP/1.1\r\nHost: api.x\r\n\r\n")
+        assert await closed_by_server(reader)
