@@ -126,6 +126,8 @@ class UpstreamPool:
         kept = self.idle.get(key, [])
         while kept:
             upstream = kept.pop()
+            if not kept:  # an address a caller named once keeps nothing here
+                del self.idle[key]
             if upstream.expiry is not None:
                 upstream.expiry.cancel()
                 upstream.expiry = None
@@ -141,10 +143,11 @@ class UpstreamPool:
         upstream.owner = None
         if upstream.transport is not None and not upstream.closed:
             upstream.transport.resume_reading()  # its last caller may have been slow to read
-        kept = self.idle.setdefault(upstream.key, [])
+        kept = self.idle.get(upstream.key, [])
         if upstream.closed or len(kept) >= IDLE_PER_UPSTREAM:
             upstream.close()
             return
+        self.idle[upstream.key] = kept
         upstream.expiry = asyncio.get_running_loop().call_later(self.idle_s, upstream.close)
         kept.append(upstream)
 

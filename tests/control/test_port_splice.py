@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from corral.agent.portsplice import PortSplicer, Splice
+from corral.agent.portsplice import PortSplicer, Splice, UpstreamPool
 from corral.aio import loop_factory
 from corral.api.app import create_app
 from corral.api.ports import Ports
@@ -54,6 +54,7 @@ class Harness:
         self.server: uvicorn.Server | None = None
         self.held: asyncio.Event | None = None  # set: plans wait for it
         self.holding = asyncio.Event()
+        self.pool: UpstreamPool | None = None
 
     async def plan(self, head: RequestHead) -> Splice | None:
         if self.held is not None:
@@ -136,6 +137,7 @@ async def served(
     upstream = await asyncio.start_server(handler, "127.0.0.1", 0)
     harness = Harness(upstream.sockets[0].getsockname()[1])
     front = PortSplicer(harness.plan, idle_s)
+    harness.pool = front.pool
     config = uvicorn_config(
         app,
         "127.0.0.1",
@@ -485,3 +487,17 @@ async def test_a_request_handed_over_while_the_server_stops_closes_its_connectio
         with contextlib.suppress(ConnectionError):
             writer.write(b"GET /y HTTP/1.1\r\nHost: api.x\r\n\r\n")
         assert await closed_by_server(reader)
+
+
+async def test_the_upstream_pool_keeps_nothing_for_an_address_it_holds_no_connection_to() -> None:
+    """A caller can name many ports (and sandboxes come and go at many addresses): once an
+    address's kept-alive connection is taken and not given back, nothing of it is kept."""
+    async with served() as (port, harness):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /kept HTTP/1.1\r\nHost: port.x\r\n\r\n")
+        assert (await response(reader))[0] == 200
+        assert harness.pool is not None and len(harness.pool.idle) == 1
+        writer.write(b"GET /cut HTTP/1.1\r\nHost: port.x\r\n\r\n")  # takes it; it never comes back
+        while harness.released < 2:
+            await asyncio.sleep(0.01)
+        assert harness.pool.idle == {}
