@@ -194,16 +194,18 @@ class GvisorRuntime:
         one machine may run one sandbox id (an old copy and its recreation): each root has its own."""
         return self._tag + sandbox_id
 
-    def _argv(self, *args: str) -> list[str]:
+    def _argv(self, *args: str, in_cgroups: bool = False) -> list[str]:
+        """runsc's command line. ``in_cgroups`` (a create inside the sandbox's cgroups): runsc reads
+        them (the bundle names them, see :func:`oci.bundle_config`), which is how the Sentry learns
+        the guest's memory size; every other command ignores them, so that none of runsc's own
+        processes (an exec, a kill) is ever moved into a sandbox's cgroups or counted there."""
         return [
             self._runsc,
             "--root",
             str(self.root / "runsc"),
             f"--platform={self.platform}",
             "--network=none",
-            # The sandbox's cgroups are corral's (made before runsc starts, inside them): runsc must
-            # neither make its own nor move the Sentry out of them.
-            "--ignore-cgroups",
+            *(() if in_cgroups else ("--ignore-cgroups",)),
             *args,
         ]
 
@@ -315,6 +317,7 @@ class GvisorRuntime:
             etc_files=etc_sources,
             init_source=str(init),
             tmpfs_bytes=spec.memory_mb * _MIB,
+            in_own_cgroups=self._cgroup(spec.id) is not None,
         )
         (bundle / "config.json").write_text(json.dumps(config))
         return bundle
@@ -334,7 +337,7 @@ class GvisorRuntime:
             # the end of its stderr, then take what it said and close our end (the sandbox's copy
             # then writes to a closed pipe: nothing of the sandbox reaches a host file).
             proc = subprocess.Popen(
-                self._argv("create", "--bundle", str(bundle), self._cid(sandbox_id)),
+                self._argv("create", "--bundle", str(bundle), self._cid(sandbox_id), in_cgroups=bool(procs)),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

@@ -67,11 +67,13 @@ def bundle_config(
     etc_files: Mapping[str, str],
     init_source: str,
     tmpfs_bytes: int | None,
+    in_own_cgroups: bool = False,
 ) -> dict[str, Any]:
     """The sandbox's spec: a read-only empty root with the host's system directories bound read-only
     over it (until images land: then the image is its root), its generated /etc files (``etc_files``:
     name inside /etc -> host path), tmpfs home, /tmp and /dev/shm sized like the process runtime's, and
-    corral's init as pid 1 (it reaps orphans; gVisor's kernel, not the host's, runs it)."""
+    corral's init as pid 1 (it reaps orphans; gVisor's kernel, not the host's, runs it).
+    ``in_own_cgroups``: runsc is started inside the sandbox's cgroups, made and limited already."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {
@@ -97,15 +99,21 @@ def bundle_config(
     ]
     init = process([INIT_PATH, "init"], env, "/")
     init["user"] = {"uid": SANDBOX_UID, "gid": SANDBOX_GID}
+    linux: dict[str, Any] = {
+        "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+        "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
+        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+    }
+    if in_own_cgroups:
+        # A relative path is taken from runsc's own cgroups, and "." is those: the sandbox's, which
+        # runsc finds made and uses as they are (it neither limits nor removes a cgroup it did not
+        # make), reading their memory limit as the guest's total memory.
+        linux["cgroupsPath"] = "."
     return {
         "ociVersion": OCI_VERSION,
         "process": init,
         "root": {"path": "rootfs", "readonly": True},
         "hostname": hostname,
         "mounts": mounts,
-        "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
-            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
-            "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
-        },
+        "linux": linux,
     }

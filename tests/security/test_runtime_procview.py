@@ -17,9 +17,6 @@ from .runtime_serve import Serve, runtime_root
 pytestmark = pytest.mark.process
 
 MEMORY_MB = 128
-# Where gVisor falls short: runsc sizes the Sentry's memory by its cgroup, and corral keeps the cgroups
-# its own (--ignore-cgroups), so gVisor's /proc/meminfo (and free) shows the host's total memory.
-GVISOR_SEES_HOST_MEMORY = "gVisor's /proc/meminfo shows the host's total memory (runsc --ignore-cgroups)"
 
 # The host-describing files, then everything the tenant can read of pid 1 and of itself (files and
 # links under /proc/<pid>, one level down), its environment and its hostname. JSON on stdout.
@@ -77,14 +74,7 @@ def _meminfo_kb(text: str, field: str) -> int:
     return int(match.group(1))
 
 
-def _memory_is_the_hosts_on_gvisor(serve: Serve, request: pytest.FixtureRequest) -> None:
-    if serve.gvisor:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=GVISOR_SEES_HOST_MEMORY))
-
-
-def test_proc_describes_the_sandbox_not_the_host(
-    serve: Serve, sandbox: str, request: pytest.FixtureRequest
-) -> None:
+def test_proc_describes_the_sandbox_not_the_host(serve: Serve, sandbox: str) -> None:
     host = {
         name: Path(f"/proc/{name}").read_text() for name in ("cmdline", "meminfo", "loadavg", "diskstats")
     }
@@ -108,7 +98,6 @@ def test_proc_describes_the_sandbox_not_the_host(
     if os.path.exists("/proc/config.gz"):
         assert Path("/proc/config.gz").read_bytes() and files["config.gz"] in ("", errno.ENOENT)
     # Memory: the sandbox's own limit, no swap; nothing of the host's total.
-    _memory_is_the_hosts_on_gvisor(serve, request)
     assert _meminfo_kb(files["meminfo"], "MemTotal") == MEMORY_MB * 1024
     assert _meminfo_kb(files["meminfo"], "MemAvailable") <= MEMORY_MB * 1024
     assert _meminfo_kb(files["meminfo"], "SwapTotal") == 0
@@ -141,13 +130,10 @@ def test_nothing_readable_names_the_hosts_state_or_id(serve: Serve, sandbox: str
         ["python3", "-c", "import os; print(os.cpu_count())"],
     ],
 )
-def test_the_usual_tools_work_on_the_sandboxs_view(
-    serve: Serve, sandbox: str, command: list[str], request: pytest.FixtureRequest
-) -> None:
+def test_the_usual_tools_work_on_the_sandboxs_view(serve: Serve, sandbox: str, command: list[str]) -> None:
     result = serve.exec(sandbox, command)
     assert result["exit_code"] == 0 and result["stdout"], result
     if command[0] == "free":
-        _memory_is_the_hosts_on_gvisor(serve, request)
         assert result["stdout"].splitlines()[1].split()[1] == str(MEMORY_MB)
     if command[0] == "python3":
         assert int(result["stdout"]) == os.cpu_count()
