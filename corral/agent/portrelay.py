@@ -35,6 +35,9 @@ _WS_OWN = frozenset(
 )
 WS_MAX_MESSAGE = 16 * 1024 * 1024  # uvicorn's own bound on a message it accepts
 CONNECT_TIMEOUT_S = 5.0
+# A WebSocket's closing handshake with the sandbox's server, once a side has closed: a server that
+# never finishes it (or never closes its TCP end) holds the relay, and a stopping server, this long.
+WS_CLOSE_TIMEOUT_S = 1.0
 
 Headers = list[tuple[bytes, bytes]]
 # What a relay answers when the upstream cannot be reached: (status, code, message).
@@ -171,6 +174,7 @@ class PortRelay:
                 additional_headers=own,
                 subprotocols=list(scope.get("subprotocols", [])) or None,
                 open_timeout=CONNECT_TIMEOUT_S,
+                close_timeout=WS_CLOSE_TIMEOUT_S,
                 max_size=WS_MAX_MESSAGE,
                 compression=None,
                 user_agent_header=None,

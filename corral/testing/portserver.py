@@ -88,6 +88,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if op == 8:
                 w.write(b"\x88\x02" + (data[:2] or b"\x03\xe8"))
                 w.flush()
+                self.close_connection = True  # the server closes TCP first (RFC 6455, 7.1.1)
                 return
             if op in (1, 2):
                 size = len(data)
