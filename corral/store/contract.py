@@ -465,6 +465,11 @@ class Placements(Protocol):
         """The placement explanation (JSON text) kept with the sandbox, or None when none was kept.
         Raises :class:`RecordNotFound` when the sandbox does not exist (or is another tenant's)."""
 
+    @abstractmethod
+    async def get_placements(self, sandbox_ids: Collection[str]) -> dict[str, str | None]:
+        """The explanations of those of ``sandbox_ids`` that have a record, by id (any tenant), in
+        one read: what a listing of many sandboxes' events reads."""
+
 
 class RecordSweeps(Protocol):
     """What the leader sweeps from records: sandboxes past their TTL, old idempotency keys."""

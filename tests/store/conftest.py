@@ -9,6 +9,7 @@ fail instead.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from corral.core import ManualClock
 from corral.store import Store, open_store
+from corral.testing.store import ModelStore
 from tests.pg import drop_schema, require_pg, with_schema
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
@@ -61,6 +63,12 @@ def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> s
         return f"sqlite:///{tmp_path / 'corral.db'}"
     pg_server = request.getfixturevalue("pg_server")
     return with_schema(pg_server, request.getfixturevalue("pg_schema"))
+
+
+@pytest.fixture(params=["sql", "model"])
+def either(request: pytest.FixtureRequest, store: Store, clock: ManualClock) -> Store:
+    """The SQL store of this case, or the model the simulator and the tests' doubles run on."""
+    return store if request.param == "sql" else ModelStore(clock, random.Random(0))
 
 
 @pytest.fixture

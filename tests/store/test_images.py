@@ -3,15 +3,12 @@ was created from (kept through a rebuild of its template, which names a new dige
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
 
-from corral.core import ManualClock
 from corral.images import ImageConfig
 from corral.store import InvalidRecord, NameConflict, SandboxRecord, Store, TemplateRecord
-from corral.testing.store import ModelStore
 
 IMAGE = "sha256:" + "ab" * 32
 
@@ -85,12 +82,6 @@ async def test_the_images_in_use_are_those_templates_and_sandboxes_name_and_vers
     assert other not in await store.images_in_use()
     with pytest.raises(InvalidRecord):
         await store.create_template(TemplateRecord("v0", 1.0, 512, version=0))
-
-
-@pytest.fixture(params=["sql", "model"])
-def either(request: pytest.FixtureRequest, store: Store, clock: ManualClock) -> Store:
-    """The SQL store of this case, or the model the simulator and the tests' doubles run on."""
-    return store if request.param == "sql" else ModelStore(clock, random.Random(0))
 
 
 async def test_a_template_is_published_by_compare_and_set_on_its_version(either: Store) -> None:

@@ -463,3 +463,16 @@ async def test_a_delete_that_expects_a_state_leaves_a_record_that_moved(
     anew = await store.create_sandbox(sandbox("sb-3", tenant), idempotency_key="k2", request_hash="h")
     assert not anew.replayed and anew.record.id == "sb-3"
     assert not await store.delete_sandbox("sb-2", expect=SandboxState.RESERVED)
+
+
+async def test_placements_are_read_for_many_sandboxes_at_once(either: Store) -> None:
+    store = either
+    owner = await store.create_tenant("many", max_sandboxes=10, max_memory_mb=1 << 20)
+    for sid in ("sb-a", "sb-b", "sb-c"):
+        await store.create_sandbox(sandbox(sid, owner))
+    await store.set_sandbox_state("sb-a", SandboxState.STARTING, host_id="h1", placement='{"host": "h1"}')
+    got = await store.get_placements(["sb-a", "sb-b", "sb-gone"])
+    # The gone one is absent; one with no explanation kept is None.
+    assert got == {"sb-a": '{"host": "h1"}', "sb-b": None}
+    assert got["sb-a"] == await store.get_placement("sb-a")
+    assert await store.get_placements([]) == {}

@@ -30,7 +30,7 @@ from corral.api.kube.status import ObjectResponse
 from corral.api.schemas import iso
 from corral.control.errors import InvalidRequest
 from corral.control.explain import expand
-from corral.store import RecordNotFound, SandboxRecord, SandboxState
+from corral.store import SandboxRecord, SandboxState
 
 Obj = dict[str, Any]
 NORMAL, WARNING = "Normal", "Warning"
@@ -200,14 +200,15 @@ class Events:
             records = [one] if one is not None else []
         else:
             records = [r async for r in self.objects.records(a)]
+        # One read for every record's placement, not one each.
+        placements = await self.objects.plane.store.get_placements([r.id for r in records])
         items = []
         for r in records:
-            try:
-                placement = await self.objects.plane.store.get_placement(r.id)
-            except RecordNotFound:
+            if r.id not in placements:
                 continue  # gone since it was read
             ns = await self.ns.name_of(r.tenant_id)
-            items += [e for e in events_of(r, ns, placement, version) if by_field(e) and by_label(e)]
+            events = events_of(r, ns, placements[r.id], version)
+            items += [e for e in events if by_field(e) and by_label(e)]
         return ObjectResponse(
             {
                 "apiVersion": "v1",

@@ -337,6 +337,19 @@ class SandboxesSql(SqlBase):
 
         return await self._read(run)
 
+    async def get_placements(self, sandbox_ids: Collection[str]) -> dict[str, str | None]:
+        async def run(tx: Tx) -> dict[str, str | None]:
+            out: dict[str, str | None] = {}
+            for part in listings.chunks(sandbox_ids):
+                clause, params = in_list("g", part)
+                for sid, placement in await tx.fetchall(
+                    f"SELECT id, placement FROM sandboxes WHERE id IN {clause}", params
+                ):
+                    out[str(sid)] = None if placement is None else str(placement)
+            return out
+
+        return await self._read(run)
+
     async def get_sandbox(self, sandbox_id: str, *, tenant_id: str | None = None) -> SandboxRecord | None:
         async def run(tx: Tx) -> SandboxRecord | None:
             rec = await self._sandbox(tx, sandbox_id)

@@ -163,6 +163,10 @@ class SandboxesModel(ModelBase, ClaimRecords, RecordReads, RecordStates):
             return None
         return sb
 
+    async def get_placements(self, sandbox_ids: Collection[str]) -> dict[str, str | None]:
+        await self._enter()
+        return {sid: self.placements.get(sid) for sid in sandbox_ids if sid in self.sandboxes}
+
     async def get_sandboxes(self, sandbox_ids: Collection[str]) -> dict[str, SandboxRecord]:
         await self._enter()
         return {sid: self.sandboxes[sid] for sid in sandbox_ids if sid in self.sandboxes}
