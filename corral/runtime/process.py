@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -155,6 +156,7 @@ class ProcessRuntime:
         self._disk_pool_depth = disk_pool_depth
         self._image_mounts: rootfs.ImageMounts | None = None
         self._pool: rootfs.DiskPool | None = None
+        self._pool_opening = threading.Lock()  # opened once, off the event loop (it reclaims)
         self._held: set[str] = set()
         self._reclaimed = False
         self._filling: asyncio.Task[int] | None = None
@@ -294,9 +296,12 @@ class ProcessRuntime:
     # -- an image sandbox's root ------------------------------------------------------------------
 
     def _disks(self) -> rootfs.DiskPool:
-        if self._pool is None:
-            self._pool = rootfs.DiskPool(self._disk_root / _POOL, self._disk_pool_depth)
-        return self._pool
+        """The pool, opened on first use (opening reclaims what a gone maker left: unmounts, file
+        removals), so call it from a worker thread, never on the event loop."""
+        with self._pool_opening:
+            if self._pool is None:
+                self._pool = rootfs.DiskPool(self._disk_root / _POOL, self._disk_pool_depth)
+            return self._pool
 
     def _mounts(self) -> rootfs.ImageMounts:
         if self._image_mounts is None:
@@ -317,10 +322,9 @@ class ProcessRuntime:
         self._held.add(spec.id)
         image_mnt = await asyncio.to_thread(self._mounts().mount, spec.image, image_file)
         paths = self._root_paths(spec.id)
-        pool = self._disks()
         size = spec.disk_mb if spec.disk_mb is not None else rootfs.DEFAULT_DISK_MB
         await asyncio.to_thread(rootfs.make_entry, paths, base)
-        await asyncio.to_thread(pool.take, size, paths.disk_dir)
+        await asyncio.to_thread(lambda: self._disks().take(size, paths.disk_dir))
         self._refill_disks()
         await asyncio.to_thread(rootfs.make, paths, image_mnt=image_mnt, base=base, span=RANGE_SPAN)
         files = bwrap.IMAGE_MOUNT_FILES + (bwrap.IMAGE_NETWORK_FILES if spec.network else ())
@@ -329,13 +333,17 @@ class ProcessRuntime:
 
     def _refill_disks(self) -> None:
         if self._filling is None or self._filling.done():
-            self._filling = asyncio.ensure_future(asyncio.to_thread(self._disks().fill))
+            self._filling = asyncio.ensure_future(asyncio.to_thread(lambda: self._disks().fill()))
 
     async def fill_disks(self, disk_mb: int = rootfs.DEFAULT_DISK_MB) -> int:
         """Make the pool's disks of ``disk_mb`` ahead (a warm-start optimisation: never required)."""
-        pool = self._disks()
-        pool.note(disk_mb)
-        return await asyncio.to_thread(pool.fill)
+
+        def fill() -> int:
+            pool = self._disks()
+            pool.note(disk_mb)
+            return pool.fill()
+
+        return await asyncio.to_thread(fill)
 
     async def drain_disks(self) -> None:
         """Unmount and remove the pool's ready disks (at shutdown; a later start makes them again)."""
