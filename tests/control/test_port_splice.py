@@ -294,8 +294,7 @@ async def test_a_bad_chunk_from_the_caller_closes_both_sides() -> None:
 def test_the_same_under_the_servers_own_loop() -> None:
     """uvloop, where the servers run on it (its transports are not asyncio's classes)."""
     factory = loop_factory()
-    if factory is None:
-        pytest.skip("uvloop is not installed")
+    assert factory is not None, "uvloop comes with uvicorn[standard], the server extra's dependency"
     with asyncio.Runner(loop_factory=factory) as runner:
         runner.run(test_kept_alive_requests_are_spliced_and_the_rest_is_the_apps())
         runner.run(test_a_large_answer_streams_whole())
