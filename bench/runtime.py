@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
@@ -90,6 +91,19 @@ async def _timed_exec(runtime: Runtime, sandbox_id: str) -> float:
     elapsed = (time.perf_counter() - started) * 1000.0
     if result.exit_code != 0:
         raise RuntimeError(f"exec failed: {result.stderr}")
+    return elapsed
+
+
+async def _timed_runsc_exec(runtime: gvisor.GvisorRuntime, sandbox_id: str) -> float:
+    """``true`` through a ``runsc exec`` of its own, as the sandbox's user: the per-command host process
+    the control socket replaced, for comparison in the same run."""
+    argv = runtime._argv("exec", "--user", "1000:1000", runtime._cid(sandbox_id), "true")
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    await proc.communicate()
+    elapsed = (time.perf_counter() - started) * 1000.0
+    if proc.returncode != 0:
+        raise RuntimeError(f"runsc exec failed: {proc.returncode}")
     return elapsed
 
 
@@ -220,7 +234,7 @@ async def run(
         try:
             if only != "files":
                 results += await run_exec(Path(root), cgroups, execs, warm)
-            if only != "exec":
+            if only != "exec" and files:
                 results += await run_files(Path(root), cgroups, files)
             if only is not None:
                 return results
@@ -295,7 +309,7 @@ async def run_gvisor(cold: int, warm: int, idle: int) -> list[dict[str, object]]
         try:
             await _create_to_first_exec(runtime, "page-cache")  # runsc's binary and the host's libraries
             await runtime.stop("page-cache")
-            by_kind: dict[str, list[float]] = {"cold": [], "warm": []}
+            by_kind: dict[str, list[float]] = {"cold": [], "warm": [], "sentry": [], "runsc_exec": []}
             for first in range(0, max(cold, warm), _WARM_BATCH):
                 batch = range(first, min(first + _WARM_BATCH, max(cold, warm)))
                 warmed = [f"warm-{i}" for i in batch if i < warm]
@@ -308,12 +322,28 @@ async def run_gvisor(cold: int, warm: int, idle: int) -> list[dict[str, object]]
                         await runtime.stop(f"cold-{i}")
                     if i < warm:
                         by_kind["warm"].append(await _timed_exec(runtime, f"warm-{i}"))
+                        # Then, on the same sandbox, a command through the Sentry's control socket
+                        # beside one through ``runsc exec`` (the path every command took before).
+                        by_kind["sentry"].append(await _timed_exec(runtime, f"warm-{i}"))
+                        by_kind["runsc_exec"].append(await _timed_runsc_exec(runtime, f"warm-{i}"))
                 for sid in warmed:
                     await runtime.stop(sid)
             if cold:
                 results.append(_summary("gvisor_cold_first_exec", by_kind["cold"], **tag))
             if warm:
                 results.append(_summary("gvisor_warm_first_exec", by_kind["warm"], **tag))
+                sentry_ms, runsc_ms = by_kind["sentry"], by_kind["runsc_exec"]
+                results += [
+                    _summary("gvisor_exec_sentry", sentry_ms, path="control socket", **tag),
+                    _summary("gvisor_exec_runsc_exec", runsc_ms, path="runsc exec", **tag),
+                    {
+                        "bench": "runtime",
+                        "mode": "gvisor_exec_ratio",
+                        "sentry_over_runsc_exec_p50": round(
+                            statistics.median(sentry_ms) / statistics.median(runsc_ms), 3
+                        ),
+                    },
+                ]
             ids = [f"idle-{i}" for i in range(idle)]
             for sid in ids:
                 await runtime.start(SandboxSpec(id=sid, memory_mb=256))

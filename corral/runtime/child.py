@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -71,9 +71,7 @@ async def start(
     descriptors: its stdout is then what the master reads, its stdin written to the master, and its
     stderr empty (a terminal has one stream)."""
     loop = asyncio.get_running_loop()
-    ours: list[int] = []  # the loop's ends, until a transport owns them
-    theirs: list[int] = []  # the child's ends, closed here once it has them
-    try:
+    with handing_over() as (ours, theirs):
         if tty is None:
             out_r, out_w = pipe(ours, theirs)
             err_r, err_w = pipe(ours, theirs)
@@ -99,13 +97,6 @@ async def start(
                 pass_fds=tuple(pass_fds),
             ),
         )
-    except BaseException:
-        for fd in ours:
-            os.close(fd)
-        raise
-    finally:
-        for fd in theirs:
-            os.close(fd)
     return Child(
         popen,
         reader(loop, out_r),
@@ -128,6 +119,56 @@ def pipe(reader_side: list[int], writer_side: list[int]) -> tuple[int, int]:
     reader_side.append(r)
     writer_side.append(w)
     return r, w
+
+
+@dataclass(frozen=True, slots=True)
+class Pipes:
+    """A command's standard descriptors for another process to start it with (the sandbox's init, the
+    Sentry): ``given`` are its ends, stdin (/dev/null when it takes no input), stdout, stderr; the
+    rest are ours (``stdin`` -1 when it takes none)."""
+
+    given: tuple[int, int, int]
+    stdin: int
+    stdout: int
+    stderr: int
+
+    def streams(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamReader, asyncio.StreamWriter | None]:
+        """Our ends as streams, which own them from here on."""
+        writer_ = writer(loop, self.stdin) if self.stdin >= 0 else None
+        return reader(loop, self.stdout), reader(loop, self.stderr), writer_
+
+
+def command_pipes(ours: list[int], theirs: list[int], *, stdin: bool) -> Pipes:
+    """:class:`Pipes` with input if asked, each end noted in ``ours`` or ``theirs`` for the caller to
+    close (theirs once handed over; ours only if the command does not start)."""
+    if stdin:
+        in_r, in_w = pipe(theirs, ours)
+    else:
+        in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
+        theirs.append(in_r)
+    out_r, out_w = pipe(ours, theirs)
+    err_r, err_w = pipe(ours, theirs)
+    return Pipes((in_r, out_w, err_w), in_w, out_r, err_r)
+
+
+@contextlib.contextmanager
+def handing_over() -> Iterator[tuple[list[int], list[int]]]:
+    """``(ours, theirs)`` for a block that starts a command: theirs are closed when it ends, whatever
+    happened (the starter has its own copies by then); ours only if it fails (otherwise streams own
+    them)."""
+    ours: list[int] = []
+    theirs: list[int] = []
+    try:
+        yield ours, theirs
+    except BaseException:
+        for fd in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
 
 
 def reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:

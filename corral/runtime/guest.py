@@ -155,15 +155,9 @@ class Channel:
         try:
             spec_fd = launcher.memfd("exec-spec", spec)
             theirs.append(spec_fd)
-            if stdin:
-                in_r, in_w = child.pipe(theirs, ours)
-            else:
-                in_r, in_w = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1
-                theirs.append(in_r)
-            out_r, out_w = child.pipe(ours, theirs)
-            err_r, err_w = child.pipe(ours, theirs)
+            pipes = child.command_pipes(ours, theirs, stdin=stdin)
             self._starting[request] = (started, exited)
-            await self._send(MESSAGE.pack(MAGIC, EXEC, request, 0), [spec_fd, in_r, out_w, err_w])
+            await self._send(MESSAGE.pack(MAGIC, EXEC, request, 0), [spec_fd, *pipes.given])
             sent = True
             for fd in theirs:
                 os.close(fd)
@@ -180,12 +174,7 @@ class Channel:
                 # this after the request, so whatever it starts is killed rather than left unwatched.
                 self.send_signal(request, signal.SIGKILL)
             raise
-        streams = (
-            child.reader(self.loop, out_r),
-            child.reader(self.loop, err_r),
-            child.writer(self.loop, in_w) if stdin else None,
-        )
-        return InitCommand(self, request, pid, exited, streams)
+        return InitCommand(self, request, pid, exited, pipes.streams(self.loop))
 
     def send_signal(self, request: int, sig: int) -> None:
         if self.closed:

@@ -12,9 +12,10 @@ A sandbox is made of:
   processes are all the sandbox's, so its memory is what the host gives the guest;
 * no network (``--network=none``: loopback only) until the sandbox's network slot joins it.
 
-Every command runs through ``runsc exec`` with its process spec on a descriptor, never on a command
-line; a command on a terminal gets a host pty that runsc hands the Sentry (see
-:meth:`GvisorRuntime._spawn_on_terminal`). The platform is probed at start-up (``ptrace`` works
+A command on pipes is started, waited for and signalled through the Sentry's control socket (see
+:mod:`corral.runtime.sentry`), with no host process of its own; a command on a terminal runs through
+``runsc exec`` with its process spec on a descriptor, never on a command line, on a host pty that
+runsc hands the Sentry (see :meth:`GvisorRuntime._spawn_on_terminal`). The platform is probed at start-up (``ptrace`` works
 everywhere; ``systrap`` and ``kvm`` where the runsc release and the host allow). docs/isolation.md
 compares its layers with the process runtime's.
 """
@@ -32,12 +33,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from corral.exec_result import ExecResult
-from corral.runtime import bwrap, child, launcher, oci, terminal
+from corral.runtime import bwrap, child, launcher, oci, sentry, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -53,7 +54,7 @@ from corral.runtime.capture import DEFAULT_LIMIT, Capture
 from corral.runtime.cgroups import CgroupError, CgroupRoot, SandboxCgroup, detect
 from corral.runtime.guestfs import GuestFs
 from corral.runtime.statedir import spec_from_dict, spec_to_dict, valid_id
-from corral.runtime.stream import PtySize, Spawned
+from corral.runtime.stream import PtySize, Spawned, finished
 
 DEFAULT_ROOT = Path("/run/corral/gvisor")
 # The Sentry, its gofer and their Go runtimes take some tens of MiB before the guest runs anything.
@@ -67,6 +68,8 @@ _PROBE_TIMEOUT_S = 10.0
 _EXIT_GRACE_S = 1.0
 _DRAIN_GRACE_S = 0.5
 _STATE = "sandbox.json"
+# A command the Sentry would not start (no such program, a bad directory), as a shell reports one.
+_NOT_STARTED = 127
 _ERROR_BYTES = 64 * 1024
 
 
@@ -177,8 +180,8 @@ class GvisorRuntime:
         self.platform = chosen
         self._guest_fs = GuestFs()
         self._paused: set[str] = set()
-        # The host's ``runsc exec`` of every command still running, by sandbox: one blocked on a full
-        # pipe nobody reads would outlive its container, so a stop kills them.
+        # The host's ``runsc exec`` of every terminal's command still running, by sandbox: one blocked
+        # on a terminal nobody reads would outlive its container, so a stop kills them.
         self._execs: dict[str, set[asyncio.subprocess.Process]] = {}
         self._tag = "c" + hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10] + "-"
 
@@ -391,30 +394,25 @@ class GvisorRuntime:
 
     # -- commands -------------------------------------------------------------------------------
 
-    def _process_fd(
+    def _command(
         self,
         sandbox_id: str,
         command: Sequence[str],
         env: Mapping[str, str] | None,
         cwd: str | None,
-        on_terminal: bool = False,
-    ) -> int:
-        state = self._live_state(sandbox_id)
-        spec = spec_from_dict(state["spec"])
-        hostname = spec.hostname or spec.id[:63]
+    ) -> tuple[Sequence[str], dict[str, str], str]:
+        """The command checked as the process runtime checks it, with the sandbox's environment."""
+        if sandbox_id in self._paused:
+            raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
+        spec = spec_from_dict(self._live_state(sandbox_id)["spec"])
         try:
             launcher.check_command(command, dict(env or {}), cwd or bwrap.SANDBOX_HOME)
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
-        process = oci.process(
-            command,
-            bwrap.sandbox_env(hostname, spec.env, env),
-            cwd or bwrap.SANDBOX_HOME,
-            terminal=on_terminal,
-        )
-        return launcher.memfd("process", json.dumps(process).encode())
+        hostname = spec.hostname or spec.id[:63]
+        return command, bwrap.sandbox_env(hostname, spec.env, env), cwd or bwrap.SANDBOX_HOME
 
-    async def _open(
+    async def _start(
         self,
         sandbox_id: str,
         command: Sequence[str],
@@ -422,29 +420,38 @@ class GvisorRuntime:
         cwd: str | None,
         *,
         stdin: bool,
-        tty: int | None = None,
+    ) -> sentry.Command | Spawned:
+        """A command on pipes, started by the Sentry (see :mod:`corral.runtime.sentry`); one the
+        Sentry refused (no such program) as it ended, its reason on stderr."""
+        argv, full_env, where = self._command(sandbox_id, command, env, cwd)
+        cid = self._cid(sandbox_id)
+        args = sentry.exec_args(cid, argv, full_env, where, uid=bwrap.SANDBOX_UID, gid=bwrap.SANDBOX_GID)
+        try:
+            return await sentry.start(cid, args, stdin=stdin)
+        except sentry.SentryRefused as exc:
+            return finished(_NOT_STARTED, stderr=f"corral: {exc}\n".encode())
+        except sentry.SentryGone as exc:
+            raise RuntimeFailure(f"sandbox {sandbox_id!r} runs no command: {exc}") from None
+
+    async def _open_on_terminal(
+        self,
+        sandbox_id: str,
+        command: Sequence[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        tty: int,
     ) -> tuple[asyncio.subprocess.Process, Path]:
-        """``runsc exec`` of a command, its output on pipes; or, given a terminal's slave ``tty``, on
-        that terminal, which becomes runsc's controlling one (``setsid --ctty``): what the terminal
-        signals (typed ^C, a resize's SIGWINCH) reaches runsc, which forwards every signal to the
-        command inside."""
-        if sandbox_id in self._paused:
-            raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
-        fd = self._process_fd(sandbox_id, command, env, cwd, on_terminal=tty is not None)
+        """``runsc exec`` of a command on a terminal's slave ``tty``, which becomes runsc's controlling
+        one (``setsid --ctty``): what the terminal signals (typed ^C, a resize's SIGWINCH) reaches
+        runsc, which forwards every signal to the command inside."""
+        argv, full_env, where = self._command(sandbox_id, command, env, cwd)
+        process = oci.process(argv, full_env, where, terminal=True)
+        fd = launcher.memfd("process", json.dumps(process).encode())
         pid_file = self._dir(sandbox_id) / f"exec-{os.urandom(6).hex()}.pid"
-        stdio: dict[str, Any] = {
-            "stdin": subprocess.PIPE if stdin else subprocess.DEVNULL,
-            "stdout": subprocess.PIPE,
-            "stderr": subprocess.PIPE,
-            "start_new_session": True,
-        }
-        session: list[str] = []
-        if tty is not None:  # not a session's leader yet, so setsid needs no fork
-            stdio = {"stdin": tty, "stdout": tty, "stderr": tty, "start_new_session": False}
-            session = ["setsid", "--ctty"]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *session,
+                "setsid",  # not a session's leader yet, so setsid needs no fork
+                "--ctty",
                 *self._argv(
                     "exec",
                     "--process",
@@ -453,7 +460,9 @@ class GvisorRuntime:
                     str(pid_file),
                     self._cid(sandbox_id),
                 ),
-                **stdio,
+                stdin=tty,
+                stdout=tty,
+                stderr=tty,
                 pass_fds=(fd,),
                 env=launcher.clean_env(),
                 cwd="/",
@@ -462,24 +471,6 @@ class GvisorRuntime:
             os.close(fd)
         self._execs.setdefault(sandbox_id, set()).add(proc)
         return proc, pid_file
-
-    def _ended(self, sandbox_id: str, proc: asyncio.subprocess.Process, pid_file: Path) -> None:
-        self._execs.get(sandbox_id, set()).discard(proc)
-        pid_file.unlink(missing_ok=True)
-
-    def _signal_inside(self, sandbox_id: str, pid_file: Path, sig: int) -> None:
-        """``sig`` to the command inside gVisor (killing the host's ``runsc exec`` alone would leave it)."""
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run(
-                self._argv("kill", "--pid", str(pid), self._cid(sandbox_id), str(sig)),
-                capture_output=True,
-                timeout=_RUNSC_TIMEOUT_S,
-                env=launcher.clean_env(),
-            )
 
     async def exec(
         self,
@@ -492,30 +483,22 @@ class GvisorRuntime:
     ) -> ExecResult:
         check_timeout(timeout_s)
         started = time.monotonic()
-        proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=False)
-        assert proc.stdout is not None and proc.stderr is not None
-        capture = Capture(proc.stdout, proc.stderr, self._output_limit)
+        command_ = await self._start(sandbox_id, command, env, cwd, stdin=False)
+        capture = Capture(command_.stdout, command_.stderr, self._output_limit)
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
+                code = await asyncio.wait_for(command_.wait(), timeout_s)
             except TimeoutError:
                 timed_out = True
-                await asyncio.to_thread(self._signal_inside, sandbox_id, pid_file, signal.SIGKILL)
+                command_.signal(signal.SIGKILL)
+                code = 128 + signal.SIGKILL
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), _EXIT_GRACE_S)
+                    await asyncio.wait_for(command_.wait(), _EXIT_GRACE_S)
             await capture.settle(_DRAIN_GRACE_S)
         finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
             capture.cancel()
-            self._ended(sandbox_id, proc, pid_file)
-        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
-        return capture.result(
-            128 + signal.SIGKILL if timed_out else shell_exit_code(code), started, timed_out=timed_out
-        )
+        return capture.result(code, started, timed_out=timed_out)
 
     async def spawn(
         self,
@@ -532,25 +515,10 @@ class GvisorRuntime:
             raise InvalidSandbox("the gvisor runtime runs commands as the sandbox's one user", "user")
         if pty is not None:
             return await self._spawn_on_terminal(sandbox_id, command, env, cwd, stdin, pty)
-        proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=stdin)
-        assert proc.stdout is not None and proc.stderr is not None
-        wait, send = self._watch(sandbox_id, proc, pid_file)
-        return Spawned(proc.stdout, proc.stderr, proc.stdin if stdin else None, wait, send)
-
-    def _watch(
-        self, sandbox_id: str, proc: asyncio.subprocess.Process, pid_file: Path
-    ) -> tuple[Callable[[], Awaitable[int]], Callable[[int], None]]:
-        async def wait() -> int:
-            try:
-                return shell_exit_code(await proc.wait())
-            finally:
-                self._ended(sandbox_id, proc, pid_file)
-
-        def send(sig: int) -> None:
-            if proc.returncode is None:
-                self._signal_inside(sandbox_id, pid_file, sig)
-
-        return wait, send
+        started = await self._start(sandbox_id, command, env, cwd, stdin=stdin)
+        if isinstance(started, Spawned):
+            return started
+        return Spawned(started.stdout, started.stderr, started.stdin, started.wait, started.signal)
 
     async def _spawn_on_terminal(
         self,
@@ -577,7 +545,7 @@ class GvisorRuntime:
             os.close(slave)
             raise
         try:
-            proc, pid_file = await self._open(sandbox_id, command, env, cwd, stdin=False, tty=slave)
+            proc, pid_file = await self._open_on_terminal(sandbox_id, command, env, cwd, slave)
         except BaseException:
             os.close(master)
             os.close(control)
@@ -586,7 +554,6 @@ class GvisorRuntime:
             os.close(slave)
         loop = asyncio.get_running_loop()
         writer = child.writer(loop, os.dup(master)) if stdin else None
-        wait, send = self._watch(sandbox_id, proc, pid_file)
         exited = asyncio.ensure_future(proc.wait())
         # Closed once, when runsc has exited: resize looks at the exit first.
         exited.add_done_callback(lambda _: os.close(control))
@@ -594,6 +561,18 @@ class GvisorRuntime:
         def resize(new: PtySize) -> None:
             if proc.returncode is None:
                 terminal.resize(control, new)
+
+        async def wait() -> int:
+            try:
+                return shell_exit_code(await proc.wait())
+            finally:
+                self._execs.get(sandbox_id, set()).discard(proc)
+                pid_file.unlink(missing_ok=True)
+
+        def send(sig: int) -> None:
+            with contextlib.suppress(OSError, ValueError):
+                if proc.returncode is None:
+                    sentry.signal_soon(self._cid(sandbox_id), int(pid_file.read_text()), sig)
 
         return Spawned(child.reader(loop, master), child.ended(), writer, wait, send, resize)
 
@@ -634,7 +613,10 @@ class GvisorRuntime:
         return None  # its sandboxes start from the host's root, never an image with a disk
 
     async def oom_kills(self, sandbox_id: str) -> int:
-        self._live_state(sandbox_id)
+        """The sandbox cgroup's count, read until the sandbox is torn down: when the OOM killer's choice
+        was the Sentry itself (the cgroup's largest process), the sandbox has ended by the time its
+        command's exit is read, and that kill is the one its command's result must name."""
+        self._state(sandbox_id)
         cgroup = self._cgroup(sandbox_id)
         return cgroup.oom_kills() if cgroup is not None and cgroup.exists() else 0
 

@@ -1,6 +1,7 @@
 """The gvisor runtime's sandboxes end whole: one whose Sentry dies is found no more (so that its agent
-reports it stopped) and its stop leaves nothing; a stop ends the host's ``runsc exec`` of a command
-nobody reads; the sandbox user's home is its own to write."""
+reports it stopped) and its stop leaves nothing; a stop ends a command nobody reads; the sandbox
+user's home is its own to write. Commands go through the Sentry's control socket: no host process
+per command, the tenant's words only as the command's own, exit codes and signals as a shell's."""
 
 from __future__ import annotations
 
@@ -31,13 +32,6 @@ async def gvisor(tmp_path: Path, cgroup_root: CgroupRoot) -> AsyncIterator[Gviso
     assert not list((tmp_path / "gvisor" / "sandboxes").glob("*"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 async def test_a_sandbox_whose_sentry_dies_is_found_no_more_and_its_stop_leaves_nothing(
     gvisor: GvisorRuntime,
 ) -> None:
@@ -64,15 +58,12 @@ async def test_a_sandbox_whose_sentry_dies_is_found_no_more_and_its_stop_leaves_
     assert not [p for p in (gvisor.root / "runsc").iterdir() if "dies" in p.name]
 
 
-async def test_a_stop_ends_the_host_side_of_a_command_nobody_reads(gvisor: GvisorRuntime) -> None:
+async def test_a_stop_ends_a_command_nobody_reads(gvisor: GvisorRuntime) -> None:
     await gvisor.start(SandboxSpec(id="unread", memory_mb=128))
     spawned = await gvisor.spawn("unread", ["cat", "/dev/zero"])
     await asyncio.sleep(0.5)  # its pipe fills; nothing reads it
-    runsc_exec = list(gvisor._execs["unread"])
-    assert len(runsc_exec) == 1 and _alive(runsc_exec[0].pid)
     await gvisor.stop("unread")
-    assert await asyncio.wait_for(spawned.wait(), 10) != 0
-    assert not _alive(runsc_exec[0].pid)
+    assert await asyncio.wait_for(spawned.wait(), 10) == 128 + signal.SIGKILL
 
     async def drained(stream: asyncio.StreamReader) -> None:
         while await stream.read(1 << 20):
@@ -87,3 +78,77 @@ async def test_the_home_is_the_sandbox_user_s_own(gvisor: GvisorRuntime) -> None
     wrote = await gvisor.exec("home", ["sh", "-c", "echo mine > ~/note && cat ~/note && id -u"])
     assert (wrote.exit_code, wrote.stdout) == (0, "mine\n1000\n"), wrote
     await gvisor.stop("home")
+
+
+def _runsc_execs() -> list[int]:
+    """The host's ``runsc exec`` processes (what a command cost before the control socket)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"runsc") for a in argv[:1]) and b"exec" in argv:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_command_runs_through_the_sentry_with_no_host_process_of_its_own(
+    gvisor: GvisorRuntime,
+) -> None:
+    await gvisor.start(SandboxSpec(id="direct", memory_mb=128))
+    running = await gvisor.spawn("direct", ["sh", "-c", "echo started; exec sleep 30"])
+    assert await running.stdout.readline() == b"started\n"
+    assert _runsc_execs() == []
+    running.signal(signal.SIGTERM)
+    assert await asyncio.wait_for(running.wait(), 10) == 128 + signal.SIGTERM
+    # Exit codes as a shell's, a program that is not there as a shell says it.
+    assert (await gvisor.exec("direct", ["sh", "-c", "exit 5"])).exit_code == 5
+    assert (await gvisor.exec("direct", ["sh", "-c", "kill -9 $$"])).exit_code == 128 + signal.SIGKILL
+    missing = await gvisor.exec("direct", ["no-such-program"])
+    assert missing.exit_code == 127 and "no-such-program" in missing.stderr, missing
+    # Input reaches the command; a timeout kills it.
+    echo = await gvisor.spawn("direct", ["cat"], stdin=True)
+    assert echo.stdin is not None
+    echo.stdin.write(b"typed\n")
+    await echo.stdin.drain()
+    echo.stdin.close()
+    assert await echo.stdout.read() == b"typed\n" and await echo.wait() == 0
+    slow = await gvisor.exec("direct", ["sleep", "30"], timeout_s=0.5)
+    assert slow.timed_out and slow.exit_code == 128 + signal.SIGKILL
+
+
+async def test_a_tenant_s_words_stay_the_command_s_own(gvisor: GvisorRuntime) -> None:
+    """What travels to the Sentry as JSON: an argument, a variable or a directory that looks like the
+    call's own fields is only the command's text, and the command runs as the sandbox's user."""
+    await gvisor.start(SandboxSpec(id="words", memory_mb=128))
+    forged = '","KUID":0,"KGID":0,"argv":["id"],"x":"'
+    result = await gvisor.exec(
+        "words",
+        ["sh", "-c", 'printf "%s|%s|" "$1" "$FORGED"; id -u; pwd', "sh", forged],
+        env={"FORGED": forged + "\n\u00e9"},
+        cwd="/tmp",
+    )
+    assert result.exit_code == 0, result
+    assert result.stdout == f"{forged}|{forged}\n\u00e9|1000\n/tmp\n"
+    bad_dir = await gvisor.exec("words", ["true"], cwd='/tmp/"}')
+    assert bad_dir.exit_code == 127 and bad_dir.stdout == "", bad_dir
+
+
+async def test_the_control_socket_is_out_of_the_guest_s_reach(gvisor: GvisorRuntime) -> None:
+    """The Sentry listens in the host's network namespace; the guest's sockets are gVisor's own."""
+    await gvisor.start(SandboxSpec(id="reach", memory_mb=128))
+    probe = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1].encode().replace(b'@', b'\\0'))\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n"
+        "else:\n"
+        "    print('connected')\n"
+    )
+    address = "@runsc-sandbox." + gvisor._cid("reach") + "@"
+    result = await gvisor.exec("reach", ["python3", "-c", probe, address])
+    assert result.stdout.startswith("refused"), result

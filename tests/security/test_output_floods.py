@@ -143,16 +143,6 @@ class Stream:
         await asyncio.wait_for(self.task, 10)
 
 
-# Where gVisor falls short: a command whose output nobody reads does not end within 10 s of its
-# sandbox's stop (the runtime's stop kills its host ``runsc exec``; its stream still waits).
-GVISOR_UNREAD = "an unread command's stream outlives its gVisor sandbox's stop by more than 10 s"
-
-
-def _not_on_gvisor_yet(runtime_name: str) -> None:
-    if runtime_name == "gvisor":
-        pytest.xfail(GVISOR_UNREAD)
-
-
 async def settled(read: Callable[[], Awaitable[Any]], every_s: float = 0.5) -> Any:
     """``read()`` once two readings ``every_s`` apart agree; the bound only stops a broken test."""
     last = await read()
@@ -198,7 +188,6 @@ async def watch(sandbox_runtime: Runtime) -> dict[str, list[Any]]:
 async def test_background_floods_nobody_reads_stop_costing_the_agent(
     envd: Envd, sandbox_runtime: Runtime, runtime_name: str
 ) -> None:
-    _not_on_gvisor_yet(runtime_name)
     streams = []
     for _ in range(FLOODS):
         stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}, hold=True)
@@ -234,7 +223,6 @@ async def test_background_floods_nobody_reads_stop_costing_the_agent(
 async def test_a_slow_reader_holds_the_command_back_not_the_agents_memory(
     envd: Envd, runtime_name: str
 ) -> None:
-    _not_on_gvisor_yet(runtime_name)
     stream = Stream(envd, "Start", {"process": {"cmd": "cat", "args": ["/dev/zero"]}}, hold=True)
     await asyncio.wait_for(stream.started.wait(), 10)  # attached, then reads nothing: a full socket
     read = await settled(lambda: asyncio.sleep(0, envd.output_bytes_read))

@@ -200,14 +200,18 @@ def _stopped_inside(serve: Serve, sandbox_id: str, result: dict[str, Any]) -> li
     if serve.gvisor and result["exit_code"] not in (3, 137):
         serve.wait_stopped(sandbox_id)
         return None
-    last = lines[-1].split()
     if result["exit_code"] == 137:
         deadline = time.monotonic() + 30
-        while serve.tenant.get(f"/v1/sandboxes/{sandbox_id}").json()["oom_kills"] < 1:
+        while (record := serve.tenant.get(f"/v1/sandboxes/{sandbox_id}").json())["oom_kills"] < 1:
+            if serve.gvisor and record["state"] == "stopped":
+                # The OOM killer's choice was the Sentry: the sandbox went, and the command says why.
+                assert result["oom_killed"] and "out-of-memory" in result["note"], result
+                return None
             assert time.monotonic() < deadline, "the OOM kill never reached the sandbox's record"
             time.sleep(0.2)
-    else:
-        assert result["exit_code"] == 3 and last[0] == "stopped", result
+        return lines[-1].split()
+    last = lines[-1].split()
+    assert result["exit_code"] == 3 and last[0] == "stopped", result
     return last
 
 
