@@ -326,10 +326,10 @@ def pool_for(
     dns_upstream: tuple[str, int] | None = None,
 ) -> SlotPool | None:
     """The slot pool an agent running ``runtime`` (its state under ``runtime_root``) gets: one for the
-    process runtime run as root where iproute2, nftables and conntrack are installed, else None (such
+    process or gvisor runtime run as root where iproute2, nftables and conntrack are installed, else None (such
     a host refuses creates whose policy needs an interface, so they are placed elsewhere). Its
     resolver forwards to ``dns_upstream``, by default the host's own nameserver."""
-    if runtime.name != "process" or os.geteuid() != 0:
+    if runtime.name not in ("process", "gvisor") or os.geteuid() != 0:
         return None
     missing = netns.tools_missing()
     if missing:

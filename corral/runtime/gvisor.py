@@ -10,7 +10,10 @@ A sandbox is made of:
 * the runsc container of that bundle, its pid 1 corral's init (which reaps orphans inside), started
   inside the sandbox's cgroups (memory, CPU, pids): the Sentry, its gofer and the platform's stub
   processes are all the sandbox's, so its memory is what the host gives the guest;
-* no network (``--network=none``: loopback only) until the sandbox's network slot joins it.
+* no network (``--network=none``: loopback only), or, given a network slot, the slot's namespace
+  as the container's (see :data:`NETWORK_MODES`): its interface, address and routes, behind the
+  slot's host-side policy, exactly as a process sandbox's; its resolver in the generated
+  resolv.conf.
 
 A command on pipes is started, waited for and signalled through the Sentry's control socket (see
 :mod:`corral.runtime.sentry`), with no host process of its own; a command on a terminal runs through
@@ -62,6 +65,13 @@ MIN_MEMORY_MB = 64
 # Probed best first. kvm is not probed: where /dev/kvm is not what runsc expects (a nested or
 # paravirtual one) its sandbox spins instead of failing; an operator who knows it works names it.
 PLATFORMS = ("systrap", "ptrace")
+# How a sandbox in a network slot gets its network, in runsc's words. "host": the Sentry's sockets
+# are the host kernel's, in the slot's namespace (and no other), so the slot's interface, address,
+# routes and host-side policy are what the guest has. "sandbox": gVisor's own network stack over the
+# slot's interface, the narrower boundary; runsc 20221219 refuses it on kernels where every network
+# namespace has the sysctl its root-namespace check reads (this one: "cannot run with network
+# enabled in root network namespace"), so it is for a newer runsc, named by the operator.
+NETWORK_MODES = ("host", "sandbox")
 _MIB = 1024 * 1024
 _RUNSC_TIMEOUT_S = 30.0
 _PROBE_TIMEOUT_S = 10.0
@@ -163,7 +173,11 @@ class GvisorRuntime:
         system_paths: Sequence[str] = bwrap.SYSTEM_PATHS,
         platform: str | None = None,
         cgroup_prefix: str = "",
+        network_mode: str = "host",
     ) -> None:
+        if network_mode not in NETWORK_MODES:
+            raise ValueError(f"network_mode must be one of {NETWORK_MODES}, got {network_mode!r}")
+        self.network_mode = network_mode
         self.root = root or DEFAULT_ROOT
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cgroups: CgroupRoot | None = detect() if cgroup_root == "auto" else cgroup_root
@@ -197,24 +211,26 @@ class GvisorRuntime:
         one machine may run one sandbox id (an old copy and its recreation): each root has its own."""
         return self._tag + sandbox_id
 
-    def _argv(self, *args: str, in_cgroups: bool = False) -> list[str]:
+    def _argv(self, *args: str, in_cgroups: bool = False, network: str = "none") -> list[str]:
         """runsc's command line. ``in_cgroups`` (a create inside the sandbox's cgroups): runsc reads
         them (the bundle names them, see :func:`oci.bundle_config`), which is how the Sentry learns
         the guest's memory size; every other command ignores them, so that none of runsc's own
-        processes (an exec, a kill) is ever moved into a sandbox's cgroups or counted there."""
+        processes (an exec, a kill) is ever moved into a sandbox's cgroups or counted there.
+        ``network``: a create's and its start's network (see :data:`NETWORK_MODES`); other commands
+        ignore it."""
         return [
             self._runsc,
             "--root",
             str(self.root / "runsc"),
             f"--platform={self.platform}",
-            "--network=none",
+            f"--network={network}",
             *(() if in_cgroups else ("--ignore-cgroups",)),
             *args,
         ]
 
-    async def _runsc_ok(self, *args: str, timeout_s: float = _RUNSC_TIMEOUT_S) -> str:
+    async def _runsc_ok(self, *args: str, timeout_s: float = _RUNSC_TIMEOUT_S, network: str = "none") -> str:
         proc = await asyncio.create_subprocess_exec(
-            *self._argv(*args),
+            *self._argv(*args, network=network),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -251,8 +267,9 @@ class GvisorRuntime:
                 cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
                 created = True
             bundle = await asyncio.to_thread(self._write_bundle, home, spec)
-            await self._create_in(cgroup, bundle, spec.id)
-            await self._runsc_ok("start", self._cid(spec.id))
+            network = self.network_mode if spec.netns else "none"
+            await self._create_in(cgroup, bundle, spec.id, network)
+            await self._runsc_ok("start", self._cid(spec.id), network=network)  # as it was created
         except BaseException as exc:
             await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, cgroup if created else None))
             if isinstance(exc, RuntimeFailure | CgroupError | OSError):
@@ -292,7 +309,11 @@ class GvisorRuntime:
         ):
             (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         (rootfs / bwrap.INIT_PATH.lstrip("/")).touch()
-        for name in bwrap.etc_files("x"):
+        hostname = spec.hostname or spec.id[:63]
+        etc_data = bwrap.etc_files(hostname)
+        if spec.nameserver is not None:  # the slot's resolver
+            etc_data["resolv.conf"] = bwrap.resolv_conf(spec.nameserver)
+        for name in etc_data:
             (rootfs / "etc" / name).touch()
         for name in bwrap.HOST_ETC:
             on_host, mount_at = Path("/etc") / name, rootfs / "etc" / name
@@ -302,9 +323,8 @@ class GvisorRuntime:
                 mount_at.touch()
         etc = home / "etc"
         etc.mkdir()
-        hostname = spec.hostname or spec.id[:63]
         etc_sources: dict[str, str] = {}
-        for name, data in bwrap.etc_files(hostname).items():
+        for name, data in etc_data.items():
             (etc / name).write_bytes(data)
             etc_sources[name] = str(etc / name)
         for name in bwrap.HOST_ETC:
@@ -321,11 +341,14 @@ class GvisorRuntime:
             init_source=str(init),
             tmpfs_bytes=spec.memory_mb * _MIB,
             in_own_cgroups=self._cgroup(spec.id) is not None,
+            netns=spec.netns,
         )
         (bundle / "config.json").write_text(json.dumps(config))
         return bundle
 
-    async def _create_in(self, cgroup: SandboxCgroup | None, bundle: Path, sandbox_id: str) -> None:
+    async def _create_in(
+        self, cgroup: SandboxCgroup | None, bundle: Path, sandbox_id: str, network: str
+    ) -> None:
         """``runsc create``, itself (and so the Sentry and gofer it forks) inside the sandbox's cgroups
         before it runs: nothing of the sandbox is ever outside its limits."""
         procs = [str(p) for p in cgroup.procs_files] if cgroup is not None else []
@@ -340,7 +363,14 @@ class GvisorRuntime:
             # the end of its stderr, then take what it said and close our end (the sandbox's copy
             # then writes to a closed pipe: nothing of the sandbox reaches a host file).
             proc = subprocess.Popen(
-                self._argv("create", "--bundle", str(bundle), self._cid(sandbox_id), in_cgroups=bool(procs)),
+                self._argv(
+                    "create",
+                    "--bundle",
+                    str(bundle),
+                    self._cid(sandbox_id),
+                    in_cgroups=bool(procs),
+                    network=network,
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

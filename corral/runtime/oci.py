@@ -68,12 +68,14 @@ def bundle_config(
     init_source: str,
     tmpfs_bytes: int | None,
     in_own_cgroups: bool = False,
+    netns: str | None = None,
 ) -> dict[str, Any]:
     """The sandbox's spec: a read-only empty root with the host's system directories bound read-only
     over it (until images land: then the image is its root), its generated /etc files (``etc_files``:
     name inside /etc -> host path), tmpfs home, /tmp and /dev/shm sized like the process runtime's, and
     corral's init as pid 1 (it reaps orphans; gVisor's kernel, not the host's, runs it).
-    ``in_own_cgroups``: runsc is started inside the sandbox's cgroups, made and limited already."""
+    ``in_own_cgroups``: runsc is started inside the sandbox's cgroups, made and limited already.
+    ``netns``: the network slot's namespace, the container's (else a new, empty one)."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {
@@ -100,7 +102,10 @@ def bundle_config(
     init = process([INIT_PATH, "init"], env, "/")
     init["user"] = {"uid": SANDBOX_UID, "gid": SANDBOX_GID}
     linux: dict[str, Any] = {
-        "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+        "namespaces": [
+            *({"type": t} for t in ("pid", "ipc", "uts", "mount")),
+            {"type": "network", "path": netns} if netns is not None else {"type": "network"},
+        ],
         "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
         "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
     }

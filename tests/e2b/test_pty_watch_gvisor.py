@@ -1,7 +1,8 @@
 """The e2b SDK's terminals and directory watches on ``corral serve --runtime gvisor``, in one test (a
 gVisor server takes seconds to start): a watch works as on the process runtime (its helper runs inside
 gVisor, whose own inotify sees the guest's files); a terminal is a host one handed to the Sentry, so
-sizes, typed input, ^C and kill behave as on the process runtime."""
+sizes, typed input, ^C and kill behave as on the process runtime. And a networked sandbox's port
+answers from its network slot."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from e2b import CommandExitException, Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
 
+from corral.testing.portserver import start_argv
 from tests.e2b.test_pty_watch import Screen, eventually
 from tests.security.runtime_serve import Serve, running_serve
 
@@ -62,3 +64,25 @@ def test_a_watch_and_a_terminal_on_gvisor(serve: Serve, monkeypatch: pytest.Monk
         assert sandbox.commands.run("echo ok").stdout == "ok\n"
     finally:
         sandbox.kill()
+
+
+def test_a_gvisor_sandbox_serves_a_port_from_its_network_slot(serve: Serve) -> None:
+    """A networked gVisor sandbox gets its own slot: a server inside answers through the API's port
+    route; a sandbox created without a network has no port anyone can reach."""
+    sid = serve.create(network={"mode": "internet"})
+    try:
+        started = serve.exec(sid, start_argv(8000), timeout_s=30)
+        assert started["stdout"].strip() == "listening", started
+        r = serve.tenant.get(f"/v1/sandboxes/{sid}/ports/8000/hello/gvisor", timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.text.startswith("hello /hello/gvisor "), r.text
+        inside = serve.exec(sid, ["cat", "/proc/net/dev"])["stdout"]
+        assert "eth0" in inside, inside  # the slot's interface, seen through gVisor
+    finally:
+        serve.delete(sid)
+    offline = serve.create()
+    try:
+        r = serve.tenant.get(f"/v1/sandboxes/{offline}/ports/8000/", timeout=30)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "network_not_attached", r.text
+    finally:
+        serve.delete(offline)
