@@ -47,7 +47,7 @@ from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
 from corral.images.digest import check_digest
 from corral.images.resolver import ImageResolver
-from corral.runtime import bwrap, child, guest, launcher, procfs, rootfs, terminal
+from corral.runtime import bwrap, child, commands, guest, launcher, procfs, rootfs, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -173,6 +173,8 @@ class ProcessRuntime:
         # Whether new sandboxes' inits serve the guest channel, and this object's connections to them.
         self._guest_channel = guest_channel
         self._channels: dict[str, guest.Channel] = {}
+        # Image sandboxes' command servers being started, one at a time per sandbox.
+        self._serving: dict[str, asyncio.Future[str | None]] = {}
         self._guest_fs = GuestFs()
 
     # -- start ----------------------------------------------------------------------------------
@@ -383,8 +385,8 @@ class ProcessRuntime:
             fds.append(init_fd)
             # The network slot's namespace, joined by the launcher before it drops to the sandbox's uid.
             netns = ["--netns", str(_opened(spec.netns, fds))] if spec.netns is not None else []
-            # The guest channel's listening socket, inherited by the init (an image's root user runs
-            # through the launcher, which alone can give it root's capabilities inside).
+            # The guest channel's listening socket, inherited by the init (an image's sandbox is served
+            # by a command server instead, started below: see corral.runtime.commands).
             channel_fd = None
             if self._guest_channel and not image:
                 listener = guest.listen(self.statedir.dir(spec.id))
@@ -469,6 +471,10 @@ class ProcessRuntime:
             # namespace's pin goes too: the sandbox's processes hold it from now on.
             await asyncio.to_thread(rootfs.allow_suid, init.pid, init.pid_ns)
             await asyncio.to_thread(rootfs.unpin_userns, paths)
+            if self._guest_channel:
+                # Started now, not waited for: the first command waits for what is left of it (see
+                # _channel); one that does not start is started again then, else the launcher runs it.
+                self._serve(spec.id, init, cgroup)
         return Running(
             spec=spec,
             started_at=self._clock.now(),
@@ -684,15 +690,21 @@ class ProcessRuntime:
             )
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
-        channel = self._channel(record, tty=terminal_of is not None)
-        if channel is not None:
+        for _attempt in range(2):
+            channel = await self._channel(record, tty=terminal_of is not None)
+            if channel is None:
+                break
             try:
-                return await channel.start(spec, stdin=stdin)
+                return await channel.start(spec, stdin=stdin, user=inside if image else 0)
             except guest.ChannelLost as lost:
                 if lost.sent:
                     # The init may have started it: never a second copy through the launcher.
                     raise RuntimeFailure(f"the sandbox's init was lost with the command: {lost}") from None
-                # Not taken: the launcher then says what is wrong (the sandbox gone, no process to fork).
+                if not channel.closed:
+                    break
+                # Its server gone since the last command (an image's command server, killed): once
+                # more, through a new one. Else the launcher says what is wrong (the sandbox gone, no
+                # process to fork).
         # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
@@ -715,13 +727,13 @@ class ProcessRuntime:
         finally:
             os.close(spec_fd)
 
-    def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
+    async def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
         """The one place that chooses how a command enters a sandbox: this loop's connection to its
-        init's guest channel (made now if need be), or None for the launcher: a terminal's command
-        (it needs the terminal's session set up by the launcher), an image's sandbox (bubblewrap gives
-        its init no_new_privs, which its children inherit and cannot clear: sudo would never work in
-        them; the launcher comes from the host without it), a sandbox whose init offers no channel."""
-        if not self._guest_channel or tty or record.spec.image is not None:
+        guest channel (made now if need be), served by its init or, for an image's sandbox, by its
+        command server (started now if none serves: see :mod:`corral.runtime.commands`); or None for
+        the launcher: a terminal's command (it needs the terminal's session set up by the launcher),
+        a sandbox whose init offers no channel, an image's whose server cannot start."""
+        if not self._guest_channel or tty:
             return None
         sandbox_id = record.spec.id
         loop = asyncio.get_running_loop()
@@ -733,11 +745,38 @@ class ProcessRuntime:
             with contextlib.suppress(RuntimeError):  # that loop is closed already: nothing waits on it
                 channel.loop.call_soon_threadsafe(channel.close)
         channel = guest.Channel.connect(self.statedir.dir(sandbox_id))
+        if channel is None and record.spec.image is not None:
+            served = await asyncio.shield(self._serve(sandbox_id, record.init, _cgroup_of(record)))
+            made = self._channels.get(sandbox_id)  # by another command that waited for the same start
+            if made is not None and not made.closed and made.loop is loop:
+                return made
+            channel = guest.Channel.connect(self.statedir.dir(sandbox_id)) if served is None else None
         if channel is None:
             self._channels.pop(sandbox_id, None)
         else:
             self._channels[sandbox_id] = channel
         return channel
+
+    def _serve(
+        self, sandbox_id: str, init: procfs.ProcessIdentity, cgroup: SandboxCgroup | None
+    ) -> asyncio.Future[str | None]:
+        """An image sandbox's command server starting (see :func:`corral.runtime.commands.start`): a
+        start already under way on this loop rather than a second one."""
+        loop = asyncio.get_running_loop()
+        pending = self._serving.get(sandbox_id)
+        if pending is None or pending.done() or pending.get_loop() is not loop:
+            directory = self.statedir.dir(sandbox_id)
+            pending = asyncio.ensure_future(
+                commands.start(directory, init, cgroup.procs_files if cgroup else [])
+            )
+            self._serving[sandbox_id] = pending
+
+            def forget(done: asyncio.Future[str | None]) -> None:
+                if self._serving.get(sandbox_id) is done:
+                    del self._serving[sandbox_id]
+
+            pending.add_done_callback(forget)
+        return pending
 
     def _forget_channel(self, sandbox_id: str) -> None:
         channel = self._channels.pop(sandbox_id, None)
