@@ -984,13 +984,14 @@ static int serve_root(int argc, char **argv) {
     unsigned long long pid_ns = parse_ns(argv[1]);
     int listener = (int)parse_id(argv[2], "fd");
     if (geteuid() != 0) fail_msg("serve-root runs as root");
+    /* Before anything of the sandbox's is entered; the server forked below inherits it. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
     server.filter = root_filter();
     int fds[N_NS];
     enter_sandbox(init, pid_ns, argc - 3, argv + 3, fds);
     pid_t child = fork();
     if (child < 0) fail("fork");
     if (child > 0) _exit(0); /* the server says "ready" itself, on the stdout it inherits */
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
     /* A session of its own (a signal to the launcher's group is not the server's); the host's paths
      * on its command line are not for the sandbox's eyes (/proc/PID/cmdline is readable to all). */
     if (setsid() < 0) fail("setsid");

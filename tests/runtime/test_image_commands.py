@@ -18,6 +18,7 @@ import pytest
 from corral.runtime import child, commands, guest, launcher, procfs
 from corral.runtime.base import SandboxSpec
 from corral.runtime.process import ProcessRuntime, _cgroup_of
+from corral.runtime.stream import PtySize
 from corral.testing.resolver import DictResolver
 from tests.runtime.conftest import RuntimeFactory
 from tests.runtime.images import Image, base_image, host_uids, image_runtime
@@ -61,6 +62,18 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def _ended(pid: int) -> Callable[[], Awaitable[bool]]:
+    """Whether ``pid`` has exited (gone, or a zombie its reaper, the host's, has not collected yet)."""
+
+    async def probe() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    return probe
 
 
 def _server(runtime: ProcessRuntime, sandbox_id: str) -> int:
@@ -132,7 +145,7 @@ async def test_commands_come_through_the_server_with_sudo(
     assert _servers(runtime, "img-chan") == [server]  # the one server served it all
     monkeypatch.undo()
     await runtime.stop("img-chan")
-    assert not Path(f"/proc/{server}").exists()  # it ended with the sandbox
+    assert await eventually(_ended(server))  # it ended with the sandbox
 
 
 async def test_the_tenants_root_gets_nothing_of_the_server(runtime: ProcessRuntime, image: Image) -> None:
@@ -162,7 +175,11 @@ async def test_the_tenants_root_gets_nothing_of_the_server(runtime: ProcessRunti
 
 
 async def test_a_server_gone_is_started_again(
-    runtime: ProcessRuntime, image: Image, make_process_runtime: RuntimeFactory, tmp_path: Path
+    runtime: ProcessRuntime,
+    image: Image,
+    make_process_runtime: RuntimeFactory,
+    tmp_path: Path,
+    eventually: Callable[..., Awaitable[bool]],
 ) -> None:
     first = await _started(runtime, image, "img-again")
     running = asyncio.create_task(runtime.exec("img-again", ["sleep", "60"], timeout_s=30))
@@ -184,7 +201,7 @@ async def test_a_server_gone_is_started_again(
     await _served(adopted, "img-again")
     assert _servers(adopted, "img-again") == [third]
     await adopted.stop("img-again")
-    assert not Path(f"/proc/{third}").exists()
+    assert await eventually(_ended(third))
 
 
 async def test_garbage_and_floods_on_the_servers_channel_cost_only_their_connection(
@@ -245,3 +262,15 @@ async def test_first_commands_at_once_share_one_server(runtime: ProcessRuntime, 
     # One connection of this runtime's to it: its listener, signalfd, /dev/null and that connection.
     sockets = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
     assert len([s for s in sockets if s.startswith("socket:")]) == 2, sockets
+
+
+async def test_the_server_ends_with_the_init_and_terminals_keep_the_launcher(
+    runtime: ProcessRuntime, image: Image, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    server = await _started(runtime, image, "img-end")
+    # A terminal's command still comes through the launcher, whose host-side parent is outside.
+    shell = await runtime.spawn("img-end", ["sh", "-c", "echo ppid=$PPID; sudo id -u"], pty=PtySize(5, 40))
+    assert await shell.wait() == 0
+    assert (await shell.stdout.read()).split() == [b"ppid=0", b"0"]
+    os.kill(_record(runtime, "img-end").init.pid, signal.SIGKILL)
+    assert await eventually(_ended(server))
