@@ -472,8 +472,8 @@ class ProcessRuntime:
             await asyncio.to_thread(rootfs.allow_suid, init.pid, init.pid_ns)
             await asyncio.to_thread(rootfs.unpin_userns, paths)
             if self._guest_channel:
-                # Started now, not waited for: the first command waits for what is left of it (see
-                # _channel); one that does not start is started again then, else the launcher runs it.
+                # Started now, not waited for: a command that comes before it serves takes the
+                # launcher (see _channel).
                 self._serve(spec.id, init, cgroup)
         return Running(
             spec=spec,
@@ -690,21 +690,16 @@ class ProcessRuntime:
             )
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
-        for _attempt in range(2):
-            channel = await self._channel(record, tty=terminal_of is not None)
-            if channel is None:
-                break
+        channel = self._channel(record, tty=terminal_of is not None)
+        if channel is not None:
             try:
                 return await channel.start(spec, stdin=stdin, user=inside if image else 0)
             except guest.ChannelLost as lost:
                 if lost.sent:
                     # The init may have started it: never a second copy through the launcher.
                     raise RuntimeFailure(f"the sandbox's init was lost with the command: {lost}") from None
-                if not channel.closed:
-                    break
-                # Its server gone since the last command (an image's command server, killed): once
-                # more, through a new one. Else the launcher says what is wrong (the sandbox gone, no
-                # process to fork).
+                # Not taken: the launcher then says what is wrong (the sandbox gone, no process to fork),
+                # or runs it (an image's command server gone since: the next command starts another).
         # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
@@ -727,12 +722,13 @@ class ProcessRuntime:
         finally:
             os.close(spec_fd)
 
-    async def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
+    def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
         """The one place that chooses how a command enters a sandbox: this loop's connection to its
         guest channel (made now if need be), served by its init or, for an image's sandbox, by its
-        command server (started now if none serves: see :mod:`corral.runtime.commands`); or None for
-        the launcher: a terminal's command (it needs the terminal's session set up by the launcher),
-        a sandbox whose init offers no channel, an image's whose server cannot start."""
+        command server (see :mod:`corral.runtime.commands`); or None for the launcher: a terminal's
+        command (it needs the terminal's session set up by the launcher), a sandbox whose init offers
+        no channel, an image's whose server does not serve yet (one is started for the commands
+        after this one, which is never kept waiting for it: the launcher is no slower)."""
         if not self._guest_channel or tty:
             return None
         sandbox_id = record.spec.id
@@ -746,22 +742,16 @@ class ProcessRuntime:
                 channel.loop.call_soon_threadsafe(channel.close)
         channel = guest.Channel.connect(self.statedir.dir(sandbox_id))
         if channel is None and record.spec.image is not None:
-            served = await asyncio.shield(self._serve(sandbox_id, record.init, _cgroup_of(record)))
-            made = self._channels.get(sandbox_id)  # by another command that waited for the same start
-            if made is not None and not made.closed and made.loop is loop:
-                return made
-            channel = guest.Channel.connect(self.statedir.dir(sandbox_id)) if served is None else None
+            self._serve(sandbox_id, record.init, _cgroup_of(record))
         if channel is None:
             self._channels.pop(sandbox_id, None)
         else:
             self._channels[sandbox_id] = channel
         return channel
 
-    def _serve(
-        self, sandbox_id: str, init: procfs.ProcessIdentity, cgroup: SandboxCgroup | None
-    ) -> asyncio.Future[str | None]:
-        """An image sandbox's command server starting (see :func:`corral.runtime.commands.start`): a
-        start already under way on this loop rather than a second one."""
+    def _serve(self, sandbox_id: str, init: procfs.ProcessIdentity, cgroup: SandboxCgroup | None) -> None:
+        """Start an image sandbox's command server in the background (see
+        :func:`corral.runtime.commands.start`), unless a start is under way on this loop already."""
         loop = asyncio.get_running_loop()
         pending = self._serving.get(sandbox_id)
         if pending is None or pending.done() or pending.get_loop() is not loop:
@@ -776,7 +766,6 @@ class ProcessRuntime:
                     del self._serving[sandbox_id]
 
             pending.add_done_callback(forget)
-        return pending
 
     def _forget_channel(self, sandbox_id: str) -> None:
         channel = self._channels.pop(sandbox_id, None)

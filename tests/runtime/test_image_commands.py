@@ -40,11 +40,13 @@ def runtime(make_process_runtime: RuntimeFactory, tmp_path: Path, image: Image) 
     return image_runtime(make_process_runtime, tmp_path, DictResolver({image.digest: image.path}))
 
 
-async def _started(runtime: ProcessRuntime, image: Image, sandbox_id: str) -> int:
-    """The sandbox started, its first command served (its server is started with it, not waited
-    for), by the server whose host pid this is."""
+async def _started(
+    runtime: ProcessRuntime, image: Image, sandbox_id: str, eventually: Callable[..., Awaitable[bool]]
+) -> int:
+    """The sandbox started and served by its command server (started with it, not waited for: the
+    launcher runs what comes before), whose host pid this is."""
     await runtime.start(SandboxSpec(id=sandbox_id, memory_mb=256, image=image.digest, disk_mb=32))
-    await _served(runtime, sandbox_id)
+    await _serving(runtime, sandbox_id, eventually)
     return _server(runtime, sandbox_id)
 
 
@@ -92,12 +94,26 @@ def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(child, "start", refused)
 
 
-async def _served(runtime: ProcessRuntime, sandbox_id: str, user: str = "1000") -> None:
-    """A command of the sandbox's runs as a child of its command server, pid > 1 inside."""
+async def _by_server(runtime: ProcessRuntime, sandbox_id: str) -> bool:
+    """Whether a command of the sandbox's ran as a child of its command server (pid > 1 inside), not
+    of the launcher (whose host-side parent is outside: pid 0); it runs either way."""
     result = await runtime.exec(sandbox_id, _PARENT)
+    assert result.exit_code == 0, result
+    if result.stdout.split()[0] == "0":
+        return False
     ppid, comm, uid = result.stdout.split()
-    assert (result.exit_code, comm, uid) == (0, commands.SERVER_NAME, user), result
-    assert int(ppid) > 1
+    assert (comm, uid) == (commands.SERVER_NAME, "1000") and int(ppid) > 1, result
+    return True
+
+
+async def _served(runtime: ProcessRuntime, sandbox_id: str) -> None:
+    assert await _by_server(runtime, sandbox_id)
+
+
+async def _serving(
+    runtime: ProcessRuntime, sandbox_id: str, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    assert await eventually(lambda: _by_server(runtime, sandbox_id))
 
 
 async def test_commands_come_through_the_server_with_sudo(
@@ -107,7 +123,7 @@ async def test_commands_come_through_the_server_with_sudo(
     monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
 ) -> None:
-    server = await _started(runtime, image, "img-chan")
+    server = await _started(runtime, image, "img-chan", eventually)
     assert host_uids(server) == [0] * 4  # the host's, not the sandbox's root
     request.getfixturevalue("no_launcher")
     await _served(runtime, "img-chan")
@@ -148,8 +164,10 @@ async def test_commands_come_through_the_server_with_sudo(
     assert await eventually(_ended(server))  # it ended with the sandbox
 
 
-async def test_the_tenants_root_gets_nothing_of_the_server(runtime: ProcessRuntime, image: Image) -> None:
-    server = await _started(runtime, image, "img-attack")
+async def test_the_tenants_root_gets_nothing_of_the_server(
+    runtime: ProcessRuntime, image: Image, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    server = await _started(runtime, image, "img-attack", eventually)
     find = "pid=$(grep -lx corral-commands /proc/[0-9]*/comm | cut -d/ -f3)"
     # PTRACE_ATTACH (16) by ptrace's number on x86_64 (101).
     ptrace = 'perl -e \'print syscall(101, 16, $ARGV[0] + 0, 0, 0) == -1 ? "$!\\n" : "attached\\n"\''
@@ -181,19 +199,22 @@ async def test_a_server_gone_is_started_again(
     tmp_path: Path,
     eventually: Callable[..., Awaitable[bool]],
 ) -> None:
-    first = await _started(runtime, image, "img-again")
+    first = await _started(runtime, image, "img-again", eventually)
     running = asyncio.create_task(runtime.exec("img-again", ["sleep", "60"], timeout_s=30))
     await asyncio.sleep(0.3)
     os.kill(first, signal.SIGKILL)
-    # Its command is reported lost (never a hang), the next one served by a new server.
+    # Its command is reported lost (never a hang); the next one runs (through the launcher while none
+    # serves) and starts a new server, which serves the commands after it.
     assert (await asyncio.wait_for(running, 10)).exit_code == 137
-    await _served(runtime, "img-again")
+    assert (await runtime.exec("img-again", ["sudo", "true"])).exit_code == 0
+    await _serving(runtime, "img-again", eventually)
     second = _server(runtime, "img-again")
     assert second != first
-    # A reboot ends it with every other process; the next command starts one again.
+    # A reboot ends it with every other process; the same again after it.
     await runtime.reboot("img-again")
     assert _servers(runtime, "img-again") == []
-    await _served(runtime, "img-again")
+    assert (await runtime.exec("img-again", ["sudo", "true"])).exit_code == 0
+    await _serving(runtime, "img-again", eventually)
     # A restarted agent connects to the server that is there rather than starting one.
     adopted = image_runtime(make_process_runtime, tmp_path, DictResolver({image.digest: image.path}))
     assert [h.id for h in await adopted.list()] == ["img-again"]
@@ -205,9 +226,9 @@ async def test_a_server_gone_is_started_again(
 
 
 async def test_garbage_and_floods_on_the_servers_channel_cost_only_their_connection(
-    runtime: ProcessRuntime, image: Image
+    runtime: ProcessRuntime, image: Image, eventually: Callable[..., Awaitable[bool]]
 ) -> None:
-    server = await _started(runtime, image, "img-garbage")
+    server = await _started(runtime, image, "img-garbage", eventually)
     baseline = len(os.listdir(f"/proc/{server}/fd"))
     devnull = os.open(os.devnull, os.O_RDWR)
     spec = launcher.memfd("spec", launcher.encode(["true"], {}, "/"))
@@ -255,19 +276,24 @@ async def test_garbage_and_floods_on_the_servers_channel_cost_only_their_connect
     assert len(os.listdir(f"/proc/{server}/fd")) <= baseline
 
 
-async def test_first_commands_at_once_share_one_server(runtime: ProcessRuntime, image: Image) -> None:
+async def test_first_commands_at_once_start_one_server(
+    runtime: ProcessRuntime, image: Image, eventually: Callable[..., Awaitable[bool]]
+) -> None:
     await runtime.start(SandboxSpec(id="img-burst", memory_mb=256, image=image.digest, disk_mb=32))
-    await asyncio.gather(*(_served(runtime, "img-burst") for _ in range(8)))
+    ran = await asyncio.gather(*(runtime.exec("img-burst", ["sudo", "id", "-u"]) for _ in range(8)))
+    assert [(r.exit_code, r.stdout) for r in ran] == [(0, "0\n")] * 8
+    await _serving(runtime, "img-burst", eventually)
     server = _server(runtime, "img-burst")
     # One connection of this runtime's to it: its listener, signalfd, /dev/null and that connection.
     sockets = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
     assert len([s for s in sockets if s.startswith("socket:")]) == 2, sockets
+    assert [p.name for p in runtime.statedir.dir("img-burst").iterdir() if p.is_socket()] == ["channel"]
 
 
 async def test_the_server_ends_with_the_init_and_terminals_keep_the_launcher(
     runtime: ProcessRuntime, image: Image, eventually: Callable[..., Awaitable[bool]]
 ) -> None:
-    server = await _started(runtime, image, "img-end")
+    server = await _started(runtime, image, "img-end", eventually)
     # A terminal's command still comes through the launcher, whose host-side parent is outside.
     shell = await runtime.spawn("img-end", ["sh", "-c", "echo ppid=$PPID; sudo id -u"], pty=PtySize(5, 40))
     assert await shell.wait() == 0
