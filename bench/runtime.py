@@ -1,9 +1,9 @@
 """Runtime benchmark. The process runtime: create-to-first-exec latency (sequential and concurrent),
 the exec round trip and a warm sandbox's first exec through the sandbox's init (the guest channel)
 beside the host-side launcher, interleaved in the same run (and an image sandbox's exec round trip
-and create -> first exec, through its command server beside the launcher's exec-root), a file's stat, read and write through the
-agent's data plane by the launcher's fs mode beside the Python helper (interleaved likewise), and the
-host memory each idle sandbox costs. Then the gvisor runtime in the same run (where runsc works):
+and create -> first exec, through its command server beside the launcher's exec-root), a file's
+stat, read and write through the agent's data plane by the launcher's fs mode beside the Python
+helper (interleaved likewise), and the host memory each idle sandbox costs. Then the gvisor runtime in the same run (where runsc works):
 cold create-to-first-exec, a warm sandbox's first exec, and the memory of everything runsc runs per
 idle sandbox (its Sentry, gofer and the platform's stubs). Prints one JSON object per line.
 
