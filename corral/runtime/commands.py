@@ -6,7 +6,8 @@ every child inherits and none can clear, so the image's setuid ``sudo`` would ne
 server is started from the host the way ``launcher exec-root`` enters the sandbox (the same namespace
 and cgroup entry, the same check of the init's identity, no ``no_new_privs``) and forked into the
 sandbox's pid namespace and cgroups, so its commands are counted and killed with the sandbox and it
-ends with the sandbox's pid namespace. Its credentials are the host's (root, not dumpable): no process
+ends with the sandbox's pid namespace; the launcher stays, outside, as its reaper (the init's exit
+waits for every process of its namespace to be reaped: never for the host's pid 1). Its credentials are the host's (root, not dumpable): no process
 inside, its root included, may signal, ptrace or read it. Each command's child finishes what
 ``exec-root`` does: the sandbox's user namespace, a container root's bounding set, the seccomp filter,
 the user the runtime names, the working directory, the environment, execve.
@@ -57,11 +58,11 @@ async def start(directory: Path, init: procfs.ProcessIdentity, procs: Sequence[P
     finally:
         listener.close()  # the server holds it now, or nobody does
     try:
-        # Both end once the server has said it is ready (it then holds /dev/null) or has failed.
+        # Both end once the server has said it is ready (it then holds /dev/null, as its reaper does)
+        # or has failed.
         said, why = await asyncio.wait_for(
             asyncio.gather(server.stdout.read(), server.stderr.read()), _START_TIMEOUT_S
         )
-        code = await asyncio.wait_for(server.wait(), _START_TIMEOUT_S)
     except TimeoutError:
         server.signal(signal.SIGKILL)
         _unlink(directory, name)
@@ -69,9 +70,9 @@ async def start(directory: Path, init: procfs.ProcessIdentity, procs: Sequence[P
     except BaseException:
         _unlink(directory, name)
         raise
-    if said != _READY or code != 0:
+    if said != _READY:
         _unlink(directory, name)
-        return why.decode(errors="replace").strip() or f"the command server failed (exit {code})"
+        return why.decode(errors="replace").strip() or "the command server failed"
     try:
         with _directory_fd(directory) as fd:
             os.rename(name, guest.SOCKET_NAME, src_dir_fd=fd, dst_dir_fd=fd)

@@ -36,7 +36,7 @@
  *       no no_new_privs, the seccomp filter loaded while the launcher still holds capabilities there
  *   launcher serve-root INIT_PID PID_NS CHANNEL_FD PROCS...
  *       an image sandbox's command server: enter the sandbox as exec-root does, fork a server into its
- *       pid namespace and exit; the server (host root still, not dumpable) serves the guest channel
+ *       pid namespace and wait for it; the server (host root still, not dumpable) serves the guest channel
  *       listening on CHANNEL_FD as the init does, each command's child finishing what exec-root does
  *       as the user the request names (see serve_root and corral/runtime/commands.py)
  *   launcher disk FILE TARGET
@@ -986,12 +986,29 @@ static int serve_root(int argc, char **argv) {
     if (geteuid() != 0) fail_msg("serve-root runs as root");
     /* Before anything of the sandbox's is entered; the server forked below inherits it. */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC); /* the host's, for the reaper below */
+    if (null < 0) fail("/dev/null");
     server.filter = root_filter();
     int fds[N_NS];
     enter_sandbox(init, pid_ns, argc - 3, argv + 3, fds);
     pid_t child = fork();
     if (child < 0) fail("fork");
-    if (child > 0) _exit(0); /* the server says "ready" itself, on the stdout it inherits */
+    if (child > 0) {
+        /* The server's reaper, as exec-root waits for its command: when the sandbox's pid namespace
+         * ends, its init's exit waits until every process in it is reaped, the server among them,
+         * whose parent is out here. The server says "ready" itself, on the stdout it inherited; ours
+         * are let go of, so the runtime reads its answer to the end. */
+        if (dup2(null, STDIN_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 || dup2(null, STDERR_FILENO) < 0)
+            _exit(EXIT_SETUP);
+        close(listener); /* the server's alone: a dead server's is refused */
+        close(fds[N_NS - 1]);
+        int status;
+        while (waitpid(child, &status, 0) < 0) {
+            if (errno != EINTR) _exit(EXIT_SETUP);
+        }
+        return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    }
+    close(null); /* nothing of the host's in the sandbox */
     /* A session of its own (a signal to the launcher's group is not the server's); the host's paths
      * on its command line are not for the sandbox's eyes (/proc/PID/cmdline is readable to all). */
     if (setsid() < 0) fail("setsid");

@@ -494,7 +494,7 @@ class ProcessRuntime:
         record = self.statedir.load(sandbox_id) if valid_id(sandbox_id) else None
         if record is None or sandbox_id in self._starting:
             raise SandboxNotFound(sandbox_id)
-        self._forget_channel(sandbox_id)
+        await self._forget_channel(sandbox_id)
         await asyncio.to_thread(self._teardown_record, sandbox_id, record)
 
     def _teardown_record(self, sandbox_id: str, record: Running | Starting | Corrupt) -> None:
@@ -767,10 +767,16 @@ class ProcessRuntime:
 
             pending.add_done_callback(forget)
 
-    def _forget_channel(self, sandbox_id: str) -> None:
+    async def _forget_channel(self, sandbox_id: str) -> None:
+        """Before a teardown: this object's connection closed, and a command server's start under way
+        waited for (its launcher holds the sandbox's namespaces open until it exits, soon either way:
+        a teardown must find nothing of the sandbox left once it has killed the init)."""
         channel = self._channels.pop(sandbox_id, None)
         if channel is not None:
             channel.close()
+        pending = self._serving.get(sandbox_id)
+        if pending is not None and pending.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({pending})  # its outcome is the start's own, not the teardown's
 
     async def spawn(
         self,
@@ -961,7 +967,7 @@ class ProcessRuntime:
             elif isinstance(record, Running | Corrupt) or (
                 isinstance(record, Starting) and not procfs.is_alive(record.starter)
             ):
-                self._forget_channel(sandbox_id)
+                await self._forget_channel(sandbox_id)
                 await asyncio.to_thread(self._teardown_record, sandbox_id, record)
         return handles
 

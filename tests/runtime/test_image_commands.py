@@ -125,6 +125,9 @@ async def test_commands_come_through_the_server_with_sudo(
 ) -> None:
     server = await _started(runtime, image, "img-chan", eventually)
     assert host_uids(server) == [0] * 4  # the host's, not the sandbox's root
+    # Its parent, outside, is the launcher that started it, which reaps it (not the host's pid 1).
+    reaper = procfs.parent(server)
+    assert reaper is not None and Path(f"/proc/{reaper}/exe").resolve() == launcher.path()
     request.getfixturevalue("no_launcher")
     await _served(runtime, "img-chan")
     sudo = await runtime.exec("img-chan", ["sudo", "sh", "-c", "id -u; id -un; touch /etc/by-sudo"])
