@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from corral.runtime import child, guest, launcher, procfs
@@ -74,22 +74,13 @@ async def start(directory: Path, init: procfs.ProcessIdentity, procs: Sequence[P
         _unlink(directory, name)
         return why.decode(errors="replace").strip() or "the command server failed"
     try:
-        with _directory_fd(directory) as fd:
-            os.rename(name, guest.SOCKET_NAME, src_dir_fd=fd, dst_dir_fd=fd)
+        with guest._short_path(directory) as where:
+            os.rename(f"{where}/{name}", f"{where}/{guest.SOCKET_NAME}")
     except OSError as exc:
         return f"cannot put the command server's socket in place: {exc}"
     return None
 
 
 def _unlink(directory: Path, name: str) -> None:
-    with contextlib.suppress(OSError), _directory_fd(directory) as fd:
-        os.unlink(name, dir_fd=fd)
-
-
-@contextlib.contextmanager
-def _directory_fd(directory: Path) -> Iterator[int]:
-    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError), guest._short_path(directory) as where:
+        os.unlink(f"{where}/{name}")
