@@ -1,8 +1,9 @@
 """Runtime benchmark. The process runtime: create-to-first-exec latency (sequential and concurrent),
 the exec round trip and a warm sandbox's first exec through the sandbox's init (the guest channel)
-beside the host-side launcher, interleaved in the same run, a file's stat, read and write through the
-agent's data plane by the launcher's fs mode beside the Python helper (interleaved likewise), and the
-host memory each idle sandbox costs. Then the gvisor runtime in the same run (where runsc works):
+beside the host-side launcher, interleaved in the same run (and an image sandbox's exec round trip
+and create -> first exec, through its command server beside the launcher's exec-root), a file's
+stat, read and write through the agent's data plane by the launcher's fs mode beside the Python
+helper (interleaved likewise), and the host memory each idle sandbox costs. Then the gvisor runtime in the same run (where runsc works):
 cold create-to-first-exec, a warm sandbox's first exec, and the memory of everything runsc runs per
 idle sandbox (its Sentry, gofer and the platform's stubs). Prints one JSON object per line.
 
@@ -36,11 +37,14 @@ from corral.agent.agent import Agent
 from corral.agent.config import AgentConfig
 from corral.agent.envd import Envd
 from corral.agent.protocol import StartSandbox
+from corral.images.digest import digest_file
 from corral.runtime import gvisor, procfs
 from corral.runtime.base import Runtime, SandboxSpec
 from corral.runtime.cgroups import CgroupRoot, detect
 from corral.runtime.process import ProcessRuntime, unavailable_reason
 from corral.runtime.statedir import Running
+from corral.testing.erofs import small_image
+from corral.testing.resolver import DictResolver
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -123,6 +127,19 @@ def _side_by_side(mode: str, channel: list[float], launcher: list[float]) -> lis
     ]
 
 
+async def _alternated(
+    mode: str, channel_rt: ProcessRuntime, launcher_rt: ProcessRuntime, sandbox_id: str, execs: int
+) -> list[dict[str, object]]:
+    """``execs`` round trips of ``true`` through each path, alternated sample by sample."""
+    by_path: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(2 * execs + 20):
+        use_channel = i % 2 == 0
+        elapsed = await _timed_exec(channel_rt if use_channel else launcher_rt, sandbox_id)
+        if i >= 20:  # the first few of each warm the caches
+            by_path[use_channel].append(elapsed)
+    return _side_by_side(mode, by_path[True], by_path[False])
+
+
 async def run_exec(root: Path, cgroups: CgroupRoot | None, execs: int, warm: int) -> list[dict[str, object]]:
     """The exec round trip (``true``) and a warm sandbox's first exec, through the guest channel and
     through the launcher, alternated sample by sample on the same sandboxes so that the machine's load
@@ -132,17 +149,11 @@ async def run_exec(root: Path, cgroups: CgroupRoot | None, execs: int, warm: int
     results: list[dict[str, object]] = []
     await channel_rt.start(SandboxSpec(id="exec", memory_mb=256))
     try:
-        by_path: dict[bool, list[float]] = {True: [], False: []}
-        for i in range(2 * execs + 20):
-            use_channel = i % 2 == 0
-            elapsed = await _timed_exec(channel_rt if use_channel else launcher_rt, "exec")
-            if i >= 20:  # the first few of each warm the caches
-                by_path[use_channel].append(elapsed)
-        results += _side_by_side("exec", by_path[True], by_path[False])
+        results += await _alternated("exec", channel_rt, launcher_rt, "exec", execs)
     finally:
         await channel_rt.stop("exec")
     # Warm: started ahead, as a warm pool's are; the first command is what a claim waits for.
-    by_path = {True: [], False: []}
+    by_path: dict[bool, list[float]] = {True: [], False: []}
     for i in range(2 * warm):
         sandbox_id = f"warm-{i}"
         await channel_rt.start(SandboxSpec(id=sandbox_id, memory_mb=256))
@@ -154,6 +165,57 @@ async def run_exec(root: Path, cgroups: CgroupRoot | None, execs: int, warm: int
         finally:
             await channel_rt.stop(sandbox_id)
     results += _side_by_side("warm_first_exec", by_path[True], by_path[False])
+    return results + await run_image_exec(root, cgroups, execs, warm)
+
+
+_IMAGE_DISK_MB = 64
+
+
+async def run_image_exec(
+    root: Path, cgroups: CgroupRoot | None, execs: int, creates: int
+) -> list[dict[str, object]]:
+    """An image sandbox's exec round trip through its command server (the guest channel) beside the
+    launcher's ``exec-root``, and its create -> first exec with the server beside without it,
+    alternated as above: two runtime objects over one root, the second without the channel, each with
+    a disk pool of its own (filled before each create, as bench/rootfs.py does)."""
+    if os.geteuid() != 0:
+        return [{"bench": "runtime", "mode": "image_exec", "skipped": "image sandboxes need root"}]
+    image = small_image()
+    digest = digest_file(image)
+    resolver = DictResolver({digest: image})
+    disks = root / ".disks"
+    channel_rt = ProcessRuntime(root, cgroup_root=cgroups, images=resolver, disk_root=disks / "channel")
+    launcher_rt = ProcessRuntime(
+        root, cgroup_root=cgroups, images=resolver, disk_root=disks / "launcher", guest_channel=False
+    )
+    results: list[dict[str, object]] = []
+    try:
+        await channel_rt.start(
+            SandboxSpec(id="image-exec", memory_mb=256, image=digest, disk_mb=_IMAGE_DISK_MB)
+        )
+        try:
+            results += await _alternated("image_exec", channel_rt, launcher_rt, "image-exec", execs)
+        finally:
+            await channel_rt.stop("image-exec")
+        by_path: dict[bool, list[float]] = {True: [], False: []}
+        for i in range(2 * creates):
+            use_channel = i % 2 == 0
+            runtime = channel_rt if use_channel else launcher_rt
+            await runtime.fill_disks(_IMAGE_DISK_MB)
+            sandbox_id = f"image-first-{i}"
+            started = time.perf_counter()
+            await runtime.start(
+                SandboxSpec(id=sandbox_id, memory_mb=256, image=digest, disk_mb=_IMAGE_DISK_MB)
+            )
+            try:
+                await _timed_exec(runtime, sandbox_id)
+                by_path[use_channel].append((time.perf_counter() - started) * 1000.0)
+            finally:
+                await runtime.stop(sandbox_id)
+        results += _side_by_side("image_create_first_exec", by_path[True], by_path[False])
+    finally:
+        await channel_rt.drain_disks()
+        await launcher_rt.drain_disks()
     return results
 
 

@@ -12,13 +12,19 @@ Every message is 16 bytes in the host's byte order, ``magic, type, id, value``:
 * ``EXEC`` (runtime -> init), with four descriptors: the spec (a memfd, the launcher's spec encoding,
   see :mod:`corral.runtime.launcher`), stdin, stdout, stderr. The init forks; the child, already the
   sandbox's user in every namespace with no capability, ``no_new_privs`` and the seccomp filter (all of
-  them the init's), parses the spec and execs. Tenant input is read only by that child.
+  them the init's), parses the spec and execs. Tenant input is read only by that child. ``value``:
+  the user inside to run it as, read by an image sandbox's command server only (see below).
 * ``SIGNAL`` (runtime -> init), ``value`` a signal: sent to the command's process group.
 * ``STARTED`` (``value`` its pid inside), ``FAILED`` (``value`` an errno), ``EXITED`` (``value`` the
   shell's code, 128+N for signal N) (init -> runtime).
 
 A connection the init closes, or a dead init, ends every command of it with 137 (the kernel killed
 them with the sandbox's pid namespace).
+
+An image's sandbox serves the same protocol from a *command server* (the launcher's ``serve-root``
+mode) instead of its init, whose ``no_new_privs`` would keep the image's setuid ``sudo`` from working:
+the host starts it into the sandbox as ``exec-root`` enters it, and each of its children finishes
+what ``exec-root`` does, as the user ``value`` names (see :mod:`corral.runtime.commands`).
 """
 
 from __future__ import annotations
@@ -55,14 +61,14 @@ class ChannelLost(Exception):
     sent = False
 
 
-def listen(directory: Path) -> socket.socket:
-    """A listening socket at ``directory/channel``, for the init to inherit (the caller closes it once
-    the init has it)."""
+def listen(directory: Path, name: str = SOCKET_NAME) -> socket.socket:
+    """A listening socket at ``directory/name`` (``channel`` unless told), for the init to inherit (the
+    caller closes it once the init has it)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         with _short_path(directory) as where:
-            sock.bind(f"{where}/{SOCKET_NAME}")
-            os.chmod(f"{where}/{SOCKET_NAME}", 0o600)  # as every file of the state directory
+            sock.bind(f"{where}/{name}")
+            os.chmod(f"{where}/{name}", 0o600)  # as every file of the state directory
         sock.listen(_BACKLOG)
     except BaseException:
         sock.close()
@@ -141,9 +147,11 @@ class Channel:
             return None
         return cls(sock, asyncio.get_running_loop())
 
-    async def start(self, spec: bytes, *, stdin: bool) -> InitCommand:
+    async def start(self, spec: bytes, *, stdin: bool, user: int = 0) -> InitCommand:
         """Run the command ``spec`` encodes (see :func:`corral.runtime.launcher.encode`) with pipes for
-        its output, and for its input if asked. Raises :class:`ChannelLost` if the init did not."""
+        its output, and for its input if asked; as ``user`` (an id inside) if a command server serves
+        the channel (an init's commands are its sandbox's one user). Raises :class:`ChannelLost` if
+        the init did not."""
         if self.closed:
             raise ChannelLost("the sandbox's init closed its channel")
         ours: list[int] = []  # ours to close unless handed to a stream
@@ -157,7 +165,7 @@ class Channel:
             theirs.append(spec_fd)
             pipes = child.command_pipes(ours, theirs, stdin=stdin)
             self._starting[request] = (started, exited)
-            await self._send(MESSAGE.pack(MAGIC, EXEC, request, 0), [spec_fd, *pipes.given])
+            await self._send(MESSAGE.pack(MAGIC, EXEC, request, user), [spec_fd, *pipes.given])
             sent = True
             for fd in theirs:
                 os.close(fd)

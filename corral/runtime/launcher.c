@@ -34,6 +34,11 @@
  *       sandbox): uid 0 inside is an unprivileged host uid, so the command keeps the bounding set of
  *       a container's root (ROOT_CAPS) and may gain it through a setuid binary of its image (sudo);
  *       no no_new_privs, the seccomp filter loaded while the launcher still holds capabilities there
+ *   launcher serve-root INIT_PID PID_NS CHANNEL_FD PROCS...
+ *       an image sandbox's command server: enter the sandbox as exec-root does, fork a server into its
+ *       pid namespace and wait for it; the server (host root still, not dumpable) serves the guest channel
+ *       listening on CHANNEL_FD as the init does, each command's child finishing what exec-root does
+ *       as the user the request names (see serve_root and corral/runtime/commands.py)
  *   launcher disk FILE TARGET
  *       attach FILE (an ext4 file) to a loop device that frees itself with the mount, and mount it at
  *       TARGET nodev, nosuid, noatime (the disk pool does this ahead of any create)
@@ -395,32 +400,12 @@ static void run_command(const struct spec *s) {
     _exit(err == ENOENT ? EXIT_NOTFOUND : EXIT_NOEXEC);
 }
 
-static int exec_in(int argc, char **argv, int root_inside) {
-    int tty = argc > 0 && strcmp(argv[0], "--tty") == 0;
-    if (tty) {
-        argc--;
-        argv++;
-    }
-    if (argc < 5) fail_msg("usage: exec INIT_PID PID_NS UID GID SPEC_FD PROCS...");
-    long init = parse_id(argv[0], "pid");
-    char *end;
-    errno = 0;
-    unsigned long long pid_ns = strtoull(argv[1], &end, 10);
-    if (errno != 0 || *end != '\0') fail_msg("bad pid namespace");
-    uid_t uid = (uid_t)parse_id(argv[2], "uid");
-    gid_t gid = (gid_t)parse_id(argv[3], "gid");
-    int spec_fd = (int)parse_id(argv[4], "fd");
-    struct spec s = parse_spec(spec_fd);
-    close(spec_fd);
-    scmp_filter_ctx filter = build_filter();
-    /* Without no_new_privs (root inside), the filter is loaded while we hold CAP_SYS_ADMIN in the
-     * sandbox's user namespace, before the uid changes. */
-    if (root_inside && seccomp_attr_set(filter, SCMP_FLTATR_CTL_NNP, 0) != 0)
-        fail_msg("cannot clear the filter's no_new_privs");
-
+/* Enter the namespaces of INIT_PID (whose pid namespace must still be inode PID_NS) and its cgroups
+ * (the PROCS files), all but its user namespace, whose descriptor is left in fds[N_NS - 1]: the
+ * caller's next child is then born in the sandbox's pid namespace, and joins the user one itself. */
+static void enter_sandbox(long init, unsigned long long pid_ns, int nprocs, char **procs, int fds[N_NS]) {
     /* Every namespace is opened before any is joined: once in the sandbox's mount namespace, /proc is
      * the sandbox's and the init's pid means something else. */
-    int fds[N_NS];
     char path[64];
     for (size_t i = 0; i < N_NS; i++) {
         snprintf(path, sizeof path, "/proc/%ld/ns/%s", init, NAMESPACES[i].name);
@@ -430,7 +415,7 @@ static int exec_in(int argc, char **argv, int root_inside) {
         if (NAMESPACES[i].type == CLONE_NEWPID && (fstat(fds[i], &ns) != 0 || ns.st_ino != pid_ns))
             fail_msg("the sandbox's init is gone (its pid now names another process)");
     }
-    for (int i = 5; i < argc; i++) join_cgroup(argv[i]);
+    for (int i = 0; i < nprocs; i++) join_cgroup(procs[i]);
     /* Host root may join every namespace before the user namespace; a runtime that is not root owns
      * the sandbox's user namespace and must join it first to be allowed into the others. */
     int root = geteuid() == 0;
@@ -442,6 +427,50 @@ static int exec_in(int argc, char **argv, int root_inside) {
         if (setns(fds[i], NAMESPACES[i].type) != 0) fail(NAMESPACES[i].name);
         close(fds[i]);
     }
+}
+
+static unsigned long long parse_ns(const char *text) {
+    char *end;
+    errno = 0;
+    unsigned long long ino = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0') fail_msg("bad pid namespace");
+    return ino;
+}
+
+/* The filter a command of an image's sandbox runs under: without no_new_privs (its sudo is setuid),
+ * so it is loaded while we still hold CAP_SYS_ADMIN in the sandbox's user namespace. */
+static scmp_filter_ctx root_filter(void) {
+    scmp_filter_ctx filter = build_filter();
+    if (seccomp_attr_set(filter, SCMP_FLTATR_CTL_NNP, 0) != 0) fail_msg("cannot clear the filter's no_new_privs");
+    return filter;
+}
+
+/* Root inside an image's sandbox, from every capability in its user namespace (just joined): a
+ * container root's bounding set, the filter, then the command's user. */
+static void become_inside(scmp_filter_ctx filter, uid_t uid, gid_t gid) {
+    keep_root_caps();
+    if (seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
+    become(uid, gid);
+}
+
+static int exec_in(int argc, char **argv, int root_inside) {
+    int tty = argc > 0 && strcmp(argv[0], "--tty") == 0;
+    if (tty) {
+        argc--;
+        argv++;
+    }
+    if (argc < 5) fail_msg("usage: exec INIT_PID PID_NS UID GID SPEC_FD PROCS...");
+    long init = parse_id(argv[0], "pid");
+    unsigned long long pid_ns = parse_ns(argv[1]);
+    uid_t uid = (uid_t)parse_id(argv[2], "uid");
+    gid_t gid = (gid_t)parse_id(argv[3], "gid");
+    int spec_fd = (int)parse_id(argv[4], "fd");
+    struct spec s = parse_spec(spec_fd);
+    close(spec_fd);
+    scmp_filter_ctx filter = root_inside ? root_filter() : build_filter();
+    int fds[N_NS];
+    enter_sandbox(init, pid_ns, argc - 5, argv + 5, fds);
+    int root = geteuid() == 0;
     pid_t child = fork();
     if (child < 0) fail("fork");
     if (child == 0) {
@@ -457,9 +486,7 @@ static int exec_in(int argc, char **argv, int root_inside) {
         close(fds[N_NS - 1]);
         prefer_for_oom_kill();
         if (root_inside) {
-            keep_root_caps();
-            if (seccomp_load(filter) != 0) fail_msg("cannot load the seccomp filter");
-            become(uid, gid);
+            become_inside(filter, uid, gid);
         } else {
             drop_bounding_set();
             become(uid, gid);
@@ -622,10 +649,7 @@ static int rootfs(int argc, char **argv) {
 static int allow_suid(int argc, char **argv) {
     if (argc != 2) fail_msg("usage: allow-suid INIT_PID PID_NS");
     long init = parse_id(argv[0], "pid");
-    char *end;
-    errno = 0;
-    unsigned long long pid_ns = strtoull(argv[1], &end, 10);
-    if (errno != 0 || *end != '\0') fail_msg("bad pid namespace");
+    unsigned long long pid_ns = parse_ns(argv[1]);
     char path[64];
     snprintf(path, sizeof path, "/proc/%ld/ns/pid", init);
     int pid_fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -651,7 +675,8 @@ static int allow_suid(int argc, char **argv) {
  * spec travels in a memfd that the forked child reads and parses (a bad one ends that child, never the
  * init). The init is not dumpable, so no process of the sandbox can take these descriptors. */
 #define CHAN_MAGIC 0x31637263u /* "crc1" */
-#define CHAN_EXEC 1u   /* fds: spec, stdin, stdout, stderr; answered STARTED (pid) or FAILED (errno) */
+#define CHAN_EXEC 1u   /* fds: spec, stdin, stdout, stderr; value: the user (a command server's);
+                        * answered STARTED (pid) or FAILED (errno) */
 #define CHAN_SIGNAL 2u /* arg: the signal, for the process group of the job id; no answer */
 #define CHAN_STARTED 1u
 #define CHAN_EXITED 2u /* value: the shell's code (128+N for signal N) */
@@ -659,6 +684,7 @@ static int allow_suid(int argc, char **argv) {
 #define CHAN_FDS 4
 #define MAX_CONNS 8
 #define MAX_JOBS 1024
+#define MAX_USER 65535 /* the users a command server runs commands as: ids in an image's range */
 
 struct chan_msg {
     uint32_t magic, type, id;
@@ -723,34 +749,53 @@ static void flush(int c) {
     }
 }
 
-/* In the forked child, already the sandbox's user with the init's empty bounding set, no_new_privs,
- * seccomp filter and cgroups: what `launcher exec` does last, then the tenant's command. */
-static void job_exec(const int fds[CHAN_FDS]) {
+/* Who serves the channel: the init (its children already the sandbox's user), or an image sandbox's
+ * command server (`serve-root`), whose children finish what `exec-root` does: host root in every
+ * namespace of the sandbox but its user one, which they join (userns), then its filter. */
+static struct {
+    int userns;
+    scmp_filter_ctx filter;
+} server = {-1, NULL};
+
+/* In the forked child: what `launcher exec` (the init's: already the sandbox's user with its empty
+ * bounding set, no_new_privs, seccomp filter and cgroups) or `exec-root` (a command server's) does
+ * last, then the tenant's command. */
+static void job_exec(const int fds[CHAN_FDS], int32_t user) {
     sigset_t none;
     sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL); /* the init's blocked signals would outlive execve */
+    sigprocmask(SIG_SETMASK, &none, NULL); /* the server's blocked signals would outlive execve */
     setpgid(0, 0);                          /* a group of its own: a signal reaches all it starts */
     for (int i = 1; i < CHAN_FDS; i++) /* every received descriptor is above 2 (0-2 are /dev/null) */
         if (dup2(fds[i], i - 1) < 0) _exit(EXIT_SETUP);
     struct spec s = parse_spec(fds[0]);
-    close_other_fds(); /* the init's listener and connections among them */
-    /* Holding nothing of the init's now: dumpable (as execve would make it anyway), which is what
-     * lets it write its own /proc files. */
-    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
-    prefer_for_oom_kill();
+    if (server.userns >= 0) {
+        /* Not dumpable (the server's mm is not) until the final execve, as exec-root's child. */
+        if (setns(server.userns, CLONE_NEWUSER) != 0) fail("user");
+        prefer_for_oom_kill();
+        become_inside(server.filter, (uid_t)user, (gid_t)user);
+        close_other_fds(); /* the server's listener, connections and user namespace among them */
+    } else {
+        close_other_fds(); /* the init's listener and connections among them */
+        /* Holding nothing of the init's now: dumpable (as execve would make it anyway), which is
+         * what lets it write its own /proc files. */
+        if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+        prefer_for_oom_kill();
+    }
     enter_cwd(&s);
     run_command(&s);
 }
 
-static void start_job(int c, uint32_t id, const int fds[CHAN_FDS]) {
+static void start_job(int c, uint32_t id, int32_t user, const int fds[CHAN_FDS]) {
     int slot = -1;
     for (int j = 0; j < MAX_JOBS && slot < 0; j++)
         if (jobs[j].pid == 0) slot = j;
-    pid_t pid = slot < 0 ? 0 : fork();
-    if (pid == 0 && slot >= 0) job_exec(fds);
-    if (slot < 0 || pid < 0) {
+    /* A command server's user must be one of the sandbox's ids: (uid_t)-1 would leave host root's. */
+    int bad_user = server.userns >= 0 && (user < 0 || user > MAX_USER);
+    pid_t pid = slot < 0 || bad_user ? 0 : fork();
+    if (pid == 0 && slot >= 0 && !bad_user) job_exec(fds, user);
+    if (slot < 0 || bad_user || pid < 0) {
         /* A refusal is not kept: a runtime that lets it find no room loses its connection. */
-        if (send_msg(c, CHAN_FAILED, id, slot < 0 ? EAGAIN : errno) == 0) conn_close(c);
+        if (send_msg(c, CHAN_FAILED, id, slot < 0 ? EAGAIN : bad_user ? EINVAL : errno) == 0) conn_close(c);
         return;
     }
     setpgid(pid, pid); /* as the child does: a signal right after STARTED finds its group */
@@ -796,7 +841,7 @@ static void serve_one(int c) {
     }
     int ok = n == (ssize_t)sizeof m && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && m.magic == CHAN_MAGIC;
     if (ok && m.type == CHAN_EXEC && nfds == CHAN_FDS) {
-        start_job(c, m.id, fds);
+        start_job(c, m.id, m.value, fds);
     } else if (ok && m.type == CHAN_SIGNAL && nfds == 0 && m.value > 0 && m.value < 65) {
         signal_job(c, m.id, m.value);
     } else {
@@ -840,14 +885,9 @@ static void accept_one(int *listener) {
     close(fd); /* every slot taken */
 }
 
-static int init_main(int argc, char **argv) {
-    /* Not dumpable: the kernel's ptrace access check then refuses every process without
-     * CAP_SYS_PTRACE (none inside has it), though of the same uid: no ptrace, no pidfd_getfd, no
-     * /proc/1/fd, environ, mem or root. execve resets the flag, so it is set here, after it. */
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
-    int listener = -1;
-    if (argc == 2 && strcmp(argv[0], "--channel") == 0) listener = (int)parse_id(argv[1], "fd");
-    else if (argc != 0) fail_msg("usage: init [--channel FD]");
+/* The serving loop of the init and of a command server: say "ready" on stdout, then hold only
+ * /dev/null (and the listener), reap, serve the channel, until a SIGTERM from outside the sandbox. */
+static int serve_channel(int listener) {
     sigset_t waited;
     sigemptyset(&waited);
     sigaddset(&waited, SIGCHLD);
@@ -855,7 +895,6 @@ static int init_main(int argc, char **argv) {
     /* Blocked, then read from a signalfd: a blocked signal is queued even for a pid 1 that has no
      * handler, with its sender, so a SIGTERM is told apart by where it came from. */
     if (sigprocmask(SIG_BLOCK, &waited, NULL) != 0) fail("sigprocmask");
-    close_fds_except(listener);
     int sfd = signalfd(-1, &waited, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) fail("signalfd");
     if (listener >= 0) {
@@ -916,6 +955,67 @@ static int init_main(int argc, char **argv) {
             }
         }
     }
+}
+
+static int init_main(int argc, char **argv) {
+    /* Not dumpable: the kernel's ptrace access check then refuses every process without
+     * CAP_SYS_PTRACE (none inside has it), though of the same uid: no ptrace, no pidfd_getfd, no
+     * /proc/1/fd, environ, mem or root. execve resets the flag, so it is set here, after it. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+    int listener = -1;
+    if (argc == 2 && strcmp(argv[0], "--channel") == 0) listener = (int)parse_id(argv[1], "fd");
+    else if (argc != 0) fail_msg("usage: init [--channel FD]");
+    close_fds_except(listener);
+    return serve_channel(listener);
+}
+
+/* ---- serve-root: an image sandbox's command server ---------------------------------------------- */
+
+/* The guest channel for an image's sandbox, whose init cannot serve it (bubblewrap gave it
+ * no_new_privs, and every child of it would inherit that: the image's sudo would never work). The
+ * host enters the sandbox as `exec-root` does and forks the server into its pid namespace and
+ * cgroups, host root still in every namespace but the user one, not dumpable: no process inside has
+ * a capability over it (its credentials are the host's), so none can signal, ptrace or read it. It
+ * serves the channel as the init does; each command's child finishes what exec-root does (see
+ * job_exec). It ends with the sandbox's pid namespace, or on a SIGTERM from the host. */
+static int serve_root(int argc, char **argv) {
+    if (argc < 3) fail_msg("usage: serve-root INIT_PID PID_NS CHANNEL_FD PROCS...");
+    long init = parse_id(argv[0], "pid");
+    unsigned long long pid_ns = parse_ns(argv[1]);
+    int listener = (int)parse_id(argv[2], "fd");
+    if (geteuid() != 0) fail_msg("serve-root runs as root");
+    /* Before anything of the sandbox's is entered; the server forked below inherits it. */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) fail("PR_SET_DUMPABLE");
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC); /* the host's, for the reaper below */
+    if (null < 0) fail("/dev/null");
+    server.filter = root_filter();
+    int fds[N_NS];
+    enter_sandbox(init, pid_ns, argc - 3, argv + 3, fds);
+    pid_t child = fork();
+    if (child < 0) fail("fork");
+    if (child > 0) {
+        /* The server's reaper, as exec-root waits for its command: when the sandbox's pid namespace
+         * ends, its init's exit waits until every process in it is reaped, the server among them,
+         * whose parent is out here. The server says "ready" itself, on the stdout it inherited; ours
+         * are let go of, so the runtime reads its answer to the end. */
+        if (dup2(null, STDIN_FILENO) < 0 || dup2(null, STDOUT_FILENO) < 0 || dup2(null, STDERR_FILENO) < 0)
+            _exit(EXIT_SETUP);
+        close(listener); /* the server's alone: a dead server's is refused */
+        close(fds[N_NS - 1]);
+        int status;
+        while (waitpid(child, &status, 0) < 0) {
+            if (errno != EINTR) _exit(EXIT_SETUP);
+        }
+        return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+    }
+    close(null); /* nothing of the host's in the sandbox */
+    /* A session of its own (a signal to the launcher's group is not the server's); the host's paths
+     * on its command line are not for the sandbox's eyes (/proc/PID/cmdline is readable to all). */
+    if (setsid() < 0) fail("setsid");
+    prctl(PR_SET_NAME, "corral-commands", 0, 0, 0);
+    for (int i = -2; i < argc; i++) memset(argv[i], 0, strlen(argv[i]));
+    server.userns = fds[N_NS - 1];
+    return serve_channel(listener);
 }
 
 /* ---- fs: the data plane's file operations, run inside the sandbox as its user -------------------- */
@@ -1723,7 +1823,7 @@ static int fs_main(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | disk ... | rootfs ... | allow-suid ... | check-spec | fs ...");
+    if (argc < 2) fail_msg("usage: launcher seccomp | init | spawn ... | exec[-root] ... | serve-root ... | disk ... | rootfs ... | allow-suid ... | check-spec | fs ...");
     const char *mode = argv[1];
     if (strcmp(mode, "seccomp") == 0) {
         scmp_filter_ctx ctx = build_filter();
@@ -1735,6 +1835,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "spawn") == 0) return spawn(argc - 2, argv + 2);
     if (strcmp(mode, "exec") == 0) return exec_in(argc - 2, argv + 2, 0);
     if (strcmp(mode, "exec-root") == 0) return exec_in(argc - 2, argv + 2, 1);
+    if (strcmp(mode, "serve-root") == 0) return serve_root(argc - 2, argv + 2);
     if (strcmp(mode, "disk") == 0) return disk(argc - 2, argv + 2);
     if (strcmp(mode, "rootfs") == 0) return rootfs(argc - 2, argv + 2);
     if (strcmp(mode, "allow-suid") == 0) return allow_suid(argc - 2, argv + 2);

@@ -47,7 +47,7 @@ from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
 from corral.images.digest import check_digest
 from corral.images.resolver import ImageResolver
-from corral.runtime import bwrap, child, guest, launcher, procfs, rootfs, terminal
+from corral.runtime import bwrap, child, commands, guest, launcher, procfs, rootfs, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -173,6 +173,8 @@ class ProcessRuntime:
         # Whether new sandboxes' inits serve the guest channel, and this object's connections to them.
         self._guest_channel = guest_channel
         self._channels: dict[str, guest.Channel] = {}
+        # Image sandboxes' command servers being started, one at a time per sandbox.
+        self._serving: dict[str, asyncio.Future[str | None]] = {}
         self._guest_fs = GuestFs()
 
     # -- start ----------------------------------------------------------------------------------
@@ -383,8 +385,8 @@ class ProcessRuntime:
             fds.append(init_fd)
             # The network slot's namespace, joined by the launcher before it drops to the sandbox's uid.
             netns = ["--netns", str(_opened(spec.netns, fds))] if spec.netns is not None else []
-            # The guest channel's listening socket, inherited by the init (an image's root user runs
-            # through the launcher, which alone can give it root's capabilities inside).
+            # The guest channel's listening socket, inherited by the init (an image's sandbox is served
+            # by a command server instead, started below: see corral.runtime.commands).
             channel_fd = None
             if self._guest_channel and not image:
                 listener = guest.listen(self.statedir.dir(spec.id))
@@ -469,6 +471,10 @@ class ProcessRuntime:
             # namespace's pin goes too: the sandbox's processes hold it from now on.
             await asyncio.to_thread(rootfs.allow_suid, init.pid, init.pid_ns)
             await asyncio.to_thread(rootfs.unpin_userns, paths)
+            if self._guest_channel:
+                # Started now, not waited for: a command that comes before it serves takes the
+                # launcher (see _channel).
+                self._serve(spec.id, init, cgroup)
         return Running(
             spec=spec,
             started_at=self._clock.now(),
@@ -488,7 +494,7 @@ class ProcessRuntime:
         record = self.statedir.load(sandbox_id) if valid_id(sandbox_id) else None
         if record is None or sandbox_id in self._starting:
             raise SandboxNotFound(sandbox_id)
-        self._forget_channel(sandbox_id)
+        await self._forget_channel(sandbox_id)
         await asyncio.to_thread(self._teardown_record, sandbox_id, record)
 
     def _teardown_record(self, sandbox_id: str, record: Running | Starting | Corrupt) -> None:
@@ -687,12 +693,13 @@ class ProcessRuntime:
         channel = self._channel(record, tty=terminal_of is not None)
         if channel is not None:
             try:
-                return await channel.start(spec, stdin=stdin)
+                return await channel.start(spec, stdin=stdin, user=inside if image else 0)
             except guest.ChannelLost as lost:
                 if lost.sent:
                     # The init may have started it: never a second copy through the launcher.
                     raise RuntimeFailure(f"the sandbox's init was lost with the command: {lost}") from None
-                # Not taken: the launcher then says what is wrong (the sandbox gone, no process to fork).
+                # Not taken: the launcher then says what is wrong (the sandbox gone, no process to fork),
+                # or runs it (an image's command server gone since: the next command starts another).
         # Only the init's identity, the sandbox user's ids and cgroup files on the command line; the
         # command, its environment and cwd travel on the descriptor.
         spec_fd = launcher.memfd("exec-spec", spec)
@@ -717,11 +724,12 @@ class ProcessRuntime:
 
     def _channel(self, record: Running, *, tty: bool) -> guest.Channel | None:
         """The one place that chooses how a command enters a sandbox: this loop's connection to its
-        init's guest channel (made now if need be), or None for the launcher: a terminal's command
-        (it needs the terminal's session set up by the launcher), an image's sandbox (bubblewrap gives
-        its init no_new_privs, which its children inherit and cannot clear: sudo would never work in
-        them; the launcher comes from the host without it), a sandbox whose init offers no channel."""
-        if not self._guest_channel or tty or record.spec.image is not None:
+        guest channel (made now if need be), served by its init or, for an image's sandbox, by its
+        command server (see :mod:`corral.runtime.commands`); or None for the launcher: a terminal's
+        command (it needs the terminal's session set up by the launcher), a sandbox whose init offers
+        no channel, an image's whose server does not serve yet (one is started for the commands
+        after this one, which is never kept waiting for it: the launcher is no slower)."""
+        if not self._guest_channel or tty:
             return None
         sandbox_id = record.spec.id
         loop = asyncio.get_running_loop()
@@ -733,16 +741,42 @@ class ProcessRuntime:
             with contextlib.suppress(RuntimeError):  # that loop is closed already: nothing waits on it
                 channel.loop.call_soon_threadsafe(channel.close)
         channel = guest.Channel.connect(self.statedir.dir(sandbox_id))
+        if channel is None and record.spec.image is not None:
+            self._serve(sandbox_id, record.init, _cgroup_of(record))
         if channel is None:
             self._channels.pop(sandbox_id, None)
         else:
             self._channels[sandbox_id] = channel
         return channel
 
-    def _forget_channel(self, sandbox_id: str) -> None:
+    def _serve(self, sandbox_id: str, init: procfs.ProcessIdentity, cgroup: SandboxCgroup | None) -> None:
+        """Start an image sandbox's command server in the background (see
+        :func:`corral.runtime.commands.start`), unless a start is under way on this loop already."""
+        loop = asyncio.get_running_loop()
+        pending = self._serving.get(sandbox_id)
+        if pending is None or pending.done() or pending.get_loop() is not loop:
+            directory = self.statedir.dir(sandbox_id)
+            pending = asyncio.ensure_future(
+                commands.start(directory, init, cgroup.procs_files if cgroup else [])
+            )
+            self._serving[sandbox_id] = pending
+
+            def forget(done: asyncio.Future[str | None]) -> None:
+                if self._serving.get(sandbox_id) is done:
+                    del self._serving[sandbox_id]
+
+            pending.add_done_callback(forget)
+
+    async def _forget_channel(self, sandbox_id: str) -> None:
+        """Before a teardown: this object's connection closed, and a command server's start under way
+        waited for (its launcher holds the sandbox's namespaces open until it exits, soon either way:
+        a teardown must find nothing of the sandbox left once it has killed the init)."""
         channel = self._channels.pop(sandbox_id, None)
         if channel is not None:
             channel.close()
+        pending = self._serving.get(sandbox_id)
+        if pending is not None and pending.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({pending})  # its outcome is the start's own, not the teardown's
 
     async def spawn(
         self,
@@ -933,7 +967,7 @@ class ProcessRuntime:
             elif isinstance(record, Running | Corrupt) or (
                 isinstance(record, Starting) and not procfs.is_alive(record.starter)
             ):
-                self._forget_channel(sandbox_id)
+                await self._forget_channel(sandbox_id)
                 await asyncio.to_thread(self._teardown_record, sandbox_id, record)
         return handles
 

@@ -68,15 +68,23 @@ async def test_commands_run_through_the_init(
     )
     assert (result.exit_code, result.stdout, result.stderr) == (7, "cx /tmp 1\n", "e\n")
     assert "chan" in process_runtime._channels  # not the launcher
-    killed = await process_runtime.exec("chan", ["sh", "-c", "kill -TERM $$"])
+    await commands_behave(process_runtime, "chan", eventually)
+
+
+async def commands_behave(
+    runtime: ProcessRuntime, sandbox_id: str, eventually: Callable[..., Awaitable[bool]]
+) -> None:
+    """Exit codes and errors as the launcher gives them, input streamed in, a signal to the command's
+    whole group: whatever serves the sandbox's channel."""
+    killed = await runtime.exec(sandbox_id, ["sh", "-c", "kill -TERM $$"])
     assert killed.exit_code == 128 + signal.SIGTERM
-    missing = await process_runtime.exec("chan", ["no-such-command"])
+    missing = await runtime.exec(sandbox_id, ["no-such-command"])
     assert missing.exit_code == 127 and "command not found" in missing.stderr
-    gone_cwd = await process_runtime.exec("chan", ["true"], cwd="/no/such/dir")
+    gone_cwd = await runtime.exec(sandbox_id, ["true"], cwd="/no/such/dir")
     assert gone_cwd.exit_code == 125 and "/no/such/dir" in gone_cwd.stderr
     # Input, and a signal to the command's whole group, through the same connection.
-    spawned = await process_runtime.spawn(
-        "chan", ["sh", "-c", "read line; echo got $line; sleep 60 & wait"], stdin=True
+    spawned = await runtime.spawn(
+        sandbox_id, ["sh", "-c", "read line; echo got $line; sleep 60 & wait"], stdin=True
     )
     assert spawned.stdin is not None
     spawned.stdin.write(b"hello\n")
@@ -85,9 +93,9 @@ async def test_commands_run_through_the_init(
     spawned.signal(signal.SIGKILL)
     assert await asyncio.wait_for(spawned.wait(), 10) == 128 + signal.SIGKILL
 
-    # The sleep in its group went too (killed with it; reaped by the init once it has exited).
+    # The sleep in its group went too (killed with it; reaped once it has exited).
     async def no_sleep() -> bool:
-        left = await process_runtime.exec("chan", ["sh", "-c", "cat /proc/[0-9]*/comm"])
+        left = await runtime.exec(sandbox_id, ["sh", "-c", "cat /proc/[0-9]*/comm"])
         return "sleep" not in left.stdout
 
     assert await eventually(no_sleep)

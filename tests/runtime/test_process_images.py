@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from corral.runtime import commands
 from corral.runtime.base import InvalidSandbox, SandboxSpec
 from corral.runtime.process import ProcessRuntime
 from corral.runtime.rootfs import disk_path
@@ -72,8 +73,11 @@ async def test_sudo_is_root_inside_and_the_sandbox_range_outside(
             await asyncio.sleep(0.02)
         assert procs, "the sleep never showed up in the sandbox's cgroup"
         assert host_uids(procs[0]) == [base] * 4
-        # Every process inside (the launcher's host-side parent of each exec aside).
+        # Every process inside (the launcher's host-side parent of each exec aside), but the command
+        # server, which is the host's (see test_image_commands.py).
         inside = [p for p in _cgroup_pids(runtime, "img-sudo") if _pid_ns(p) == _pid_ns(procs[0])]
+        assert [host_uids(p) for p in inside if _comm(p) == commands.SERVER_NAME] == [[0] * 4]
+        inside = [p for p in inside if _comm(p) != commands.SERVER_NAME]
         everything = {uid for p in inside for uid in host_uids(p)}
         assert everything and all(base <= uid < base + RANGE_SPAN for uid in everything), everything
         mapping = Path(f"/proc/{procs[0]}/uid_map").read_text().split()
