@@ -450,7 +450,7 @@ class GvisorRuntime:
         cwd: str | None,
         *,
         stdin: bool,
-    ) -> sentry.Command | Spawned:
+    ) -> sentry.SentryCommand | Spawned:
         """A command on pipes, started by the Sentry (see :mod:`corral.runtime.sentry`); one the
         Sentry refused (no such program) as it ended, its reason on stderr."""
         argv, full_env, where = self._command(sandbox_id, command, env, cwd)

@@ -168,7 +168,7 @@ class Connection:
                 return value
 
 
-class Command:
+class SentryCommand:
     """A command the Sentry started: its pid inside, its streams, its exit."""
 
     def __init__(
@@ -194,7 +194,7 @@ class Command:
             signal_soon(self._cid, self.pid, sig)
 
 
-async def start(cid: str, args: Mapping[str, Any], *, stdin: bool) -> Command:
+async def start(cid: str, args: Mapping[str, Any], *, stdin: bool) -> SentryCommand:
     """Start a command (``args`` from :func:`exec_args`) with pipes for its output, and for its input
     if asked. Raises :class:`SentryRefused` (no such program, a bad directory) or :class:`SentryGone`."""
     with child.handing_over() as (ours, theirs):
@@ -207,7 +207,7 @@ async def start(cid: str, args: Mapping[str, Any], *, stdin: bool) -> Command:
         except BaseException:
             conn.close()
             raise
-    return Command(cid, conn, pid, pipes.streams(asyncio.get_running_loop()))
+    return SentryCommand(cid, conn, pid, pipes.streams(asyncio.get_running_loop()))
 
 
 async def _exit_of(conn: Connection, cid: str, pid: int) -> int:
