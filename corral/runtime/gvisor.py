@@ -5,8 +5,8 @@ kernel sees only the Sentry and its gofer, under the Sentry's own seccomp filter
 A sandbox is made of:
 
 * a bundle under the runtime's root (its config.json, an empty read-only rootfs the host's system
-  directories are bound over read-only, its generated /etc files, a copy of corral's init), written by
-  the runtime alone;
+  directories are bound over read-only, its generated /etc files, a copy of corral's init and of the
+  statx shim every program preloads, see ``statx_shim.c``), written by the runtime alone;
 * the runsc container of that bundle, its pid 1 corral's init (which reaps orphans inside), started
   inside the sandbox's cgroups (memory, CPU, pids): the Sentry, its gofer and the platform's stub
   processes are all the sandbox's, so its memory is what the host gives the guest;
@@ -309,8 +309,10 @@ class GvisorRuntime:
         ):
             (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         (rootfs / bwrap.INIT_PATH.lstrip("/")).touch()
+        (rootfs / oci.PRELOAD_PATH.lstrip("/")).touch()
         hostname = spec.hostname or spec.id[:63]
         etc_data = bwrap.etc_files(hostname)
+        etc_data["ld.so.preload"] = oci.preload_list()
         if spec.nameserver is not None:  # the slot's resolver
             etc_data["resolv.conf"] = bwrap.resolv_conf(spec.nameserver)
         for name in etc_data:
@@ -333,6 +335,9 @@ class GvisorRuntime:
         init = home / "init"
         init.write_bytes(launcher.binary())
         init.chmod(0o555)
+        shim = home / "statx.so"  # readable by the guest's users, as the cache's copy is not
+        shutil.copyfile(launcher.statx_shim(), shim)
+        shim.chmod(0o444)
         config = oci.bundle_config(
             hostname=hostname,
             env=bwrap.sandbox_env(hostname, spec.env),
@@ -342,6 +347,7 @@ class GvisorRuntime:
             tmpfs_bytes=spec.memory_mb * _MIB,
             in_own_cgroups=self._cgroup(spec.id) is not None,
             netns=spec.netns,
+            preload_source=str(shim),
         )
         (bundle / "config.json").write_text(json.dumps(config))
         return bundle

@@ -23,11 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("launcher.c")
+SHIM_SOURCE = Path(__file__).with_name("statx_shim.c")
 MAGIC = b"corral-exec-1"
 # What the fs mode answers to ``fs version``: the request and answer forms it speaks (launcher.c's).
 FS_PROTOCOL = "corral-fs-1"
 _CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
 _LIBS = ("-lseccomp",)
+SHIM_CFLAGS = (*_CFLAGS, "-shared", "-fPIC", "-nostdlib")
 
 # What execve accepts: one string is at most MAX_ARG_STRLEN (32 pages, its NUL included), and the
 # whole argv plus environment must fit a quarter of the stack limit (2 MiB on an 8 MiB stack).
@@ -69,25 +71,26 @@ def _private_dir(path: Path) -> Path:
     return path
 
 
-def _source_key() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join(_CFLAGS + _LIBS).encode())
-    return digest.hexdigest()[:16]
+def cache_name(source: Path, name: str, flags: Sequence[str], libs: Sequence[str] = ()) -> str:
+    """What a build is called in the cache: an edited source, or other flags, is another build."""
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update(" ".join((*flags, *libs)).encode())
+    return f"{name}-{digest.hexdigest()[:16]}"
 
 
-@functools.cache
-def path() -> Path:
-    """The launcher binary for this source, built now if the cache does not hold it yet."""
-    target = _private_dir(cache_dir()) / f"launcher-{_source_key()}"
+def _compiled(source: Path, name: str, flags: Sequence[str], libs: Sequence[str] = ()) -> Path:
+    """``source`` compiled into the cache as ``name-<hash of source and flags>``, built now if the
+    cache does not hold it yet."""
+    target = _private_dir(cache_dir()) / cache_name(source, name, flags, libs)
     if target.exists():
         return target
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
-        raise LauncherUnavailable("no C compiler (gcc) to build the sandbox launcher: run make system-deps")
+        raise LauncherUnavailable(f"no C compiler (gcc) to build the sandbox's {name}: run make system-deps")
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        built = Path(work) / "launcher"
+        built = Path(work) / name
         done = subprocess.run(
-            [cc, *_CFLAGS, "-o", str(built), str(SOURCE), *_LIBS],
+            [cc, *flags, "-o", str(built), str(source), *libs],
             capture_output=True,
             env={"PATH": os.defpath, "LANG": "C"},
             check=False,
@@ -95,12 +98,24 @@ def path() -> Path:
         if done.returncode != 0:
             why = done.stderr.decode(errors="replace").strip().splitlines()
             raise LauncherUnavailable(
-                "cannot build the sandbox launcher (needs gcc and libseccomp-dev: make system-deps): "
+                f"cannot build the sandbox's {name} (needs gcc and libseccomp-dev: make system-deps): "
                 + (why[-1] if why else f"exit {done.returncode}")
             )
         built.chmod(0o700)
         os.replace(built, target)  # atomic: concurrent builders each install a complete binary
     return target
+
+
+@functools.cache
+def path() -> Path:
+    """The launcher binary for this source, built now if the cache does not hold it yet."""
+    return _compiled(SOURCE, "launcher", _CFLAGS, _LIBS)
+
+
+@functools.cache
+def statx_shim() -> Path:
+    """The shared object a gVisor sandbox preloads (see ``statx_shim.c``)."""
+    return _compiled(SHIM_SOURCE, "statx-shim.so", SHIM_CFLAGS)
 
 
 @functools.cache

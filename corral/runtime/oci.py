@@ -41,6 +41,15 @@ def process(
     }
 
 
+# Where a gVisor sandbox's statx shim is (see corral/runtime/statx_shim.c), beside corral's init.
+PRELOAD_PATH = "/.corral/statx.so"
+
+
+def preload_list() -> bytes:
+    """The /etc/ld.so.preload that loads the shim into every dynamically linked program."""
+    return f"{PRELOAD_PATH}\n".encode()
+
+
 def _bind(source: str, destination: str) -> dict[str, Any]:
     return {
         "destination": destination,
@@ -69,13 +78,16 @@ def bundle_config(
     tmpfs_bytes: int | None,
     in_own_cgroups: bool = False,
     netns: str | None = None,
+    preload_source: str | None = None,
 ) -> dict[str, Any]:
     """The sandbox's spec: a read-only empty root with the host's system directories bound read-only
     over it (until images land: then the image is its root), its generated /etc files (``etc_files``:
     name inside /etc -> host path), tmpfs home, /tmp and /dev/shm sized like the process runtime's, and
     corral's init as pid 1 (it reaps orphans; gVisor's kernel, not the host's, runs it).
     ``in_own_cgroups``: runsc is started inside the sandbox's cgroups, made and limited already.
-    ``netns``: the network slot's namespace, the container's (else a new, empty one)."""
+    ``netns``: the network slot's namespace, the container's (else a new, empty one).
+    ``preload_source``: the statx shim, bound read-only at :data:`PRELOAD_PATH` (which the caller's
+    /etc/ld.so.preload names)."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {
@@ -98,6 +110,7 @@ def bundle_config(
         _tmpfs("/dev/shm", tmpfs_bytes, "1777"),
         _tmpfs(SANDBOX_HOME, tmpfs_bytes, "0700", owner=SANDBOX_UID),  # the sandbox user's own
         _bind(init_source, INIT_PATH),
+        *([_bind(preload_source, PRELOAD_PATH)] if preload_source is not None else []),
     ]
     init = process([INIT_PATH, "init"], env, "/")
     init["user"] = {"uid": SANDBOX_UID, "gid": SANDBOX_GID}

@@ -152,3 +152,16 @@ async def test_the_control_socket_is_out_of_the_guest_s_reach(gvisor: GvisorRunt
     address = "@runsc-sandbox." + gvisor._cid("reach") + "@"
     result = await gvisor.exec("reach", ["python3", "-c", probe, address])
     assert result.stdout.startswith("refused"), result
+
+
+async def test_ls_and_stat_work_through_the_statx_shim(gvisor: GvisorRuntime) -> None:
+    """This runsc refuses the AT_NO_AUTOMOUNT coreutils passes to statx; the preloaded shim drops it,
+    so listing and stat work, and a missing path still says so. The tenant cannot unload it."""
+    await gvisor.start(SandboxSpec(id="ls", memory_mb=128))
+    listed = await gvisor.exec("ls", ["sh", "-c", "touch /tmp/made && ls -la /tmp && stat -c %s /etc/passwd"])
+    assert listed.exit_code == 0 and " made\n" in listed.stdout, listed
+    assert listed.stderr == "", listed  # the shim loads without a word
+    missing = await gvisor.exec("ls", ["ls", "/no/such/path"])
+    assert missing.exit_code == 2 and "No such file or directory" in missing.stderr, missing
+    tamper = await gvisor.exec("ls", ["sh", "-c", "echo > /etc/ld.so.preload; echo > /.corral/statx.so"])
+    assert tamper.stderr.count("cannot create") == 2, tamper  # root's, and bound read-only

@@ -104,11 +104,19 @@ def test_the_largest_accepted_command_really_runs() -> None:
 
 
 def test_the_build_is_cached_by_source_hash_in_a_private_directory(tmp_path: Path) -> None:
-    path = launcher.path()
-    assert path.name == f"launcher-{launcher._source_key()}"
-    info = os.stat(path.parent)
-    assert info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
-    assert os.stat(path).st_mode & 0o077 == 0
+    builds = (
+        (launcher.path(), launcher.SOURCE, "launcher", launcher._CFLAGS, launcher._LIBS),
+        (launcher.statx_shim(), launcher.SHIM_SOURCE, "statx-shim.so", launcher.SHIM_CFLAGS, ()),
+    )
+    for path, source, name, flags, libs in builds:
+        assert path.name == launcher.cache_name(source, name, flags, libs)
+        # An edited source is another build.
+        edited = tmp_path / source.name
+        edited.write_bytes(source.read_bytes() + b"\n/* edited */\n")
+        assert launcher.cache_name(edited, name, flags, libs) != path.name
+        info = os.stat(path.parent)
+        assert info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+        assert os.stat(path).st_mode & 0o077 == 0
 
 
 def test_a_cache_others_can_write_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
