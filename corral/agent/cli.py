@@ -60,7 +60,8 @@ def build_runtime(
     images: ImageResolver | None = None,
 ) -> Runtime:
     """``memory_mb``: a sim host's physical memory, which its OOM killer guards; ``images``: where the
-    process and gvisor runtimes get their images' files (the agent's cache: one count of what sandboxes hold)."""
+    process and gvisor runtimes get their images' files (the agent's cache: one count of what
+    sandboxes hold)."""
     if name == "sim":
         return SimRuntime(SystemClock(), random.Random(), memory_mb=memory_mb)
     if name == "process":
