@@ -111,7 +111,7 @@ async def _sh(runtime: GvisorRuntime, sandbox_id: str, script: str, **kwargs: ob
 async def test_the_image_s_programs_and_users_run_inside_gvisor_s_kernel(
     runtime: GvisorRuntime, image: Image, resolver: DictResolver
 ) -> None:
-    await runtime.start(_spec(image, "gv-img"))
+    await runtime.start(_spec(image, "gv-img", nameserver="192.0.2.53"))
     # The image's accounts and files, not the host's: the host's uid 1000 is another name, and the
     # host's runsc and this worktree are not there.
     code, out = await _sh(runtime, "gv-img", "id -un; id -u; pwd; echo $HOME; getent passwd 1000")
@@ -124,11 +124,14 @@ async def test_the_image_s_programs_and_users_run_inside_gvisor_s_kernel(
     # The kernel is gVisor's.
     code, out = await _sh(runtime, "gv-img", "dmesg; cat /proc/version")
     assert code == 0 and "Starting gVisor" in out and Path("/proc/version").read_text() not in out, out
-    # The image's root user, asked for by a command; the hosts file is the sandbox's own.
+    # The image's root user, asked for by a command; the hosts and resolv.conf files are the
+    # sandbox's own (its resolver: a slot's, as a process sandbox's).
     code, out = await _sh(runtime, "gv-img", "id -u; echo $HOME; pwd", user="root")
     assert (code, out.split()) == (0, ["0", "/root", "/root"]), out
     hosts = await runtime.exec("gv-img", ["cat", "/etc/hosts"])
     assert "gv-img" in hosts.stdout, hosts
+    resolv = await runtime.exec("gv-img", ["cat", "/etc/resolv.conf"])
+    assert resolv.stdout.startswith("nameserver 192.0.2.53\n"), resolv
     assert await runtime.guest_program("gv-img") is not None
     assert resolver.held[image.digest] == 1
 
