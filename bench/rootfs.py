@@ -85,6 +85,7 @@ async def create_beside_host_root(
     n: int,
     disk_mb: int,
     bench: str = "rootfs",
+    bar_ms: float | None = 50,
 ) -> list[dict[str, object]]:
     samples: dict[str, list[float]] = {"host-root": [], "image": []}
     for i in range(n):
@@ -114,8 +115,8 @@ async def create_beside_host_root(
             "bench": bench,
             "mode": "image-vs-host-root",
             "p50_ratio": round(ratio, 2),
-            "bar": "image p50 <= 2 x host-root p50 and <= 50 ms",
-            "met": ratio <= 2 and image_p50 <= 50,
+            "bar": "image p50 <= 2 x host-root p50" + (f" and <= {bar_ms:g} ms" if bar_ms else ""),
+            "met": ratio <= 2 and (bar_ms is None or image_p50 <= bar_ms),
         }
     )
     return lines
@@ -204,7 +205,8 @@ async def density(
 async def on_gvisor(
     work: Path, digest: str, image: Path, cgroups: CgroupRoot | None, n: int, disk_mb: int
 ) -> list[dict[str, object]]:
-    """``create_beside_host_root`` on gVisor (its bar is the process runtime's, not gVisor's)."""
+    """``create_beside_host_root`` on gVisor: its bar is the ratio alone (a gVisor create is hundreds
+    of ms, image or not)."""
     disks = work / "gvisor-disks"
     runtime = GvisorRuntime(
         work / "gvisor", cgroup_root=cgroups, images=DictResolver({digest: image}), disk_root=disks
@@ -213,7 +215,9 @@ async def on_gvisor(
         await _create_to_exec(
             runtime, SandboxSpec(id="warm-gv", memory_mb=256, image=digest, disk_mb=disk_mb)
         )
-        return await create_beside_host_root(runtime, digest, disks, n, disk_mb, bench="rootfs-gvisor")
+        return await create_beside_host_root(
+            runtime, digest, disks, n, disk_mb, bench="rootfs-gvisor", bar_ms=None
+        )
     finally:
         for handle in await runtime.list():
             await runtime.stop(handle.id)
