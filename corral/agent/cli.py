@@ -60,7 +60,8 @@ def build_runtime(
     images: ImageResolver | None = None,
 ) -> Runtime:
     """``memory_mb``: a sim host's physical memory, which its OOM killer guards; ``images``: where the
-    process runtime gets its images' files (the agent's cache: one count of what sandboxes hold)."""
+    process and gvisor runtimes get their images' files (the agent's cache: one count of what
+    sandboxes hold)."""
     if name == "sim":
         return SimRuntime(SystemClock(), random.Random(), memory_mb=memory_mb)
     if name == "process":
@@ -86,7 +87,7 @@ def build_runtime(
 
         if (why := unavailable_reason()) is not None:
             raise typer.BadParameter(f"the gvisor runtime is not available: {why}", param_hint="--runtime")
-        return GvisorRuntime(root=state_dir, cgroup_prefix=_state_prefix(state_dir))
+        return GvisorRuntime(root=state_dir, cgroup_prefix=_state_prefix(state_dir), images=images)
     if name == "vm":
         # Probed, then refused whatever the verdict: no VM runtime is built yet (docs/runtimes.md).
         from corral.runtime import vm

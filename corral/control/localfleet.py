@@ -51,7 +51,7 @@ def build_runtime(
     if kind == "gvisor":
         from corral.runtime.gvisor import GvisorRuntime
 
-        return GvisorRuntime(root=state_root / host_id, cgroup_prefix=f"{host_id}-")
+        return GvisorRuntime(root=state_root / host_id, cgroup_prefix=f"{host_id}-", images=images)
     raise ValueError(f"unknown runtime {kind!r}")
 
 

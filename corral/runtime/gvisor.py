@@ -13,7 +13,12 @@ A sandbox is made of:
 * no network (``--network=none``: loopback only), or, given a network slot, the slot's namespace
   as the container's (see :data:`NETWORK_MODES`): its interface, address and routes, behind the
   slot's host-side policy, exactly as a process sandbox's; its resolver in the generated
-  resolv.conf.
+  resolv.conf;
+* for a sandbox whose spec names an image: its root, the image's overlay over a disk of its
+  ``disk_mb`` (the image mounted once per host, the disk from the pool: see
+  :mod:`corral.runtime.imageroot`), mounted by host root under the sandbox's directory and handed to
+  runsc as the container's writable root; the image's users run its commands, uids of gVisor's
+  kernel that its gofer writes as they are on that disk.
 
 A command on pipes is started, waited for and signalled through the Sentry's control socket (see
 :mod:`corral.runtime.sentry`), with no host process of its own; a command on a terminal runs through
@@ -41,7 +46,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corral.exec_result import ExecResult
-from corral.runtime import bwrap, child, launcher, oci, sentry, terminal
+from corral.images.resolver import ImageResolver
+from corral.runtime import bwrap, child, imageroot, launcher, oci, rootfs, sentry, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -78,6 +84,9 @@ _PROBE_TIMEOUT_S = 10.0
 _EXIT_GRACE_S = 1.0
 _DRAIN_GRACE_S = 0.5
 _STATE = "sandbox.json"
+# An image sandbox's digest, written before its image is mounted (a teardown unmounts an image that
+# no sandbox directory names, started or starting) and read back by its teardown.
+_IMAGE = "image-digest"
 # A command the Sentry would not start (no such program, a bad directory), as a shell reports one.
 _NOT_STARTED = 127
 _ERROR_BYTES = 64 * 1024
@@ -174,6 +183,9 @@ class GvisorRuntime:
         platform: str | None = None,
         cgroup_prefix: str = "",
         network_mode: str = "host",
+        images: ImageResolver | None = None,
+        disk_root: Path | None = None,
+        disk_pool_depth: int = rootfs.DEFAULT_POOL_DEPTH,
     ) -> None:
         if network_mode not in NETWORK_MODES:
             raise ValueError(f"network_mode must be one of {NETWORK_MODES}, got {network_mode!r}")
@@ -197,7 +209,14 @@ class GvisorRuntime:
         # The host's ``runsc exec`` of every terminal's command still running, by sandbox: one blocked
         # on a terminal nobody reads would outlive its container, so a stop kills them.
         self._execs: dict[str, set[asyncio.subprocess.Process]] = {}
-        self._tag = "c" + hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:10] + "-"
+        key = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()
+        self._tag = "c" + key[:10] + "-"
+        # Image sandboxes' roots: the images mounted under this root (0700, host root's), the disks in
+        # a directory of this root's own, as the process runtime keeps them.
+        self._roots = imageroot.ImageRoots(
+            images, self.root, disk_root or imageroot.DEFAULT_DISK_ROOT / f"gv-{key[:16]}", disk_pool_depth
+        )
+        self._reclaimed = False
 
     # -- paths and runsc ------------------------------------------------------------------------
 
@@ -266,13 +285,15 @@ class GvisorRuntime:
             if cgroup is not None:
                 cgroup.create(spec.memory_mb, cpus=spec.cpus, pids=spec.pids)
                 created = True
+            if spec.image is not None:
+                await self._make_root(home, spec)
             bundle = await asyncio.to_thread(self._write_bundle, home, spec)
             network = self.network_mode if spec.netns else "none"
             await self._create_in(cgroup, bundle, spec.id, network)
             await self._runsc_ok("start", self._cid(spec.id), network=network)  # as it was created
         except BaseException as exc:
             await asyncio.shield(asyncio.to_thread(self._teardown, spec.id, cgroup if created else None))
-            if isinstance(exc, RuntimeFailure | CgroupError | OSError):
+            if isinstance(exc, RuntimeFailure | CgroupError | OSError | rootfs.RootfsError):
                 raise RuntimeFailure(f"sandbox {spec.id!r} did not start: {exc}") from exc
             raise
         started = time.time()
@@ -287,12 +308,57 @@ class GvisorRuntime:
                 f"memory_mb: a gvisor sandbox needs at least {MIN_MEMORY_MB} MiB, got {spec.memory_mb}",
                 "memory_mb",
             )
+        imageroot.refuse_without_image(spec)
         if spec.image is not None:
-            raise InvalidSandbox(
-                "image: the gvisor runtime starts from the host's root only, for now", "image"
-            )
+            imageroot.validate(spec)
+            self._roots.require(os.geteuid() == 0)
+
+    # -- an image sandbox's root ------------------------------------------------------------------
+
+    def _root_paths(self, sandbox_id: str) -> rootfs.RootPaths:
+        """Its overlay under its own directory (0700 under a 0700 root, both host root's): only host
+        root and runsc's gofer reach it."""
+        home = self._dir(sandbox_id)
+        return rootfs.RootPaths(home, home / "overlay", rootfs.disk_path(self._roots.disk_root, sandbox_id))
+
+    async def _make_root(self, home: Path, spec: SandboxSpec) -> None:
+        """The image held and mounted, the disk taken, the overlay mounted, and the places the bundle
+        mounts onto made real directories and files in it (an image's link there is replaced)."""
+        assert spec.image is not None
+        (home / _IMAGE).write_text(spec.image)
+        paths = self._root_paths(spec.id)
+        paths.entry.mkdir(mode=0o700)
+        image_mnt = await self._roots.take(spec, paths.disk_dir)
+        await asyncio.to_thread(rootfs.make_unmapped, paths, image_mnt=image_mnt)
+        files = (*bwrap.IMAGE_MOUNT_FILES, *(("etc/resolv.conf",) if self._resolv_conf(spec) else ()))
+        await asyncio.to_thread(
+            rootfs.prepare_mountpoints, paths.merged, (*bwrap.IMAGE_MOUNT_DIRS, "sys"), files, 0
+        )
+
+    @staticmethod
+    def _resolv_conf(spec: SandboxSpec) -> bytes | None:
+        """An image sandbox's resolv.conf as the process runtime gives it: its slot's resolver, else
+        the host's when it has the network, else the image's own."""
+        if spec.nameserver is not None:
+            return bwrap.resolv_conf(spec.nameserver)
+        if spec.network and Path("/etc/resolv.conf").exists():
+            return Path("/etc/resolv.conf").read_bytes()
+        return None
+
+    async def fill_disks(self, disk_mb: int = rootfs.DEFAULT_DISK_MB) -> int:
+        """Make the pool's disks of ``disk_mb`` ahead (a warm-start optimisation: never required)."""
+        return await self._roots.fill(disk_mb)
+
+    async def drain_disks(self) -> None:
+        """Unmount and remove the pool's ready disks (at shutdown; a later start makes them again)."""
+        await self._roots.drain()
+
+    def _image_in_use(self, digest: str) -> bool:
+        return any(_image_of(home) == digest for home in (self.root / "sandboxes").glob("*"))
 
     def _write_bundle(self, home: Path, spec: SandboxSpec) -> Path:
+        if spec.image is not None:
+            return self._write_image_bundle(home, spec)
         bundle = home / "bundle"
         rootfs = bundle / "rootfs"
         rootfs.mkdir(parents=True)
@@ -309,12 +375,11 @@ class GvisorRuntime:
         ):
             (rootfs / point.lstrip("/")).mkdir(parents=True, exist_ok=True)
         (rootfs / bwrap.INIT_PATH.lstrip("/")).touch()
-        (rootfs / oci.PRELOAD_PATH.lstrip("/")).touch()
-        hostname = spec.hostname or spec.id[:63]
-        etc_data = bwrap.etc_files(hostname)
-        etc_data["ld.so.preload"] = oci.preload_list()
-        if spec.nameserver is not None:  # the slot's resolver
-            etc_data["resolv.conf"] = bwrap.resolv_conf(spec.nameserver)
+        (rootfs / oci.preload_path(image=False).lstrip("/")).touch()
+        etc_data = bwrap.etc_files(spec.hostname or spec.id[:63])
+        etc_data["ld.so.preload"] = oci.preload_list(image=False)
+        if (resolv := self._resolv_conf(spec)) is not None:
+            etc_data["resolv.conf"] = resolv
         for name in etc_data:
             (rootfs / "etc" / name).touch()
         for name in bwrap.HOST_ETC:
@@ -332,21 +397,45 @@ class GvisorRuntime:
         for name in bwrap.HOST_ETC:
             if (Path("/etc") / name).exists():
                 etc_sources.setdefault(name, f"/etc/{name}")
+        return self._write_config(bundle, home, spec, etc_sources)
+
+    def _write_image_bundle(self, home: Path, spec: SandboxSpec) -> Path:
+        """An image sandbox's bundle: its overlay as the root, the /etc files the process runtime
+        writes over an image's (its hosts; its resolv.conf when it has a resolver to name)."""
+        bundle = home / "bundle"
+        bundle.mkdir()
+        etc = home / "etc"
+        etc.mkdir()
+        files = bwrap.image_etc_files(spec.hostname or spec.id[:63])
+        files["ld.so.preload"] = oci.preload_list(image=True)
+        if (resolv := self._resolv_conf(spec)) is not None:
+            files["resolv.conf"] = resolv
+        etc_sources: dict[str, str] = {}
+        for name, data in files.items():
+            (etc / name).write_bytes(data)
+            etc_sources[name] = str(etc / name)
+        return self._write_config(bundle, home, spec, etc_sources)
+
+    def _write_config(self, bundle: Path, home: Path, spec: SandboxSpec, etc_sources: dict[str, str]) -> Path:
+        hostname = spec.hostname or spec.id[:63]
         init = home / "init"
         init.write_bytes(launcher.binary())
         init.chmod(0o555)
         shim = home / "statx.so"  # readable by the guest's users, as the cache's copy is not
         shutil.copyfile(launcher.statx_shim(), shim)
         shim.chmod(0o444)
+        image = spec.image is not None
+        user = imageroot.command_user(spec, None)[0]
         config = oci.bundle_config(
             hostname=hostname,
-            env=bwrap.sandbox_env(hostname, spec.env),
+            env=bwrap.sandbox_env(hostname, spec.env, user=user),
             system_paths=self._system_paths,
             etc_files=etc_sources,
             init_source=str(init),
             tmpfs_bytes=spec.memory_mb * _MIB,
             in_own_cgroups=self._cgroup(spec.id) is not None,
             netns=spec.netns,
+            image_root=str(self._root_paths(spec.id).merged) if image else None,
             preload_source=str(shim),
         )
         (bundle / "config.json").write_text(json.dumps(config))
@@ -426,7 +515,16 @@ class GvisorRuntime:
                 cgroup.kill()
             with contextlib.suppress(CgroupError, OSError):
                 cgroup.remove()
-        shutil.rmtree(self.root / "sandboxes" / sandbox_id, ignore_errors=True)
+        home = self.root / "sandboxes" / sandbox_id
+        image = _image_of(home)
+        if image is not None:
+            # Its overlay and disk first: the directory goes only once nothing is mounted in it.
+            rootfs.unmake(self._root_paths(sandbox_id))
+            self._roots.release(sandbox_id, image)
+        if not rootfs.mounted(self._root_paths(sandbox_id).merged):
+            shutil.rmtree(home, ignore_errors=True)
+        if image is not None:
+            self._roots.unmount_unless(image, lambda: self._image_in_use(image))
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -436,17 +534,22 @@ class GvisorRuntime:
         command: Sequence[str],
         env: Mapping[str, str] | None,
         cwd: str | None,
-    ) -> tuple[Sequence[str], dict[str, str], str]:
-        """The command checked as the process runtime checks it, with the sandbox's environment."""
+        user: str | None = None,
+    ) -> tuple[Sequence[str], dict[str, str], str, int, bool]:
+        """The command checked as the process runtime checks it, with the sandbox's environment, as
+        ``user`` (or the spec's: see :func:`imageroot.command_user`): its argv, env, cwd, uid inside
+        and whether its sandbox runs an image."""
         if sandbox_id in self._paused:
             raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
         spec = spec_from_dict(self._live_state(sandbox_id)["spec"])
+        name, uid, start_in = imageroot.command_user(spec, user)
         try:
-            launcher.check_command(command, dict(env or {}), cwd or bwrap.SANDBOX_HOME)
+            launcher.check_command(command, dict(env or {}), cwd or start_in)
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
         hostname = spec.hostname or spec.id[:63]
-        return command, bwrap.sandbox_env(hostname, spec.env, env), cwd or bwrap.SANDBOX_HOME
+        full_env = bwrap.sandbox_env(hostname, spec.env, env, user=name)
+        return command, full_env, cwd or start_in, uid, spec.image is not None
 
     async def _start(
         self,
@@ -456,12 +559,14 @@ class GvisorRuntime:
         cwd: str | None,
         *,
         stdin: bool,
+        user: str | None = None,
     ) -> sentry.SentryCommand | Spawned:
         """A command on pipes, started by the Sentry (see :mod:`corral.runtime.sentry`); one the
         Sentry refused (no such program) as it ended, its reason on stderr."""
-        argv, full_env, where = self._command(sandbox_id, command, env, cwd)
+        argv, full_env, where, uid, _image = self._command(sandbox_id, command, env, cwd, user)
         cid = self._cid(sandbox_id)
-        args = sentry.exec_args(cid, argv, full_env, where, uid=bwrap.SANDBOX_UID, gid=bwrap.SANDBOX_GID)
+        # Each user's gid is its uid (the sandbox user's 1000, root's 0).
+        args = sentry.exec_args(cid, argv, full_env, where, uid=uid, gid=uid)
         try:
             return await sentry.start(cid, args, stdin=stdin)
         except sentry.SentryRefused as exc:
@@ -476,12 +581,13 @@ class GvisorRuntime:
         env: Mapping[str, str] | None,
         cwd: str | None,
         tty: int,
+        user: str | None,
     ) -> tuple[asyncio.subprocess.Process, Path]:
         """``runsc exec`` of a command on a terminal's slave ``tty``, which becomes runsc's controlling
         one (``setsid --ctty``): what the terminal signals (typed ^C, a resize's SIGWINCH) reaches
         runsc, which forwards every signal to the command inside."""
-        argv, full_env, where = self._command(sandbox_id, command, env, cwd)
-        process = oci.process(argv, full_env, where, terminal=True)
+        argv, full_env, where, uid, image = self._command(sandbox_id, command, env, cwd, user)
+        process = oci.process(argv, full_env, where, uid=uid, terminal=True, no_new_privileges=not image)
         fd = launcher.memfd("process", json.dumps(process).encode())
         pid_file = self._dir(sandbox_id) / f"exec-{os.urandom(6).hex()}.pid"
         try:
@@ -547,11 +653,9 @@ class GvisorRuntime:
         user: str | None = None,
         pty: PtySize | None = None,
     ) -> Spawned:
-        if user is not None:
-            raise InvalidSandbox("the gvisor runtime runs commands as the sandbox's one user", "user")
         if pty is not None:
-            return await self._spawn_on_terminal(sandbox_id, command, env, cwd, stdin, pty)
-        started = await self._start(sandbox_id, command, env, cwd, stdin=stdin)
+            return await self._spawn_on_terminal(sandbox_id, command, env, cwd, stdin, pty, user)
+        started = await self._start(sandbox_id, command, env, cwd, stdin=stdin, user=user)
         if isinstance(started, Spawned):
             return started
         return Spawned(started.stdout, started.stderr, started.stdin, started.wait, started.signal)
@@ -564,6 +668,7 @@ class GvisorRuntime:
         cwd: str | None,
         stdin: bool,
         size: PtySize,
+        user: str | None,
     ) -> Spawned:
         """A command on a host terminal the Sentry is handed (runsc's ``terminal``): the guest sees a
         terminal of gVisor's host-file kind, not one of its own devpts (``tty`` says "not a tty"
@@ -581,7 +686,7 @@ class GvisorRuntime:
             os.close(slave)
             raise
         try:
-            proc, pid_file = await self._open_on_terminal(sandbox_id, command, env, cwd, slave)
+            proc, pid_file = await self._open_on_terminal(sandbox_id, command, env, cwd, slave, user)
         except BaseException:
             os.close(master)
             os.close(control)
@@ -630,7 +735,9 @@ class GvisorRuntime:
             started = self._state(sandbox_id).get("started_at")
         except SandboxNotFound:
             return None
-        return await self._guest_fs.program(self, sandbox_id, bwrap.INIT_PATH, started)
+        image = self._state(sandbox_id)["spec"].get("image") is not None
+        path = bwrap.IMAGE_INIT_PATH if image else bwrap.INIT_PATH
+        return await self._guest_fs.program(self, sandbox_id, path, started)
 
     def paused(self, sandbox_id: str) -> bool:
         self._state(sandbox_id)
@@ -646,7 +753,13 @@ class GvisorRuntime:
         return -(-cgroup.working_set_bytes() // _MIB)
 
     async def disk_used_mb(self, sandbox_id: str) -> int | None:
-        return None  # its sandboxes start from the host's root, never an image with a disk
+        """What the sandbox's writable layer holds on its disk; None when it has none (no image)."""
+        if spec_from_dict(self._live_state(sandbox_id)["spec"]).image is None:
+            return None
+        try:
+            return -(-(await asyncio.to_thread(rootfs.used_bytes, self._root_paths(sandbox_id))) // _MIB)
+        except OSError:
+            return None
 
     async def oom_kills(self, sandbox_id: str) -> int:
         """The sandbox cgroup's count, read until the sandbox is torn down: when the OOM killer's choice
@@ -684,6 +797,14 @@ class GvisorRuntime:
     async def list(self) -> list[SandboxHandle]:
         found: list[SandboxHandle] = []
         base = self.root / "sandboxes"
+        if not self._reclaimed:
+            # Once, at an agent's adoption: the disks of sandboxes this root has no directory of.
+            self._reclaimed = True
+            await asyncio.to_thread(
+                self._roots.reclaim,
+                lambda sandbox_id: (base / sandbox_id).exists(),
+                lambda sandbox_id: rootfs.unmake(self._root_paths(sandbox_id)),
+            )
         if not base.exists():
             return found
         running = await self._running()
@@ -695,6 +816,7 @@ class GvisorRuntime:
             if home.name not in running:
                 continue  # its container is gone (the host rebooted, or its init died)
             spec = spec_from_dict(state["spec"])
+            await self._roots.hold(spec.id, spec.image)
             found.append(SandboxHandle(spec.id, spec, float(state["started_at"]), ref=str(home)))
         return found
 
@@ -713,3 +835,11 @@ class GvisorRuntime:
             for c in listed
             if c.get("status") in ("running", "paused") and c["id"].startswith(tag)
         }
+
+
+def _image_of(home: Path) -> str | None:
+    """The digest an image sandbox's directory names, or None (not an image's, or gone)."""
+    try:
+        return (home / _IMAGE).read_text() or None
+    except OSError:
+        return None

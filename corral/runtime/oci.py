@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from corral.runtime.bwrap import INIT_PATH, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID
+from corral.runtime.bwrap import IMAGE_INIT_PATH, INIT_PATH, SANDBOX_GID, SANDBOX_HOME, SANDBOX_UID
 
 OCI_VERSION = "1.0.2"
 # Nothing is granted: the sandbox's user holds no capability, inside gVisor's kernel as outside.
@@ -26,9 +26,11 @@ def process(
     *,
     uid: int = SANDBOX_UID,
     terminal: bool = False,
+    no_new_privileges: bool = True,
 ) -> dict[str, Any]:
-    """One process of the sandbox: as its user, without capabilities or new privileges; on the
-    terminal its runtime is given as its standard descriptors, if ``terminal``."""
+    """One process of the sandbox: as its user, without capabilities or new privileges (unless
+    ``no_new_privileges`` is False: an image's sandbox, whose setuid ``sudo`` is its root's way in);
+    on the terminal its runtime is given as its standard descriptors, if ``terminal``."""
     return {
         "terminal": terminal,
         "user": {"uid": uid, "gid": SANDBOX_GID if uid == SANDBOX_UID else uid},
@@ -36,18 +38,20 @@ def process(
         "env": _env_list(env),
         "cwd": cwd,
         "capabilities": _NO_CAPS,
-        "noNewPrivileges": True,
+        "noNewPrivileges": no_new_privileges,
         "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
     }
 
 
-# Where a gVisor sandbox's statx shim is (see corral/runtime/statx_shim.c), beside corral's init.
-PRELOAD_PATH = "/.corral/statx.so"
+def preload_path(*, image: bool) -> str:
+    """Where a gVisor sandbox's statx shim is (see corral/runtime/statx_shim.c): beside corral's init,
+    in /dev for an image's root (the image holds no /.corral)."""
+    return "/dev/.corral-statx.so" if image else "/.corral/statx.so"
 
 
-def preload_list() -> bytes:
+def preload_list(*, image: bool) -> bytes:
     """The /etc/ld.so.preload that loads the shim into every dynamically linked program."""
-    return f"{PRELOAD_PATH}\n".encode()
+    return f"{preload_path(image=image)}\n".encode()
 
 
 def _bind(source: str, destination: str) -> dict[str, Any]:
@@ -78,16 +82,19 @@ def bundle_config(
     tmpfs_bytes: int | None,
     in_own_cgroups: bool = False,
     netns: str | None = None,
+    image_root: str | None = None,
     preload_source: str | None = None,
 ) -> dict[str, Any]:
     """The sandbox's spec: a read-only empty root with the host's system directories bound read-only
-    over it (until images land: then the image is its root), its generated /etc files (``etc_files``:
-    name inside /etc -> host path), tmpfs home, /tmp and /dev/shm sized like the process runtime's, and
-    corral's init as pid 1 (it reaps orphans; gVisor's kernel, not the host's, runs it).
-    ``in_own_cgroups``: runsc is started inside the sandbox's cgroups, made and limited already.
-    ``netns``: the network slot's namespace, the container's (else a new, empty one).
-    ``preload_source``: the statx shim, bound read-only at :data:`PRELOAD_PATH` (which the caller's
-    /etc/ld.so.preload names)."""
+    over it, its generated /etc files (``etc_files``: name inside /etc -> host path), tmpfs home, /tmp
+    and /dev/shm sized like the process runtime's, and corral's init as pid 1 (it reaps orphans;
+    gVisor's kernel, not the host's, runs it). ``in_own_cgroups``: runsc is started inside the
+    sandbox's cgroups, made and limited already. ``netns``: the network slot's namespace, the
+    container's (else a new, empty one). ``image_root``: an image sandbox's overlay (see
+    corral.runtime.rootfs), its writable root instead, whose own home and /tmp are on its disk, its
+    init root inside at IMAGE_INIT_PATH, nothing of the host's system bound in, and new privileges
+    allowed (its ``sudo``). ``preload_source``: the statx shim, bound read-only at
+    :func:`preload_path` (which the caller's /etc/ld.so.preload names, see :func:`preload_list`)."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {
@@ -103,17 +110,20 @@ def bundle_config(
             "options": ["nosuid", "noexec", "nodev", "ro"],
         },
     ]
-    mounts += [_bind(p, p) for p in system_paths]
+    mounts += [_bind(p, p) for p in system_paths if image_root is None]
     mounts += [_bind(src, f"/etc/{name}") for name, src in sorted(etc_files.items())]
-    mounts += [
-        _tmpfs("/tmp", tmpfs_bytes, "1777"),
-        _tmpfs("/dev/shm", tmpfs_bytes, "1777"),
-        _tmpfs(SANDBOX_HOME, tmpfs_bytes, "0700", owner=SANDBOX_UID),  # the sandbox user's own
-        _bind(init_source, INIT_PATH),
-        *([_bind(preload_source, PRELOAD_PATH)] if preload_source is not None else []),
-    ]
-    init = process([INIT_PATH, "init"], env, "/")
-    init["user"] = {"uid": SANDBOX_UID, "gid": SANDBOX_GID}
+    mounts.append(_tmpfs("/dev/shm", tmpfs_bytes, "1777"))
+    if image_root is None:
+        mounts += [
+            _tmpfs("/tmp", tmpfs_bytes, "1777"),
+            _tmpfs(SANDBOX_HOME, tmpfs_bytes, "0700", owner=SANDBOX_UID),  # the sandbox user's own
+        ]
+    init_path = INIT_PATH if image_root is None else IMAGE_INIT_PATH
+    mounts.append(_bind(init_source, init_path))
+    if preload_source is not None:
+        mounts.append(_bind(preload_source, preload_path(image=image_root is not None)))
+    init = process([init_path, "init"], env, "/", no_new_privileges=image_root is None)
+    init["user"] = {"uid": SANDBOX_UID, "gid": SANDBOX_GID} if image_root is None else {"uid": 0, "gid": 0}
     linux: dict[str, Any] = {
         "namespaces": [
             *({"type": t} for t in ("pid", "ipc", "uts", "mount")),
@@ -130,7 +140,9 @@ def bundle_config(
     return {
         "ociVersion": OCI_VERSION,
         "process": init,
-        "root": {"path": "rootfs", "readonly": True},
+        "root": {"path": image_root, "readonly": False}
+        if image_root
+        else {"path": "rootfs", "readonly": True},
         "hostname": hostname,
         "mounts": mounts,
         "linux": linux,

@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,9 +44,8 @@ from corral.clock import SystemClock
 from corral.core.clock import Clock
 from corral.core.types import MAX_SANDBOX_PIDS, MIN_SANDBOX_PIDS
 from corral.exec_result import ExecResult
-from corral.images.digest import check_digest
 from corral.images.resolver import ImageResolver
-from corral.runtime import bwrap, child, commands, guest, launcher, procfs, rootfs, terminal
+from corral.runtime import bwrap, child, commands, guest, imageroot, launcher, procfs, rootfs, terminal
 from corral.runtime.base import (
     InvalidSandbox,
     RuntimeFailure,
@@ -75,11 +73,7 @@ from corral.runtime.uids import (
 )
 
 DEFAULT_ROOT = Path("/run/corral/sandboxes")
-# Image sandboxes' disks: on a disk, never under /run (a tmpfs on most hosts); one directory per root.
-DEFAULT_DISK_ROOT = Path("/var/lib/corral/disks")
-_POOL = ".pool"
-# The uids of an image sandbox's users inside (its image's /etc/passwd names them).
-_IMAGE_UIDS = {bwrap.SANDBOX_USER: bwrap.SANDBOX_UID, bwrap.ROOT_USER: 0}
+DEFAULT_DISK_ROOT = imageroot.DEFAULT_DISK_ROOT
 MIN_MEMORY_MB = 16  # bubblewrap, its init and a shell need a few MiB before any workload
 NOBODY = 65534
 _MIB = 1024 * 1024
@@ -150,16 +144,11 @@ class ProcessRuntime:
         self._ranges = UidAllocator(uid_lease_dir, uid_ranges, self.statedir.root) if privileged else None
         # Images: where their files come from, where they are mounted, the pool of writable disks
         # (made on the first image sandbox's start), and the sandboxes whose image this object holds.
-        self._images = images
         self._root_key = hashlib.sha256(str(self.statedir.root.resolve()).encode()).hexdigest()[:16]
-        self._disk_root = disk_root or DEFAULT_DISK_ROOT / self._root_key
-        self._disk_pool_depth = disk_pool_depth
-        self._image_mounts: rootfs.ImageMounts | None = None
-        self._pool: rootfs.DiskPool | None = None
-        self._pool_opening = threading.Lock()  # opened once, off the event loop (it reclaims)
-        self._held: set[str] = set()
+        self._roots = imageroot.ImageRoots(
+            images, self.statedir.root, disk_root or DEFAULT_DISK_ROOT / self._root_key, disk_pool_depth
+        )
         self._reclaimed = False
-        self._filling: asyncio.Task[int] | None = None
         self._privileged = privileged
         self._output_limit = output_limit_bytes
         self._system_paths = tuple(system_paths)
@@ -267,90 +256,42 @@ class ProcessRuntime:
             launcher.check_command(["true"], bwrap.sandbox_env(spec.id, spec.env), "/")
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), "env") from None
+        imageroot.refuse_without_image(spec)
         if spec.image is not None:
-            self._validate_image(spec)
-        elif spec.disk_mb is not None or spec.user is not None or spec.workdir is not None:
-            raise InvalidSandbox("disk_mb, user and workdir need an image", "image")
-
-    def _validate_image(self, spec: SandboxSpec) -> None:
-        try:
-            check_digest(spec.image or "")
-        except ValueError as exc:
-            raise InvalidSandbox(str(exc), "image") from None
-        disk_mb = spec.disk_mb if spec.disk_mb is not None else rootfs.DEFAULT_DISK_MB
-        if not rootfs.MIN_DISK_MB <= disk_mb <= rootfs.MAX_DISK_MB:
-            raise InvalidSandbox(
-                f"disk_mb must be between {rootfs.MIN_DISK_MB} and {rootfs.MAX_DISK_MB}, got {disk_mb}",
-                "disk_mb",
-            )
-        if spec.user is not None and spec.user not in _IMAGE_UIDS:
-            raise InvalidSandbox(f"user must be one of {sorted(_IMAGE_UIDS)}, got {spec.user!r}", "user")
-        if spec.workdir is not None:
-            try:
-                launcher.check_command(["true"], {}, spec.workdir)
-            except launcher.BadCommand:
-                raise InvalidSandbox(
-                    "workdir must be an absolute path without NUL bytes", "workdir"
-                ) from None
-        if not self._privileged or self._images is None:
-            raise RuntimeFailure("this runtime cannot run images (it needs root and an image resolver)")
+            imageroot.validate(spec)
+            self._roots.require(self._privileged)
 
     # -- an image sandbox's root ------------------------------------------------------------------
 
     def _disks(self) -> rootfs.DiskPool:
-        """The pool, opened on first use (opening reclaims what a gone maker left: unmounts, file
-        removals), so call it from a worker thread, never on the event loop."""
-        with self._pool_opening:
-            if self._pool is None:
-                self._pool = rootfs.DiskPool(self._disk_root / _POOL, self._disk_pool_depth)
-            return self._pool
-
-    def _mounts(self) -> rootfs.ImageMounts:
-        if self._image_mounts is None:
-            self._image_mounts = rootfs.ImageMounts(self.statedir.root)
-        return self._image_mounts
+        """The pool (opening it reclaims: from a worker thread only)."""
+        return self._roots.disks()
 
     def _root_paths(self, sandbox_id: str) -> rootfs.RootPaths:
         return rootfs.RootPaths(
             self.statedir.dir(sandbox_id),
             rootfs.ROOTS_DIR / f"{self._root_key}-{sandbox_id}",
-            rootfs.disk_path(self._disk_root, sandbox_id),
+            rootfs.disk_path(self._roots.disk_root, sandbox_id),
         )
 
     async def _make_root(self, spec: SandboxSpec, base: int | None) -> Path:
         """The image mounted (once), the sandbox's disk taken from the pool, its overlay root made."""
-        assert spec.image is not None and self._images is not None and base is not None
-        image_file = await self._images.local_path(spec.image)
-        self._held.add(spec.id)
-        image_mnt = await asyncio.to_thread(self._mounts().mount, spec.image, image_file)
+        assert base is not None
         paths = self._root_paths(spec.id)
-        size = spec.disk_mb if spec.disk_mb is not None else rootfs.DEFAULT_DISK_MB
         await asyncio.to_thread(rootfs.make_entry, paths, base)
-        await asyncio.to_thread(lambda: self._disks().take(size, paths.disk_dir))
-        self._refill_disks()
+        image_mnt = await self._roots.take(spec, paths.disk_dir)
         await asyncio.to_thread(rootfs.make, paths, image_mnt=image_mnt, base=base, span=RANGE_SPAN)
         files = bwrap.IMAGE_MOUNT_FILES + (bwrap.IMAGE_NETWORK_FILES if spec.network else ())
         await asyncio.to_thread(rootfs.prepare_mountpoints, paths.merged, bwrap.IMAGE_MOUNT_DIRS, files, base)
         return paths.disk
 
-    def _refill_disks(self) -> None:
-        if self._filling is None or self._filling.done():
-            self._filling = asyncio.ensure_future(asyncio.to_thread(lambda: self._disks().fill()))
-
     async def fill_disks(self, disk_mb: int = rootfs.DEFAULT_DISK_MB) -> int:
         """Make the pool's disks of ``disk_mb`` ahead (a warm-start optimisation: never required)."""
-
-        def fill() -> int:
-            pool = self._disks()
-            pool.note(disk_mb)
-            return pool.fill()
-
-        return await asyncio.to_thread(fill)
+        return await self._roots.fill(disk_mb)
 
     async def drain_disks(self) -> None:
         """Unmount and remove the pool's ready disks (at shutdown; a later start makes them again)."""
-        if self._pool is not None:
-            await asyncio.to_thread(self._pool.drain)
+        await self._roots.drain()
 
     async def _launch(
         self, spec: SandboxSpec, cgroup: SandboxCgroup | None, uid: int | None, disk: Path | None
@@ -566,15 +507,13 @@ class ProcessRuntime:
         # Every mount of its root, then its disk: the directory is removed only once nothing is
         # mounted in it (an error here leaves it for the next teardown).
         rootfs.unmake(self._root_paths(sandbox_id))
-        if image is not None and sandbox_id in self._held and self._images is not None:
-            self._held.discard(sandbox_id)
-            self._images.release(image)
+        self._roots.release(sandbox_id, image)
         leases = self._ranges if span > 1 else self._uids
         if uid is not None and leases is not None:
             leases.release(uid, sandbox_id)  # before the record goes, so it is never reclaimed early
         self.statedir.discard(sandbox_id)
         if image is not None and self._privileged:
-            self._mounts().unmount_unless(image, lambda: self._image_in_use(image))
+            self._roots.unmount_unless(image, lambda: self._image_in_use(image))
 
     def _image_in_use(self, digest: str) -> bool:
         for sandbox_id in self.statedir.ids():
@@ -671,22 +610,10 @@ class ProcessRuntime:
             raise SandboxPaused(f"sandbox {sandbox_id!r} is paused")
         hostname = record.spec.hostname or record.spec.id[:64]
         image = record.spec.image is not None
-        if user is not None and not image and user != bwrap.SANDBOX_USER:
-            raise InvalidSandbox(
-                f"user {user!r} runs only in a sandbox of an image template (root inside, nobody on the "
-                f"host); this one runs on the host's own system, as its one user {bwrap.SANDBOX_USER!r}",
-                "user",
-            )
-        if user is not None and user not in _IMAGE_UIDS:
-            raise InvalidSandbox(f"user must be one of {sorted(_IMAGE_UIDS)}, got {user!r}", "user")
-        user = user or record.spec.user or bwrap.SANDBOX_USER
-        inside = _IMAGE_UIDS[user] if image else bwrap.SANDBOX_UID
-        home = bwrap.ROOT_HOME if user == bwrap.ROOT_USER else bwrap.SANDBOX_HOME
+        user, inside, start_in = imageroot.command_user(record.spec, user)
         try:
             spec = launcher.encode(
-                command,
-                bwrap.sandbox_env(hostname, record.spec.env, env, user=user),
-                cwd or record.spec.workdir or home,
+                command, bwrap.sandbox_env(hostname, record.spec.env, env, user=user), cwd or start_in
             )
         except launcher.BadCommand as exc:
             raise InvalidSandbox(str(exc), exc.field) from None
@@ -872,7 +799,9 @@ class ProcessRuntime:
         try:
             if record.uid is not None:
                 image = record.spec.image is not None
-                inside = _IMAGE_UIDS.get(user or record.spec.user or bwrap.SANDBOX_USER, 0) if image else 0
+                inside = (
+                    imageroot.USERS.get(user or record.spec.user or bwrap.SANDBOX_USER, 0) if image else 0
+                )
                 os.fchown(slave, record.uid + inside, record.uid + inside)
             control = os.dup(master)
         except BaseException:
@@ -962,7 +891,7 @@ class ProcessRuntime:
                 continue
             record = self.statedir.load(sandbox_id)
             if isinstance(record, Running) and self._is_live(record):
-                await self._hold_image(record)
+                await self._roots.hold(record.spec.id, record.spec.image)
                 handles.append(self._handle(record))
             elif isinstance(record, Running | Corrupt) or (
                 isinstance(record, Starting) and not procfs.is_alive(record.starter)
@@ -972,36 +901,12 @@ class ProcessRuntime:
         return handles
 
     def _reclaim_disks(self) -> int:
-        """Remove the disks of sandboxes this root has no record of, once (at the first list, which is
-        an agent's adoption at start): a host restarted loses the records (under /run) but not the
-        disks (on a disk), and state removed under a dead agent leaves them too. A start records its
-        sandbox before it takes a disk, and a teardown removes the disk before the record, so a disk
-        without a record is nobody's. The pool's ready disks stay while their maker lives (no sandbox
-        has used them); those of a maker that is gone are unmounted and removed."""
-        gone = 0
-        if (self._disk_root / _POOL).is_dir():
-            gone += self._disks().reclaim()
-        for sandbox_id in rootfs.disk_owners(self._disk_root):
-            if sandbox_id in self._starting or (
-                valid_id(sandbox_id) and self.statedir.dir(sandbox_id).exists()
-            ):
-                continue
-            if valid_id(sandbox_id):
-                rootfs.unmake(self._root_paths(sandbox_id))
-            else:
-                rootfs.remove_disk(rootfs.disk_path(self._disk_root, sandbox_id))
-            gone += 1
-        return gone
-
-    async def _hold_image(self, record: Running) -> None:
-        """A re-adopted sandbox's image is held from this object's resolver too (a cache must not
-        evict what a sandbox runs on)."""
-        digest = record.spec.image
-        if digest is None or record.spec.id in self._held or self._images is None:
-            return
-        with contextlib.suppress(Exception):  # it runs on its mounted image either way
-            await self._images.local_path(digest)
-            self._held.add(record.spec.id)
+        """Remove the disks of sandboxes this root has no record of (see ImageRoots.reclaim), once: at
+        the first list, which is an agent's adoption at start."""
+        return self._roots.reclaim(
+            lambda sandbox_id: sandbox_id in self._starting or self.statedir.dir(sandbox_id).exists(),
+            lambda sandbox_id: rootfs.unmake(self._root_paths(sandbox_id)),
+        )
 
     async def disk_used_mb(self, sandbox_id: str) -> int | None:
         """What the sandbox's writable layer holds on its disk; None when it has none (no image)."""

@@ -177,11 +177,35 @@ def make(paths: RootPaths, *, image_mnt: Path, base: int, span: int) -> None:
         directory.mkdir(mode=0o700, exist_ok=True)
     argv = [str(launcher.path()), "rootfs", str(base), str(base), str(span), str(image_mnt)]
     argv += [str(paths.disk_mnt), str(paths.userns), str(paths.lower), str(paths.merged)]
-    for path in argv[5:]:
+    _check_overlay_paths(argv[5:])
+    _run(argv)
+
+
+def _check_overlay_paths(paths: Sequence[str]) -> None:
+    for path in paths:
         # The overlay's options are a comma-separated list: a path must not add an option.
         if any(c in path for c in ",:\\\n"):
             raise RootfsError(f"path {path!r} cannot be used in an overlay's options")
-    _run(argv)
+
+
+def make_unmapped(paths: RootPaths, *, image_mnt: Path) -> None:
+    """The overlay of the image and the disk's ``upper`` at ``paths.merged``, as host root made them,
+    no uid mapping: for a runtime whose guest kernel keeps its own uids (gVisor: its gofer writes the
+    guest's uids as they are, on a disk only that sandbox mounts). ``nosuid``: no host process ever
+    runs a file of it, and gVisor's kernel reads a file's setuid bit itself. Undone by :func:`unmake`."""
+    upper, work = paths.disk_mnt / "upper", paths.disk_mnt / "work"
+    for directory, mode in ((upper, 0o755), (work, 0o700), (paths.merged, 0o700)):
+        directory.mkdir(mode=mode, exist_ok=True)
+    _check_overlay_paths([str(image_mnt), str(upper), str(work)])
+    options = f"lowerdir={image_mnt},upperdir={upper},workdir={work},nodev,nosuid,noatime"
+    done = subprocess.run(
+        ["mount", "-t", "overlay", "-o", options, "overlay", str(paths.merged)],
+        capture_output=True,
+        env=launcher.clean_env(),
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RootfsError(f"cannot mount the overlay: {done.stderr.decode(errors='replace').strip()}")
 
 
 def _run(argv: list[str]) -> None:

@@ -38,7 +38,7 @@ def image() -> Image:
     return base_image()
 
 
-EVERY_RUNTIME = pytest.mark.parametrize("sandbox", ["host", "image", "gvisor"], indirect=True)
+EVERY_RUNTIME = pytest.mark.parametrize("sandbox", ["host", "image", "gvisor", "gvisor-image"], indirect=True)
 
 
 @pytest.fixture(params=["host", "image"])
@@ -50,18 +50,21 @@ async def sandbox(
     image: Image,
 ) -> AsyncIterator[tuple[Runtime, httpx.AsyncClient]]:
     """A sandbox on the host's own system, of the small Debian image (which has no python3), or,
-    where a test asks, behind gVisor."""
+    where a test asks, behind gVisor (on the host's system or that image)."""
     runtime: Runtime
     if request.param == "image":
         runtime = image_runtime(make_process_runtime, tmp_path, DictResolver({image.digest: image.path}))
-    elif request.param == "gvisor":
-        runtime = GvisorRuntime(tmp_path / "gvisor", cgroup_root=cgroup_root)
+    elif request.param in ("gvisor", "gvisor-image"):
+        images = DictResolver({image.digest: image.path}) if request.param == "gvisor-image" else None
+        runtime = GvisorRuntime(
+            tmp_path / "gvisor", cgroup_root=cgroup_root, images=images, disk_root=tmp_path / "gvisor-disks"
+        )
     else:
         runtime = make_process_runtime()
     agent = Agent(
         AgentConfig("host-1", 4096, 2.0, address="http://127.0.0.1:1"), runtime, pressure=lambda: 0.0
     )
-    of_image = {"image": image.digest, "disk_mb": 64} if request.param == "image" else {}
+    of_image = {"image": image.digest, "disk_mb": 64} if request.param.endswith("image") else {}
     await agent.start(StartSandbox(id=SID, memory_mb=256, **of_image))  # type: ignore[arg-type]
     app = Envd(agent, files_max_bytes=LIMIT, idle_timeout_s=5.0)
     async with httpx.AsyncClient(
@@ -69,6 +72,8 @@ async def sandbox(
     ) as client:
         yield runtime, client
     await agent.stop(SID)
+    if isinstance(runtime, GvisorRuntime):
+        await runtime.drain_disks()
 
 
 async def sh(runtime: Runtime, script: str) -> str:
