@@ -476,7 +476,7 @@ class Agent:
 
     async def _reap(self, sandbox_id: str) -> None:
         # Never started, or already gone: either way nothing is left.
-        with contextlib.suppress(RuntimeFailure):
+        with contextlib.suppress(RuntimeFailure, SandboxNotFound):
             await self.runtime.stop(sandbox_id)
         await self._detach(sandbox_id)
 
@@ -807,10 +807,10 @@ class Agent:
                     self._live.pop(sandbox_id, None)  # died on its own (OOM, crash, kill -1 inside)
                     self.warm.forget(sandbox_id)
                     # What it left behind (its record, cgroups, host uid) goes now, not at some
-                    # later listing: nothing else will ever ask the runtime about this id again.
-                    with contextlib.suppress(RuntimeFailure):
-                        await self.runtime.stop(sandbox_id)
-                    await self._detach(sandbox_id)
+                    # later listing: nothing else will ever ask the runtime about this id again. In
+                    # the background: a teardown (runsc's takes seconds) must not hold up the
+                    # heartbeat this reading is for.
+                    self._in_background(self._reap(sandbox_id))
                 continue
             except RuntimeFailure:
                 continue  # no reading this round; keep the last one

@@ -22,6 +22,8 @@ from corral.core import ManualClock
 from corral.core.admission import admittable_mb
 from corral.core.listing import digest_of
 from corral.core.types import HOST_FACTS, AdmissionMode, SandboxUsage
+from corral.runtime.base import SandboxNotFound
+from corral.runtime.sim import SimRuntime
 
 
 async def test_heartbeat_payload(make_agent: Callable[..., Agent], clock: ManualClock) -> None:
@@ -178,3 +180,42 @@ async def test_heartbeat_becomes_the_cores_host_view(make_agent: Callable[..., A
     assert host_fits(view, NO_PENDING, CreateRequest(memory_mb=4336))
     assert not host_fits(view, NO_PENDING, CreateRequest(memory_mb=4337))
     assert make_agent().heartbeat().host_view().templates is None
+
+
+class _SlowTeardown(SimRuntime):
+    """A runtime whose sandbox ``gone`` has ended on its own, and whose teardown takes as long as a
+    gVisor container's can (runsc's kill and delete): until ``done`` is set."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock=clock)
+        self.done = asyncio.Event()
+        self.stopped: list[str] = []
+
+    async def resident_mb(self, sandbox_id: str) -> int | None:
+        if sandbox_id == "gone":
+            raise SandboxNotFound(sandbox_id)
+        return await super().resident_mb(sandbox_id)
+
+    async def stop(self, sandbox_id: str) -> None:
+        await self.done.wait()
+        self.stopped.append(sandbox_id)
+        await super().stop(sandbox_id)
+
+
+async def test_a_sandbox_that_ended_on_its_own_is_torn_down_without_holding_the_heartbeat(
+    make_agent: Callable[..., Agent], clock: ManualClock
+) -> None:
+    runtime = _SlowTeardown(clock)
+    agent = make_agent(runtime=runtime)
+    await agent.start(StartSandbox(id="gone", memory_mb=512))
+    await agent.start(StartSandbox(id="kept", memory_mb=512))
+    # The reading and the heartbeat go on while the teardown is under way.
+    await asyncio.wait_for(agent.measure(), 5)
+    hb = await asyncio.wait_for(agent.beat(), 5)
+    assert hb.sandbox_ids == ["kept"] and runtime.stopped == []
+    runtime.done.set()
+    for _ in range(100):
+        if runtime.stopped:
+            break
+        await asyncio.sleep(0.01)
+    assert runtime.stopped == ["gone"]
