@@ -572,6 +572,8 @@ class GvisorRuntime:
         except sentry.SentryRefused as exc:
             return finished(_NOT_STARTED, stderr=f"corral: {exc}\n".encode())
         except sentry.SentryGone as exc:
+            if sandbox_id not in await self._running():  # its Sentry died: the sandbox has ended
+                raise SandboxNotFound(f"sandbox {sandbox_id!r} has stopped") from None
             raise RuntimeFailure(f"sandbox {sandbox_id!r} runs no command: {exc}") from None
 
     async def _open_on_terminal(

@@ -165,3 +165,29 @@ async def test_ls_and_stat_work_through_the_statx_shim(gvisor: GvisorRuntime) ->
     assert missing.exit_code == 2 and "No such file or directory" in missing.stderr, missing
     tamper = await gvisor.exec("ls", ["sh", "-c", "echo > /etc/ld.so.preload; echo > /.corral/statx.so"])
     assert tamper.stderr.count("cannot create") == 2, tamper  # root's, and bound read-only
+
+
+async def test_a_command_for_a_sandbox_whose_sentry_just_died_is_refused_as_stopped(
+    gvisor: GvisorRuntime,
+) -> None:
+    """Asked before its remains are gone (the cgroup still holds the gofer and stubs), a command finds
+    the control socket closed: the sandbox has ended (SandboxNotFound, an API's 404), not the runtime
+    failed (a 502)."""
+    await gvisor.start(SandboxSpec(id="just", memory_mb=128))
+    pids = gvisor.host_pids("just")
+    (sentry,) = [p for p in pids if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"runsc-sandbox")]
+    gofers = [p for p in pids if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"runsc-gofer")]
+    assert gofers, pids
+    for gofer in gofers:
+        os.kill(gofer, signal.SIGSTOP)  # held: the cgroup keeps a process while the socket is gone
+    os.kill(sentry, signal.SIGKILL)
+    for _ in range(100):
+        if (
+            not Path(f"/proc/{sentry}").exists()
+            or b"Z" in Path(f"/proc/{sentry}/stat").read_bytes().split()[2]
+        ):
+            break
+        await asyncio.sleep(0.02)
+    with pytest.raises(SandboxNotFound):
+        await gvisor.exec("just", ["true"])
+    await gvisor.stop("just")
