@@ -230,6 +230,9 @@ class GvisorRuntime:
         one machine may run one sandbox id (an old copy and its recreation): each root has its own."""
         return self._tag + sandbox_id
 
+    def _control(self, sandbox_id: str) -> sentry.Control:
+        return sentry.Control(self._cid(sandbox_id), self.root / "runsc")
+
     def _argv(self, *args: str, in_cgroups: bool = False, network: str = "none") -> list[str]:
         """runsc's command line. ``in_cgroups`` (a create inside the sandbox's cgroups): runsc reads
         them (the bundle names them, see :func:`oci.bundle_config`), which is how the Sentry learns
@@ -568,7 +571,7 @@ class GvisorRuntime:
         # Each user's gid is its uid (the sandbox user's 1000, root's 0).
         args = sentry.exec_args(cid, argv, full_env, where, uid=uid, gid=uid)
         try:
-            return await sentry.start(cid, args, stdin=stdin)
+            return await sentry.start(self._control(sandbox_id), args, stdin=stdin)
         except sentry.SentryRefused as exc:
             return finished(_NOT_STARTED, stderr=f"corral: {exc}\n".encode())
         except sentry.SentryGone as exc:
@@ -715,7 +718,7 @@ class GvisorRuntime:
         def send(sig: int) -> None:
             with contextlib.suppress(OSError, ValueError):
                 if proc.returncode is None:
-                    sentry.signal_soon(self._cid(sandbox_id), int(pid_file.read_text()), sig)
+                    sentry.signal_soon(self._control(sandbox_id), int(pid_file.read_text()), sig)
 
         return Spawned(child.reader(loop, master), child.ended(), writer, wait, send, resize)
 

@@ -26,6 +26,8 @@ import signal
 import socket
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from corral.runtime import child
@@ -52,8 +54,34 @@ class SentryRefused(Exception):
     """The Sentry answered the call with an error (``err``, its words)."""
 
 
-def address(cid: str) -> bytes:
-    return b"\0runsc-sandbox." + cid.encode() + b"\0"
+@dataclass(frozen=True, slots=True)
+class Control:
+    """Where one container's Sentry listens: ``state_dir`` is runsc's ``--root``."""
+
+    cid: str
+    state_dir: Path
+
+    async def open(self) -> Connection:
+        """A new connection. runsc releases from 2023 on listen on a file in their state directory,
+        ``runsc-<cid>.sock``; older ones (Debian bookworm's) on the abstract socket."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            name = f"runsc-{self.cid}.sock"
+            if (self.state_dir / name).exists():
+                # Through a descriptor of the directory: a socket's path must fit 108 bytes.
+                at = os.open(self.state_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    await loop.sock_connect(sock, f"/proc/self/fd/{at}/{name}")
+                finally:
+                    os.close(at)
+            else:
+                await loop.sock_connect(sock, b"\0runsc-sandbox." + self.cid.encode() + b"\0")
+        except OSError as exc:
+            sock.close()
+            raise SentryGone(f"the sandbox's Sentry is not listening: {exc}") from None
+        return Connection(sock)
 
 
 def exec_args(
@@ -77,6 +105,7 @@ def exec_args(
         "ExtraKGIDs": [],
         "Capabilities": _NO_CAPS,
         "StdioIsPty": False,
+        "GuestFDs": [0, 1, 2],  # what the payload's descriptors become (newer releases ask; older ignore)
         "ContainerID": cid,
         "PIDNamespace": None,
         "Limits": None,
@@ -96,17 +125,6 @@ class Connection:
         self._sock = sock
         self._loop = asyncio.get_running_loop()
         self._decoder = json.JSONDecoder()
-
-    @classmethod
-    async def open(cls, cid: str) -> Connection:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.setblocking(False)
-        try:
-            await asyncio.get_running_loop().sock_connect(sock, address(cid))
-        except OSError as exc:
-            sock.close()
-            raise SentryGone(f"the sandbox's Sentry is not listening: {exc}") from None
-        return cls(sock)
 
     def close(self) -> None:
         self._sock.close()
@@ -173,15 +191,15 @@ class SentryCommand:
 
     def __init__(
         self,
-        cid: str,
+        control: Control,
         conn: Connection,
         pid: int,
         streams: tuple[asyncio.StreamReader, asyncio.StreamReader, asyncio.StreamWriter | None],
     ) -> None:
-        self._cid = cid
+        self._control = control
         self.pid = pid
         self.stdout, self.stderr, self.stdin = streams
-        self._exited = asyncio.ensure_future(_exit_of(conn, cid, pid))
+        self._exited = asyncio.ensure_future(_exit_of(conn, control.cid, pid))
 
     async def wait(self) -> int:
         """The shell's exit code (128+N for signal N); 128+SIGKILL if the Sentry went first (a stopped
@@ -191,15 +209,15 @@ class SentryCommand:
     def signal(self, sig: int) -> None:
         """``sig`` to the command inside; nothing once it has exited."""
         if not self._exited.done():
-            signal_soon(self._cid, self.pid, sig)
+            signal_soon(self._control, self.pid, sig)
 
 
-async def start(cid: str, args: Mapping[str, Any], *, stdin: bool) -> SentryCommand:
+async def start(control: Control, args: Mapping[str, Any], *, stdin: bool) -> SentryCommand:
     """Start a command (``args`` from :func:`exec_args`) with pipes for its output, and for its input
     if asked. Raises :class:`SentryRefused` (no such program, a bad directory) or :class:`SentryGone`."""
     with child.handing_over() as (ours, theirs):
         pipes = child.command_pipes(ours, theirs, stdin=stdin)
-        conn = await Connection.open(cid)
+        conn = await control.open()
         try:
             pid = await conn.call("containerManager.ExecuteAsync", args, pipes.given)
             if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
@@ -207,7 +225,7 @@ async def start(cid: str, args: Mapping[str, Any], *, stdin: bool) -> SentryComm
         except BaseException:
             conn.close()
             raise
-    return SentryCommand(cid, conn, pid, pipes.streams(asyncio.get_running_loop()))
+    return SentryCommand(control, conn, pid, pipes.streams(asyncio.get_running_loop()))
 
 
 async def _exit_of(conn: Connection, cid: str, pid: int) -> int:
@@ -226,19 +244,20 @@ async def _exit_of(conn: Connection, cid: str, pid: int) -> int:
 _sending: set[asyncio.Task[None]] = set()
 
 
-def signal_soon(cid: str, pid: int, sig: int) -> None:
+def signal_soon(control: Control, pid: int, sig: int) -> None:
     """``sig`` to the process ``pid`` inside, sent in the background (nothing if it has gone)."""
-    task = asyncio.ensure_future(_send_signal(cid, pid, sig))
+    task = asyncio.ensure_future(_send_signal(control, pid, sig))
     _sending.add(task)
     task.add_done_callback(_sending.discard)
 
 
-async def _send_signal(cid: str, pid: int, sig: int) -> None:
+async def _send_signal(control: Control, pid: int, sig: int) -> None:
     with contextlib.suppress(SentryGone, SentryRefused, TimeoutError):
-        conn = await asyncio.wait_for(Connection.open(cid), _CALL_TIMEOUT_S)
+        conn = await asyncio.wait_for(control.open(), _CALL_TIMEOUT_S)
         try:
+            signal_ = {"CID": control.cid, "Signo": sig, "PID": pid, "Mode": 0}
             await asyncio.wait_for(
-                conn.call("containerManager.Signal", {"CID": cid, "Signo": sig, "PID": pid, "Mode": 0}),
+                conn.call("containerManager.Signal", signal_),
                 _CALL_TIMEOUT_S,
             )
         finally:
