@@ -313,7 +313,11 @@ async def test_an_agent_cleans_up_a_sandbox_that_died_on_its_own(
         return "killed" not in agent.sandbox_ids()
 
     assert await eventually(measured_gone)
+
+    async def torn_down() -> bool:  # in the background, not inside the reading
+        return not process_runtime.statedir.dir("killed").exists()
+
     # Its record, cgroups and host uid went with it, with no listing or delete to ask for them.
-    assert not process_runtime.statedir.dir("killed").exists()
+    assert await eventually(torn_down)
     assert not Path(record.cgroup).exists()
     assert not any(Path(p).exists() for p in record.cgroup_extra)
