@@ -812,14 +812,22 @@ class GvisorRuntime:
             )
         if not base.exists():
             return found
-        running = await self._running()
+        # The records first, then what runs: a record is written once its container has started, so
+        # one read before runsc's listing is in that listing unless its container has ended since.
+        records: list[tuple[Path, dict[str, Any]]] = []
         for home in sorted(base.iterdir()):
             try:
-                state = json.loads((home / _STATE).read_text())
+                records.append((home, json.loads((home / _STATE).read_text())))
             except (OSError, ValueError):
-                continue
+                continue  # a start under way (or what a crash left: the disk reclaim's)
+        running = await self._running()
+        for home, state in records:
             if home.name not in running:
-                continue  # its container is gone (the host rebooted, or its init died)
+                # Its container is gone (its Sentry or init died, the host rebooted): what is left of
+                # it (bundle, cgroups, an image's overlay and disk) goes now, as the process
+                # runtime's listing does; nothing else would ever ask for this id again.
+                await asyncio.to_thread(self._teardown, home.name, self._cgroup(home.name))
+                continue
             spec = spec_from_dict(state["spec"])
             await self._roots.hold(spec.id, spec.image)
             found.append(SandboxHandle(spec.id, spec, float(state["started_at"]), ref=str(home)))
