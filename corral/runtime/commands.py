@@ -74,7 +74,7 @@ async def start(directory: Path, init: procfs.ProcessIdentity, procs: Sequence[P
         _unlink(directory, name)
         return why.decode(errors="replace").strip() or "the command server failed"
     try:
-        with guest._short_path(directory) as where:
+        with guest.short_path(directory) as where:
             os.rename(f"{where}/{name}", f"{where}/{guest.SOCKET_NAME}")
     except OSError as exc:
         return f"cannot put the command server's socket in place: {exc}"
@@ -82,5 +82,5 @@ async def start(directory: Path, init: procfs.ProcessIdentity, procs: Sequence[P
 
 
 def _unlink(directory: Path, name: str) -> None:
-    with contextlib.suppress(OSError), guest._short_path(directory) as where:
+    with contextlib.suppress(OSError), guest.short_path(directory) as where:
         os.unlink(f"{where}/{name}")

@@ -66,7 +66,7 @@ def listen(directory: Path, name: str = SOCKET_NAME) -> socket.socket:
     caller closes it once the init has it)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        with _short_path(directory) as where:
+        with short_path(directory) as where:
             sock.bind(f"{where}/{name}")
             os.chmod(f"{where}/{name}", 0o600)  # as every file of the state directory
         sock.listen(_BACKLOG)
@@ -77,7 +77,7 @@ def listen(directory: Path, name: str = SOCKET_NAME) -> socket.socket:
 
 
 @contextlib.contextmanager
-def _short_path(directory: Path) -> Iterator[str]:
+def short_path(directory: Path) -> Iterator[str]:
     """``directory`` as a path short enough for a unix socket's address (108 bytes): through this
     process's descriptor of it when its own path is longer."""
     fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -140,7 +140,7 @@ class Channel:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         sock.setblocking(False)  # a full backlog is EAGAIN, never a wait on the loop
         try:
-            with _short_path(directory) as where:
+            with short_path(directory) as where:
                 sock.connect(f"{where}/{SOCKET_NAME}")
         except OSError:
             sock.close()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.runtime import child
+from corral.runtime import child, guest
 
 _CALL_TIMEOUT_S = 30.0
 # What a command is reported as when its sandbox's Sentry has gone: everything inside was killed.
@@ -70,12 +70,8 @@ class Control:
         try:
             name = f"runsc-{self.cid}.sock"
             if (self.state_dir / name).exists():
-                # Through a descriptor of the directory: a socket's path must fit 108 bytes.
-                at = os.open(self.state_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    await loop.sock_connect(sock, f"/proc/self/fd/{at}/{name}")
-                finally:
-                    os.close(at)
+                with guest.short_path(self.state_dir) as where:  # a socket's path must fit 108 bytes
+                    await loop.sock_connect(sock, f"{where}/{name}")
             else:
                 await loop.sock_connect(sock, b"\0runsc-sandbox." + self.cid.encode() + b"\0")
         except OSError as exc:

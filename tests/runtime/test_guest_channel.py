@@ -34,7 +34,7 @@ def _record(runtime: ProcessRuntime, sandbox_id: str) -> Running:
 def _raw(runtime: ProcessRuntime, sandbox_id: str) -> Iterator[socket.socket]:
     """A connection of our own to the init's channel, as a broken or hostile runtime would hold."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    with guest._short_path(runtime.statedir.dir(sandbox_id)) as where:
+    with guest.short_path(runtime.statedir.dir(sandbox_id)) as where:
         sock.connect(f"{where}/{guest.SOCKET_NAME}")
     try:
         yield sock
@@ -206,7 +206,7 @@ async def test_the_decoder_survives_a_fuzz(process_runtime: ProcessRuntime) -> N
             if sock is None or rng.random() < 0.3:
                 if sock is not None:
                     sock.close()
-                with guest._short_path(process_runtime.statedir.dir("fuzz")) as where:
+                with guest.short_path(process_runtime.statedir.dir("fuzz")) as where:
                     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                     sock.connect(f"{where}/{guest.SOCKET_NAME}")
                 sock.setblocking(False)
@@ -253,7 +253,7 @@ async def test_a_flood_that_never_reads_costs_only_its_connection(process_runtim
                     )
             # Also many connections at once: past its few slots it closes the newest at once.
             extra = [socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(20)]
-            with guest._short_path(process_runtime.statedir.dir("flood")) as where:
+            with guest.short_path(process_runtime.statedir.dir("flood")) as where:
                 for other in extra:
                     other.connect(f"{where}/{guest.SOCKET_NAME}")
             for other in extra:
